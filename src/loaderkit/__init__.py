@@ -1,7 +1,43 @@
-"""loaderkit: PyTorch data loading that is correct by default."""
+"""loaderkit: PyTorch data loading that is correct by default.
+
+Replace ``DataLoader(...)`` with :func:`create_dataloader` (or import :class:`DataLoader` from
+here): every torch argument keeps its meaning, unset ones get safe and fast values, and each
+decision is recorded in ``loader.plan``.
+"""
 
 from loaderkit.errors import ConfigError, LoaderkitError, LoaderkitWarning
+from loaderkit.factory import create_dataloader
+from loaderkit.loader import DataLoader
+from loaderkit.plan import Plan, PlanEntry
+from loaderkit.platform import PlatformInfo, detect_platform
+from loaderkit.policy import recommended_num_workers
+from loaderkit.seeding import (
+    DeterminismReport,
+    check_determinism,
+    make_generator,
+    seed_everything,
+    seed_worker,
+    worker_rng,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["ConfigError", "LoaderkitError", "LoaderkitWarning", "__version__"]
+__all__ = [
+    "ConfigError",
+    "DataLoader",
+    "DeterminismReport",
+    "LoaderkitError",
+    "LoaderkitWarning",
+    "Plan",
+    "PlanEntry",
+    "PlatformInfo",
+    "__version__",
+    "check_determinism",
+    "create_dataloader",
+    "detect_platform",
+    "make_generator",
+    "recommended_num_workers",
+    "seed_everything",
+    "seed_worker",
+    "worker_rng",
+]

@@ -9,7 +9,10 @@ group (``warnings.simplefilter("ignore", LoaderkitWarning)``) without hiding any
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "LoaderkitError", "LoaderkitWarning"]
+import sys
+import warnings
+
+__all__ = ["ConfigError", "LoaderkitError", "LoaderkitWarning", "warn"]
 
 
 class LoaderkitError(Exception):
@@ -43,3 +46,22 @@ class LoaderkitWarning(UserWarning):
         >>> import warnings
         >>> warnings.simplefilter("ignore", LoaderkitWarning)
     """
+
+
+def warn(message: str) -> None:
+    """Emit a :class:`LoaderkitWarning` attributed to the first caller outside loaderkit.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn("careful")
+        >>> caught[0].category is LoaderkitWarning
+        True
+    """
+    level = 1
+    frame = sys._getframe(0)
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "loaderkit":
+        frame = frame.f_back
+        level += 1
+    warnings.warn(message, LoaderkitWarning, stacklevel=level)

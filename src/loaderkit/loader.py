@@ -1,0 +1,383 @@
+"""``loaderkit.DataLoader``: torch's DataLoader, made closeable, epoch-aware and explained.
+
+It accepts every ``torch.utils.data.DataLoader`` argument (same names, positions, defaults and
+meaning) plus loaderkit's keyword-only ones, applies the policies of :mod:`loaderkit.policy`
+through :func:`loaderkit.planning.plan_loader`, and adds:
+
+* :meth:`DataLoader.close` and the context-manager protocol: worker processes (persistent or
+  not, including those of an abandoned iterator) are shut down within bounded time and the
+  dataset's own ``close()`` is called;
+* :attr:`DataLoader.epoch` / :meth:`DataLoader.set_epoch`: every pass calls ``set_epoch`` on the
+  sampler, the batch sampler (and its sampler) and the dataset when they have one;
+* :attr:`DataLoader.plan` / :meth:`DataLoader.describe`: what was asked, what is used, and why.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch.utils.data
+from torch.utils.data import Dataset, Sampler
+from torch.utils.data.dataloader import (
+    _BaseDataLoaderIter,
+    _MultiProcessingDataLoaderIter,
+    _SingleProcessDataLoaderIter,
+)
+
+from loaderkit.errors import ConfigError
+from loaderkit.plan import Plan
+from loaderkit.planning import plan_loader
+from loaderkit.platform import PlatformInfo
+from loaderkit.policy import LoaderRequest
+from loaderkit.seeding import SampleSeeder, epoch_seed
+
+__all__ = ["DataLoader"]
+
+logger = logging.getLogger("loaderkit")
+
+#: Seconds to wait for a worker after asking it to stop, then after terminating it.
+_KILL_GRACE_S = 1.0
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    """A ``torch.utils.data.DataLoader`` with safe defaults, ``close()`` and epoch tracking.
+
+    Swapping ``from torch.utils.data import DataLoader`` for ``from loaderkit import DataLoader``
+    is the whole migration: arguments keep torch's names, positions, defaults and meaning;
+    loaderkit only fills in the ones you leave unset. See :func:`loaderkit.create_dataloader`
+    for every argument and which policy fills it.
+
+    Args:
+        dataset: As in torch.
+        batch_size: As in torch.
+        shuffle: As in torch; ``None`` lets ``training`` decide; ``"block"`` shuffles blocks of
+            contiguous rows of an ``HDF5SessionDataset`` (see ``BlockShuffleSampler``).
+        sampler: As in torch.
+        batch_sampler: As in torch.
+        num_workers: As in torch, or ``"auto"``.
+        collate_fn: As in torch.
+        pin_memory: ``None`` means True exactly when CUDA is available.
+        drop_last: As in torch.
+        timeout: As in torch.
+        worker_init_fn: As in torch; runs after loaderkit's per-worker seeding.
+        multiprocessing_context: As in torch.
+        generator: As in torch; created from ``seed`` when unset.
+        prefetch_factor: As in torch.
+        persistent_workers: ``None`` lets ``training`` decide (torch's default otherwise).
+        pin_memory_device: As in torch.
+        in_order: As in torch.
+        training: ``True``/``False``/``None``: training or evaluation defaults.
+        seed: Makes sampler order and worker streams reproducible.
+        sample_seeding: Seed every sample from ``(seed, epoch, index)``.
+        force_zero_workers_on_windows: The Windows zero-worker policy.
+        distributed: ``"auto"``, ``True`` or ``False``: shard under ``torch.distributed``.
+        platform: A :class:`~loaderkit.PlatformInfo` to plan for instead of this machine.
+
+    Example:
+        >>> from loaderkit import DataLoader
+        >>> with DataLoader(list(range(10)), batch_size=4, training=True, seed=0) as loader:
+        ...     sizes = [len(batch) for batch in loader]
+        >>> sizes
+        [4, 4, 2]
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset[Any] | Iterable[Any],
+        batch_size: int | None = 1,
+        shuffle: bool | str | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
+        num_workers: int | str = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool | None = None,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool | None = None,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        training: bool | None = None,
+        seed: int | None = None,
+        sample_seeding: bool = False,
+        force_zero_workers_on_windows: bool = True,
+        distributed: bool | str = "auto",
+        platform: PlatformInfo | None = None,
+    ) -> None:
+        request = LoaderRequest(
+            batch_size=batch_size,
+            shuffle=shuffle,  # type: ignore[arg-type]
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
+            drop_last=drop_last,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
+            generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+            training=training,
+            seed=seed,
+            sample_seeding=bool(sample_seeding),
+            force_zero_workers_on_windows=force_zero_workers_on_windows,
+            distributed=distributed,
+        )
+        setup = plan_loader(dataset, request, platform)
+        super().__init__(dataset, **setup.torch_kwargs)  # type: ignore[arg-type]
+        self.plan: Plan = setup.plan
+        self.platform: PlatformInfo = setup.platform
+        self.training = training
+        self.seed = setup.seed
+        self.sample_seeding = bool(sample_seeding)
+        self._owns_generator = setup.owns_generator
+        self._sample_seeder: SampleSeeder | None = setup.sample_seeder
+        self._next_epoch = 0
+        self._epoch: int | None = None
+        self._live_iterators: weakref.WeakSet[_BaseDataLoaderIter] = weakref.WeakSet()
+        self._closed = False
+
+    # ------------------------------------------------------------------ epochs
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the current or most recent pass (before any pass: the next one)."""
+        return self._next_epoch if self._epoch is None else self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass use ``epoch`` (then ``epoch + 1``, ...).
+
+        Use it when resuming from a checkpoint: with ``seed`` set, pass ``n`` has the same
+        order whether it runs after ``n`` earlier passes or right after ``set_epoch(n)``.
+
+        Args:
+            epoch: A non-negative int.
+
+        Example:
+            >>> loader = DataLoader(list(range(4)))
+            >>> loader.set_epoch(3)
+            >>> _ = list(loader); loader.epoch
+            3
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"set_epoch expects a non-negative int, got {epoch!r}")
+        self._next_epoch = epoch
+
+    def _epoch_targets(self) -> list[Any]:
+        targets: list[Any] = []
+        seen: set[int] = set()
+        for obj in (
+            self.sampler,
+            self.batch_sampler,
+            getattr(self.batch_sampler, "sampler", None),
+            self.dataset,
+        ):
+            if obj is not None and id(obj) not in seen:
+                seen.add(id(obj))
+                targets.append(obj)
+        return targets
+
+    def _begin_pass(self) -> int:
+        epoch = self._next_epoch
+        self._epoch = epoch
+        self._next_epoch = epoch + 1
+        if self._owns_generator and self.seed is not None and self.generator is not None:
+            self.generator.manual_seed(epoch_seed(self.seed, epoch))
+            if self.persistent_workers and self.num_workers > 0 and self._iterator is not None:
+                # A new iterator draws the workers' base seed from the generator before the
+                # sampler does; a persistent one is only reset and draws nothing. Draw the same
+                # number so the order of pass n is the same persistent or not.
+                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+        for target in self._epoch_targets():
+            set_epoch = getattr(target, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+        return epoch
+
+    def __iter__(self) -> _BaseDataLoaderIter:
+        self._begin_pass()
+        self._closed = False
+        iterator = super().__iter__()
+        self._live_iterators.add(iterator)
+        return iterator
+
+    def _get_iterator(self) -> _BaseDataLoaderIter:
+        if self._sample_seeder is None:
+            return super()._get_iterator()
+        view = _SampleSeedingView(self, self._sample_seeder)
+        if self.num_workers == 0:
+            return _SingleProcessDataLoaderIter(view)
+        self.check_worker_number_rationality()
+        return _MultiProcessingDataLoaderIter(view)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        """Shut down every worker process of this loader and close the dataset.
+
+        Persistent workers and the workers of iterators still alive (an abandoned
+        ``for ... break``) are asked to stop, then terminated and killed if they do not
+        (torch waits up to 5 s per unresponsive worker before terminating it). Afterwards the
+        dataset's own ``close()`` runs when it has one. Idempotent; never raises because a
+        worker already died; iterating again starts fresh workers.
+
+        Example:
+            >>> loader = DataLoader(list(range(4)), num_workers=0)
+            >>> loader.close(); loader.close()
+        """
+        iterators = list(self._live_iterators)
+        if self._iterator is not None and self._iterator not in iterators:
+            iterators.append(self._iterator)
+        for iterator in iterators:
+            _shutdown_iterator(iterator)
+        self._iterator = None
+        self._live_iterators = weakref.WeakSet()
+        if not self._closed:
+            self._closed = True
+            close = getattr(self.dataset, "close", None)
+            if callable(close):
+                close()
+
+    def __enter__(self) -> DataLoader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plan
+
+    def describe(self) -> str:
+        """The resolved plan as text: setting, requested, used, reason.
+
+        Example:
+            >>> print(DataLoader(list(range(4)), training=False).describe())  # doctest: +SKIP
+        """
+        return self.plan.describe()
+
+
+def _shutdown_iterator(iterator: _BaseDataLoaderIter) -> None:
+    """Stop an iterator's workers; escalate to terminate/kill; never raise."""
+    if not isinstance(iterator, _MultiProcessingDataLoaderIter):
+        return
+    try:
+        iterator._shutdown_workers()
+    except Exception:  # a worker that died mid-shutdown: fall through to the hard stop
+        logger.debug("loaderkit: orderly worker shutdown failed", exc_info=True)
+    for worker in getattr(iterator, "_workers", ()):
+        try:
+            if worker.is_alive():
+                worker.terminate()
+                worker.join(_KILL_GRACE_S)
+            if worker.is_alive():
+                worker.kill()
+                worker.join(_KILL_GRACE_S)
+        except Exception:  # pragma: no cover - process already reaped
+            logger.debug("loaderkit: could not stop worker %s", worker, exc_info=True)
+
+
+# --------------------------------------------------------------------------- sample seeding
+
+
+class _Tagged:
+    """A batch of indices (or one index) with the epoch it belongs to."""
+
+    __slots__ = ("epoch", "indices")
+
+    def __init__(self, epoch: int, indices: Any) -> None:
+        self.epoch = epoch
+        self.indices = indices
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_Tagged, (self.epoch, self.indices))
+
+
+class _EpochTagger:
+    """Wraps the index sampler so each batch carries the loader's epoch to the workers."""
+
+    def __init__(self, index_sampler: Any, loader: DataLoader) -> None:
+        self.index_sampler = index_sampler
+        self._loader = weakref.ref(loader)
+
+    def __iter__(self) -> Iterator[_Tagged]:
+        loader = self._loader()
+        epoch = loader.epoch if loader is not None else 0
+        for indices in self.index_sampler:
+            yield _Tagged(epoch, indices)
+
+    def __len__(self) -> int:
+        return len(self.index_sampler)
+
+
+class SampleSeededDataset(Dataset[Any]):
+    """Worker-side wrapper for ``sample_seeding=True``: seeds the RNGs around each sample.
+
+    It receives batches tagged with their epoch, produces each sample inside
+    ``SampleSeeder.seeded(epoch, index)`` and forwards ``set_epoch`` to the wrapped dataset's
+    copy (which persistent workers would otherwise never see). Attribute reads fall through to
+    the wrapped dataset, so ``get_worker_info().dataset.attr`` keeps working.
+    """
+
+    def __init__(self, dataset: Any, seeder: SampleSeeder) -> None:
+        self.__dict__["dataset"] = dataset
+        self.__dict__["seeder"] = seeder
+        self.__dict__["_epoch"] = None
+
+    def __getattr__(self, name: str) -> Any:
+        dataset = self.__dict__.get("dataset")
+        if dataset is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(dataset, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.dataset, name, value)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def _enter_epoch(self, epoch: int) -> None:
+        if epoch != self._epoch:
+            self.__dict__["_epoch"] = epoch
+            set_epoch = getattr(self.dataset, "set_epoch", None)
+            if callable(set_epoch):
+                set_epoch(epoch)
+
+    def _sample(self, epoch: int, index: Any) -> Any:
+        with self.seeder.seeded(epoch, index):
+            return self.dataset[index]
+
+    def __getitem__(self, tagged: _Tagged) -> Any:
+        self._enter_epoch(tagged.epoch)
+        return self._sample(tagged.epoch, tagged.indices)
+
+    def __getitems__(self, tagged: _Tagged) -> list[Any]:
+        self._enter_epoch(tagged.epoch)
+        return [self._sample(tagged.epoch, index) for index in tagged.indices]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+class _SampleSeedingView:
+    """What torch's iterators see of a sample-seeding loader: tagged indices, wrapped dataset."""
+
+    def __init__(self, loader: DataLoader, seeder: SampleSeeder) -> None:
+        self._loader = loader
+        self.dataset = SampleSeededDataset(loader.dataset, seeder)
+        self._index_sampler = _EpochTagger(loader._index_sampler, loader)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)

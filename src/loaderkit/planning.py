@@ -1,0 +1,296 @@
+"""From a loader request to torch arguments: detect, resolve, check, build the parts.
+
+:func:`plan_loader` is the pipeline behind both ``create_dataloader`` and
+``loaderkit.DataLoader``:
+
+1. **detect** the platform (unless one is injected) and the distributed placement;
+2. **resolve** every setting with the pure policies of :mod:`loaderkit.policy`;
+3. **check** what would otherwise fail later and obscurely: picklability for spawn/forkserver
+   workers, the open-file budget, the size of ``/dev/shm``;
+4. **build** the samplers, generator and worker initializer the plan calls for.
+
+Warnings are emitted here (as :class:`~loaderkit.errors.LoaderkitWarning`), errors raised as
+:class:`~loaderkit.errors.ConfigError`; nothing starts a process.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset
+
+from loaderkit.distributed import DistInfo, dist_info
+from loaderkit.errors import ConfigError, warn
+from loaderkit.plan import Plan, PlanEntry
+from loaderkit.platform import PlatformInfo, detect_platform
+from loaderkit.policy import (
+    DatasetFacts,
+    LoaderRequest,
+    Resolution,
+    SamplerChoice,
+    check_open_file_budget,
+    check_shared_memory,
+    resolve,
+)
+from loaderkit.preflight import find_unpicklable, pickled_size
+from loaderkit.samplers import ShardedBatchSampler, ShardSampler
+from loaderkit.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
+
+__all__ = ["LARGE_PICKLE_BYTES", "LoaderSetup", "dataset_facts", "plan_loader"]
+
+logger = logging.getLogger("loaderkit")
+
+#: Pickled dataset size above which spawn/forkserver loaders warn (each worker gets a copy).
+LARGE_PICKLE_BYTES = 64 * 2**20
+
+
+@dataclass
+class LoaderSetup:
+    """Everything a loader needs from the pipeline.
+
+    Attributes:
+        torch_kwargs: Keyword arguments for ``torch.utils.data.DataLoader.__init__`` (all but
+            ``dataset``).
+        plan: The resolved plan (value and reason per setting).
+        platform: The platform the plan was made for.
+        dist: The distributed placement at build time.
+        seed: The validated ``seed`` argument (``None`` when not given).
+        owns_generator: True when loaderkit created the generator from ``seed`` (it is
+            reseeded from ``(seed, epoch)`` at every pass).
+        sample_seeder: Set when ``sample_seeding=True``.
+    """
+
+    torch_kwargs: dict[str, Any]
+    plan: Plan
+    platform: PlatformInfo
+    dist: DistInfo
+    seed: int | None
+    owns_generator: bool
+    sample_seeder: SampleSeeder | None
+
+
+def _supports_block_shuffle(dataset: Any) -> bool:
+    hdf5 = sys.modules.get("loaderkit.hdf5")
+    return hdf5 is not None and isinstance(dataset, hdf5.HDF5SessionDataset)
+
+
+def dataset_facts(dataset: Any) -> DatasetFacts:
+    """Gather what the policies need to know about ``dataset`` (without reading samples).
+
+    Example:
+        >>> dataset_facts([1, 2, 3]).iterable
+        False
+    """
+    max_open = getattr(dataset, "max_open_files", None)
+    return DatasetFacts(
+        iterable=isinstance(dataset, IterableDataset),
+        has_getitems=callable(getattr(dataset, "__getitems__", None)),
+        supports_block_shuffle=_supports_block_shuffle(dataset),
+        max_open_files=max_open if isinstance(max_open, int) else None,
+        type_name=type(dataset).__name__,
+    )
+
+
+def _sample_nbytes(dataset: Any) -> int | None:
+    """Bytes of one sample when known without reading data."""
+    known = getattr(dataset, "sample_nbytes", None)
+    if isinstance(known, int):
+        return known
+    if isinstance(dataset, TensorDataset) and dataset.tensors:
+        return int(sum(t[0].numel() * t.element_size() for t in dataset.tensors if t.dim()))
+    return None
+
+
+def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> None:
+    """Instantiate the sampler the resolution chose, into ``res.values``."""
+    dist = res.dist
+    choice = res.sampler_choice
+    if choice == SamplerChoice.BLOCK:
+        from loaderkit.hdf5 import BlockShuffleSampler
+
+        kwargs: dict[str, Any] = {"seed": res.sampler_seed}
+        if dist.is_distributed or request.distributed is True:
+            kwargs.update(num_replicas=dist.world_size, rank=dist.rank, drop_last=request.drop_last)
+        else:
+            kwargs.update(num_replicas=1, rank=0)
+        res.values["sampler"] = BlockShuffleSampler(dataset, **kwargs)
+    elif choice == SamplerChoice.DISTRIBUTED:
+        res.values["sampler"] = DistributedSampler(
+            dataset,
+            num_replicas=dist.world_size,
+            rank=dist.rank,
+            shuffle=res.sampler_shuffle,
+            seed=res.sampler_seed or 0,
+            drop_last=request.drop_last,
+        )
+    elif choice == SamplerChoice.EXACT_SHARD:
+        res.values["sampler"] = ShardSampler(
+            dataset,
+            num_replicas=dist.world_size,
+            rank=dist.rank,
+            shuffle=res.sampler_shuffle,
+            seed=res.sampler_seed or 0,
+        )
+    elif choice == SamplerChoice.SHARD_BATCHES:
+        res.values["batch_sampler"] = ShardedBatchSampler(
+            request.batch_sampler,
+            num_replicas=dist.world_size,
+            rank=dist.rank,
+            even=request.training is not False,
+        )
+
+
+def _check_picklable(dataset: Any, request: LoaderRequest, res: Resolution) -> None:
+    """Spawn/forkserver preflight: fail early, naming the attribute that cannot be pickled."""
+    num_workers = res.values["num_workers"]
+    if not isinstance(num_workers, int) or num_workers <= 0 or res.start_method == "fork":
+        return
+    for name, obj in (
+        ("dataset", dataset),
+        ("collate_fn", request.collate_fn),
+        ("worker_init_fn", request.worker_init_fn),
+    ):
+        if obj is None:
+            continue
+        problem = find_unpicklable(obj, name)
+        if problem is not None:
+            raise ConfigError(problem.message(res.start_method))
+    for name, obj in (("sampler", request.sampler), ("batch_sampler", request.batch_sampler)):
+        if obj is None:
+            continue
+        problem = find_unpicklable(obj, name)
+        if problem is not None:
+            # torch keeps samplers in the main process, so the loader works; say so instead
+            # of breaking a script that runs under torch's DataLoader.
+            res.warnings.append(
+                f"{problem.path} cannot be pickled ({problem.reason}). It stays in the main "
+                "process, so loading works, but it cannot be checkpointed or sent to another "
+                f"process. Fix: {problem.fix}."
+            )
+    size = pickled_size(dataset)
+    res.record(
+        "pickled_dataset",
+        None,
+        f"{size / 2**20:.1f} MiB",
+        f"copied to each of {num_workers} '{res.start_method}' workers at start",
+    )
+    if size > LARGE_PICKLE_BYTES:
+        res.warnings.append(
+            f"the dataset pickles to {size / 2**20:.0f} MiB and the '{res.start_method}' start "
+            f"method sends a copy to each of the {num_workers} workers "
+            f"({num_workers * size / 2**20:.0f} MiB in all, at every start). Keep large arrays "
+            "as torch tensors (shared, not copied), memory-map them, or load them lazily in "
+            "the worker."
+        )
+
+
+def _check_resources(
+    dataset: Any,
+    request: LoaderRequest,
+    res: Resolution,
+    platform: PlatformInfo,
+    facts: DatasetFacts,
+) -> None:
+    num_workers = res.values["num_workers"]
+    if not isinstance(num_workers, int) or num_workers < 0:
+        return
+    budget = check_open_file_budget(num_workers, facts.max_open_files, platform.open_files_soft)
+    if budget.level == "error":
+        raise ConfigError(budget.message)
+    if budget.level == "warn":
+        res.warnings.append(budget.message)
+    batch_size = res.values.get("batch_size") or 1
+    sample = _sample_nbytes(dataset)
+    shm = check_shared_memory(
+        num_workers,
+        res.values.get("prefetch_factor"),
+        sample * batch_size if sample else None,
+        platform.shm_bytes,
+    )
+    if shm.level == "warn":
+        res.warnings.append(shm.message)
+
+
+def plan_loader(
+    dataset: Any, request: LoaderRequest, platform: PlatformInfo | None = None
+) -> LoaderSetup:
+    """Run detect → resolve → check → build for one loader.
+
+    Args:
+        dataset: The dataset the loader will read.
+        request: The caller's arguments.
+        platform: A platform to plan for instead of detecting this machine.
+
+    Returns:
+        The :class:`LoaderSetup`.
+
+    Raises:
+        ConfigError: For settings that cannot work (see :func:`loaderkit.policy.resolve`), an
+            object that spawn/forkserver workers cannot receive, or an open-file budget over
+            the limit.
+        TypeError, ValueError: For an invalid ``seed``.
+
+    Example:
+        >>> setup = plan_loader(list(range(4)), LoaderRequest(training=True))
+        >>> setup.torch_kwargs["shuffle"]
+        True
+    """
+    seed = validate_seed(request.seed) if request.seed is not None else None
+    if platform is None:
+        platform = detect_platform(request.multiprocessing_context)
+    elif not isinstance(platform, PlatformInfo):
+        raise ConfigError(f"platform must be a loaderkit.PlatformInfo, got {type(platform)!r}")
+    dist = dist_info()
+    facts = dataset_facts(dataset)
+    res = resolve(request, facts, platform, dist)
+
+    _build_sampler(dataset, request, res)
+    owns_generator = False
+    if res.make_generator:
+        assert seed is not None
+        res.values["generator"] = make_generator(seed)
+        owns_generator = True
+    res.values["worker_init_fn"] = WorkerInit(
+        rank=dist.rank, world_size=dist.world_size, user_fn=request.worker_init_fn
+    )
+    seeder = None
+    if request.sample_seeding:
+        seeder = SampleSeeder(seed if seed is not None else torch.initial_seed())
+
+    _check_picklable(dataset, request, res)
+    _check_resources(dataset, request, res, platform, facts)
+    for message in res.warnings:
+        warn(message)
+
+    header = (
+        f"loaderkit plan: {platform.os_name}, Python "
+        f"{'.'.join(map(str, platform.python_version))}, torch {platform.torch_version}, "
+        f"{platform.usable_cpus} usable CPU(s), CUDA {'yes' if platform.cuda_available else 'no'}"
+        + (f", rank {dist.rank}/{dist.world_size}" if dist.initialized else "")
+    )
+    plan = Plan(res.entries, header=header)
+    changed = [e for e in plan.values() if isinstance(e, PlanEntry) and e.changed]
+    logger.debug("%s\n%s", header, plan.describe())
+    if changed:
+        logger.info(
+            "loaderkit filled in: %s",
+            ", ".join(
+                f"{e.name}={e.value!r} ({e.reason})"
+                for e in changed
+                if e.name
+                in ("num_workers", "shuffle", "persistent_workers", "pin_memory", "sampler")
+            ),
+        )
+    return LoaderSetup(
+        torch_kwargs=res.values,
+        plan=plan,
+        platform=platform,
+        dist=dist,
+        seed=seed,
+        owns_generator=owns_generator,
+        sample_seeder=seeder,
+    )

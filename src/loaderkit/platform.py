@@ -1,0 +1,249 @@
+"""What this machine is: the only module that reads the machine.
+
+:func:`detect_platform` gathers everything loaderkit's policies depend on into a frozen
+:class:`PlatformInfo`. Policies (:mod:`loaderkit.policy`) are pure functions of a
+``PlatformInfo``, so Windows, macOS, Python 3.14 and CUDA behaviour can be exercised on any
+machine by passing a hand-made one::
+
+    windows = dataclasses.replace(detect_platform(), os_name="Windows", is_windows=True,
+                                  start_method="spawn")
+    loader = create_dataloader(dataset, num_workers=4, platform=windows)
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.context
+import os
+import platform as _stdlib_platform
+import shutil
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "PlatformInfo",
+    "default_start_method",
+    "detect_platform",
+    "resolve_start_method",
+]
+
+#: Start methods known to multiprocessing (``forkserver`` is POSIX only, ``fork`` too).
+START_METHODS = ("fork", "spawn", "forkserver")
+
+
+@dataclass(frozen=True)
+class PlatformInfo:
+    """A snapshot of the facts loaderkit's policies depend on.
+
+    Build one with :func:`detect_platform`; build a different one by hand (or with
+    :func:`dataclasses.replace`) to ask "what would happen on Windows?".
+
+    Attributes:
+        os_name: ``platform.system()``: ``"Linux"``, ``"Windows"``, ``"Darwin"``...
+        is_windows: True on Windows (where the zero-worker policy applies).
+        start_method: The multiprocessing start method workers will use.
+        start_method_source: Where ``start_method`` came from: ``"argument"`` (the
+            ``multiprocessing_context`` passed to the loader), ``"global"`` (set with
+            ``multiprocessing.set_start_method``) or ``"default"`` (the interpreter's default).
+        usable_cpus: CPUs this process may run on (CPU affinity / cgroup cpuset aware).
+        cpu_count: Logical CPUs of the machine (``os.cpu_count()``).
+        cuda_available: ``torch.cuda.is_available()``.
+        cuda_device_count: Number of visible CUDA devices.
+        shm_bytes: Total size of ``/dev/shm`` in bytes, ``None`` where there is none.
+        shm_free_bytes: Free bytes in ``/dev/shm``, ``None`` where there is none.
+        open_files_soft: Soft ``RLIMIT_NOFILE``; ``None`` when unlimited or unknown (Windows).
+        open_files_hard: Hard ``RLIMIT_NOFILE``; ``None`` when unlimited or unknown.
+        python_version: ``(major, minor, micro)`` of the interpreter.
+        torch_version: ``torch.__version__``.
+        local_world_size: Processes per node from the launcher (``LOCAL_WORLD_SIZE``, set by
+            torchrun), ``None`` when not launched that way.
+
+    Example:
+        >>> info = detect_platform()
+        >>> info.usable_cpus >= 1
+        True
+    """
+
+    os_name: str
+    is_windows: bool
+    start_method: str
+    start_method_source: str
+    usable_cpus: int
+    cpu_count: int
+    cuda_available: bool
+    cuda_device_count: int
+    shm_bytes: int | None
+    shm_free_bytes: int | None
+    open_files_soft: int | None
+    open_files_hard: int | None
+    python_version: tuple[int, int, int]
+    torch_version: str
+    local_world_size: int | None = None
+
+    def describe(self) -> str:
+        """Render every field as ``name: value`` lines.
+
+        Example:
+            >>> "start_method" in detect_platform().describe()
+            True
+        """
+        from dataclasses import fields
+
+        width = max(len(f.name) for f in fields(self))
+        return "\n".join(f"{f.name:<{width}}  {getattr(self, f.name)!r}" for f in fields(self))
+
+
+def default_start_method(os_name: str, python_version: tuple[int, ...]) -> str:
+    """The start method an interpreter uses when nobody sets one.
+
+    Windows and macOS use ``spawn``; other POSIX systems use ``fork`` before Python 3.14 and
+    ``forkserver`` from 3.14 on.
+
+    Args:
+        os_name: ``platform.system()`` value.
+        python_version: Interpreter version tuple, e.g. ``(3, 14, 0)``.
+
+    Returns:
+        ``"spawn"``, ``"fork"`` or ``"forkserver"``.
+
+    Example:
+        >>> default_start_method("Linux", (3, 14, 0))
+        'forkserver'
+        >>> default_start_method("Darwin", (3, 11, 7))
+        'spawn'
+    """
+    if os_name in ("Windows", "Darwin"):
+        return "spawn"
+    return "forkserver" if tuple(python_version[:2]) >= (3, 14) else "fork"
+
+
+def _context_name(context: Any) -> str:
+    """The start method named by a ``multiprocessing_context`` argument (string or context)."""
+    if isinstance(context, str):
+        return context
+    if isinstance(context, multiprocessing.context.BaseContext):
+        return context.get_start_method()
+    # torch.multiprocessing and the multiprocessing module itself act as the default context.
+    getter = getattr(context, "get_start_method", None)
+    if callable(getter):
+        return str(getter())
+    raise TypeError(
+        "multiprocessing_context should be a start method name or a multiprocessing context, "
+        f"got {context!r}"
+    )
+
+
+def resolve_start_method(
+    multiprocessing_context: Any, global_start_method: str | None, default: str
+) -> tuple[str, str]:
+    """Resolve the start method as torch's DataLoader will: argument, then global, then default.
+
+    Args:
+        multiprocessing_context: The loader's ``multiprocessing_context`` argument (``None``, a
+            start method name, or a context object).
+        global_start_method: ``multiprocessing.get_start_method(allow_none=True)``.
+        default: The interpreter's default (see :func:`default_start_method`).
+
+    Returns:
+        ``(start_method, source)`` where source is ``"argument"``, ``"global"`` or ``"default"``.
+
+    Example:
+        >>> resolve_start_method("spawn", "fork", "fork")
+        ('spawn', 'argument')
+        >>> resolve_start_method(None, None, "forkserver")
+        ('forkserver', 'default')
+    """
+    if multiprocessing_context is not None:
+        return _context_name(multiprocessing_context), "argument"
+    if global_start_method is not None:
+        return global_start_method, "global"
+    return default, "default"
+
+
+def _usable_cpus() -> int:
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            return max(1, len(os.sched_getaffinity(0)))
+        except OSError:  # pragma: no cover - exotic kernels
+            pass
+    process_cpu_count = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if process_cpu_count is not None:  # pragma: no cover - depends on the interpreter
+        return max(1, process_cpu_count() or 1)
+    return max(1, os.cpu_count() or 1)
+
+
+def _shm() -> tuple[int | None, int | None]:
+    if not os.path.isdir("/dev/shm"):
+        return None, None
+    try:
+        usage = shutil.disk_usage("/dev/shm")
+    except OSError:
+        return None, None
+    return usage.total, usage.free
+
+
+def _open_file_limits() -> tuple[int | None, int | None]:
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None, None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+
+    def norm(value: int) -> int | None:
+        return None if value == resource.RLIM_INFINITY or value < 0 else int(value)
+
+    return norm(soft), norm(hard)
+
+
+def _local_world_size() -> int | None:
+    value = os.environ.get("LOCAL_WORLD_SIZE")
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
+    """Read the machine once and return a frozen :class:`PlatformInfo`.
+
+    Args:
+        multiprocessing_context: The ``multiprocessing_context`` a loader will be given; it
+            decides the start method when set (as in torch).
+
+    Returns:
+        The detected platform.
+
+    Example:
+        >>> detect_platform("spawn").start_method
+        'spawn'
+    """
+    os_name = _stdlib_platform.system() or sys.platform
+    python_version = (sys.version_info.major, sys.version_info.minor, sys.version_info.micro)
+    start_method, source = resolve_start_method(
+        multiprocessing_context,
+        multiprocessing.get_start_method(allow_none=True),
+        default_start_method(os_name, python_version),
+    )
+    cuda_available = bool(torch.cuda.is_available())
+    shm_total, shm_free = _shm()
+    soft, hard = _open_file_limits()
+    return PlatformInfo(
+        os_name=os_name,
+        is_windows=sys.platform == "win32",
+        start_method=start_method,
+        start_method_source=source,
+        usable_cpus=_usable_cpus(),
+        cpu_count=max(1, os.cpu_count() or 1),
+        cuda_available=cuda_available,
+        cuda_device_count=torch.cuda.device_count() if cuda_available else 0,
+        shm_bytes=shm_total,
+        shm_free_bytes=shm_free,
+        open_files_soft=soft,
+        open_files_hard=hard,
+        python_version=python_version,
+        torch_version=str(torch.__version__),
+        local_world_size=_local_world_size(),
+    )

@@ -1,0 +1,766 @@
+"""Policies: pure functions from (requested arguments, platform) to the values a loader uses.
+
+Nothing here reads the machine, creates processes or emits warnings. Each policy returns a
+:class:`Decision` (value + one-line reason); :func:`resolve` applies them all to a
+:class:`LoaderRequest` and returns a :class:`Resolution` holding the plan entries and the
+warning texts for the caller to emit. Because every input is explicit, Windows, macOS, Python
+3.14 and CUDA behaviour are tested on any machine by passing a different
+:class:`~loaderkit.platform.PlatformInfo`.
+
+The rule throughout: **explicit wins**. A policy fills a value only when the caller left it
+unset (``None`` for loaderkit's own defaults); torch's own values reproduce torch's behaviour.
+The one exception is the Windows zero-worker policy (opt out with
+``force_zero_workers_on_windows=False``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from loaderkit.distributed import DistInfo
+from loaderkit.errors import ConfigError
+from loaderkit.plan import UNSET, PlanEntry
+from loaderkit.platform import PlatformInfo, resolve_start_method
+
+__all__ = [
+    "MAX_AUTO_WORKERS",
+    "BudgetVerdict",
+    "DatasetFacts",
+    "Decision",
+    "LoaderRequest",
+    "Resolution",
+    "SamplerChoice",
+    "check_open_file_budget",
+    "check_shared_memory",
+    "recommended_num_workers",
+    "resolve",
+    "resolve_num_workers",
+    "resolve_persistent_workers",
+    "resolve_pin_memory",
+    "resolve_shuffle",
+]
+
+T = TypeVar("T")
+
+#: Upper bound of ``num_workers="auto"`` per local rank. Past ~8 workers a loader rarely gets
+#: faster (the main process's collation and the GPU become the bottleneck), while every worker
+#: costs memory (its copy of the dataset, its open files, ``prefetch_factor`` batches in shared
+#: memory) and start-up time (a full interpreter under spawn/forkserver).
+MAX_AUTO_WORKERS = 8
+
+#: Descriptors one worker process needs besides the dataset's files: its index queue and result
+#: queue pipes, the shared-memory segments of batches in flight, the interpreter's own files.
+FDS_PER_WORKER = 16
+#: Descriptors the main process needs besides the dataset's files (queues, pipes, logs, ...).
+FDS_MAIN_PROCESS = 64
+
+ShuffleValue = bool | None | Literal["block"]
+
+
+@dataclass(frozen=True)
+class Decision(Generic[T]):
+    """A policy's answer: the value to use and a one-line reason.
+
+    Example:
+        >>> Decision(0, "Windows: workers disabled").value
+        0
+    """
+
+    value: T
+    reason: str
+
+
+@dataclass(frozen=True)
+class LoaderRequest:
+    """The arguments a caller passed to ``create_dataloader`` / ``loaderkit.DataLoader``.
+
+    ``None`` means "unset" for loaderkit's own defaults (``shuffle``, ``pin_memory``,
+    ``persistent_workers``, ``prefetch_factor``, ``training``, ``seed``).
+    """
+
+    batch_size: int | None = 1
+    shuffle: ShuffleValue = None
+    sampler: Any = None
+    batch_sampler: Any = None
+    num_workers: int | str = 0
+    collate_fn: Any = None
+    pin_memory: bool | None = None
+    drop_last: bool = False
+    timeout: float = 0
+    worker_init_fn: Any = None
+    multiprocessing_context: Any = None
+    generator: Any = None
+    prefetch_factor: int | None = None
+    persistent_workers: bool | None = None
+    pin_memory_device: str = ""
+    in_order: bool = True
+    training: bool | None = None
+    seed: int | None = None
+    sample_seeding: bool = False
+    force_zero_workers_on_windows: bool = True
+    distributed: bool | str = "auto"
+
+
+@dataclass(frozen=True)
+class DatasetFacts:
+    """What the policies need to know about the dataset (gathered by the caller).
+
+    Attributes:
+        iterable: True for an ``IterableDataset``.
+        has_getitems: The dataset defines ``__getitems__`` (torch's fetcher reads whole batches).
+        supports_block_shuffle: The dataset exposes the session index the block sampler needs.
+        max_open_files: Files the dataset keeps open per process (``None`` when unknown).
+        type_name: The dataset's class name, for messages.
+    """
+
+    iterable: bool = False
+    has_getitems: bool = False
+    supports_block_shuffle: bool = False
+    max_open_files: int | None = None
+    type_name: str = "Dataset"
+
+
+class SamplerChoice:
+    """Which sampler loaderkit builds (string constants; :attr:`Resolution.sampler_choice`)."""
+
+    USER = "user"  # the caller's sampler / batch_sampler, untouched
+    DEFAULT = "default"  # torch's own Sequential/RandomSampler (from `shuffle`)
+    DISTRIBUTED = "distributed"  # torch DistributedSampler (training)
+    EXACT_SHARD = "exact_shard"  # every sample exactly once across ranks (evaluation)
+    SHARD_BATCHES = "shard_batches"  # a user batch_sampler split between ranks
+    BLOCK = "block"  # loaderkit.BlockShuffleSampler (shuffle="block")
+
+
+@dataclass
+class Resolution:
+    """Everything :func:`resolve` decided.
+
+    Attributes:
+        values: Torch keyword arguments to pass on (samplers and generator still to be built
+            when ``sampler_choice`` asks for it).
+        entries: Plan entries in order.
+        warnings: Texts of ``LoaderkitWarning`` to emit.
+        sampler_choice: A :class:`SamplerChoice` constant.
+        sampler_shuffle: Whether a loaderkit-built sampler shuffles.
+        sampler_seed: Seed for a loaderkit-built sampler (identical on every rank).
+        make_generator: True when a seeded ``torch.Generator`` must be created from ``seed``.
+        workers_forced_off: True when the Windows policy turned workers off.
+        dist: The distributed placement used for the decision.
+        start_method: The start method workers will use.
+    """
+
+    values: dict[str, Any]
+    entries: list[PlanEntry] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    sampler_choice: str = SamplerChoice.DEFAULT
+    sampler_shuffle: bool = False
+    sampler_seed: int | None = None
+    make_generator: bool = False
+    workers_forced_off: bool = False
+    dist: DistInfo = field(default_factory=lambda: DistInfo(initialized=False))
+    start_method: str = "fork"
+
+    def record(self, name: str, requested: Any, value: Any, reason: str) -> None:
+        """Append a plan entry."""
+        self.entries.append(PlanEntry(name, requested, value, reason))
+
+
+# --------------------------------------------------------------------------- workers
+
+
+def _windows_forbids_workers(platform: PlatformInfo, force_zero_workers_on_windows: bool) -> bool:
+    return platform.is_windows and force_zero_workers_on_windows
+
+
+def recommended_num_workers(
+    platform: PlatformInfo | None = None,
+    *,
+    local_world_size: int | None = None,
+    force_zero_workers_on_windows: bool = True,
+) -> int:
+    """The worker count ``num_workers="auto"`` uses.
+
+    The usable CPUs (CPU affinity, not ``os.cpu_count()``) are shared between the processes of
+    this node (``local_world_size``, default ``LOCAL_WORLD_SIZE`` from the launcher, else 1);
+    each rank keeps one CPU for its own training loop and gets the rest as workers, at least 1
+    and at most :data:`MAX_AUTO_WORKERS`. The answer is 0 on Windows while the zero-worker
+    policy is on.
+
+    Args:
+        platform: The platform to decide for (detected when ``None``).
+        local_world_size: Processes per node; overrides the platform's value.
+        force_zero_workers_on_windows: Whether the Windows zero-worker policy applies.
+
+    Returns:
+        The recommended ``num_workers``.
+
+    Example:
+        >>> from dataclasses import replace
+        >>> from loaderkit.platform import detect_platform
+        >>> p = replace(detect_platform(), usable_cpus=32, is_windows=False)
+        >>> recommended_num_workers(p, local_world_size=4)
+        7
+    """
+    if platform is None:
+        from loaderkit.platform import detect_platform
+
+        platform = detect_platform()
+    if _windows_forbids_workers(platform, force_zero_workers_on_windows):
+        return 0
+    ranks = local_world_size or platform.local_world_size or 1
+    if ranks < 1:
+        raise ConfigError(f"local_world_size must be >= 1, got {ranks}")
+    per_rank = platform.usable_cpus // ranks
+    return max(1, min(MAX_AUTO_WORKERS, per_rank - 1))
+
+
+def resolve_num_workers(
+    requested: int | str,
+    platform: PlatformInfo,
+    *,
+    force_zero_workers_on_windows: bool = True,
+    local_world_size: int | None = None,
+) -> Decision[int]:
+    """Decide ``num_workers``: ``"auto"`` is resolved, Windows may force 0, else as given.
+
+    Negative or non-integer values are passed through for torch to reject with its own
+    ``ValueError`` (drop-in behaviour), except strings other than ``"auto"``.
+
+    Example:
+        >>> from dataclasses import replace
+        >>> from loaderkit.platform import detect_platform
+        >>> win = replace(detect_platform(), os_name="Windows", is_windows=True)
+        >>> resolve_num_workers(4, win).value
+        0
+    """
+    if isinstance(requested, str):
+        if requested != "auto":
+            raise ConfigError(f"num_workers={requested!r}: expected a non-negative int or 'auto'")
+        value = recommended_num_workers(
+            platform,
+            local_world_size=local_world_size,
+            force_zero_workers_on_windows=force_zero_workers_on_windows,
+        )
+        if _windows_forbids_workers(platform, force_zero_workers_on_windows):
+            return Decision(0, "'auto' on Windows: worker processes are off (zero-worker policy)")
+        ranks = local_world_size or platform.local_world_size or 1
+        return Decision(
+            value,
+            f"'auto': {platform.usable_cpus} usable CPUs / {ranks} local rank(s), one kept for "
+            f"the training loop, capped at {MAX_AUTO_WORKERS}",
+        )
+    if (
+        isinstance(requested, int)
+        and requested > 0
+        and _windows_forbids_workers(platform, force_zero_workers_on_windows)
+    ):
+        return Decision(
+            0,
+            "Windows: worker processes start slowly and crash on unpicklable state; loading "
+            "in the main process (pass force_zero_workers_on_windows=False to keep workers)",
+        )
+    return Decision(requested, "as given")  # type: ignore[arg-type]
+
+
+def resolve_persistent_workers(
+    requested: bool | None, *, training: bool | None, num_workers: int
+) -> Decision[bool]:
+    """Decide ``persistent_workers`` from ``training`` when the caller left it unset.
+
+    Example:
+        >>> resolve_persistent_workers(None, training=True, num_workers=2).value
+        True
+        >>> resolve_persistent_workers(None, training=False, num_workers=2).value
+        False
+    """
+    if requested is not None:
+        return Decision(bool(requested), "as given")
+    if training is True and isinstance(num_workers, int) and num_workers > 0:
+        return Decision(True, "training=True: workers are kept between epochs (no restart cost)")
+    if training is False:
+        return Decision(False, "training=False: workers exit after each pass (guaranteed cleanup)")
+    return Decision(False, "torch default")
+
+
+def resolve_shuffle(
+    requested: ShuffleValue,
+    *,
+    training: bool | None,
+    iterable: bool,
+    has_sampler: bool,
+    has_batch_sampler: bool,
+) -> Decision[ShuffleValue]:
+    """Decide ``shuffle`` from ``training`` when the caller left it unset.
+
+    ``shuffle="block"`` (locality-aware shuffling for HDF5 session data) is kept as is for the
+    sampler policy to handle.
+
+    Example:
+        >>> resolve_shuffle(None, training=True, iterable=False, has_sampler=False,
+        ...                 has_batch_sampler=False).value
+        True
+    """
+    if requested is not None:
+        if isinstance(requested, str) and requested != "block":
+            raise ConfigError(f"shuffle={requested!r}: expected True, False, None or 'block'")
+        return Decision(requested, "as given")
+    if training is None:
+        return Decision(None, "torch default")
+    if iterable:
+        return Decision(None, "iterable dataset: order is the dataset's own (torch requires None)")
+    if has_sampler or has_batch_sampler:
+        return Decision(None, "a sampler was given: it decides the order")
+    if training:
+        return Decision(True, "training=True: a new random order every epoch")
+    return Decision(False, "training=False: evaluation keeps the dataset order")
+
+
+def resolve_pin_memory(requested: bool | None, platform: PlatformInfo) -> Decision[bool]:
+    """Decide ``pin_memory``: unset means True exactly when CUDA is available.
+
+    Example:
+        >>> from dataclasses import replace
+        >>> from loaderkit.platform import detect_platform
+        >>> resolve_pin_memory(None, replace(detect_platform(), cuda_available=True)).value
+        True
+    """
+    if requested is not None:
+        return Decision(bool(requested), "as given")
+    if platform.cuda_available:
+        return Decision(True, "CUDA is available: pinned batches copy to the GPU asynchronously")
+    return Decision(False, "no CUDA device: pinning would only cost time")
+
+
+# --------------------------------------------------------------------------- checks
+
+
+@dataclass(frozen=True)
+class BudgetVerdict:
+    """Outcome of a resource check: ``level`` is ``"ok"``, ``"warn"`` or ``"error"``."""
+
+    level: str
+    message: str
+    needed: int | None = None
+    limit: int | None = None
+
+
+def check_open_file_budget(
+    num_workers: int, max_open_files: int | None, soft_limit: int | None
+) -> BudgetVerdict:
+    """Compare the descriptors a loader will hold with the soft ``RLIMIT_NOFILE``.
+
+    The budget is ``(num_workers + 1) x max_open_files`` (the main process and every worker
+    may each hold the dataset's files) plus :data:`FDS_PER_WORKER` per worker (queues, pipes,
+    shared-memory batches in flight, whose descriptors the main process receives too) plus
+    :data:`FDS_MAIN_PROCESS`. The limit is per process, but workers inherit it and the main
+    process receives a descriptor for every shared batch, so the sum is the safe measure. Above
+    half the limit: ``"warn"``; above the limit: ``"error"``.
+
+    Example:
+        >>> check_open_file_budget(4, 8, 1024).level
+        'ok'
+        >>> check_open_file_budget(16, 64, 1024).level
+        'error'
+    """
+    if soft_limit is None:
+        return BudgetVerdict("ok", "no open-file limit")
+    files = max_open_files or 0
+    needed = (num_workers + 1) * files + num_workers * FDS_PER_WORKER + FDS_MAIN_PROCESS
+    detail = (
+        f"the loader may hold about {needed} file descriptors ((num_workers={num_workers} + 1) "
+        f"x max_open_files={files} + {num_workers} x {FDS_PER_WORKER} for worker queues and "
+        f"shared batches + {FDS_MAIN_PROCESS} for the main process) against a soft limit of "
+        f"{soft_limit} (`ulimit -n`)"
+    )
+    fixes = (
+        "lower max_open_files on the dataset, use fewer workers, or raise the limit "
+        "(`ulimit -n 65536` in the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...) up "
+        "to the hard limit)"
+    )
+    if needed > soft_limit:
+        return BudgetVerdict(
+            "error",
+            f"{detail}: 'Too many open files' is likely. Fix: {fixes}.",
+            needed,
+            soft_limit,
+        )
+    if needed > soft_limit // 2:
+        return BudgetVerdict(
+            "warn", f"{detail}: over half the limit. Consider: {fixes}.", needed, soft_limit
+        )
+    return BudgetVerdict("ok", detail, needed, soft_limit)
+
+
+def check_shared_memory(
+    num_workers: int, prefetch_factor: int | None, batch_bytes: int | None, shm_bytes: int | None
+) -> BudgetVerdict:
+    """Compare the batches in flight with the size of ``/dev/shm``.
+
+    Workers hand batches to the main process through shared memory; up to
+    ``prefetch_factor x num_workers`` batches are in flight at once. A too-small ``/dev/shm``
+    (Docker's default is 64 MB) kills workers with a bus error.
+
+    Example:
+        >>> check_shared_memory(8, 2, 64 * 2**20, 64 * 2**20).level
+        'warn'
+    """
+    if num_workers <= 0 or not batch_bytes or not shm_bytes:
+        return BudgetVerdict("ok", "nothing to check")
+    in_flight = (prefetch_factor or 2) * num_workers * batch_bytes
+    mib = 2**20
+    message = (
+        f"up to {prefetch_factor or 2} x {num_workers} batches of ~{batch_bytes / mib:.1f} MiB "
+        f"= {in_flight / mib:.0f} MiB can sit in /dev/shm, which holds {shm_bytes / mib:.0f} MiB"
+    )
+    if in_flight > shm_bytes // 2:
+        return BudgetVerdict(
+            "warn",
+            f"{message}: workers may die with a bus error. Fix: enlarge /dev/shm "
+            "(docker run --shm-size=8g), lower prefetch_factor or num_workers, or call "
+            "torch.multiprocessing.set_sharing_strategy('file_system').",
+            in_flight,
+            shm_bytes,
+        )
+    return BudgetVerdict("ok", message, in_flight, shm_bytes)
+
+
+# --------------------------------------------------------------------------- samplers
+
+
+def _is_distributed_aware(sampler: Any) -> bool:
+    """Whether a sampler already splits data between ranks (duck-typed)."""
+    if sampler is None:
+        return False
+    if hasattr(sampler, "num_replicas") and hasattr(sampler, "rank"):
+        return True
+    inner = getattr(sampler, "sampler", None)
+    return inner is not None and inner is not sampler and _is_distributed_aware(inner)
+
+
+def _resolve_sampler(
+    request: LoaderRequest,
+    facts: DatasetFacts,
+    dist: DistInfo,
+    shuffle: ShuffleValue,
+    res: Resolution,
+) -> None:
+    """Choose the sampler (distributed sharding, block shuffling) and record it."""
+    mode = request.distributed
+    if mode not in ("auto", True, False):
+        raise ConfigError(f"distributed={mode!r}: expected 'auto', True or False")
+    if mode is True and not dist.initialized:
+        raise ConfigError(
+            "distributed=True but torch.distributed is not initialized: call "
+            "torch.distributed.init_process_group(...) before building the loader, or pass "
+            "distributed='auto' to shard only when a process group exists"
+        )
+    sharding = mode is True or (mode == "auto" and dist.is_distributed)
+    where = f"rank {dist.rank} of {dist.world_size}"
+
+    if shuffle == "block":
+        if facts.iterable or not facts.supports_block_shuffle:
+            raise ConfigError(
+                f"shuffle='block' needs an HDF5SessionDataset (or a subclass); got "
+                f"{facts.type_name}. Use shuffle=True for a uniform shuffle."
+            )
+        if request.sampler is not None or request.batch_sampler is not None:
+            raise ConfigError(
+                "shuffle='block' is mutually exclusive with sampler and batch_sampler "
+                "(it builds a BlockShuffleSampler)"
+            )
+        res.sampler_choice = SamplerChoice.BLOCK
+        res.sampler_shuffle = True
+        res.sampler_seed = request.seed if request.seed is not None else (0 if sharding else None)
+        res.values["shuffle"] = None
+        reason = "shuffle='block': shuffled blocks of contiguous rows (sequential reads)"
+        if sharding:
+            reason += f"; {where}, disjoint blocks per rank"
+        res.record("sampler", request.sampler, "BlockShuffleSampler", reason)
+        return
+
+    if not sharding:
+        reason = (
+            "distributed=False"
+            if mode is False
+            else "not running under torch.distributed with world size > 1"
+        )
+        if request.sampler is not None or request.batch_sampler is not None:
+            res.sampler_choice = SamplerChoice.USER
+        res.record("distributed", mode, False, reason)
+        return
+
+    if facts.iterable:
+        res.record(
+            "distributed",
+            mode,
+            False,
+            "iterable dataset: shard inside __iter__ (torch.utils.data.get_worker_info and the "
+            "rank); a sampler cannot split it",
+        )
+        return
+    if request.batch_sampler is not None:
+        if _is_distributed_aware(request.batch_sampler):
+            res.sampler_choice = SamplerChoice.USER
+            res.record("distributed", mode, True, f"{where}: the batch_sampler already shards")
+            return
+        res.sampler_choice = SamplerChoice.SHARD_BATCHES
+        res.sampler_shuffle = False
+        exact = request.training is False
+        res.record(
+            "batch_sampler",
+            request.batch_sampler,
+            "ShardedBatchSampler",
+            f"{where}: your batches are dealt round-robin to ranks"
+            + (
+                " (exact: no batch repeated)"
+                if exact
+                else " (padded by repeating the first batches so every rank gets the same count)"
+            ),
+        )
+        return
+    if request.sampler is not None:
+        res.sampler_choice = SamplerChoice.USER
+        if not _is_distributed_aware(request.sampler):
+            res.warnings.append(
+                f"{where}: the sampler {type(request.sampler).__name__} does not split data "
+                "between ranks, so every rank reads the same samples. Use "
+                "torch.utils.data.DistributedSampler, or leave sampler unset and loaderkit "
+                "shards for you (distributed='auto')."
+            )
+            res.record("distributed", mode, False, f"{where}: your sampler is kept as is")
+        else:
+            res.record("distributed", mode, True, f"{where}: your sampler already shards")
+        return
+
+    seed = request.seed if request.seed is not None else 0
+    res.sampler_seed = seed
+    res.values["shuffle"] = None
+    if request.training is False:
+        res.sampler_choice = SamplerChoice.EXACT_SHARD
+        res.sampler_shuffle = bool(shuffle)
+        res.record(
+            "sampler",
+            request.sampler,
+            "ShardSampler",
+            f"training=False, {where}: an exact contiguous shard, every sample seen once across "
+            "ranks (no padded duplicates)",
+        )
+        return
+    res.sampler_choice = SamplerChoice.DISTRIBUTED
+    res.sampler_shuffle = bool(shuffle)
+    seed_reason = "seed" if request.seed is not None else "seed=0 (DistributedSampler's default)"
+    res.record(
+        "sampler",
+        request.sampler,
+        "DistributedSampler",
+        f"{where}: shuffle={bool(shuffle)}, drop_last={request.drop_last}, {seed_reason}, "
+        "identical on every rank; set_epoch is called every pass",
+    )
+
+
+# --------------------------------------------------------------------------- resolve
+
+
+def resolve(
+    request: LoaderRequest,
+    facts: DatasetFacts,
+    platform: PlatformInfo,
+    dist: DistInfo | None = None,
+) -> Resolution:
+    """Apply every policy to a request.
+
+    Args:
+        request: The caller's arguments.
+        facts: What the policies need to know about the dataset.
+        platform: The platform to decide for.
+        dist: The distributed placement (not distributed when ``None``).
+
+    Returns:
+        The :class:`Resolution`: torch keyword values, plan entries and warning texts.
+
+    Raises:
+        ConfigError: For values no policy can make work (``num_workers="many"``,
+            ``shuffle="block"`` on a plain dataset, ``distributed=True`` without a process
+            group, ``sample_seeding`` on an iterable dataset).
+
+    Example:
+        >>> from loaderkit.platform import detect_platform
+        >>> res = resolve(LoaderRequest(training=True), DatasetFacts(), detect_platform())
+        >>> res.values["shuffle"]
+        True
+    """
+    dist = dist or DistInfo(initialized=False)
+    values: dict[str, Any] = {
+        "batch_size": request.batch_size,
+        "sampler": request.sampler,
+        "batch_sampler": request.batch_sampler,
+        "collate_fn": request.collate_fn,
+        "drop_last": request.drop_last,
+        "timeout": request.timeout,
+        "worker_init_fn": request.worker_init_fn,
+        "multiprocessing_context": request.multiprocessing_context,
+        "generator": request.generator,
+        "pin_memory_device": request.pin_memory_device,
+        "in_order": request.in_order,
+    }
+    res = Resolution(values=values, dist=dist)
+
+    if request.training not in (None, True, False):
+        raise ConfigError(f"training={request.training!r}: expected True, False or None")
+
+    # Workers.
+    workers = resolve_num_workers(
+        request.num_workers,
+        platform,
+        force_zero_workers_on_windows=request.force_zero_workers_on_windows,
+        local_world_size=dist.local_world_size if dist.initialized else None,
+    )
+    num_workers = workers.value
+    values["num_workers"] = num_workers
+    res.record("num_workers", request.num_workers, num_workers, workers.reason)
+    forced_off = (
+        isinstance(request.num_workers, int) and request.num_workers > 0 and num_workers == 0
+    )
+    res.workers_forced_off = forced_off
+    if forced_off:
+        res.warnings.append(
+            f"Windows: num_workers={request.num_workers} became 0 (loading in the main "
+            "process); pass force_zero_workers_on_windows=False to keep worker processes"
+        )
+
+    # Options that only exist with workers: dropped when the Windows policy removed them.
+    persistent = resolve_persistent_workers(
+        request.persistent_workers, training=request.training, num_workers=num_workers
+    )
+    prefetch: Decision[Any] = Decision(request.prefetch_factor, "as given")
+    context: Decision[Any] = Decision(request.multiprocessing_context, "as given")
+    timeout: Decision[Any] = Decision(request.timeout, "as given")
+    if forced_off:
+        dropped = "dropped: no worker processes under the Windows policy"
+        if request.persistent_workers:
+            persistent = Decision(False, dropped)
+        if request.prefetch_factor is not None:
+            prefetch = Decision(None, dropped)
+        if request.multiprocessing_context is not None:
+            context = Decision(None, dropped)
+        if request.timeout:
+            timeout = Decision(0, dropped)
+    values["persistent_workers"] = persistent.value
+    values["prefetch_factor"] = prefetch.value
+    values["multiprocessing_context"] = context.value
+    values["timeout"] = timeout.value
+    res.record(
+        "persistent_workers",
+        UNSET if request.persistent_workers is None else request.persistent_workers,
+        persistent.value,
+        persistent.reason,
+    )
+    if request.prefetch_factor is not None or forced_off:
+        res.record("prefetch_factor", request.prefetch_factor, prefetch.value, prefetch.reason)
+    if context.value is not request.multiprocessing_context:
+        res.record("multiprocessing_context", request.multiprocessing_context, None, context.reason)
+    if timeout.value != request.timeout:
+        res.record("timeout", request.timeout, timeout.value, timeout.reason)
+
+    if context.value is not None:
+        start_method, source = resolve_start_method(context.value, None, platform.start_method)
+    else:
+        start_method, source = platform.start_method, platform.start_method_source
+    res.start_method = start_method
+    if num_workers and num_workers > 0:
+        res.record(
+            "start_method",
+            UNSET if context.value is None else context.value,
+            start_method,
+            {
+                "argument": "multiprocessing_context argument",
+                "global": "set globally with multiprocessing.set_start_method",
+                "default": f"default on {platform.os_name} with Python "
+                f"{'.'.join(map(str, platform.python_version[:2]))}",
+            }.get(source, source)
+            + (
+                ""
+                if start_method == "fork"
+                else "; dataset, collate_fn and worker_init_fn are pickled for each worker"
+            ),
+        )
+
+    # Order.
+    shuffle = resolve_shuffle(
+        request.shuffle,
+        training=request.training,
+        iterable=facts.iterable,
+        has_sampler=request.sampler is not None,
+        has_batch_sampler=request.batch_sampler is not None,
+    )
+    values["shuffle"] = shuffle.value
+    res.record(
+        "shuffle",
+        UNSET if request.shuffle is None else request.shuffle,
+        shuffle.value,
+        shuffle.reason,
+    )
+    _resolve_sampler(request, facts, dist, shuffle.value, res)
+
+    # Seeds.
+    if request.seed is not None and request.generator is None:
+        res.make_generator = True
+        res.record(
+            "generator",
+            None,
+            f"torch.Generator(seed={request.seed})",
+            "seed: sampler order and worker seeds are reproducible; epoch n uses a seed "
+            "derived from (seed, n)",
+        )
+    elif request.seed is not None:
+        res.record(
+            "generator",
+            request.generator,
+            request.generator,
+            "as given (explicit generator wins over seed for the sampler order)",
+        )
+    if request.sample_seeding:
+        if facts.iterable:
+            raise ConfigError(
+                "sample_seeding=True needs a map-style dataset (samples are seeded from their "
+                "index); an IterableDataset has no indices"
+            )
+        res.record(
+            "sample_seeding",
+            False,
+            True,
+            "each sample's RNGs are seeded from (seed, epoch, index): batches do not "
+            "depend on num_workers",
+        )
+    res.record(
+        "worker_init_fn",
+        request.worker_init_fn,
+        "seed_worker"
+        + (
+            f" then {getattr(request.worker_init_fn, '__qualname__', 'your function')}"
+            if request.worker_init_fn is not None
+            else ""
+        ),
+        "per-worker, per-rank seeds for random, numpy and torch; your worker_init_fn runs after"
+        if request.worker_init_fn is not None
+        else "per-worker, per-rank seeds for random, numpy and torch",
+    )
+
+    # Memory.
+    pin = resolve_pin_memory(request.pin_memory, platform)
+    values["pin_memory"] = pin.value
+    res.record(
+        "pin_memory",
+        UNSET if request.pin_memory is None else request.pin_memory,
+        pin.value,
+        pin.reason,
+    )
+    if facts.has_getitems and not facts.iterable:
+        res.record(
+            "batched_reads",
+            UNSET,
+            True,
+            f"{facts.type_name} defines __getitems__: each batch is read with one call",
+        )
+    return res

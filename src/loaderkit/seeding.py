@@ -1,0 +1,507 @@
+"""Reproducible, collision-free random streams in every process, worker, rank and epoch.
+
+* :func:`seed_everything` seeds python ``random``, numpy's legacy global RNG and torch (CPU and
+  CUDA) in the calling process.
+* :func:`make_generator` builds a seeded ``torch.Generator`` (the sampler order).
+* :func:`seed_worker` is the worker initializer loaderkit installs in every loader (usable as a
+  plain ``worker_init_fn`` too): streams differ per worker *and per rank*.
+* :func:`worker_rng` is the recommended source of randomness for augmentations: a
+  ``numpy.random.Generator`` private to the current worker and rank (main process too).
+* :func:`check_determinism` compares two loaders built by the same factory.
+* :class:`SampleSeeder` implements ``sample_seeding=True``: every sample's RNGs are seeded from
+  (seed, epoch, index), so batches do not depend on the number of workers.
+
+All seeds are derived with :class:`numpy.random.SeedSequence`, never by adding small integers,
+and are passed between processes as arguments, never through environment variables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import numbers
+import os
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data
+
+__all__ = [
+    "SEED_MAX",
+    "DeterminismReport",
+    "SampleSeeder",
+    "check_determinism",
+    "epoch_seed",
+    "make_generator",
+    "seed_everything",
+    "seed_worker",
+    "validate_seed",
+    "worker_rng",
+]
+
+#: Largest accepted seed (seeds are unsigned 64-bit integers).
+SEED_MAX = 2**64 - 1
+
+# Spawn-key slots of a worker's SeedSequence: one independent child stream per consumer.
+_TORCH, _PYTHON, _NUMPY, _RNG = range(4)
+# Spawn key used for the main process (real worker ids are < 2**31).
+_MAIN_PROCESS = 2**32 - 1
+
+
+def validate_seed(seed: Any, name: str = "seed") -> int:
+    """Check that ``seed`` is an integer in ``[0, 2**64 - 1]`` and return it as ``int``.
+
+    Args:
+        seed: The value to check. ``bool``, ``float``, ``str`` and the like are rejected even
+            when they look like integers (``True``, ``3.0``, ``"3"``).
+        name: Argument name for the error message.
+
+    Returns:
+        ``int(seed)``.
+
+    Raises:
+        TypeError: When ``seed`` is not an integer.
+        ValueError: When it is negative or larger than ``2**64 - 1``.
+
+    Example:
+        >>> validate_seed(42)
+        42
+    """
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
+        raise TypeError(
+            f"{name} must be an int in [0, 2**64 - 1], got {type(seed).__name__} {seed!r}"
+        )
+    value = int(seed)
+    if not 0 <= value <= SEED_MAX:
+        raise ValueError(f"{name} must be an int in [0, 2**64 - 1], got {value}")
+    return value
+
+
+def _words(seed_sequence: np.random.SeedSequence, n: int) -> list[int]:
+    return [int(x) for x in seed_sequence.generate_state(n, dtype=np.uint64)]
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The sampler seed of pass ``epoch`` for a loader built with ``seed``.
+
+    Epoch 0 uses ``seed`` itself (so it matches ``torch.Generator().manual_seed(seed)``); later
+    epochs use a 64-bit value derived from ``(seed, epoch)``, so any epoch can be replayed
+    alone with ``loader.set_epoch(n)``.
+
+    Example:
+        >>> epoch_seed(7, 0)
+        7
+        >>> epoch_seed(7, 1) != epoch_seed(7, 2)
+        True
+    """
+    if epoch == 0:
+        return seed
+    return _words(np.random.SeedSequence(entropy=seed, spawn_key=(epoch,)), 1)[0]
+
+
+def _seed_numpy_legacy(seed: int) -> None:
+    if seed < 2**32:
+        np.random.seed(seed)
+    else:  # the legacy API takes 32-bit words; an array seeds it from all 64 bits
+        np.random.seed(np.array([seed & 0xFFFFFFFF, seed >> 32], dtype=np.uint32))
+
+
+def seed_everything(seed: int, *, deterministic: bool = False) -> int:
+    """Seed python ``random``, numpy's global RNG and torch (CPU and every CUDA device).
+
+    Args:
+        seed: An int in ``[0, 2**64 - 1]``.
+        deterministic: Also make torch pick deterministic kernels: cuDNN benchmark off and
+            deterministic on, ``torch.use_deterministic_algorithms(True, warn_only=True)`` and
+            ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (when not already set). These settings are
+            process-global and stay in force after the call; they can slow training.
+
+    Returns:
+        The seed, as an ``int``.
+
+    Raises:
+        TypeError: When ``seed`` is not an integer (bool, float and str are rejected).
+        ValueError: When it is out of range.
+
+    Example:
+        >>> seed_everything(0)
+        0
+        >>> import torch; a = torch.rand(1); _ = seed_everything(0); bool(torch.rand(1) == a)
+        True
+    """
+    seed = validate_seed(seed)
+    random.seed(seed)
+    _seed_numpy_legacy(seed)
+    torch.manual_seed(seed)  # also seeds every CUDA device (lazily when CUDA is not initialized)
+    if deterministic:
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        # cuBLAS needs a fixed workspace for reproducible results (CUDA >= 10.2).
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    return seed
+
+
+def make_generator(seed: int) -> torch.Generator:
+    """A CPU ``torch.Generator`` seeded with ``seed`` (for samplers and ``generator=``).
+
+    Example:
+        >>> g = make_generator(3)
+        >>> torch.randperm(4, generator=g).tolist() == torch.randperm(
+        ...     4, generator=make_generator(3)).tolist()
+        True
+    """
+    generator = torch.Generator()
+    generator.manual_seed(validate_seed(seed))
+    return generator
+
+
+# --------------------------------------------------------------------------- worker streams
+
+
+@dataclass
+class _RngState:
+    pid: int
+    key: tuple[int, ...]
+    generator: np.random.Generator
+
+
+_worker_state: _RngState | None = None
+_sample_override: np.random.Generator | None = None
+
+
+def _current_rank() -> int:
+    """Global rank seen from inside any process (worker processes included)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank())
+    # A spawned worker has no process group; torchrun tells every rank its RANK.
+    value = os.environ.get("RANK", "")
+    return int(value) if value.isdigit() else 0
+
+
+def _worker_seed_sequence(base_seed: int, worker_id: int, rank: int) -> np.random.SeedSequence:
+    return np.random.SeedSequence(entropy=base_seed, spawn_key=(rank, worker_id))
+
+
+def _install_worker_streams(worker_id: int, base_seed: int, rank: int, world_size: int) -> None:
+    """Seed this worker's globals and its :func:`worker_rng` from (base seed, worker, rank)."""
+    global _worker_state
+    sequence = _worker_seed_sequence(base_seed, worker_id, rank)
+    children = sequence.spawn(4)
+    if world_size > 1:
+        # Every rank draws the same base seed from identically seeded generators: mix the rank
+        # in, or all ranks augment identically.
+        torch.manual_seed(_words(children[_TORCH], 1)[0])
+        random.seed(_words(children[_PYTHON], 2)[0])
+        np.random.seed(children[_NUMPY].generate_state(4, dtype=np.uint32))
+    # In a single process torch's own per-worker seeds (base_seed + worker_id for torch and
+    # random, a SeedSequence-style state for numpy) are already distinct: keep them, so a
+    # dataset gives exactly the batches it gives under torch's DataLoader.
+    _worker_state = _RngState(
+        pid=os.getpid(),
+        key=(base_seed, rank, worker_id),
+        generator=np.random.Generator(np.random.PCG64(children[_RNG])),
+    )
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed a DataLoader worker: distinct streams per worker and per rank, repeatable per seed.
+
+    loaderkit installs this in every loader (before your own ``worker_init_fn``). It can also
+    be passed as ``worker_init_fn`` to a plain ``torch.utils.data.DataLoader``. The seeds come
+    from :class:`numpy.random.SeedSequence` over (torch's base seed for this pass, worker id,
+    global rank). In a single-process job torch's own per-worker seeds are kept, so batches are
+    exactly torch's; under ``torch.distributed`` with world size > 1 the rank is mixed in, so
+    ranks seeded alike still augment differently.
+
+    Args:
+        worker_id: The worker's id (torch passes it).
+
+    Example:
+        >>> loader = torch.utils.data.DataLoader(range(4), num_workers=0,
+        ...                                      worker_init_fn=seed_worker)
+    """
+    info = torch.utils.data.get_worker_info()
+    if info is None:  # called outside a worker: nothing to seed per worker
+        return
+    import torch.distributed as dist
+
+    world_size = (
+        dist.get_world_size()
+        if dist.is_available() and dist.is_initialized()
+        else int(os.environ.get("WORLD_SIZE", "1") or 1)
+    )
+    _install_worker_streams(worker_id, info.seed - info.id, _current_rank(), world_size)
+
+
+@dataclass(frozen=True)
+class WorkerInit:
+    """The ``worker_init_fn`` loaderkit installs: :func:`seed_worker`, then yours.
+
+    The rank and world size are captured in the main process when the loader is built (spawned
+    workers have no process group to ask) and travel as plain attributes.
+
+    Attributes:
+        rank: Global rank of the process that built the loader.
+        world_size: World size at that time.
+        user_fn: The caller's ``worker_init_fn`` (runs after seeding), or ``None``.
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    user_fn: Callable[[int], Any] | None = None
+
+    def __call__(self, worker_id: int) -> None:
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            _install_worker_streams(worker_id, info.seed - info.id, self.rank, self.world_size)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+def _main_process_key() -> tuple[int, ...]:
+    return (torch.initial_seed(), _current_rank(), _MAIN_PROCESS)
+
+
+def worker_rng() -> np.random.Generator:
+    """The ``numpy.random.Generator`` of the current worker and rank (main process too).
+
+    Use it for augmentations: its stream differs between workers and ranks, repeats for the
+    same seed, and (with ``sample_seeding=True``) is seeded per sample. In the main process it
+    follows ``torch.manual_seed`` / :func:`seed_everything`: reseeding torch restarts it.
+
+    Returns:
+        A generator private to this process.
+
+    Example:
+        >>> _ = seed_everything(1); a = worker_rng().random()
+        >>> _ = seed_everything(1); bool(worker_rng().random() == a)
+        True
+    """
+    global _worker_state
+    if _sample_override is not None:
+        return _sample_override
+    pid = os.getpid()
+    info = torch.utils.data.get_worker_info()
+    if info is not None:
+        state = _worker_state
+        if state is None or state.pid != pid:
+            # A worker of a plain torch DataLoader (no seed_worker): derive from torch's seed.
+            _install_worker_streams(info.id, info.seed - info.id, _current_rank(), 1)
+            state = _worker_state
+        assert state is not None
+        return state.generator
+    key = _main_process_key()
+    state = _worker_state
+    if state is None or state.pid != pid or state.key != key:
+        sequence = np.random.SeedSequence(entropy=key[0], spawn_key=key[1:])
+        state = _RngState(
+            pid=pid, key=key, generator=np.random.Generator(np.random.PCG64(sequence))
+        )
+        _worker_state = state
+    return state.generator
+
+
+# --------------------------------------------------------------------------- per-sample seeds
+
+
+class SampleSeeder:
+    """Seeds every RNG from (seed, epoch, index) while one sample is produced.
+
+    Used by ``sample_seeding=True``. Inside :meth:`seeded`, python ``random``, numpy's global
+    RNG, torch's global RNG and :func:`worker_rng` all start from streams derived with
+    :class:`numpy.random.SeedSequence` from ``(seed, epoch, index)``. In a worker process the
+    globals are left in that state; in the main process (``num_workers=0``) they are restored
+    afterwards, so the training loop's own random state (dropout, ...) is untouched.
+
+    Args:
+        seed: The loader's seed.
+
+    Example:
+        >>> seeder = SampleSeeder(0)
+        >>> with seeder.seeded(epoch=0, index=5):
+        ...     a = torch.rand(1)
+        >>> with seeder.seeded(epoch=0, index=5):
+        ...     bool(torch.rand(1) == a)
+        True
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = validate_seed(seed)
+
+    def seeded(self, epoch: int, index: Any) -> _SeededSample:
+        """Context manager seeding all RNGs for sample ``index`` of pass ``epoch``."""
+        return _SeededSample(self.seed, epoch, index)
+
+
+class _SeededSample:
+    __slots__ = ("_key", "_saved")
+
+    def __init__(self, seed: int, epoch: int, index: Any) -> None:
+        if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral):
+            raise TypeError(
+                f"sample_seeding needs integer dataset indices, got {type(index).__name__} "
+                f"{index!r}; use a sampler that yields ints or turn sample_seeding off"
+            )
+        self._key = (seed, int(epoch), int(index))
+        self._saved: tuple[Any, ...] | None = None
+
+    def __enter__(self) -> None:
+        global _sample_override
+        seed, epoch, index = self._key
+        words = np.random.SeedSequence(entropy=seed, spawn_key=(epoch, index)).generate_state(
+            8, dtype=np.uint32
+        )
+        if torch.utils.data.get_worker_info() is None:
+            self._saved = (
+                random.getstate(),
+                np.random.get_state(),
+                torch.get_rng_state(),
+                _sample_override,
+            )
+        torch_seed = int(words[0]) | int(words[1]) << 32
+        torch.manual_seed(torch_seed)
+        random.seed(int(words[2]) | int(words[3]) << 32)
+        np.random.seed(words[4:8])
+        _sample_override = np.random.Generator(np.random.PCG64(words))
+
+    def __exit__(self, *exc: object) -> None:
+        global _sample_override
+        if self._saved is not None:
+            py_state, np_state, torch_state, override = self._saved
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+            torch.set_rng_state(torch_state)
+            _sample_override = override
+            self._saved = None
+        else:
+            _sample_override = None
+
+
+# --------------------------------------------------------------------------- determinism check
+
+
+def _leaves(obj: Any, path: str, out: list[tuple[str, str]]) -> None:
+    """Flatten a batch into (path, digest) pairs."""
+    if isinstance(obj, torch.Tensor):
+        tensor = obj.detach().cpu().contiguous()
+        digest = hashlib.blake2b(f"{tensor.dtype}{tuple(tensor.shape)}".encode(), digest_size=16)
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        out.append((path, f"tensor {tensor.dtype} {tuple(tensor.shape)} {digest.hexdigest()}"))
+    elif isinstance(obj, np.ndarray):
+        array = np.ascontiguousarray(obj)
+        digest = hashlib.blake2b(f"{array.dtype}{array.shape}".encode(), digest_size=16)
+        if array.dtype.hasobject:
+            digest.update(repr(array.tolist()).encode())
+        else:
+            digest.update(array.tobytes())
+        out.append((path, f"ndarray {array.dtype} {array.shape} {digest.hexdigest()}"))
+    elif isinstance(obj, Mapping):
+        for key in sorted(obj, key=repr):
+            _leaves(obj[key], f"{path}[{key!r}]", out)
+    elif is_dataclass(obj) and not isinstance(obj, type):
+        for f in fields(obj):
+            _leaves(getattr(obj, f.name), f"{path}.{f.name}", out)
+    elif isinstance(obj, (list, tuple)):
+        for i, item in enumerate(obj):
+            _leaves(item, f"{path}[{i}]", out)
+    else:
+        out.append((path, f"{type(obj).__name__} {obj!r}"))
+
+
+@dataclass(frozen=True)
+class DeterminismReport:
+    """Result of :func:`check_determinism`.
+
+    Attributes:
+        deterministic: True when both loaders produced identical batches.
+        epochs: Passes compared.
+        batches: Batches compared.
+        first_difference: ``None``, or where the loaders first differ (epoch, batch, path,
+            and both values' fingerprints).
+
+    Example:
+        >>> bool(DeterminismReport(True, 2, 10, None))
+        True
+    """
+
+    deterministic: bool
+    epochs: int
+    batches: int
+    first_difference: str | None
+
+    def __bool__(self) -> bool:
+        return self.deterministic
+
+    def __str__(self) -> str:
+        if self.deterministic:
+            return f"deterministic: {self.batches} batches over {self.epochs} epoch(s) identical"
+        return f"not deterministic: {self.first_difference}"
+
+
+def _fingerprints(loader: Iterable[Any], epochs: int) -> Iterator[tuple[int, int, list]]:
+    try:
+        for epoch in range(epochs):
+            for index, batch in enumerate(loader):
+                leaves: list[tuple[str, str]] = []
+                _leaves(batch, "batch", leaves)
+                yield epoch, index, leaves
+    finally:
+        close = getattr(loader, "close", None)
+        if callable(close):
+            close()
+
+
+def check_determinism(
+    make_loader: Callable[[], Iterable[Any]], *, epochs: int = 2
+) -> DeterminismReport:
+    """Build two loaders with ``make_loader`` and compare their batches over ``epochs`` passes.
+
+    Each batch is reduced to fingerprints of its leaves (tensors, arrays, scalars), so the
+    comparison is exact (bit-for-bit) and cheap in memory. Loaders with a ``close()`` method are
+    closed afterwards.
+
+    Args:
+        make_loader: Zero-argument factory, e.g.
+            ``lambda: create_dataloader(ds, shuffle=True, num_workers=2, seed=0)``.
+        epochs: Passes over each loader.
+
+    Returns:
+        A :class:`DeterminismReport` (truthy when identical) naming the first difference.
+
+    Example:
+        >>> from loaderkit import create_dataloader
+        >>> report = check_determinism(lambda: create_dataloader(list(range(8)), batch_size=4,
+        ...                                                      shuffle=True, seed=0))
+        >>> report.deterministic
+        True
+    """
+    if epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {epochs}")
+    first = list(_fingerprints(make_loader(), epochs))
+    second = list(_fingerprints(make_loader(), epochs))
+    for (epoch, index, a), (_, _, b) in zip(first, second, strict=False):
+        if a != b:
+            for (path_a, fa), (path_b, fb) in zip(a, b, strict=False):
+                if (path_a, fa) != (path_b, fb):
+                    where = path_a if path_a == path_b else f"{path_a} vs {path_b}"
+                    detail = f"{where}: {fa} != {fb}"
+                    break
+            else:
+                detail = f"batch has {len(a)} leaves in one run and {len(b)} in the other"
+            return DeterminismReport(
+                False, epochs, index, f"epoch {epoch}, batch {index}: {detail}"
+            )
+    if len(first) != len(second):
+        return DeterminismReport(
+            False,
+            epochs,
+            min(len(first), len(second)),
+            f"the loaders yielded {len(first)} and {len(second)} batches",
+        )
+    return DeterminismReport(True, epochs, len(first), None)

@@ -1,0 +1,239 @@
+"""Module-level datasets, samplers and functions for tests.
+
+Everything that crosses into a spawned or forkserver worker must be importable by name, so it
+lives here rather than inside test functions.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import psutil
+import torch
+from torch.utils.data import Dataset, IterableDataset, Sampler
+
+from loaderkit import worker_rng
+
+# ---------------------------------------------------------------- datasets
+
+
+class SquareDataset(Dataset):
+    """Sample i is (i, i*i) as tensors: deterministic content, tuple structure."""
+
+    def __init__(self, n: int = 10) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        return torch.tensor(i), torch.tensor(i * i)
+
+
+class DictDataset(Dataset):
+    """Sample i is a dict (exercises default_collate's mapping branch)."""
+
+    def __init__(self, n: int = 9) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"x": torch.full((2,), float(i)), "id": i, "name": f"s{i}"}
+
+
+class RandomDataset(Dataset):
+    """Sample i draws from every RNG a worker has; returns the draws plus who drew them."""
+
+    def __init__(self, n: int = 8) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = torch.utils.data.get_worker_info()
+        return torch.tensor(
+            [
+                float(i),
+                random.random(),
+                float(np.random.rand()),
+                float(torch.rand(1)),
+                float(worker_rng().random()),
+                -1.0 if info is None else float(info.id),
+            ],
+            dtype=torch.float64,
+        )
+
+
+class EpochRecordingDataset(SquareDataset):
+    """Records set_epoch calls (in the process that receives them)."""
+
+    def __init__(self, n: int = 6) -> None:
+        super().__init__(n)
+        self.epochs: list[int] = []
+        self.epoch = -1
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+        self.epoch = epoch
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(i), torch.tensor(self.epoch)
+
+
+class ClosableDataset(SquareDataset):
+    def __init__(self, n: int = 6) -> None:
+        super().__init__(n)
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class CountingIterable(IterableDataset):
+    def __init__(self, n: int = 7) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        if info is None:
+            yield from range(self.n)
+        else:
+            yield from range(info.id, self.n, info.num_workers)
+
+
+class Transform:
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+
+class TransformDataset(SquareDataset):
+    """Holds an arbitrary object under .transform (to plant unpicklable leaves)."""
+
+    def __init__(self, transform: Any, n: int = 4) -> None:
+        super().__init__(n)
+        self.transform = transform
+
+
+class LargeArrayDataset(Dataset):
+    def __init__(self, nbytes: int) -> None:
+        self.data = np.zeros(nbytes, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.data[i])
+
+
+class PidDataset(Dataset):
+    """Returns the pid of the process that produced each sample."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> int:
+        return os.getpid()
+
+
+class SlowDataset(Dataset):
+    """Sleeps per sample (keeps workers busy so a test can act mid-epoch)."""
+
+    def __init__(self, n: int = 64, delay: float = 0.01) -> None:
+        self.n = n
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(self.delay)
+        return i
+
+
+# ---------------------------------------------------------------- samplers & functions
+
+
+class RecordingSampler(Sampler[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.epochs: list[int] = []
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epochs.append(epoch)
+
+
+class ReverseSampler(Sampler[int]):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        return iter(range(self.n - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def tuple_collate(batch: list[Any]) -> tuple[Any, ...]:
+    """A custom collate_fn: keeps samples as a tuple."""
+    return tuple(batch)
+
+
+WORKER_FLAG = {"value": None}
+
+
+def set_worker_flag(worker_id: int) -> None:
+    """A user worker_init_fn: leaves a mark the dataset can read."""
+    WORKER_FLAG["value"] = 100 + worker_id
+
+
+class FlagDataset(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> int:
+        return -1 if WORKER_FLAG["value"] is None else int(WORKER_FLAG["value"])
+
+
+def seed_probe(worker_id: int) -> None:
+    """worker_init_fn used to observe what seeds the worker ended with."""
+    WORKER_FLAG["value"] = torch.initial_seed()
+
+
+# ---------------------------------------------------------------- process helpers
+
+
+def child_pids() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def wait_children_gone(before: set[int], timeout: float = 10.0) -> set[int]:
+    """Wait until no child beyond `before` is alive; return the ones left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        extra = {
+            p.pid
+            for p in psutil.Process().children(recursive=True)
+            if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
+        }
+        if not extra or time.monotonic() > deadline:
+            return extra
+        time.sleep(0.05)
+
+
+LOCK = threading.Lock()

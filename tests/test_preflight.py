@@ -1,0 +1,186 @@
+"""Picklability preflight under real spawn and forkserver contexts."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from loaderkit import ConfigError, LoaderkitWarning, create_dataloader, planning
+from loaderkit.preflight import find_unpicklable, pickled_size
+from tests.helpers import (
+    LargeArrayDataset,
+    ReverseSampler,
+    SquareDataset,
+    Transform,
+    TransformDataset,
+    child_pids,
+    tuple_collate,
+)
+
+SPAWNING = ["spawn", "forkserver"]
+
+
+def _local_function():
+    def inner(x):
+        return x
+
+    return inner
+
+
+class WithState(SquareDataset):
+    """Drops its lock in __getstate__: must count as picklable."""
+
+    def __init__(self) -> None:
+        super().__init__(4)
+        self.lock = threading.Lock()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["lock"] = None
+        return state
+
+
+@pytest.mark.parametrize("context", SPAWNING)
+@pytest.mark.parametrize(
+    ("make_leaf", "kind"),
+    [
+        (lambda: lambda x: x, "lambda"),
+        (_local_function, "local function"),
+        (threading.Lock, "lock"),
+        (lambda: (i for i in range(3)), "generator"),
+    ],
+    ids=["lambda", "local-function", "lock", "generator"],
+)
+def test_unpicklable_dataset_attribute_is_named(context, make_leaf, kind) -> None:
+    before = child_pids()
+    dataset = TransformDataset(Transform(make_leaf()))
+    with pytest.raises(ConfigError) as info:
+        create_dataloader(dataset, num_workers=2, multiprocessing_context=context)
+    message = str(info.value)
+    assert "dataset.transform.fn cannot be pickled" in message
+    assert f"'{context}' start method" in message
+    assert "Fix:" in message
+    assert find_unpicklable(dataset, "dataset").kind == kind
+    assert child_pids() == before  # nothing was started
+
+
+@pytest.mark.parametrize("context", SPAWNING)
+def test_open_file_and_h5py_handles_are_explained(context, tmp_path) -> None:
+    path = tmp_path / "x.txt"
+    path.write_text("x")
+    with (
+        open(path) as handle,
+        pytest.raises(ConfigError, match=r"dataset\.transform\.fn .*open file"),
+    ):
+        create_dataloader(
+            TransformDataset(Transform(handle)), num_workers=1, multiprocessing_context=context
+        )
+    h5 = tmp_path / "d.h5"
+    with h5py.File(h5, "w") as f:
+        f["x"] = np.arange(4)
+    with h5py.File(h5, "r") as f:
+        with pytest.raises(ConfigError, match="h5py objects cannot be pickled") as info:
+            create_dataloader(
+                TransformDataset(Transform(f["x"])), num_workers=1, multiprocessing_context=context
+            )
+        assert "HDF5SessionDataset" in str(info.value)
+
+
+@pytest.mark.parametrize("context", SPAWNING)
+def test_unpicklable_collate_fn_and_worker_init_fn(context) -> None:
+    with pytest.raises(ConfigError, match=r"^collate_fn cannot be pickled.*lambda"):
+        create_dataloader(
+            SquareDataset(), num_workers=2, collate_fn=lambda b: b, multiprocessing_context=context
+        )
+    with pytest.raises(ConfigError, match=r"^collate_fn\.func cannot be pickled.*local"):
+        create_dataloader(
+            SquareDataset(),
+            num_workers=2,
+            collate_fn=functools.partial(_local_function(), 1),
+            multiprocessing_context=context,
+        )
+    with pytest.raises(ConfigError, match=r"^worker_init_fn cannot be pickled"):
+        create_dataloader(
+            SquareDataset(),
+            num_workers=2,
+            worker_init_fn=_local_function(),
+            multiprocessing_context=context,
+        )
+
+
+def test_preflight_catches_what_torch_would_fail_on() -> None:
+    """Without the preflight, torch fails when the workers start (the failure is real)."""
+    dataset = TransformDataset(Transform(lambda x: x))
+    plain = torch.utils.data.DataLoader(dataset, num_workers=1, multiprocessing_context="spawn")
+    with pytest.raises(Exception, match="pickle"), pytest.warns(UserWarning):
+        next(iter(plain))
+
+
+@pytest.mark.parametrize("context", SPAWNING)
+def test_picklable_objects_load_under_real_workers(context) -> None:
+    loader = create_dataloader(
+        WithState(),
+        batch_size=2,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=tuple_collate,
+    )
+    batches = list(loader)
+    loader.close()
+    assert [int(x[0]) for batch in batches for x in batch] == [0, 1, 2, 3]
+    assert "pickled_dataset" in loader.plan
+
+
+def test_fork_runs_no_preflight() -> None:
+    dataset = TransformDataset(Transform(lambda x: x), n=4)
+    with create_dataloader(
+        dataset, num_workers=2, multiprocessing_context="fork", batch_size=4
+    ) as loader:
+        ((first, _),) = list(loader)
+    assert first.tolist() == [0, 1, 2, 3]
+
+
+def test_large_dataset_warns_with_its_size(monkeypatch) -> None:
+    monkeypatch.setattr(planning, "LARGE_PICKLE_BYTES", 1 << 20)
+    with pytest.warns(LoaderkitWarning, match=r"pickles to 2 MiB .* each of the 2 workers"):
+        create_dataloader(
+            LargeArrayDataset(2 << 20), num_workers=2, multiprocessing_context="spawn"
+        )
+
+
+def test_tensors_are_not_counted_they_are_shared() -> None:
+    small = pickled_size(torch.utils.data.TensorDataset(torch.zeros(1000, 1000)))
+    assert small < 10_000
+
+
+def test_unpicklable_sampler_only_warns_and_still_loads() -> None:
+    sampler = ReverseSampler(4)
+    sampler.lock = threading.Lock()
+    with pytest.warns(LoaderkitWarning, match=r"sampler\.lock cannot be pickled.*main process"):
+        loader = create_dataloader(
+            SquareDataset(4),
+            sampler=sampler,
+            batch_size=4,
+            num_workers=1,
+            multiprocessing_context="spawn",
+        )
+    ((values, _),) = list(loader)
+    loader.close()
+    assert values.tolist() == [3, 2, 1, 0]
+
+
+def test_paths_name_containers_partials_and_methods() -> None:
+    lock = threading.Lock()
+    assert find_unpicklable({"a": [1, {"b": lock}]}, "x").path == "x['a'][1]['b']"
+    assert find_unpicklable((1, lock), "x").path == "x[1]"
+    assert find_unpicklable(functools.partial(print, sep=lock), "fn").path == "fn.keywords['sep']"
+    holder = Transform(lock)
+    assert find_unpicklable(holder.__init__, "fn").path == "fn.__self__.fn"
+    assert find_unpicklable(WithState(), "dataset") is None
+    problem = find_unpicklable(Transform(_local_function()), "dataset")
+    assert problem.kind == "local function" and "module level" in problem.fix

@@ -1,0 +1,71 @@
+"""The public surface: __all__ is sorted, complete and documented."""
+
+from __future__ import annotations
+
+import inspect
+
+import loaderkit
+
+
+def _public_names() -> set[str]:
+    return {
+        name
+        for name, obj in vars(loaderkit).items()
+        if not name.startswith("_")
+        and not inspect.ismodule(obj)
+        and getattr(obj, "__module__", "loaderkit").startswith("loaderkit")
+    }
+
+
+def test_all_is_sorted() -> None:
+    assert list(loaderkit.__all__) == sorted(loaderkit.__all__)
+
+
+def test_all_lists_exactly_the_public_names() -> None:
+    assert set(loaderkit.__all__) - {"__version__"} == _public_names()
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    for name in loaderkit.__all__:
+        if name == "__version__":
+            continue
+        doc = inspect.getdoc(getattr(loaderkit, name))
+        assert doc and len(doc) > 20, f"loaderkit.{name} has no real docstring"
+
+
+def test_version_matches_metadata() -> None:
+    from importlib.metadata import version
+
+    assert loaderkit.__version__ == version("loaderkit")
+
+
+def test_create_dataloader_documents_every_argument() -> None:
+    doc = inspect.getdoc(loaderkit.create_dataloader)
+    for name in inspect.signature(loaderkit.create_dataloader).parameters:
+        assert f"{name}:" in doc, f"create_dataloader's docstring does not document {name}"
+    for policy in ("Windows policy", "pin-memory", "persistent", "picklability"):
+        assert policy in doc
+
+
+def test_signature_matches_torch() -> None:
+    import torch.utils.data
+
+    ours = list(inspect.signature(loaderkit.create_dataloader).parameters.values())
+    theirs = list(inspect.signature(torch.utils.data.DataLoader.__init__).parameters.values())[1:]
+    for mine, torch_param in zip(ours, theirs, strict=True):
+        assert mine.name == torch_param.name
+        assert mine.kind == torch_param.kind
+    cls = list(inspect.signature(loaderkit.DataLoader.__init__).parameters)
+    assert cls[1:] == [p.name for p in ours]
+
+
+def test_errors_hierarchy() -> None:
+    assert issubclass(loaderkit.ConfigError, loaderkit.LoaderkitError)
+    assert issubclass(loaderkit.ConfigError, ValueError)
+    assert issubclass(loaderkit.LoaderkitWarning, UserWarning)
+
+
+def test_py_typed_shipped() -> None:
+    from importlib.resources import files
+
+    assert files("loaderkit").joinpath("py.typed").is_file()
