@@ -132,7 +132,9 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
         >>> import torch; a = torch.rand(1); _ = seed_everything(0); bool(torch.rand(1) == a)
         True
     """
+    global _worker_state
     seed = validate_seed(seed)
+    _worker_state = None  # restart worker_rng() of this process from the new seed
     random.seed(seed)
     _seed_numpy_legacy(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device (lazily when CUDA is not initialized)
