@@ -297,8 +297,8 @@ def test_sample_seeder_context() -> None:
         assert (_draws(), worker_rng().random()) == a
     with seeder.seeded(1, 3):
         assert _draws() != a[0]
-    with pytest.raises(TypeError, match="integer dataset indices"):
-        seeder.seeded(0, "key")
+    with pytest.raises(TypeError, match="integer dataset indices"), seeder.seeded(0, "key"):
+        pass
 
 
 # ---------------------------------------------------------------- check_determinism

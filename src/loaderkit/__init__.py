@@ -19,6 +19,7 @@ from loaderkit.seeding import (
     seed_worker,
     worker_rng,
 )
+from loaderkit.transfer import DevicePrefetcher, to_device
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,7 @@ __all__ = [
     "ConfigError",
     "DataLoader",
     "DeterminismReport",
+    "DevicePrefetcher",
     "LoaderkitError",
     "LoaderkitWarning",
     "Plan",
@@ -39,5 +41,6 @@ __all__ = [
     "recommended_num_workers",
     "seed_everything",
     "seed_worker",
+    "to_device",
     "worker_rng",
 ]

@@ -352,17 +352,20 @@ class SampleSeededDataset(Dataset[Any]):
             if callable(set_epoch):
                 set_epoch(epoch)
 
-    def _sample(self, epoch: int, index: Any) -> Any:
-        with self.seeder.seeded(epoch, index):
-            return self.dataset[index]
-
     def __getitem__(self, tagged: _Tagged) -> Any:
         self._enter_epoch(tagged.epoch)
-        return self._sample(tagged.epoch, tagged.indices)
+        with self.seeder.seeded(tagged.epoch, tagged.indices):
+            return self.dataset[tagged.indices]
 
     def __getitems__(self, tagged: _Tagged) -> list[Any]:
         self._enter_epoch(tagged.epoch)
-        return [self._sample(tagged.epoch, index) for index in tagged.indices]
+        dataset, seed_sample, epoch = self.dataset, self.seeder.seed_sample, tagged.epoch
+        samples = []
+        with self.seeder.batch():
+            for index in tagged.indices:
+                seed_sample(epoch, index)
+                samples.append(dataset[index])
+        return samples
 
     def __getstate__(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -11,8 +11,9 @@
 * :class:`SampleSeeder` implements ``sample_seeding=True``: every sample's RNGs are seeded from
   (seed, epoch, index), so batches do not depend on the number of workers.
 
-All seeds are derived with :class:`numpy.random.SeedSequence`, never by adding small integers,
-and are passed between processes as arguments, never through environment variables.
+Worker and epoch seeds are derived with :class:`numpy.random.SeedSequence` and per-sample seeds
+with a keyed BLAKE2b hash, never by adding small integers; they are passed between processes as
+arguments, never through environment variables.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import hashlib
 import numbers
 import os
 import random
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
@@ -172,7 +174,6 @@ class _RngState:
 
 
 _worker_state: _RngState | None = None
-_sample_override: np.random.Generator | None = None
 
 
 def _current_rank() -> int:
@@ -286,8 +287,8 @@ def worker_rng() -> np.random.Generator:
         True
     """
     global _worker_state
-    if _sample_override is not None:
-        return _sample_override
+    if _sample_stream.active:
+        return _sample_stream.get()
     pid = os.getpid()
     info = torch.utils.data.get_worker_info()
     if info is not None:
@@ -311,15 +312,45 @@ def worker_rng() -> np.random.Generator:
 
 # --------------------------------------------------------------------------- per-sample seeds
 
+_SAMPLE_PERSON = b"loaderkit-sample"  # domain separation for the per-sample hash
+_MASK64 = (1 << 64) - 1
+
+
+class _SampleStream:
+    """The :func:`worker_rng` of the sample being produced; re-stated lazily per sample."""
+
+    def __init__(self) -> None:
+        self.bit_generator = np.random.PCG64(0)
+        self.generator = np.random.Generator(self.bit_generator)
+        self.words: bytes | None = None  # state/increment of the current sample, not yet applied
+        self.active = False
+
+    def get(self) -> np.random.Generator:
+        if self.words is not None:
+            state = int.from_bytes(self.words[:16], "little")
+            inc = int.from_bytes(self.words[16:], "little") | 1  # PCG increments are odd
+            self.bit_generator.state = {
+                "bit_generator": "PCG64",
+                "state": {"state": state, "inc": inc},
+                "has_uint32": 0,
+                "uinteger": 0,
+            }
+            self.words = None
+        return self.generator
+
+
+_sample_stream = _SampleStream()
+
 
 class SampleSeeder:
     """Seeds every RNG from (seed, epoch, index) while one sample is produced.
 
-    Used by ``sample_seeding=True``. Inside :meth:`seeded`, python ``random``, numpy's global
-    RNG, torch's global RNG and :func:`worker_rng` all start from streams derived with
-    :class:`numpy.random.SeedSequence` from ``(seed, epoch, index)``. In a worker process the
-    globals are left in that state; in the main process (``num_workers=0``) they are restored
-    afterwards, so the training loop's own random state (dropout, ...) is untouched.
+    Used by ``sample_seeding=True``. Before each sample, python ``random``, numpy's global RNG,
+    torch's CPU generator and :func:`worker_rng` are seeded from a BLAKE2b hash of
+    ``(seed, epoch, index)`` (a keyed hash gives independent streams for neighbouring indices
+    at a fraction of the cost of a ``SeedSequence``). In a worker process the globals are left
+    in that state; in the main process (``num_workers=0``) they are saved before a batch and
+    restored after it, so the training loop's own random state (dropout, ...) is untouched.
 
     Args:
         seed: The loader's seed.
@@ -336,53 +367,75 @@ class SampleSeeder:
     def __init__(self, seed: int) -> None:
         self.seed = validate_seed(seed)
 
-    def seeded(self, epoch: int, index: Any) -> _SeededSample:
-        """Context manager seeding all RNGs for sample ``index`` of pass ``epoch``."""
-        return _SeededSample(self.seed, epoch, index)
+    def batch(self) -> _SeededBatch:
+        """Context manager around the samples of one batch (saves/restores main-process RNGs)."""
+        return _SeededBatch()
 
-
-class _SeededSample:
-    __slots__ = ("_key", "_saved")
-
-    def __init__(self, seed: int, epoch: int, index: Any) -> None:
+    def seed_sample(self, epoch: int, index: Any) -> None:
+        """Seed every RNG for sample ``index`` of pass ``epoch`` (inside :meth:`batch`)."""
         if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral):
             raise TypeError(
                 f"sample_seeding needs integer dataset indices, got {type(index).__name__} "
                 f"{index!r}; use a sampler that yields ints or turn sample_seeding off"
             )
-        self._key = (seed, int(epoch), int(index))
+        digest = hashlib.blake2b(
+            struct.pack("<QQq", self.seed, int(epoch), int(index)),
+            digest_size=52,
+            person=_SAMPLE_PERSON,
+        ).digest()
+        # torch.manual_seed() would also seed every accelerator backend (~50x slower); samples
+        # are produced on the CPU, so the CPU generator is the one that matters.
+        torch.default_generator.manual_seed(int.from_bytes(digest[0:8], "little"))
+        random.seed(int.from_bytes(digest[8:16], "little"))
+        np.random.seed(int.from_bytes(digest[16:20], "little"))
+        _sample_stream.words = digest[20:52]
+        _sample_stream.active = True
+
+    def seeded(self, epoch: int, index: Any) -> _SeededSample:
+        """Context manager: :meth:`batch` around :meth:`seed_sample` for one sample."""
+        return _SeededSample(self, epoch, index)
+
+
+class _SeededBatch:
+    __slots__ = ("_saved",)
+
+    def __init__(self) -> None:
         self._saved: tuple[Any, ...] | None = None
 
     def __enter__(self) -> None:
-        global _sample_override
-        seed, epoch, index = self._key
-        words = np.random.SeedSequence(entropy=seed, spawn_key=(epoch, index)).generate_state(
-            8, dtype=np.uint32
-        )
         if torch.utils.data.get_worker_info() is None:
-            self._saved = (
-                random.getstate(),
-                np.random.get_state(),
-                torch.get_rng_state(),
-                _sample_override,
-            )
-        torch_seed = int(words[0]) | int(words[1]) << 32
-        torch.manual_seed(torch_seed)
-        random.seed(int(words[2]) | int(words[3]) << 32)
-        np.random.seed(words[4:8])
-        _sample_override = np.random.Generator(np.random.PCG64(words))
+            self._saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
 
     def __exit__(self, *exc: object) -> None:
-        global _sample_override
+        _sample_stream.active = False
+        _sample_stream.words = None
         if self._saved is not None:
-            py_state, np_state, torch_state, override = self._saved
+            py_state, np_state, torch_state = self._saved
             random.setstate(py_state)
             np.random.set_state(np_state)
             torch.set_rng_state(torch_state)
-            _sample_override = override
             self._saved = None
-        else:
-            _sample_override = None
+
+
+class _SeededSample:
+    __slots__ = ("_batch", "_epoch", "_index", "_seeder")
+
+    def __init__(self, seeder: SampleSeeder, epoch: int, index: Any) -> None:
+        self._seeder = seeder
+        self._epoch = epoch
+        self._index = index
+        self._batch = _SeededBatch()
+
+    def __enter__(self) -> None:
+        self._batch.__enter__()
+        try:
+            self._seeder.seed_sample(self._epoch, self._index)
+        except BaseException:
+            self._batch.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self._batch.__exit__(*exc)
 
 
 # --------------------------------------------------------------------------- determinism check

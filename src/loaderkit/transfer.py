@@ -1,0 +1,732 @@
+"""Moving batches to a device: :func:`to_device` and :class:`DevicePrefetcher`.
+
+:func:`to_device` walks a batch (mappings, lists, tuples, namedtuples, dataclasses and any object
+with a ``.to()`` method) and moves every tensor to the target device, keeping the container types.
+``non_blocking`` is decided per tensor: an asynchronous copy is only requested when it is both
+safe and useful, i.e. a pinned CPU tensor going to a CUDA device (see
+:func:`resolve_non_blocking`).
+
+:class:`DevicePrefetcher` wraps any iterable of batches. On a CUDA device it copies batch ``k+1``
+on one side stream while the caller works on batch ``k``, and hands out a batch only after making
+the caller's stream wait for its copy. On any other device it is a pass-through that applies
+:func:`to_device`.
+
+Stream protocol of the prefetcher (one side stream ``S`` per prefetcher, consumer stream ``C`` =
+the current stream when the caller asks for the next batch):
+
+1. Before copying a batch, ``S`` waits for the work queued on ``C`` so far. Memory that the
+   caller released (blocks of earlier batches, which the caching allocator returns to ``S``'s
+   pool) is then never overwritten while the caller's queued kernels may still read it.
+2. The copy runs under ``torch.cuda.stream(S)`` and an event is recorded on ``S`` after it.
+3. Before batch ``k`` is handed out, ``C`` waits on batch ``k``'s event (not on all of ``S``: the
+   copy of batch ``k+1``, already queued, keeps running concurrently) and every tensor of the
+   batch is marked with ``record_stream(C)``, so the allocator does not reuse its memory before
+   the work the caller queues on ``C`` has finished.
+
+The side stream is created once, lazily, on the first CUDA iteration, and reused by every later
+epoch: a stream per epoch makes the caching allocator keep one pool of cached blocks per stream,
+so reserved memory grows epoch after epoch (timm issue #2781).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import inspect
+import logging
+import threading
+import weakref
+from collections import UserDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, Generic, TypeVar, cast
+
+import torch
+
+from loaderkit.errors import ConfigError, warn
+
+__all__ = ["DeviceLike", "DevicePrefetcher", "resolve_non_blocking", "to_device"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: What :func:`to_device` and :class:`DevicePrefetcher` accept as a device: a ``torch.device``,
+#: a string such as ``"cuda:1"`` or an index on the current accelerator (CUDA on NVIDIA machines).
+DeviceLike = torch.device | str | int
+
+# Leaves returned as they are without further checks: the common non-tensor batch members, and
+# classes (whose ``.to`` attribute, if any, is an unbound method).
+_LEAF_TYPES: tuple[type, ...] = (str, bytes, bytearray, int, float, complex, type(None), type)
+# Exact types of the most common leaves, checked by a set lookup before anything else (a batch
+# often carries long lists of ints or strings).
+_EXACT_LEAVES: frozenset[type] = frozenset({str, bytes, int, float, bool, complex, type(None)})
+
+
+# --------------------------------------------------------------------------- decisions
+
+
+def resolve_non_blocking(
+    requested: bool | None,
+    *,
+    source_device_type: str,
+    source_pinned: bool,
+    target_device_type: str,
+) -> bool:
+    """Decide the ``non_blocking`` flag of one host-to-device copy.
+
+    An explicit ``True``/``False`` is returned unchanged. ``None`` (the default of
+    :func:`to_device`) means ``True`` exactly when a pinned CPU tensor goes to a CUDA device: only
+    then is an asynchronous copy both safe and useful. Copies to the CPU stay blocking (the host
+    could read the destination before the copy finished), and so do copies to MPS or any other
+    device, and copies from pageable memory (which cannot run asynchronously anyway).
+
+    Args:
+        requested: The caller's ``non_blocking`` (``None`` for "decide for me").
+        source_device_type: Device type of the source tensor (``"cpu"``, ``"cuda"``, ...).
+        source_pinned: Whether the source is in pinned (page-locked) host memory.
+        target_device_type: Device type of the destination.
+
+    Returns:
+        The flag to pass to ``Tensor.to``.
+
+    Example:
+        >>> resolve_non_blocking(
+        ...     None, source_device_type="cpu", source_pinned=True, target_device_type="cuda"
+        ... )
+        True
+        >>> resolve_non_blocking(
+        ...     None, source_device_type="cpu", source_pinned=True, target_device_type="mps"
+        ... )
+        False
+    """
+    if requested is not None:
+        return bool(requested)
+    return source_pinned and source_device_type == "cpu" and target_device_type == "cuda"
+
+
+def _as_device(device: DeviceLike) -> torch.device:
+    """Normalise a :data:`DeviceLike` to a ``torch.device``, with clear errors."""
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, bool):  # bool is an int subclass; True is not "cuda:1"
+        raise TypeError("device must be a torch.device, str or int, got bool")
+    if isinstance(device, int):
+        if device < 0:
+            raise ConfigError(f"device index must be >= 0, got {device}")
+        accelerator = torch.accelerator.current_accelerator()
+        return torch.device(accelerator.type if accelerator is not None else "cuda", device)
+    if isinstance(device, str):
+        try:
+            return torch.device(device)
+        except RuntimeError as exc:
+            raise ConfigError(f"invalid device {device!r}: {exc}") from exc
+    raise TypeError(f"device must be a torch.device, str or int, got {type(device).__name__}")
+
+
+def _check_non_blocking(non_blocking: bool | None) -> None:
+    if non_blocking is not None and not isinstance(non_blocking, bool):
+        raise TypeError(
+            f"non_blocking must be None, True or False, got {type(non_blocking).__name__}"
+        )
+
+
+# --------------------------------------------------------------------------- .to() objects
+
+# Per type: does its ``.to`` accept ``non_blocking``? True/False from the signature, None when
+# the signature cannot be read (then a TypeError naming non_blocking triggers the fallback).
+_TO_ACCEPTS_NON_BLOCKING: weakref.WeakKeyDictionary[type, bool | None] = weakref.WeakKeyDictionary()
+# Mapping types already reported as rebuilt as a plain dict (warned once per type).
+_WARNED_MAPPING_TYPES: weakref.WeakSet[type] = weakref.WeakSet()
+
+
+def _to_accepts_non_blocking(cls: type) -> bool | None:
+    try:
+        return _TO_ACCEPTS_NON_BLOCKING[cls]
+    except KeyError:
+        pass
+    accepts: bool | None
+    try:
+        params = inspect.signature(cls.to).parameters.values()  # type: ignore[attr-defined]
+    except (TypeError, ValueError):
+        accepts = None
+    else:
+        accepts = any(
+            p.kind is inspect.Parameter.VAR_KEYWORD
+            or (p.name == "non_blocking" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+            for p in params
+        )
+    with contextlib.suppress(TypeError):  # a type that cannot be weakly referenced: no cache
+        _TO_ACCEPTS_NON_BLOCKING[cls] = accepts
+    return accepts
+
+
+def _call_to(obj: Any, device: torch.device, non_blocking: bool | None) -> Any:
+    """Call ``obj.to(device, non_blocking=...)``, or ``obj.to(device)`` when it takes no flag."""
+    if non_blocking is None:
+        return obj.to(device)
+    accepts = _to_accepts_non_blocking(type(obj)) if hasattr(type(obj), "to") else None
+    if accepts is False:
+        return obj.to(device)
+    if accepts is True:
+        return obj.to(device, non_blocking=non_blocking)
+    try:
+        return obj.to(device, non_blocking=non_blocking)
+    except TypeError as exc:
+        if "non_blocking" not in str(exc):
+            raise
+    return obj.to(device)
+
+
+# --------------------------------------------------------------------------- traversal
+
+
+class _CycleError(Exception):
+    """Internal: a container refers back to one of its ancestors."""
+
+    def __init__(self, depth: int) -> None:
+        super().__init__()
+        self.depth = depth  # depth of the container that is referred back to
+        self.segments: list[str] = []  # path from the root, collected innermost first
+
+
+class _Mover:
+    """One traversal of one batch: the target, the flags and the bookkeeping of the walk."""
+
+    __slots__ = ("active", "device", "memo", "non_blocking", "produced", "to_cuda", "unpinned")
+
+    def __init__(
+        self, device: torch.device, non_blocking: bool | None, *, collect: bool = False
+    ) -> None:
+        self.device = device
+        self.to_cuda = device.type == "cuda"  # read once: torch.device.type is not free
+        self.non_blocking = non_blocking
+        # id -> (original, result). Holding the original keeps the id from being reused during
+        # the walk; sharing the result keeps aliasing (a tensor referenced twice moves once).
+        self.memo: dict[int, tuple[Any, Any]] = {}
+        self.active: dict[int, int] = {}  # id of a container being rebuilt -> its depth
+        self.produced: list[torch.Tensor] | None = [] if collect else None
+        self.unpinned = False  # a CPU tensor in pageable memory was copied to CUDA
+
+    def move(self, obj: Any) -> Any:
+        cls = type(obj)
+        if cls in _EXACT_LEAVES:
+            return obj
+        if cls is dict:  # exact builtin containers first: no ABC checks, no .to lookup
+            return self._container(obj, self._mapping)
+        if cls is list:
+            return self._container(obj, self._list)
+        if cls is tuple:
+            return self._container(obj, self._tuple)
+        if isinstance(obj, torch.Tensor):
+            return self._memoized(obj, self._tensor)
+        if isinstance(obj, _LEAF_TYPES):
+            return obj
+        if callable(getattr(obj, "to", None)):
+            return self._memoized(obj, self._object)
+        if isinstance(obj, Mapping):
+            return self._container(obj, self._mapping)
+        if isinstance(obj, tuple):
+            return self._container(obj, self._tuple)
+        if isinstance(obj, list):
+            return self._container(obj, self._list)
+        if dataclasses.is_dataclass(obj):
+            return self._container(obj, self._dataclass)
+        return obj
+
+    def _memoized(self, obj: Any, convert: Callable[[Any], Any]) -> Any:
+        key = id(obj)
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit[1]
+        result = convert(obj)
+        self.memo[key] = (obj, result)
+        return result
+
+    def _container(self, obj: Any, rebuild: Callable[[Any], Any]) -> Any:
+        key = id(obj)
+        depth = self.active.get(key)
+        if depth is not None:
+            raise _CycleError(depth)
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit[1]
+        self.active[key] = len(self.active)
+        try:
+            result = rebuild(obj)
+        finally:
+            del self.active[key]
+        self.memo[key] = (obj, result)
+        return result
+
+    def _child(self, value: Any, segment: str, key: Any) -> Any:
+        # ``segment.format(key)`` is this child's part of the path, only rendered on error.
+        try:
+            return self.move(value)
+        except _CycleError as exc:
+            exc.segments.append(segment.format(key))
+            raise
+
+    # -- leaves
+
+    def _tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        non_blocking = self.non_blocking
+        if self.to_cuda:
+            source_type = tensor.device.type
+            pinned = source_type == "cpu" and tensor.is_pinned()
+            if source_type == "cpu" and not pinned:
+                self.unpinned = True
+            if non_blocking is None:
+                non_blocking = resolve_non_blocking(
+                    None,
+                    source_device_type=source_type,
+                    source_pinned=pinned,
+                    target_device_type="cuda",
+                )
+        elif non_blocking is None:
+            non_blocking = False  # as resolve_non_blocking: only copies to CUDA are asynchronous
+        result = tensor.to(self.device, non_blocking=non_blocking)
+        if self.produced is not None:
+            self.produced.append(result)
+        return result
+
+    def _object(self, obj: Any) -> Any:
+        non_blocking = self.non_blocking
+        if non_blocking is None and self.to_cuda:
+            # The tensor rule, for objects that can tell whether they are pinned (torch's own
+            # PackedSequence can). Others get their own ``.to`` default.
+            is_pinned = getattr(obj, "is_pinned", None)
+            if callable(is_pinned) and is_pinned() is True:
+                non_blocking = True
+        result = _call_to(obj, self.device, non_blocking)
+        if self.produced is not None:
+            self.produced.extend(_iter_tensors(result))
+        return result
+
+    # -- containers
+
+    def _mapping(self, mapping: Mapping[Any, Any]) -> Mapping[Any, Any]:
+        items = [
+            (k, v if type(v) in _EXACT_LEAVES else self._child(v, "[{!r}]", k))
+            for k, v in mapping.items()
+        ]
+        cls = type(mapping)
+        if cls is dict:
+            return dict(items)
+        if isinstance(mapping, (dict, UserDict)):
+            # A shallow copy keeps the subclass, its attributes (defaultdict's default_factory,
+            # any instance state) and the key order, then the values are replaced.
+            try:
+                clone = copy.copy(mapping)
+                for k, v in items:
+                    clone[k] = v  # type: ignore[index]
+                return clone
+            except (TypeError, copy.Error):
+                pass
+        try:
+            return cls(dict(items))  # type: ignore[call-arg]
+        except TypeError:
+            pass
+        if cls not in _WARNED_MAPPING_TYPES:
+            with contextlib.suppress(TypeError):
+                _WARNED_MAPPING_TYPES.add(cls)
+            warn(
+                f"to_device: cannot rebuild a {cls.__qualname__} with its values moved, so a "
+                f"plain dict is returned instead; give {cls.__qualname__} a constructor that "
+                "accepts a mapping, or a .to() method"
+            )
+        return dict(items)
+
+    def _tuple(self, tup: tuple[Any, ...]) -> tuple[Any, ...]:
+        fields = getattr(tup, "_fields", None)
+        if isinstance(fields, tuple) and len(fields) == len(tup):
+            values = [
+                v if type(v) in _EXACT_LEAVES else self._child(v, ".{}", name)
+                for name, v in zip(fields, tup, strict=True)
+            ]
+            make = getattr(type(tup), "_make", None)
+            try:  # _make bypasses a custom __new__, so the fields are stored as given
+                return make(values) if callable(make) else type(tup)(*values)
+            except TypeError:
+                return tuple(values)
+        values = [
+            v if type(v) in _EXACT_LEAVES else self._child(v, "[{}]", i) for i, v in enumerate(tup)
+        ]
+        if type(tup) is tuple:
+            return tuple(values)
+        try:
+            return type(tup)(values)
+        except TypeError:
+            return tuple(values)
+
+    def _list(self, lst: list[Any]) -> list[Any]:
+        values = [
+            v if type(v) in _EXACT_LEAVES else self._child(v, "[{}]", i) for i, v in enumerate(lst)
+        ]
+        if type(lst) is list:
+            return values
+        try:  # a list subclass: keep its type and instance attributes
+            clone = copy.copy(lst)
+            clone[:] = values
+            return clone
+        except TypeError:
+            return values
+
+    def _dataclass(self, obj: Any) -> Any:
+        # Every field is moved, ``init=False`` ones included (they are part of the batch, e.g. a
+        # mask computed in __post_init__). The instance is copied and its fields replaced, so
+        # __init__/__post_init__ do not run again and frozen dataclasses work too.
+        new_values = {}
+        for f in dataclasses.fields(obj):
+            try:
+                value = getattr(obj, f.name)
+            except AttributeError:  # an init=False field that was never set
+                continue
+            new_values[f.name] = self._child(value, ".{}", f.name)
+        try:
+            clone = copy.copy(obj)
+        except TypeError:
+            init_names = {f.name for f in dataclasses.fields(obj) if f.init}
+            clone = type(obj)(**{k: v for k, v in new_values.items() if k in init_names})
+        for name, value in new_values.items():
+            object.__setattr__(clone, name, value)
+        return clone
+
+
+def _iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Tensors reachable through the containers :func:`to_device` understands."""
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            yield item
+            continue
+        if isinstance(item, _LEAF_TYPES) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif dataclasses.is_dataclass(item):
+            stack.extend(getattr(item, f.name, None) for f in dataclasses.fields(item))
+
+
+def _run(mover: _Mover, batch: Any) -> Any:
+    try:
+        return mover.move(batch)
+    except _CycleError as exc:
+        segments = exc.segments[::-1]
+        raise ConfigError(
+            f"to_device: batch{''.join(segments)} refers back to "
+            f"batch{''.join(segments[: exc.depth])} (a reference cycle); a batch must be a tree "
+            "of containers, cycles cannot be rebuilt on the device"
+        ) from None
+
+
+def to_device(batch: T, device: DeviceLike, *, non_blocking: bool | None = None) -> T:
+    """Move every tensor of ``batch`` to ``device``, keeping the structure and container types.
+
+    Handled recursively: mappings (``dict``, ``OrderedDict``, ``defaultdict`` with its
+    ``default_factory``, other ``Mapping`` types rebuilt as ``type(m)(items)``, and a plain
+    ``dict`` with a :class:`~loaderkit.errors.LoaderkitWarning` when that is impossible; keys are
+    not moved), lists, tuples, namedtuples, and dataclasses (frozen ones too; the instance is
+    copied and every field replaced, ``init=False`` fields included, without running
+    ``__init__``/``__post_init__`` again). Tensors and any other object with a ``.to()`` method
+    are moved by their own ``.to(device, non_blocking=...)`` (``.to(device)`` when it takes no
+    ``non_blocking``). Strings, bytes, numbers, ``None`` and other objects are returned as they
+    are. An object referenced twice is moved once and stays shared in the result. A batch that
+    contains itself raises :class:`~loaderkit.errors.ConfigError`.
+
+    ``non_blocking=None`` decides per tensor with :func:`resolve_non_blocking`: ``True`` exactly
+    for a pinned CPU tensor going to a CUDA device. An explicit ``True``/``False`` is passed to
+    every ``.to()`` unchanged, including cases where it is unsafe (``non_blocking=True`` to the
+    CPU: synchronize before reading the result).
+
+    Args:
+        batch: The batch, any nesting of the types above.
+        device: Target device (``torch.device``, ``"cuda:0"``, or an index on the current
+            accelerator).
+        non_blocking: ``None`` to decide per tensor, or a flag passed to every ``.to()``.
+
+    Returns:
+        A batch of the same structure with its tensors on ``device``. Tensors already there are
+        the same objects (``Tensor.to`` returns ``self``).
+
+    Raises:
+        ConfigError: ``device`` is not a valid device, or the batch contains a reference cycle.
+        TypeError: ``device`` or ``non_blocking`` has the wrong type.
+
+    Example:
+        >>> import torch
+        >>> batch = {"x": torch.zeros(2, 3), "ids": [1, 2], "meta": ("a", torch.ones(1))}
+        >>> moved = to_device(batch, "cpu")
+        >>> moved["x"].device, moved["ids"], moved["meta"][0]
+        (device(type='cpu'), [1, 2], 'a')
+    """
+    _check_non_blocking(non_blocking)
+    return cast(T, _run(_Mover(_as_device(device), non_blocking), batch))
+
+
+# --------------------------------------------------------------------------- prefetcher
+
+
+class _CudaBackend:
+    """The CUDA calls the prefetcher makes, in one place (tests substitute a fake on CPU)."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return torch.cuda.is_available()
+
+    @staticmethod
+    def current_device() -> int:
+        return torch.cuda.current_device()
+
+    @staticmethod
+    def new_stream(device: torch.device) -> Any:
+        return torch.cuda.Stream(device=device)
+
+    @staticmethod
+    def current_stream(device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    @staticmethod
+    def use_stream(stream: Any) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(stream)
+
+    @staticmethod
+    def new_event() -> Any:
+        return torch.cuda.Event()
+
+
+def _record_stream(tensor: torch.Tensor, stream: Any) -> None:
+    """``record_stream`` on the memory of ``tensor``, sparse layouts included."""
+    layout = tensor.layout
+    if layout == torch.strided:
+        tensor.record_stream(stream)
+    elif layout == torch.sparse_coo:
+        tensor._indices().record_stream(stream)
+        tensor._values().record_stream(stream)
+    elif layout in (torch.sparse_csr, torch.sparse_bsr):
+        for part in (tensor.crow_indices(), tensor.col_indices(), tensor.values()):
+            part.record_stream(stream)
+    elif layout in (torch.sparse_csc, torch.sparse_bsc):
+        for part in (tensor.ccol_indices(), tensor.row_indices(), tensor.values()):
+            part.record_stream(stream)
+    # Other layouts (e.g. jagged) are still safe: the side stream waits for the consumer stream
+    # before every copy, so released memory is not overwritten while queued work may read it.
+
+
+class _Staged:
+    """A batch whose copy has been queued on the side stream."""
+
+    __slots__ = ("batch", "event", "tensors")
+
+    def __init__(self, batch: Any, event: Any, tensors: list[torch.Tensor]) -> None:
+        self.batch = batch
+        self.event = event
+        self.tensors = tensors
+
+
+_END = object()
+
+
+class DevicePrefetcher(Generic[T]):
+    """Iterate the batches of ``loader`` already on ``device``, copying one batch ahead on CUDA.
+
+    On a CUDA device, batch ``k+1`` is copied on a side stream while the caller uses batch ``k``;
+    the caller's current stream waits for a batch's copy before the batch is handed out, and the
+    batch's tensors are marked with ``record_stream`` so their memory is not reused too early.
+    The side stream is created once, on the first CUDA iteration, and reused every epoch. Copies
+    overlap compute only from pinned memory (``pin_memory=True`` on the loader, loaderkit's
+    default when CUDA is available); a :class:`~loaderkit.errors.LoaderkitWarning` says so once
+    when pageable CPU tensors are seen. On any other device each batch goes through
+    :func:`to_device`, with nothing held back.
+
+    Each ``iter()`` starts a new pass over ``loader`` (one epoch), so the prefetcher can be
+    iterated every epoch like a DataLoader; ``len()`` is the loader's. If the loader raises while
+    the next batch is fetched, the batch already fetched is still handed out and the error is
+    raised on the following ``next()``, as without prefetching.
+
+    Notes:
+        * The consumer stream is the current CUDA stream of ``device`` at each ``next()`` call;
+          use the batch on that stream (or synchronize with it yourself).
+        * The loader must not overwrite the host memory of a batch it has already yielded
+          (torch's DataLoader never does): that batch's copy may still be running while the
+          following batch is fetched.
+        * With ``device="cuda"`` (no index) the current CUDA device at the first iteration is
+          used for good; call ``torch.cuda.set_device`` before iterating (DDP: one device per
+          process).
+
+    Args:
+        loader: Any iterable of batches: a DataLoader, a list, a re-iterable object. A generator
+            or other iterator gives a single pass.
+        device: Target device (``torch.device``, ``"cuda:0"``, ``"cpu"``, or an index on the
+            current accelerator).
+        non_blocking: Passed to :func:`to_device`; ``None`` (default) makes copies of pinned
+            tensors to CUDA asynchronous and every other copy blocking. ``False`` makes every
+            copy blocking, and then nothing overlaps.
+
+    Attributes:
+        loader: The wrapped iterable (reach the sampler, dataset, ``set_epoch`` ... through it).
+        device: The target device as a ``torch.device``.
+        non_blocking: The ``non_blocking`` argument.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import DataLoader, TensorDataset
+        >>> loader = DataLoader(TensorDataset(torch.arange(6.0)), batch_size=2)
+        >>> batches = DevicePrefetcher(loader, "cpu")
+        >>> len(batches), [b[0].tolist() for b in batches]
+        (3, [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]])
+    """
+
+    _backend: Any = _CudaBackend
+
+    def __init__(
+        self, loader: Iterable[T], device: DeviceLike, *, non_blocking: bool | None = None
+    ) -> None:
+        if not isinstance(loader, Iterable):
+            raise TypeError(f"loader must be iterable, got {type(loader).__name__}")
+        _check_non_blocking(non_blocking)
+        self.loader = loader
+        self.device = _as_device(device)
+        self.non_blocking = non_blocking
+        self._lock = threading.Lock()
+        self._stream: Any = None
+        self._cuda_device: torch.device | None = None
+        self._warned_unpinned = False
+
+    @property
+    def stream(self) -> Any:
+        """The side ``torch.cuda.Stream`` (``None`` before the first CUDA iteration or off CUDA)."""
+        return self._stream
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]  # TypeError when it has no len()
+
+    def __iter__(self) -> Iterator[T]:
+        if self.device.type == "cuda":
+            return self._iter_cuda()
+        return self._iter_plain()
+
+    def __repr__(self) -> str:
+        # The loader's type, not its repr: a list of batches would print every tensor.
+        loader = type(self.loader).__name__
+        return f"{type(self).__name__}(loader=<{loader}>, device={str(self.device)!r})"
+
+    def set_epoch(self, epoch: int) -> None:
+        """Call ``loader.set_epoch(epoch)``.
+
+        Args:
+            epoch: The epoch number the loader's next pass should use.
+
+        Raises:
+            AttributeError: The loader has no ``set_epoch`` (for a torch DataLoader with a
+                ``DistributedSampler``, call ``prefetcher.loader.sampler.set_epoch``).
+
+        Example:
+            >>> class Loader(list):
+            ...     def set_epoch(self, epoch):
+            ...         self.epoch = epoch
+            >>> prefetcher = DevicePrefetcher(Loader(), "cpu")
+            >>> prefetcher.set_epoch(3)
+            >>> prefetcher.loader.epoch
+            3
+        """
+        set_epoch = getattr(self.loader, "set_epoch", None)
+        if not callable(set_epoch):
+            raise AttributeError(
+                f"{type(self.loader).__name__} has no set_epoch(); set the epoch on the object "
+                "that has one, e.g. prefetcher.loader.sampler.set_epoch(epoch)"
+            )
+        set_epoch(epoch)
+
+    def close(self) -> None:
+        """Call ``loader.close()`` when the loader has one (a loaderkit DataLoader does).
+
+        Example:
+            >>> DevicePrefetcher([1, 2], "cpu").close()  # a list has nothing to close
+        """
+        close = getattr(self.loader, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> DevicePrefetcher[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- iteration
+
+    def _iter_plain(self) -> Iterator[T]:
+        for batch in self.loader:
+            yield cast(T, _run(_Mover(self.device, self.non_blocking), batch))
+
+    def _setup_cuda(self) -> tuple[torch.device, Any]:
+        with self._lock:
+            if self._stream is None:
+                backend = self._backend
+                if not backend.is_available():
+                    raise ConfigError(
+                        f"DevicePrefetcher: device {str(self.device)!r} requested but CUDA is "
+                        "not available (torch.cuda.is_available() is False); use device='cpu'"
+                    )
+                index = self.device.index
+                if index is None:
+                    index = backend.current_device()
+                self._cuda_device = torch.device("cuda", index)
+                self._stream = backend.new_stream(self._cuda_device)
+                logger.debug("DevicePrefetcher: side stream created on %s", self._cuda_device)
+            return cast(torch.device, self._cuda_device), self._stream
+
+    def _stage(self, batch: Any, device: torch.device, stream: Any) -> _Staged:
+        backend = self._backend
+        stream.wait_stream(backend.current_stream(device))
+        mover = _Mover(device, self.non_blocking, collect=True)
+        with backend.use_stream(stream):
+            moved = _run(mover, batch)
+            event = backend.new_event()
+            event.record(stream)
+        if mover.unpinned and not self._warned_unpinned:
+            self._warned_unpinned = True
+            warn(
+                "DevicePrefetcher: batches contain CPU tensors in pageable memory, so their "
+                "copies to the GPU cannot overlap compute; create the loader with "
+                "pin_memory=True (loaderkit's default when CUDA is available)"
+            )
+        return _Staged(moved, event, cast("list[torch.Tensor]", mover.produced))
+
+    def _hand_out(self, staged: _Staged, device: torch.device) -> T:
+        consumer = self._backend.current_stream(device)
+        consumer.wait_event(staged.event)
+        for tensor in staged.tensors:
+            if tensor.device == device:  # the consumer stream belongs to this device only
+                _record_stream(tensor, consumer)
+        return cast(T, staged.batch)
+
+    def _iter_cuda(self) -> Iterator[T]:
+        device, stream = self._setup_cuda()
+        iterator = iter(self.loader)
+        try:
+            first = next(iterator)
+        except StopIteration:
+            return
+        staged: _Staged | None = self._stage(first, device, stream)
+        while staged is not None:
+            error: Exception | None = None
+            try:
+                upcoming: Any = next(iterator)
+            except StopIteration:
+                upcoming = _END
+            except Exception as exc:  # handed out after the batch already staged
+                error, upcoming = exc, _END
+            ready = staged
+            staged = None if upcoming is _END else self._stage(upcoming, device, stream)
+            del upcoming
+            yield self._hand_out(ready, device)
+            del ready
+            if error is not None:
+                raise error
