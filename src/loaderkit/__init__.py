@@ -11,6 +11,7 @@ from loaderkit.loader import DataLoader
 from loaderkit.plan import Plan, PlanEntry
 from loaderkit.platform import PlatformInfo, detect_platform
 from loaderkit.policy import recommended_num_workers
+from loaderkit.resources import LeakCheck, ResourceLeakError
 from loaderkit.seeding import (
     DeterminismReport,
     check_determinism,
@@ -28,11 +29,13 @@ __all__ = [
     "DataLoader",
     "DeterminismReport",
     "DevicePrefetcher",
+    "LeakCheck",
     "LoaderkitError",
     "LoaderkitWarning",
     "Plan",
     "PlanEntry",
     "PlatformInfo",
+    "ResourceLeakError",
     "__version__",
     "check_determinism",
     "create_dataloader",

@@ -123,21 +123,17 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         total = len(self.batch_sampler)
         wanted = len(self)
-        head: list[list[int]] = []
-        yielded = 0
+        padding = self.num_replicas * wanted - total if self.even else 0
+        head: list[list[int]] = []  # the batches padding repeats (cycled when fewer)
         for i, batch in enumerate(self.batch_sampler):
-            if self.even and i < self.num_replicas * wanted - total:
+            if i < padding:
                 head.append(batch)
             if i % self.num_replicas == self.rank:
                 yield batch
-                yielded += 1
-        if self.even and yielded < wanted:
-            # Padding: continue the round-robin over the first batches again.
-            start = total
-            for j, batch in enumerate(head):
-                if (start + j) % self.num_replicas == self.rank and yielded < wanted:
-                    yield batch
-                    yielded += 1
+        # Padding continues the round-robin past the end, over the first batches again.
+        for j in range(padding if head else 0):
+            if (total + j) % self.num_replicas == self.rank:
+                yield head[j % len(head)]
 
     def __len__(self) -> int:
         total = len(self.batch_sampler)

@@ -1,0 +1,311 @@
+"""What a process holds: open file descriptors, open files, child processes, memory.
+
+Long training runs die of slow leaks: a descriptor per epoch, a worker process per evaluation
+loop, an HDF5 handle per session. :func:`snapshot` records what the current process (and its
+children) hold; :class:`LeakCheck` wraps a loop and reports what grew::
+
+    with LeakCheck(raise_on_leak=True) as check:
+        for _ in range(50):
+            evaluate(model, create_dataloader(dataset, num_workers=2, training=False))
+    print(check.report)
+
+Everything is read with psutil, so it works on Linux, macOS and Windows (descriptor counts are
+handle counts on Windows).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+
+import psutil
+
+from loaderkit.errors import LoaderkitError, warn
+
+__all__ = [
+    "ChildProcess",
+    "LeakCheck",
+    "LeakReport",
+    "ResourceLeakError",
+    "ResourceSnapshot",
+    "compare",
+    "snapshot",
+]
+
+_MIB = 2**20
+
+
+class ResourceLeakError(LoaderkitError):
+    """Raised by :class:`LeakCheck` (``raise_on_leak=True``) when resources did not come back."""
+
+
+@dataclass(frozen=True)
+class ChildProcess:
+    """A child process at snapshot time.
+
+    Attributes:
+        pid: Process id.
+        name: Process name.
+        status: psutil status (``"running"``, ``"sleeping"``, ``"zombie"``...).
+        rss: Resident memory in bytes (0 when unreadable).
+    """
+
+    pid: int
+    name: str
+    status: str
+    rss: int
+
+
+@dataclass(frozen=True)
+class ResourceSnapshot:
+    """What one process held at one moment.
+
+    Attributes:
+        pid: The process measured.
+        time: ``time.monotonic()`` when taken.
+        num_fds: Open file descriptors (handles on Windows), ``None`` when unreadable.
+        open_files: Paths of regular files open in the process (sorted, with repeats).
+        children: Live child processes (recursive), zombies excluded.
+        rss: Resident memory of the process in bytes.
+
+    Example:
+        >>> snap = snapshot()
+        >>> snap.rss > 0
+        True
+    """
+
+    pid: int
+    time: float
+    num_fds: int | None
+    open_files: tuple[str, ...]
+    children: tuple[ChildProcess, ...] = field(default_factory=tuple)
+    rss: int = 0
+
+    @property
+    def children_rss(self) -> int:
+        """Resident memory of all children together, in bytes."""
+        return sum(child.rss for child in self.children)
+
+    def describe(self) -> str:
+        """One line: descriptors, files, children, memory."""
+        return (
+            f"pid {self.pid}: {self.num_fds} fds, {len(self.open_files)} open files, "
+            f"{len(self.children)} child processes, RSS {self.rss / _MIB:.1f} MiB"
+            + (f" (+{self.children_rss / _MIB:.1f} MiB in children)" if self.children else "")
+        )
+
+
+def _num_fds(process: psutil.Process) -> int | None:
+    try:
+        if hasattr(process, "num_fds"):
+            return int(process.num_fds())
+        return int(process.num_handles())  # pragma: no cover - Windows
+    except (psutil.Error, OSError):
+        return None
+
+
+def snapshot(pid: int | None = None, *, children: bool = True) -> ResourceSnapshot:
+    """Record the descriptors, open files, children and memory of a process.
+
+    Args:
+        pid: Process to measure (default: this one).
+        children: Also list live child processes (recursively) with their memory.
+
+    Returns:
+        A :class:`ResourceSnapshot`.
+
+    Example:
+        >>> before = snapshot()
+        >>> f = open(__file__)
+        >>> snapshot().num_fds == before.num_fds + 1
+        True
+        >>> f.close()
+    """
+    process = psutil.Process(pid or os.getpid())
+    with process.oneshot():
+        try:
+            files = tuple(sorted(f.path for f in process.open_files()))
+        except (psutil.Error, OSError):
+            files = ()
+        try:
+            rss = int(process.memory_info().rss)
+        except (psutil.Error, OSError):
+            rss = 0
+        num_fds = _num_fds(process)
+    kids: list[ChildProcess] = []
+    if children:
+        for child in process.children(recursive=True):
+            try:
+                with child.oneshot():
+                    status = child.status()
+                    if status == psutil.STATUS_ZOMBIE:
+                        continue
+                    kids.append(
+                        ChildProcess(child.pid, child.name(), status, int(child.memory_info().rss))
+                    )
+            except (psutil.Error, OSError):
+                continue
+    return ResourceSnapshot(
+        pid=process.pid,
+        time=time.monotonic(),
+        num_fds=num_fds,
+        open_files=files,
+        children=tuple(kids),
+        rss=rss,
+    )
+
+
+@dataclass(frozen=True)
+class LeakReport:
+    """What grew between two snapshots.
+
+    Attributes:
+        before: The first snapshot.
+        after: The second snapshot.
+        fd_growth: Change in open descriptors.
+        new_open_files: Files open after that were not before (with multiplicity).
+        new_children: Child processes alive after that were not before.
+        rss_growth: Change in resident memory of the process, in bytes.
+
+    Example:
+        >>> report = compare(snapshot(), snapshot())
+        >>> report.leaked()
+        False
+    """
+
+    before: ResourceSnapshot
+    after: ResourceSnapshot
+    fd_growth: int
+    new_open_files: tuple[str, ...]
+    new_children: tuple[ChildProcess, ...]
+    rss_growth: int
+
+    def leaked(self, *, fd_tolerance: int = 0, rss_tolerance: int | None = None) -> bool:
+        """Whether descriptors, files or processes grew (and memory, when a tolerance is set).
+
+        Args:
+            fd_tolerance: Descriptors allowed to stay open (logging handlers, caches).
+            rss_tolerance: Bytes of memory growth allowed; ``None`` ignores memory (the
+                allocator keeps freed memory, so small growth is not a leak).
+        """
+        if self.fd_growth > fd_tolerance or self.new_open_files or self.new_children:
+            return True
+        return rss_tolerance is not None and self.rss_growth > rss_tolerance
+
+    def __str__(self) -> str:
+        lines = [
+            f"file descriptors: {self.before.num_fds} -> {self.after.num_fds} "
+            f"({self.fd_growth:+d})",
+            f"child processes: {len(self.before.children)} -> {len(self.after.children)}",
+            f"RSS: {self.before.rss / _MIB:.1f} -> {self.after.rss / _MIB:.1f} MiB "
+            f"({self.rss_growth / _MIB:+.1f} MiB)",
+        ]
+        if self.new_open_files:
+            lines.append("files still open: " + ", ".join(self.new_open_files))
+        if self.new_children:
+            lines.append(
+                "processes still running: "
+                + ", ".join(f"{c.pid} ({c.name}, {c.status})" for c in self.new_children)
+            )
+        return "\n".join(lines)
+
+
+def compare(before: ResourceSnapshot, after: ResourceSnapshot) -> LeakReport:
+    """Report what grew from ``before`` to ``after``.
+
+    Example:
+        >>> compare(snapshot(), snapshot()).new_children
+        ()
+    """
+    remaining = list(before.open_files)
+    new_files = []
+    for path in after.open_files:
+        if path in remaining:
+            remaining.remove(path)
+        else:
+            new_files.append(path)
+    old_pids = {child.pid for child in before.children}
+    fds_before = before.num_fds or 0
+    fds_after = after.num_fds or 0
+    return LeakReport(
+        before=before,
+        after=after,
+        fd_growth=fds_after - fds_before,
+        new_open_files=tuple(new_files),
+        new_children=tuple(c for c in after.children if c.pid not in old_pids),
+        rss_growth=after.rss - before.rss,
+    )
+
+
+class LeakCheck:
+    """Context manager that reports descriptors, files, processes and memory that grew.
+
+    On exit it collects garbage and gives worker processes up to ``settle_s`` seconds to exit
+    (they shut down asynchronously), then compares with the state on entry. A leak emits a
+    :class:`~loaderkit.LoaderkitWarning`, or raises :class:`ResourceLeakError` with
+    ``raise_on_leak=True``. The report stays available as :attr:`report`.
+
+    Args:
+        fd_tolerance: Descriptors allowed to stay open.
+        rss_tolerance: Bytes of RSS growth allowed; ``None`` (default) reports memory without
+            judging it.
+        settle_s: Seconds to wait for descriptors and child processes to return to the
+            starting point before judging.
+        raise_on_leak: Raise instead of warning.
+
+    Example:
+        >>> from loaderkit import create_dataloader
+        >>> with LeakCheck(raise_on_leak=True) as check:
+        ...     with create_dataloader(list(range(8)), num_workers=2) as loader:
+        ...         _ = list(loader)
+        >>> check.report.new_children
+        ()
+    """
+
+    def __init__(
+        self,
+        *,
+        fd_tolerance: int = 0,
+        rss_tolerance: int | None = None,
+        settle_s: float = 5.0,
+        raise_on_leak: bool = False,
+    ) -> None:
+        self.fd_tolerance = fd_tolerance
+        self.rss_tolerance = rss_tolerance
+        self.settle_s = settle_s
+        self.raise_on_leak = raise_on_leak
+        self.before: ResourceSnapshot | None = None
+        self.report: LeakReport | None = None
+
+    def __enter__(self) -> LeakCheck:
+        gc.collect()
+        self.before = snapshot()
+        return self
+
+    def _leaked(self, report: LeakReport) -> bool:
+        return report.leaked(fd_tolerance=self.fd_tolerance, rss_tolerance=self.rss_tolerance)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        assert self.before is not None, "LeakCheck exited without entering"
+        deadline = time.monotonic() + self.settle_s
+        while True:
+            gc.collect()
+            report = compare(self.before, snapshot())
+            if not self._leaked(report) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        self.report = report
+        if exc_type is not None or not self._leaked(report):
+            return
+        message = f"resources grew inside LeakCheck:\n{report}"
+        if self.raise_on_leak:
+            raise ResourceLeakError(message)
+        warn(message)
