@@ -1,0 +1,223 @@
+"""``loaderkit`` / ``python -m loaderkit``: info, doctor, bench and demo.
+
+The only module (with ``__main__``) that prints. Each command returns an exit code:
+
+* ``info``: the platform as loaderkit sees it, software versions, recommended workers and a
+  table of requested → safe worker counts;
+* ``doctor``: pass/warn/fail checks with advice; exit 1 when any check warns or fails;
+* ``bench``: loader configurations measured on a dataset (yours with ``--dataset
+  module:Class``, else generated session files), with a recommendation;
+* ``demo``: a self-contained run on generated NSD-like session files; exit 1 when a check
+  fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from loaderkit import __version__
+from loaderkit.doctor import FAIL, PASS, WARN, run_checks, software_versions
+from loaderkit.platform import detect_platform
+from loaderkit.policy import recommended_num_workers, resolve_num_workers
+
+__all__ = ["main"]
+
+_REQUESTED_WORKERS: tuple[int | str, ...] = (0, 1, 2, 4, 8, 16, 32, "auto")
+
+
+def _table(rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    platform = detect_platform()
+    print(f"loaderkit {__version__}\n")
+    print("Platform")
+    print(platform.describe())
+    print("\nSoftware")
+    for name, version in software_versions().items():
+        print(f"{name:<8}  {version}")
+    print(f"\nstart method in effect: {platform.start_method} ({platform.start_method_source})")
+    print(f"usable CPUs: {platform.usable_cpus} of {platform.cpu_count}")
+    cuda = f"yes, {platform.cuda_device_count} device(s)" if platform.cuda_available else "no"
+    print(f"CUDA: {cuda}")
+    print(f"recommended num_workers: {recommended_num_workers(platform)}\n")
+    rows: list[Sequence[object]] = [("requested", "safe", "why")]
+    for requested in _REQUESTED_WORKERS:
+        decision = resolve_num_workers(requested, platform)
+        note = decision.reason
+        if isinstance(decision.value, int) and decision.value > platform.usable_cpus:
+            note += f"; more workers than usable CPUs ({platform.usable_cpus}): torch warns"
+        rows.append((repr(requested), decision.value, note))
+    print(_table(rows))
+    return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    checks = run_checks(detect_platform(), max_open_files=args.max_open_files)
+    marks = {PASS: "PASS", WARN: "WARN", FAIL: "FAIL"}
+    for check in checks:
+        print(f"[{marks[check.status]}] {check.name}: {check.finding}")
+        print(f"       {check.advice}")
+    worst = {c.status for c in checks}
+    summary = (
+        "all checks passed"
+        if worst == {PASS}
+        else (
+            f"{sum(c.status == WARN for c in checks)} warning(s), "
+            f"{sum(c.status == FAIL for c in checks)} failure(s)"
+        )
+    )
+    print(f"\n{summary}")
+    return 0 if worst == {PASS} else 1
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from loaderkit.demo import run_demo
+
+    return run_demo(
+        root=args.root, workers=args.workers, epochs=args.epochs, progress=not args.no_progress
+    )
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from loaderkit.bench import run_bench
+
+    try:
+        kwargs = json.loads(args.kwargs) if args.kwargs else {}
+    except json.JSONDecodeError as exc:
+        print(f"loaderkit bench: --kwargs is not valid JSON: {exc}", file=sys.stderr)
+        return 2
+    if not isinstance(kwargs, dict):
+        print("loaderkit bench: --kwargs must be a JSON object", file=sys.stderr)
+        return 2
+    return run_bench(
+        dataset=args.dataset,
+        kwargs=kwargs,
+        root=args.root,
+        workers=args.workers,
+        batch_sizes=args.batch_sizes,
+        batches=args.batches,
+        json_path=args.json,
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    return [_positive_int(part) for part in text.split(",") if part.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="loaderkit",
+        description="PyTorch data loading that is correct by default.",
+    )
+    parser.add_argument("--version", action="version", version=f"loaderkit {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="{info,doctor,bench,demo}")
+    commands.required = True
+
+    info = commands.add_parser("info", help="platform, versions and recommended workers")
+    info.set_defaults(run=_cmd_info)
+
+    doctor = commands.add_parser("doctor", help="check this machine, with advice")
+    doctor.add_argument(
+        "--max-open-files",
+        type=_positive_int,
+        default=8,
+        help="HDF5 files open per process to budget for (default 8)",
+    )
+    doctor.set_defaults(run=_cmd_doctor)
+
+    bench = commands.add_parser("bench", help="measure loader configurations on a dataset")
+    bench.add_argument(
+        "--dataset",
+        metavar="MODULE:CLASS",
+        help="your map-style dataset class (default: generated session files)",
+    )
+    bench.add_argument("--kwargs", metavar="JSON", help="keyword arguments for the class")
+    bench.add_argument(
+        "--root", metavar="DIR", help="where generated files go (default: a temporary directory)"
+    )
+    bench.add_argument(
+        "--workers",
+        type=_int_list,
+        metavar="N,N,...",
+        help="worker counts to try (default: 0, 1, 2 and the recommended)",
+    )
+    bench.add_argument(
+        "--batch-sizes",
+        type=_int_list,
+        default=[32, 128],
+        metavar="N,N,...",
+        help="batch sizes to try (default: 32,128)",
+    )
+    bench.add_argument(
+        "--batches",
+        type=_positive_int,
+        default=50,
+        help="batches timed per configuration (default 50)",
+    )
+    bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    bench.set_defaults(run=_cmd_bench)
+
+    demo = commands.add_parser("demo", help="a self-contained run on generated session files")
+    demo.add_argument(
+        "--root", metavar="DIR", help="where generated files go (default: a temporary directory)"
+    )
+    demo.add_argument(
+        "--workers", type=_non_negative_int, default=2, help="worker processes (default 2)"
+    )
+    demo.add_argument("--epochs", type=_positive_int, default=3, help="training epochs (default 3)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    demo.set_defaults(run=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``loaderkit`` and ``python -m loaderkit``.
+
+    Args:
+        argv: Arguments (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit code.
+
+    Example:
+        >>> main(["info"])  # doctest: +SKIP
+        0
+    """
+    args = build_parser().parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""``loaderkit doctor``: checks of this machine against what data loading needs, with advice.
+
+Every check is a pure function of a :class:`~loaderkit.PlatformInfo` (plus a few versions and
+environment values passed in), so each outcome can be tested with any input. The CLI prints
+the results; nothing here prints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from loaderkit.platform import PlatformInfo
+from loaderkit.policy import FDS_MAIN_PROCESS, FDS_PER_WORKER, check_open_file_budget
+from loaderkit.policy import recommended_num_workers as _recommended
+
+__all__ = ["Check", "PASS", "WARN", "FAIL", "run_checks", "software_versions"]
+
+PASS, WARN, FAIL = "pass", "warn", "fail"
+_GIB = 2**30
+#: Below this, /dev/shm can hold only a few batches in flight (Docker's default is 64 MB).
+SHM_MIN_BYTES = 1 * _GIB
+
+
+@dataclass(frozen=True)
+class Check:
+    """One doctor line: a status, what was found, and what to do.
+
+    Attributes:
+        name: Short name of the check.
+        status: ``"pass"``, ``"warn"`` or ``"fail"``.
+        finding: What was measured.
+        advice: What it implies or what to do.
+
+    Example:
+        >>> Check("cuda", PASS, "no CUDA device", "pin_memory stays off").status
+        'pass'
+    """
+
+    name: str
+    status: str
+    finding: str
+    advice: str
+
+
+def software_versions() -> dict[str, str]:
+    """Versions of the pieces that matter (python, torch, numpy, h5py, HDF5, psutil).
+
+    Example:
+        >>> "torch" in software_versions()
+        True
+    """
+    import platform as stdlib_platform
+
+    import numpy
+    import psutil
+    import torch
+
+    versions = {
+        "python": stdlib_platform.python_version(),
+        "torch": str(torch.__version__),
+        "numpy": numpy.__version__,
+        "psutil": psutil.__version__,
+    }
+    try:
+        import h5py
+
+        versions["h5py"] = h5py.version.version
+        versions["HDF5"] = h5py.version.hdf5_version
+    except ImportError:  # pragma: no cover - h5py is a dependency
+        versions["h5py"] = "not installed"
+    return versions
+
+
+def _start_method(p: PlatformInfo) -> Check:
+    implications = {
+        "fork": "workers start fast and inherit the parent's memory; do not initialize CUDA or "
+        "use h5py from threads in the parent before workers start",
+        "spawn": "each worker starts a fresh interpreter (slower start) and receives the "
+        "dataset, collate_fn and worker_init_fn by pickle: they must be picklable and defined "
+        "in importable modules; loaderkit checks this before starting workers",
+        "forkserver": "workers fork from a clean server process (Python 3.14's Linux default) "
+        "and receive the dataset by pickle: it must be picklable; loaderkit checks this before "
+        "starting workers",
+    }
+    return Check(
+        "start method",
+        PASS,
+        f"{p.start_method} ({p.start_method_source})",
+        implications.get(
+            p.start_method, "an unusual start method: workers receive state by pickle"
+        ),
+    )
+
+
+def _workers(p: PlatformInfo) -> Check:
+    recommended = _recommended(p)
+    finding = (
+        f"{p.usable_cpus} usable of {p.cpu_count} CPUs; num_workers='auto' -> {recommended}"
+        + (f" per rank ({p.local_world_size} local ranks)" if p.local_world_size else "")
+    )
+    if p.is_windows:
+        return Check(
+            "workers",
+            WARN,
+            finding + "; Windows: loaders run in the main process",
+            "the zero-worker policy is on; pass force_zero_workers_on_windows=False "
+            "only for picklable datasets defined in importable modules",
+        )
+    if p.usable_cpus < p.cpu_count:
+        return Check(
+            "workers",
+            WARN,
+            finding,
+            "CPU affinity (taskset, cgroup cpuset, a job scheduler) restricts this "
+            "process; worker counts based on os.cpu_count() would oversubscribe it",
+        )
+    return Check("workers", PASS, finding, "use num_workers='auto' to follow the CPUs you have")
+
+
+def _shared_memory(p: PlatformInfo) -> Check:
+    if p.shm_bytes is None:
+        return Check(
+            "/dev/shm",
+            PASS,
+            "no /dev/shm on this system",
+            "workers share batches through the OS's own shared memory",
+        )
+    finding = f"{p.shm_bytes / _GIB:.1f} GiB ({(p.shm_free_bytes or 0) / _GIB:.1f} GiB free)"
+    if p.shm_bytes < SHM_MIN_BYTES:
+        return Check(
+            "/dev/shm",
+            WARN,
+            finding,
+            "workers pass batches through /dev/shm; a small one kills them with a bus "
+            "error. Enlarge it (docker run --shm-size=8g) or call "
+            "torch.multiprocessing.set_sharing_strategy('file_system')",
+        )
+    return Check("/dev/shm", PASS, finding, "room for prefetched batches of several workers")
+
+
+def _open_files(p: PlatformInfo, max_open_files: int) -> Check:
+    workers = _recommended(p, force_zero_workers_on_windows=False)
+    ranks = p.local_world_size or 1
+    verdict = check_open_file_budget(workers, max_open_files, p.open_files_soft)
+    if verdict.needed is None:
+        return Check("open files", PASS, "no open-file limit", "nothing to budget")
+    per_node = verdict.needed * ranks
+    finding = (
+        f"ulimit -n {p.open_files_soft} (hard {p.open_files_hard}); planned per loader: "
+        f"({workers} workers + 1) x max_open_files={max_open_files} + {workers} x "
+        f"{FDS_PER_WORKER} + {FDS_MAIN_PROCESS} = {verdict.needed}"
+        + (f"; x {ranks} ranks = {per_node} per node" if ranks > 1 else "")
+    )
+    status = {"ok": PASS, "warn": WARN, "error": FAIL}[verdict.level]
+    advice = (
+        "enough headroom"
+        if status == PASS
+        else "lower max_open_files or num_workers, or raise the limit (ulimit -n 65536; hard limit "
+        f"{p.open_files_hard})"
+    )
+    return Check("open files", status, finding, advice)
+
+
+def _cuda(p: PlatformInfo) -> Check:
+    if p.cuda_available:
+        return Check(
+            "CUDA",
+            PASS,
+            f"{p.cuda_device_count} device(s)",
+            "pin_memory defaults to True; use DevicePrefetcher to overlap copies with compute",
+        )
+    return Check(
+        "CUDA",
+        PASS,
+        "no CUDA device",
+        "pin_memory defaults to False (pinning would only cost time)",
+    )
+
+
+def _versions(versions: Mapping[str, str]) -> Check:
+    finding = ", ".join(f"{k} {v}" for k, v in versions.items())
+    h5py_version = versions.get("h5py", "0")
+    try:
+        major, minor = (int(x) for x in h5py_version.split(".")[:2])
+    except ValueError:
+        return Check("versions", WARN, finding, "h5py is not installed or has an odd version")
+    if (major, minor) < (3, 14):
+        return Check(
+            "versions",
+            WARN,
+            finding,
+            "h5py < 3.14 can deadlock when the parent used h5py from threads before "
+            "forking workers: upgrade h5py, or use the spawn/forkserver start method",
+        )
+    return Check("versions", PASS, finding, "h5py is fork-safe with threads (>= 3.14)")
+
+
+def _file_locking(environ: Mapping[str, str]) -> Check:
+    value = environ.get("HDF5_USE_FILE_LOCKING")
+    if value is None:
+        return Check(
+            "HDF5 file locking",
+            PASS,
+            "HDF5_USE_FILE_LOCKING unset (locking on)",
+            "on network filesystems (NFS, Lustre, GPFS) or read-only mounts pass "
+            "h5py_options={'locking': False} for files nobody writes during training",
+        )
+    return Check(
+        "HDF5 file locking",
+        PASS,
+        f"HDF5_USE_FILE_LOCKING={value}",
+        "this environment variable overrides the locking option of every file open",
+    )
+
+
+def run_checks(
+    platform: PlatformInfo,
+    *,
+    max_open_files: int = 8,
+    versions: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> list[Check]:
+    """Run every doctor check.
+
+    Args:
+        platform: The platform to check.
+        max_open_files: The HDF5 handle budget per process to plan for.
+        versions: Software versions (default: :func:`software_versions`).
+        environ: Environment (default: ``os.environ``).
+
+    Returns:
+        One :class:`Check` per topic, in display order.
+
+    Example:
+        >>> from loaderkit.platform import detect_platform
+        >>> [c.name for c in run_checks(detect_platform())][:2]
+        ['start method', 'workers']
+    """
+    return [
+        _start_method(platform),
+        _workers(platform),
+        _shared_memory(platform),
+        _open_files(platform, max_open_files),
+        _cuda(platform),
+        _versions(software_versions() if versions is None else versions),
+        _file_locking(os.environ if environ is None else environ),
+    ]
