@@ -7,6 +7,7 @@ decision is recorded in ``loader.plan``.
 
 from loaderkit.errors import ConfigError, LoaderkitError, LoaderkitWarning
 from loaderkit.factory import create_dataloader
+from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.loader import DataLoader
 from loaderkit.plan import Plan, PlanEntry
 from loaderkit.platform import PlatformInfo, detect_platform
@@ -25,10 +26,12 @@ from loaderkit.transfer import DevicePrefetcher, to_device
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockShuffleSampler",
     "ConfigError",
     "DataLoader",
     "DeterminismReport",
     "DevicePrefetcher",
+    "HDF5SessionDataset",
     "LeakCheck",
     "LoaderkitError",
     "LoaderkitWarning",

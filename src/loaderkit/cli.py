@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from loaderkit import __version__
 from loaderkit.doctor import FAIL, PASS, WARN, run_checks, software_versions
@@ -81,16 +82,50 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if worst == {PASS} else 1
 
 
+def _progress(enabled: bool) -> Any:
+    """A tqdm progress wrapper for long loops (tqdm: small, pure Python, writes to stderr)."""
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    def wrap(iterable: Any, description: str, total: int) -> Any:
+        return tqdm(
+            iterable, desc=description, total=total, leave=False, unit="batch", dynamic_ncols=True
+        )
+
+    return wrap
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from loaderkit.demo import run_demo
 
-    return run_demo(
-        root=args.root, workers=args.workers, epochs=args.epochs, progress=not args.no_progress
+    report = run_demo(
+        args.root,
+        workers=args.workers,
+        epochs=args.epochs,
+        progress=_progress(not args.no_progress),
     )
+    print(f"loaderkit demo: {report.samples} trials in session files under {report.root}\n")
+    print(report.plan)
+    print()
+    rows: list[Sequence[object]] = [("measure", "value")]
+    rows.append(("training throughput", f"{report.train_samples_per_s:,.0f} samples/s"))
+    rows.append(("evaluation throughput", f"{report.eval_samples_per_s:,.0f} samples/s"))
+    rows.append(("loss per epoch", " -> ".join(f"{x:.3f}" for x in report.losses)))
+    rows.append(("accuracy", f"{report.accuracy:.1%}"))
+    rows.append(("max files open per process", report.max_files_open_per_process))
+    rows.append(("max worker processes", report.max_worker_processes))
+    print(_table(rows))
+    print()
+    for name, (passed, detail) in report.checks.items():
+        print(f"[{'PASS' if passed else 'FAIL'}] {name}: {detail}")
+    print("\ndemo passed" if report.ok else "\ndemo FAILED")
+    return 0 if report.ok else 1
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     from loaderkit.bench import run_bench
+    from loaderkit.errors import ConfigError
 
     try:
         kwargs = json.loads(args.kwargs) if args.kwargs else {}
@@ -100,15 +135,51 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if not isinstance(kwargs, dict):
         print("loaderkit bench: --kwargs must be a JSON object", file=sys.stderr)
         return 2
-    return run_bench(
-        dataset=args.dataset,
-        kwargs=kwargs,
-        root=args.root,
-        workers=args.workers,
-        batch_sizes=args.batch_sizes,
-        batches=args.batches,
-        json_path=args.json,
+    try:
+        report = run_bench(
+            args.dataset, kwargs, args.root, args.workers, args.batch_sizes, args.batches
+        )
+    except ConfigError as exc:
+        print(f"loaderkit bench: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"loaderkit bench: {report.dataset}, {report.samples} samples, "
+        f"{args.batches} batches per pass, 2 passes per configuration\n"
     )
+    best = report.best
+    rows: list[Sequence[object]] = [
+        (
+            "num_workers",
+            "batch_size",
+            "persistent",
+            "1st batch s",
+            "2nd pass 1st batch s",
+            "samples/s",
+            "vs best",
+        )
+    ]
+    for r in report.results:
+        rows.append(
+            (
+                r.num_workers,
+                r.batch_size,
+                r.persistent_workers,
+                f"{r.first_batch_s:.3f}",
+                f"{r.second_pass_first_batch_s:.3f}",
+                f"{r.samples_per_s:,.0f}",
+                f"{r.samples_per_s / best.samples_per_s:.2f}" if best else "-",
+            )
+        )
+    print(_table(rows))
+    if best is not None:
+        print(
+            f"\nrecommended: create_dataloader(dataset, batch_size={best.batch_size}, "
+            f"num_workers={best.num_workers}, persistent_workers={best.persistent_workers})"
+        )
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(report.as_dict(), handle, indent=2)
+    return 0
 
 
 def _positive_int(text: str) -> int:
@@ -133,6 +204,10 @@ def _non_negative_int(text: str) -> int:
 
 def _int_list(text: str) -> list[int]:
     return [_positive_int(part) for part in text.split(",") if part.strip()]
+
+
+def _worker_list(text: str) -> list[int]:
+    return [_non_negative_int(part) for part in text.split(",") if part.strip()]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--workers",
-        type=_int_list,
+        type=_worker_list,
         metavar="N,N,...",
         help="worker counts to try (default: 0, 1, 2 and the recommended)",
     )

@@ -1,0 +1,205 @@
+"""The ``loaderkit bench`` measurements: loader configurations on one dataset, side by side.
+
+:func:`run_bench` builds a loader per configuration (``num_workers`` x ``batch_size`` x
+``persistent_workers``), times two passes of ``batches`` batches each (the second pass shows
+what persistent workers save) and recommends the fastest. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import importlib
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from loaderkit.errors import ConfigError
+from loaderkit.factory import create_dataloader
+from loaderkit.policy import recommended_num_workers
+
+__all__ = ["BenchReport", "BenchResult", "load_dataset_class", "run_bench"]
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """One configuration's measurements.
+
+    Attributes:
+        num_workers: Worker processes.
+        batch_size: Samples per batch.
+        persistent_workers: Whether workers survive between passes.
+        first_batch_s: Seconds until the first batch of the first pass (worker start-up).
+        second_pass_first_batch_s: The same for the second pass (restart cost).
+        samples_per_s: Samples per second over both passes, start-ups included.
+        batches: Batches timed per pass.
+    """
+
+    num_workers: int
+    batch_size: int
+    persistent_workers: bool
+    first_batch_s: float
+    second_pass_first_batch_s: float
+    samples_per_s: float
+    batches: int
+
+
+@dataclass
+class BenchReport:
+    """All results, the dataset description and the recommendation."""
+
+    dataset: str
+    samples: int
+    results: list[BenchResult] = field(default_factory=list)
+
+    @property
+    def best(self) -> BenchResult | None:
+        """The configuration with the highest samples/s."""
+        return max(self.results, key=lambda r: r.samples_per_s, default=None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        best = self.best
+        return {
+            "dataset": self.dataset,
+            "samples": self.samples,
+            "results": [asdict(r) for r in self.results],
+            "recommended": asdict(best) if best else None,
+        }
+
+
+def load_dataset_class(spec: str) -> type:
+    """Import ``"package.module:ClassName"``.
+
+    Raises:
+        ConfigError: When the spec is malformed, the module cannot be imported or has no such
+            attribute.
+
+    Example:
+        >>> load_dataset_class("torch.utils.data:TensorDataset").__name__
+        'TensorDataset'
+    """
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"--dataset {spec!r}: expected MODULE:CLASS, e.g. mypkg.data:MyDataset")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"--dataset {spec!r}: cannot import {module_name!r} ({exc}); is it "
+            "installed or on PYTHONPATH?"
+        ) from exc
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"--dataset {spec!r}: module {module_name!r} has no {attr!r}") from None
+    if not callable(obj):
+        raise ConfigError(f"--dataset {spec!r}: {attr!r} is not a class or factory")
+    return obj  # type: ignore[no-any-return]
+
+
+def _pass(iterator_source: Any, batches: int) -> tuple[float, float, int]:
+    """(seconds to first batch, seconds for the pass, samples) over up to ``batches`` batches."""
+    start = time.perf_counter()
+    first = None
+    samples = 0
+    for batch in islice(iterator_source, batches):
+        if first is None:
+            first = time.perf_counter() - start
+        samples += _batch_len(batch)
+    return first or 0.0, time.perf_counter() - start, samples
+
+
+def _batch_len(batch: Any) -> int:
+    if hasattr(batch, "__len__") and not isinstance(batch, (list, tuple, dict)):
+        return len(batch)
+    if isinstance(batch, dict):
+        return _batch_len(next(iter(batch.values()))) if batch else 0
+    if isinstance(batch, (list, tuple)) and batch:
+        return _batch_len(batch[0])
+    return 1
+
+
+def run_bench(
+    dataset: str | None = None,
+    kwargs: dict[str, Any] | None = None,
+    root: str | Path | None = None,
+    workers: list[int] | None = None,
+    batch_sizes: list[int] | None = None,
+    batches: int = 50,
+) -> BenchReport:
+    """Measure loader configurations on a dataset and return the results.
+
+    Args:
+        dataset: ``"module:Class"`` of a map-style dataset, or ``None`` for the demo's
+            generated session files (written under ``root``).
+        kwargs: Keyword arguments for the dataset class.
+        root: Directory for generated files (a temporary one when ``None``).
+        workers: Worker counts (default: 0, 1, 2 and the recommended count).
+        batch_sizes: Batch sizes (default: 32 and 128).
+        batches: Batches per timed pass.
+
+    Returns:
+        A :class:`BenchReport` (``report.best`` is the recommendation).
+
+    Example:
+        >>> report = run_bench("torch.utils.data:TensorDataset", batches=2,  # doctest: +SKIP
+        ...                    workers=[0], batch_sizes=[4])
+    """
+    if dataset is None:
+        from loaderkit.demo import DemoSessions, make_sessions
+
+        if root is None:
+            with tempfile.TemporaryDirectory(prefix="loaderkit-bench-") as tmp:
+                return run_bench(None, kwargs, tmp, workers, batch_sizes, batches)
+        paths = make_sessions(Path(root))
+        data: Any = DemoSessions(paths, key="betas", **(kwargs or {}))
+        name = f"generated session files ({len(paths)} sessions) in {root}"
+    else:
+        cls = load_dataset_class(dataset)
+        try:
+            data = cls(**(kwargs or {}))
+        except TypeError as exc:
+            raise ConfigError(
+                f"--dataset {dataset}: cannot build it with --kwargs {kwargs or {}} ({exc})"
+            ) from exc
+        name = dataset
+    try:
+        samples = len(data)
+    except TypeError:
+        raise ConfigError(f"{name}: bench needs a map-style dataset with a length") from None
+
+    counts = sorted(set(workers if workers is not None else [0, 1, 2, recommended_num_workers()]))
+    report = BenchReport(dataset=name, samples=samples)
+    try:
+        for num_workers in counts:
+            for batch_size in batch_sizes or [32, 128]:
+                for persistent in [False, True] if num_workers > 0 else [False]:
+                    loader = create_dataloader(
+                        data,
+                        batch_size=batch_size,
+                        shuffle=True,
+                        seed=0,
+                        num_workers=num_workers,
+                        persistent_workers=persistent,
+                    )
+                    with loader:
+                        first_a, time_a, n_a = _pass(loader, batches)
+                        first_b, time_b, n_b = _pass(loader, batches)
+                    report.results.append(
+                        BenchResult(
+                            num_workers=num_workers,
+                            batch_size=batch_size,
+                            persistent_workers=persistent,
+                            first_batch_s=first_a,
+                            second_pass_first_batch_s=first_b,
+                            samples_per_s=(n_a + n_b) / max(time_a + time_b, 1e-9),
+                            batches=batches,
+                        )
+                    )
+    finally:
+        close = getattr(data, "close", None)
+        if callable(close):
+            close()
+    return report
