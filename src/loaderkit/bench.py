@@ -76,7 +76,7 @@ def load_dataset_class(spec: str) -> type:
         ConfigError: When the spec is malformed, the module cannot be imported or has no such
             attribute.
 
-    Example:
+    Examples:
         >>> load_dataset_class("torch.utils.data:TensorDataset").__name__
         'TensorDataset'
     """
@@ -143,7 +143,7 @@ def run_bench(
     Returns:
         A :class:`BenchReport` (``report.best`` is the recommendation).
 
-    Example:
+    Examples:
         >>> report = run_bench("torch.utils.data:TensorDataset", batches=2,  # doctest: +SKIP
         ...                    workers=[0], batch_sizes=[4])
     """

@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         The exit code.
 
-    Example:
+    Examples:
         >>> main(["info"])  # doctest: +SKIP
         0
     """

@@ -54,7 +54,7 @@ def make_sessions(
     and ``labels`` (int64): the class whose random prototype the trial's pattern was drawn
     around.
 
-    Example:
+    Examples:
         >>> import tempfile
         >>> paths = make_sessions(Path(tempfile.mkdtemp()), sessions=2, trials=4, voxels=3)
         >>> len(paths)
@@ -168,7 +168,7 @@ def run_demo(
     Returns:
         A :class:`DemoReport`; ``report.ok`` is False when a check failed.
 
-    Example:
+    Examples:
         >>> report = run_demo(workers=0, epochs=1)  # doctest: +SKIP
         >>> report.ok  # doctest: +SKIP
         True

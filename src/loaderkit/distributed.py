@@ -27,7 +27,7 @@ class DistInfo:
         local_rank: Rank on this node (``LOCAL_RANK`` set by torchrun, else 0).
         local_world_size: Processes on this node (``LOCAL_WORLD_SIZE``, else 1).
 
-    Example:
+    Examples:
         >>> DistInfo(initialized=False, rank=0, world_size=1).is_distributed
         False
     """
@@ -61,7 +61,7 @@ def dist_info() -> DistInfo:
         A :class:`DistInfo`; ``rank=0, world_size=1`` when no process group is initialized
         (launcher environment variables alone do not make a process distributed).
 
-    Example:
+    Examples:
         >>> info = dist_info()
         >>> info.world_size >= 1
         True

@@ -33,7 +33,7 @@ class Check:
         finding: What was measured.
         advice: What it implies or what to do.
 
-    Example:
+    Examples:
         >>> Check("cuda", PASS, "no CUDA device", "pin_memory stays off").status
         'pass'
     """
@@ -47,7 +47,7 @@ class Check:
 def software_versions() -> dict[str, str]:
     """Versions of the pieces that matter (python, torch, numpy, h5py, HDF5, psutil).
 
-    Example:
+    Examples:
         >>> "torch" in software_versions()
         True
     """
@@ -233,7 +233,7 @@ def run_checks(
     Returns:
         One :class:`Check` per topic, in display order.
 
-    Example:
+    Examples:
         >>> from loaderkit.platform import detect_platform
         >>> [c.name for c in run_checks(detect_platform())][:2]
         ['start method', 'workers']

@@ -18,7 +18,7 @@ __all__ = ["ConfigError", "LoaderkitError", "LoaderkitWarning", "warn"]
 class LoaderkitError(Exception):
     """Base class of every error raised by loaderkit.
 
-    Example:
+    Examples:
         >>> try:
         ...     raise ConfigError("num_workers must be >= 0")
         ... except LoaderkitError as exc:
@@ -33,7 +33,7 @@ class ConfigError(LoaderkitError, ValueError):
     The message names the argument (or attribute path), what was expected and how to fix it.
     Being a :class:`ValueError` too, it is caught by code written against torch's DataLoader.
 
-    Example:
+    Examples:
         >>> isinstance(ConfigError("bad"), ValueError)
         True
     """
@@ -42,7 +42,7 @@ class ConfigError(LoaderkitError, ValueError):
 class LoaderkitWarning(UserWarning):
     """A warning issued by loaderkit: something works, but not the way you probably want.
 
-    Example:
+    Examples:
         >>> import warnings
         >>> warnings.simplefilter("ignore", LoaderkitWarning)
     """
@@ -51,7 +51,7 @@ class LoaderkitWarning(UserWarning):
 def warn(message: str) -> None:
     """Emit a :class:`LoaderkitWarning` attributed to the first caller outside loaderkit.
 
-    Example:
+    Examples:
         >>> import warnings
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")

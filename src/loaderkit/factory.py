@@ -106,7 +106,7 @@ def create_dataloader(
         ConfigError: A setting that cannot work (named, with the fix). Also a ``ValueError``.
         ValueError, TypeError: torch's own argument errors, unchanged; an invalid ``seed``.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from torch.utils.data import TensorDataset
         >>> from loaderkit import create_dataloader

@@ -76,7 +76,7 @@ class DataLoader(torch.utils.data.DataLoader):
         distributed: ``"auto"``, ``True`` or ``False``: shard under ``torch.distributed``.
         platform: A :class:`~loaderkit.PlatformInfo` to plan for instead of this machine.
 
-    Example:
+    Examples:
         >>> from loaderkit import DataLoader
         >>> with DataLoader(list(range(10)), batch_size=4, training=True, seed=0) as loader:
         ...     sizes = [len(batch) for batch in loader]
@@ -164,7 +164,7 @@ class DataLoader(torch.utils.data.DataLoader):
         Args:
             epoch: A non-negative int.
 
-        Example:
+        Examples:
             >>> loader = DataLoader(list(range(4)))
             >>> loader.set_epoch(3)
             >>> _ = list(loader); loader.epoch
@@ -232,7 +232,7 @@ class DataLoader(torch.utils.data.DataLoader):
         dataset's own ``close()`` runs when it has one. Idempotent; never raises because a
         worker already died; iterating again starts fresh workers.
 
-        Example:
+        Examples:
             >>> loader = DataLoader(list(range(4)), num_workers=0)
             >>> loader.close(); loader.close()
         """
@@ -260,7 +260,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def describe(self) -> str:
         """The resolved plan as text: setting, requested, used, reason.
 
-        Example:
+        Examples:
             >>> print(DataLoader(list(range(4)), training=False).describe())  # doctest: +SKIP
         """
         return self.plan.describe()

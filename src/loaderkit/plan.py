@@ -37,7 +37,7 @@ UNSET: Any = _Unset()
 def short_repr(value: Any, limit: int = 60) -> str:
     """A one-line description of a setting's value (class name for objects).
 
-    Example:
+    Examples:
         >>> short_repr(4)
         '4'
         >>> short_repr(object()).startswith("<object")
@@ -65,7 +65,7 @@ class PlanEntry:
         value: What the loader uses.
         reason: One line saying why.
 
-    Example:
+    Examples:
         >>> PlanEntry("num_workers", "auto", 4, "4 usable CPUs").changed
         True
     """
@@ -89,7 +89,7 @@ class PlanEntry:
 class Plan(Mapping[str, PlanEntry]):
     """Read-only mapping of setting name to :class:`PlanEntry`, in resolution order.
 
-    Example:
+    Examples:
         >>> plan = Plan([PlanEntry("shuffle", None, True, "training=True")])
         >>> plan["shuffle"].value
         True

@@ -81,7 +81,7 @@ def _supports_block_shuffle(dataset: Any) -> bool:
 def dataset_facts(dataset: Any) -> DatasetFacts:
     """Gather what the policies need to know about ``dataset`` (without reading samples).
 
-    Example:
+    Examples:
         >>> dataset_facts([1, 2, 3]).iterable
         False
     """
@@ -234,7 +234,7 @@ def plan_loader(
             the limit.
         TypeError, ValueError: For an invalid ``seed``.
 
-    Example:
+    Examples:
         >>> setup = plan_loader(list(range(4)), LoaderRequest(training=True))
         >>> setup.torch_kwargs["shuffle"]
         True

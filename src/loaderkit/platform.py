@@ -61,7 +61,7 @@ class PlatformInfo:
         local_world_size: Processes per node from the launcher (``LOCAL_WORLD_SIZE``, set by
             torchrun), ``None`` when not launched that way.
 
-    Example:
+    Examples:
         >>> info = detect_platform()
         >>> info.usable_cpus >= 1
         True
@@ -86,7 +86,7 @@ class PlatformInfo:
     def describe(self) -> str:
         """Render every field as ``name: value`` lines.
 
-        Example:
+        Examples:
             >>> "start_method" in detect_platform().describe()
             True
         """
@@ -109,7 +109,7 @@ def default_start_method(os_name: str, python_version: tuple[int, ...]) -> str:
     Returns:
         ``"spawn"``, ``"fork"`` or ``"forkserver"``.
 
-    Example:
+    Examples:
         >>> default_start_method("Linux", (3, 14, 0))
         'forkserver'
         >>> default_start_method("Darwin", (3, 11, 7))
@@ -150,7 +150,7 @@ def resolve_start_method(
     Returns:
         ``(start_method, source)`` where source is ``"argument"``, ``"global"`` or ``"default"``.
 
-    Example:
+    Examples:
         >>> resolve_start_method("spawn", "fork", "fork")
         ('spawn', 'argument')
         >>> resolve_start_method(None, None, "forkserver")
@@ -216,7 +216,7 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
     Returns:
         The detected platform.
 
-    Example:
+    Examples:
         >>> detect_platform("spawn").start_method
         'spawn'
     """

@@ -62,7 +62,7 @@ ShuffleValue = bool | None | Literal["block"]
 class Decision(Generic[T]):
     """A policy's answer: the value to use and a one-line reason.
 
-    Example:
+    Examples:
         >>> Decision(0, "Windows: workers disabled").value
         0
     """
@@ -195,7 +195,7 @@ def recommended_num_workers(
     Returns:
         The recommended ``num_workers``.
 
-    Example:
+    Examples:
         >>> from dataclasses import replace
         >>> from loaderkit.platform import detect_platform
         >>> p = replace(detect_platform(), usable_cpus=32, is_windows=False)
@@ -227,7 +227,7 @@ def resolve_num_workers(
     Negative or non-integer values are passed through for torch to reject with its own
     ``ValueError`` (drop-in behaviour), except strings other than ``"auto"``.
 
-    Example:
+    Examples:
         >>> from dataclasses import replace
         >>> from loaderkit.platform import detect_platform
         >>> win = replace(detect_platform(), os_name="Windows", is_windows=True)
@@ -268,7 +268,7 @@ def resolve_persistent_workers(
 ) -> Decision[bool]:
     """Decide ``persistent_workers`` from ``training`` when the caller left it unset.
 
-    Example:
+    Examples:
         >>> resolve_persistent_workers(None, training=True, num_workers=2).value
         True
         >>> resolve_persistent_workers(None, training=False, num_workers=2).value
@@ -296,7 +296,7 @@ def resolve_shuffle(
     ``shuffle="block"`` (locality-aware shuffling for HDF5 session data) is kept as is for the
     sampler policy to handle.
 
-    Example:
+    Examples:
         >>> resolve_shuffle(None, training=True, iterable=False, has_sampler=False,
         ...                 has_batch_sampler=False).value
         True
@@ -319,7 +319,7 @@ def resolve_shuffle(
 def resolve_pin_memory(requested: bool | None, platform: PlatformInfo) -> Decision[bool]:
     """Decide ``pin_memory``: unset means True exactly when CUDA is available.
 
-    Example:
+    Examples:
         >>> from dataclasses import replace
         >>> from loaderkit.platform import detect_platform
         >>> resolve_pin_memory(None, replace(detect_platform(), cuda_available=True)).value
@@ -357,7 +357,7 @@ def check_open_file_budget(
     process receives a descriptor for every shared batch, so the sum is the safe measure. Above
     half the limit: ``"warn"``; above the limit: ``"error"``.
 
-    Example:
+    Examples:
         >>> check_open_file_budget(4, 8, 1024).level
         'ok'
         >>> check_open_file_budget(16, 64, 1024).level
@@ -401,7 +401,7 @@ def check_shared_memory(
     ``prefetch_factor x num_workers`` batches are in flight at once. A too-small ``/dev/shm``
     (Docker's default is 64 MB) kills workers with a bus error.
 
-    Example:
+    Examples:
         >>> check_shared_memory(8, 2, 64 * 2**20, 64 * 2**20).level
         'warn'
     """
@@ -584,7 +584,7 @@ def resolve(
             ``shuffle="block"`` on a plain dataset, ``distributed=True`` without a process
             group, ``sample_seeding`` on an iterable dataset).
 
-    Example:
+    Examples:
         >>> from loaderkit.platform import detect_platform
         >>> res = resolve(LoaderRequest(training=True), DatasetFacts(), detect_platform())
         >>> res.values["shuffle"]

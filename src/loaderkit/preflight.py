@@ -114,7 +114,7 @@ def pickled_size(obj: Any) -> int:
     Raises:
         Exception: Whatever pickling raises for an unpicklable object.
 
-    Example:
+    Examples:
         >>> pickled_size(list(range(10))) > 0
         True
     """
@@ -133,7 +133,7 @@ class PickleProblem:
         fix: What to do about it.
         error: The pickling error's text.
 
-    Example:
+    Examples:
         >>> problem = find_unpicklable(lambda x: x, "collate_fn")
         >>> problem.kind
         'lambda'
@@ -289,7 +289,7 @@ def find_unpicklable(obj: Any, root: str) -> PickleProblem | None:
         ``None`` when ``obj`` pickles, else a :class:`PickleProblem` naming the attribute path
         of the first unpicklable leaf.
 
-    Example:
+    Examples:
         >>> class Holder:
         ...     pass
         >>> find_unpicklable([1, 2], "dataset") is None

@@ -71,7 +71,7 @@ class ResourceSnapshot:
         children: Live child processes (recursive), zombies excluded.
         rss: Resident memory of the process in bytes.
 
-    Example:
+    Examples:
         >>> snap = snapshot()
         >>> snap.rss > 0
         True
@@ -117,7 +117,7 @@ def snapshot(pid: int | None = None, *, children: bool = True) -> ResourceSnapsh
     Returns:
         A :class:`ResourceSnapshot`.
 
-    Example:
+    Examples:
         >>> before = snapshot()
         >>> f = open(__file__)
         >>> snapshot().num_fds == before.num_fds + 1
@@ -170,7 +170,7 @@ class LeakReport:
         new_children: Child processes alive after that were not before.
         rss_growth: Change in resident memory of the process, in bytes.
 
-    Example:
+    Examples:
         >>> report = compare(snapshot(), snapshot())
         >>> report.leaked()
         False
@@ -216,7 +216,7 @@ class LeakReport:
 def compare(before: ResourceSnapshot, after: ResourceSnapshot) -> LeakReport:
     """Report what grew from ``before`` to ``after``.
 
-    Example:
+    Examples:
         >>> compare(snapshot(), snapshot()).new_children
         ()
     """
@@ -256,7 +256,7 @@ class LeakCheck:
             starting point before judging.
         raise_on_leak: Raise instead of warning.
 
-    Example:
+    Examples:
         >>> from loaderkit import create_dataloader
         >>> with LeakCheck(raise_on_leak=True) as check:
         ...     with create_dataloader(list(range(8)), num_workers=2) as loader:

@@ -43,7 +43,7 @@ class ShardSampler(Sampler[int]):
         shuffle: Permute the indices (the same permutation on every rank) before slicing.
         seed: Seed of the permutation; it changes with :meth:`set_epoch`.
 
-    Example:
+    Examples:
         >>> [list(ShardSampler(range(5), num_replicas=2, rank=r)) for r in range(2)]
         [[0, 1], [2, 3, 4]]
     """
@@ -102,7 +102,7 @@ class ShardedBatchSampler(Sampler[list[int]]):
         rank: This rank.
         even: Pad so all ranks get the same count.
 
-    Example:
+    Examples:
         >>> batches = [[0, 1], [2, 3], [4, 5]]
         >>> list(ShardedBatchSampler(batches, num_replicas=2, rank=1))
         [[2, 3], [0, 1]]

@@ -68,7 +68,7 @@ def validate_seed(seed: Any, name: str = "seed") -> int:
         TypeError: When ``seed`` is not an integer.
         ValueError: When it is negative or larger than ``2**64 - 1``.
 
-    Example:
+    Examples:
         >>> validate_seed(42)
         42
     """
@@ -93,7 +93,7 @@ def epoch_seed(seed: int, epoch: int) -> int:
     epochs use a 64-bit value derived from ``(seed, epoch)``, so any epoch can be replayed
     alone with ``loader.set_epoch(n)``.
 
-    Example:
+    Examples:
         >>> epoch_seed(7, 0)
         7
         >>> epoch_seed(7, 1) != epoch_seed(7, 2)
@@ -128,7 +128,7 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
         TypeError: When ``seed`` is not an integer (bool, float and str are rejected).
         ValueError: When it is out of range.
 
-    Example:
+    Examples:
         >>> seed_everything(0)
         0
         >>> import torch; a = torch.rand(1); _ = seed_everything(0); bool(torch.rand(1) == a)
@@ -152,7 +152,7 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
 def make_generator(seed: int) -> torch.Generator:
     """A CPU ``torch.Generator`` seeded with ``seed`` (for samplers and ``generator=``).
 
-    Example:
+    Examples:
         >>> g = make_generator(3)
         >>> torch.randperm(4, generator=g).tolist() == torch.randperm(
         ...     4, generator=make_generator(3)).tolist()
@@ -225,7 +225,7 @@ def seed_worker(worker_id: int) -> None:
     Args:
         worker_id: The worker's id (torch passes it).
 
-    Example:
+    Examples:
         >>> loader = torch.utils.data.DataLoader(range(4), num_workers=0,
         ...                                      worker_init_fn=seed_worker)
     """
@@ -281,7 +281,7 @@ def worker_rng() -> np.random.Generator:
     Returns:
         A generator private to this process.
 
-    Example:
+    Examples:
         >>> _ = seed_everything(1); a = worker_rng().random()
         >>> _ = seed_everything(1); bool(worker_rng().random() == a)
         True
@@ -355,7 +355,7 @@ class SampleSeeder:
     Args:
         seed: The loader's seed.
 
-    Example:
+    Examples:
         >>> seeder = SampleSeeder(0)
         >>> with seeder.seeded(epoch=0, index=5):
         ...     a = torch.rand(1)
@@ -480,7 +480,7 @@ class DeterminismReport:
         first_difference: ``None``, or where the loaders first differ (epoch, batch, path,
             and both values' fingerprints).
 
-    Example:
+    Examples:
         >>> bool(DeterminismReport(True, 2, 10, None))
         True
     """
@@ -529,7 +529,7 @@ def check_determinism(
     Returns:
         A :class:`DeterminismReport` (truthy when identical) naming the first difference.
 
-    Example:
+    Examples:
         >>> from loaderkit import create_dataloader
         >>> report = check_determinism(lambda: create_dataloader(list(range(8)), batch_size=4,
         ...                                                      shuffle=True, seed=0))

@@ -90,7 +90,7 @@ def resolve_non_blocking(
     Returns:
         The flag to pass to ``Tensor.to``.
 
-    Example:
+    Examples:
         >>> resolve_non_blocking(
         ...     None, source_device_type="cpu", source_pinned=True, target_device_type="cuda"
         ... )
@@ -458,7 +458,7 @@ def to_device(batch: T, device: DeviceLike, *, non_blocking: bool | None = None)
         ConfigError: ``device`` is not a valid device, or the batch contains a reference cycle.
         TypeError: ``device`` or ``non_blocking`` has the wrong type.
 
-    Example:
+    Examples:
         >>> import torch
         >>> batch = {"x": torch.zeros(2, 3), "ids": [1, 2], "meta": ("a", torch.ones(1))}
         >>> moved = to_device(batch, "cpu")
@@ -573,7 +573,7 @@ class DevicePrefetcher(Generic[T]):
         device: The target device as a ``torch.device``.
         non_blocking: The ``non_blocking`` argument.
 
-    Example:
+    Examples:
         >>> import torch
         >>> from torch.utils.data import DataLoader, TensorDataset
         >>> loader = DataLoader(TensorDataset(torch.arange(6.0)), batch_size=2)
@@ -626,7 +626,7 @@ class DevicePrefetcher(Generic[T]):
             AttributeError: The loader has no ``set_epoch`` (for a torch DataLoader with a
                 ``DistributedSampler``, call ``prefetcher.loader.sampler.set_epoch``).
 
-        Example:
+        Examples:
             >>> class Loader(list):
             ...     def set_epoch(self, epoch):
             ...         self.epoch = epoch
@@ -646,7 +646,7 @@ class DevicePrefetcher(Generic[T]):
     def close(self) -> None:
         """Call ``loader.close()`` when the loader has one (a loaderkit DataLoader does).
 
-        Example:
+        Examples:
             >>> DevicePrefetcher([1, 2], "cpu").close()  # a list has nothing to close
         """
         close = getattr(self.loader, "close", None)
