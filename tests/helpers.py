@@ -218,22 +218,80 @@ def seed_probe(worker_id: int) -> None:
 # ---------------------------------------------------------------- process helpers
 
 
+def _workers() -> list[psutil.Process]:
+    """Child processes, without multiprocessing's resource tracker and forkserver server.
+
+    Forkserver workers are grandchildren that inherit the server's command line, so only direct
+    children are recognised as those helpers.
+    """
+    me = os.getpid()
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmdline = " ".join(p.cmdline())
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            helper = p.ppid() == me and ("resource_tracker" in cmdline or "forkserver" in cmdline)
+        except psutil.Error:
+            continue
+        if not helper:
+            out.append(p)
+    return out
+
+
 def child_pids() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
+    return {p.pid for p in _workers()}
 
 
 def wait_children_gone(before: set[int], timeout: float = 10.0) -> set[int]:
     """Wait until no child beyond `before` is alive; return the ones left."""
     deadline = time.monotonic() + timeout
     while True:
-        extra = {
-            p.pid
-            for p in psutil.Process().children(recursive=True)
-            if p.pid not in before and p.status() != psutil.STATUS_ZOMBIE
-        }
+        extra = {p.pid for p in _workers() if p.pid not in before}
         if not extra or time.monotonic() > deadline:
             return extra
         time.sleep(0.05)
 
 
 LOCK = threading.Lock()
+
+
+# ---------------------------------------------------------------- HDF5 fault injection
+
+
+def write_h5_sessions(
+    root: os.PathLike[str] | str, sessions: int = 3, rows: int = 40, width: int = 16
+) -> list[str]:
+    """Session files whose row r of session s holds the value s * 1000 + r everywhere."""
+    import h5py
+
+    paths = []
+    for s in range(sessions):
+        path = os.path.join(root, f"betas_session{s + 1:02d}.hdf5")
+        data = (s * 1000 + np.arange(rows, dtype=np.float32))[:, None].repeat(width, axis=1)
+        with h5py.File(path, "w") as f:
+            f.create_dataset("betas", data=data)
+        paths.append(path)
+    return paths
+
+
+def _failing_read_base():
+    from loaderkit import HDF5SessionDataset
+
+    return HDF5SessionDataset
+
+
+class FailingSessions(_failing_read_base()):
+    """A subclass whose read() raises ValueError on one sample and sleeps forever on another."""
+
+    def __init__(self, *args: Any, bad_row: int = -1, hang_row: int = -1, **kwargs: Any):
+        self.bad_row = bad_row
+        self.hang_row = hang_row
+        super().__init__(*args, **kwargs)
+
+    def read(self, session: Any, row: int) -> Any:
+        if row == self.bad_row:
+            raise ValueError(f"corrupt trial {row}")
+        if row == self.hang_row:
+            time.sleep(3600)
+        return self.h5dataset(session)[row]

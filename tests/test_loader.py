@@ -267,7 +267,7 @@ def test_close_does_not_raise_when_a_worker_already_died() -> None:
     iterator = iter(loader)
     next(iterator)
     victim = sorted(child_pids() - before)[0]
-    with pytest.raises(RuntimeError, match="DataLoader worker"):
+    with pytest.raises((RuntimeError, ConnectionError)):  # torch's error, never a hang
         os.kill(victim, signal.SIGKILL)
         for _ in iterator:
             pass

@@ -75,3 +75,15 @@ def test_closed_loaders_leak_nothing() -> None:
 def test_leak_check_does_not_mask_exceptions() -> None:
     with pytest.raises(KeyError), LeakCheck(raise_on_leak=True, settle_s=0):
         raise KeyError("boom")
+
+
+def test_multiprocessing_helpers_are_not_counted_as_leaks() -> None:
+    # forkserver starts a server and a resource tracker that live until this process exits.
+    with LeakCheck(raise_on_leak=True) as check:
+        with create_dataloader(
+            SquareDataset(4), num_workers=1, multiprocessing_context="forkserver"
+        ) as loader:
+            assert len(list(loader)) == 4
+    helpers = [c for c in check.report.after.children if c.helper]
+    assert all("python" in c.name or c.name for c in helpers)
+    assert not check.report.new_children

@@ -42,6 +42,11 @@ class ResourceLeakError(LoaderkitError):
     """Raised by :class:`LeakCheck` (``raise_on_leak=True``) when resources did not come back."""
 
 
+#: Command-line markers of multiprocessing's own long-lived helpers: one per parent process,
+#: started on first use of spawn/forkserver, alive until the parent exits. Not leaks.
+_MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
 @dataclass(frozen=True)
 class ChildProcess:
     """A child process at snapshot time.
@@ -51,12 +56,15 @@ class ChildProcess:
         name: Process name.
         status: psutil status (``"running"``, ``"sleeping"``, ``"zombie"``...).
         rss: Resident memory in bytes (0 when unreadable).
+        helper: True for multiprocessing's resource tracker or forkserver (one per parent,
+            alive until it exits: not counted as a leak).
     """
 
     pid: int
     name: str
     status: str
     rss: int
+    helper: bool = False
 
 
 @dataclass(frozen=True)
@@ -143,9 +151,14 @@ def snapshot(pid: int | None = None, *, children: bool = True) -> ResourceSnapsh
                     status = child.status()
                     if status == psutil.STATUS_ZOMBIE:
                         continue
-                    kids.append(
-                        ChildProcess(child.pid, child.name(), status, int(child.memory_info().rss))
+                    # Forkserver workers inherit the server's command line: only a direct child
+                    # can be the server or the resource tracker.
+                    cmdline = " ".join(child.cmdline())
+                    helper = child.ppid() == process.pid and any(
+                        marker in cmdline for marker in _MP_HELPERS
                     )
+                    child_rss = int(child.memory_info().rss)
+                    kids.append(ChildProcess(child.pid, child.name(), status, child_rss, helper))
             except (psutil.Error, OSError):
                 continue
     return ResourceSnapshot(
@@ -167,7 +180,11 @@ class LeakReport:
         after: The second snapshot.
         fd_growth: Change in open descriptors.
         new_open_files: Files open after that were not before (with multiplicity).
-        new_children: Child processes alive after that were not before.
+        new_children: Child processes alive after that were not before (multiprocessing's
+            resource tracker and forkserver excluded).
+        new_helpers: Multiprocessing helpers (resource tracker, forkserver) started in
+            between; each keeps one descriptor open in this process until it exits, which
+            :meth:`leaked` does not count.
         rss_growth: Change in resident memory of the process, in bytes.
 
     Examples:
@@ -182,6 +199,7 @@ class LeakReport:
     new_open_files: tuple[str, ...]
     new_children: tuple[ChildProcess, ...]
     rss_growth: int
+    new_helpers: tuple[ChildProcess, ...] = ()
 
     def leaked(self, *, fd_tolerance: int = 0, rss_tolerance: int | None = None) -> bool:
         """Whether descriptors, files or processes grew (and memory, when a tolerance is set).
@@ -191,7 +209,8 @@ class LeakReport:
             rss_tolerance: Bytes of memory growth allowed; ``None`` ignores memory (the
                 allocator keeps freed memory, so small growth is not a leak).
         """
-        if self.fd_growth > fd_tolerance or self.new_open_files or self.new_children:
+        fds = self.fd_growth - len(self.new_helpers)
+        if fds > fd_tolerance or self.new_open_files or self.new_children:
             return True
         return rss_tolerance is not None and self.rss_growth > rss_tolerance
 
@@ -235,8 +254,9 @@ def compare(before: ResourceSnapshot, after: ResourceSnapshot) -> LeakReport:
         after=after,
         fd_growth=fds_after - fds_before,
         new_open_files=tuple(new_files),
-        new_children=tuple(c for c in after.children if c.pid not in old_pids),
+        new_children=tuple(c for c in after.children if c.pid not in old_pids and not c.helper),
         rss_growth=after.rss - before.rss,
+        new_helpers=tuple(c for c in after.children if c.pid not in old_pids and c.helper),
     )
 
 
