@@ -13,11 +13,11 @@ import time
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from loaderkit import worker_rng
+from loaderkit.resources import worker_processes
 
 # ---------------------------------------------------------------- datasets
 
@@ -218,36 +218,15 @@ def seed_probe(worker_id: int) -> None:
 # ---------------------------------------------------------------- process helpers
 
 
-def _workers() -> list[psutil.Process]:
-    """Child processes, without multiprocessing's resource tracker and forkserver server.
-
-    Forkserver workers are grandchildren that inherit the server's command line, so only direct
-    children are recognised as those helpers.
-    """
-    me = os.getpid()
-    out = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            cmdline = " ".join(p.cmdline())
-            if p.status() == psutil.STATUS_ZOMBIE:
-                continue
-            helper = p.ppid() == me and ("resource_tracker" in cmdline or "forkserver" in cmdline)
-        except psutil.Error:
-            continue
-        if not helper:
-            out.append(p)
-    return out
-
-
 def child_pids() -> set[int]:
-    return {p.pid for p in _workers()}
+    return {p.pid for p in worker_processes()}
 
 
 def wait_children_gone(before: set[int], timeout: float = 10.0) -> set[int]:
     """Wait until no child beyond `before` is alive; return the ones left."""
     deadline = time.monotonic() + timeout
     while True:
-        extra = {p.pid for p in _workers() if p.pid not in before}
+        extra = {p.pid for p in worker_processes() if p.pid not in before}
         if not extra or time.monotonic() > deadline:
             return extra
         time.sleep(0.05)

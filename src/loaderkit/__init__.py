@@ -7,7 +7,7 @@ decision is recorded in ``loader.plan``.
 
 from loaderkit.errors import ConfigError, LoaderkitError, LoaderkitWarning
 from loaderkit.factory import create_dataloader
-from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
+from loaderkit.hdf5 import BlockShuffleSampler, HDF5FileError, HDF5SessionDataset
 from loaderkit.loader import DataLoader
 from loaderkit.plan import Plan, PlanEntry
 from loaderkit.platform import PlatformInfo, detect_platform
@@ -31,6 +31,7 @@ __all__ = [
     "DataLoader",
     "DeterminismReport",
     "DevicePrefetcher",
+    "HDF5FileError",
     "HDF5SessionDataset",
     "LeakCheck",
     "LoaderkitError",

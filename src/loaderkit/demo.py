@@ -23,7 +23,7 @@ import torch
 
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import HDF5SessionDataset
-from loaderkit.resources import compare, snapshot
+from loaderkit.resources import compare, snapshot, worker_processes
 from loaderkit.seeding import check_determinism, seed_everything
 
 __all__ = ["DemoReport", "DemoSessions", "make_sessions", "run_demo"]
@@ -130,17 +130,14 @@ class _Monitor:
         self.max_workers = 0
 
     def sample(self) -> None:
-        me = psutil.Process()
-        processes = [me, *me.children(recursive=True)]
-        workers = 0
-        for process in processes:
+        workers = worker_processes()
+        for process in (psutil.Process(), *workers):
             try:
                 files = sum(f.path.startswith(self.root) for f in process.open_files())
             except psutil.Error:
                 continue
             self.max_files = max(self.max_files, files)
-            workers += process.pid != me.pid
-        self.max_workers = max(self.max_workers, workers)
+        self.max_workers = max(self.max_workers, len(workers))
 
     def watch(self, batches: Iterable[T], every: int = 5) -> Iterator[T]:
         for i, batch in enumerate(batches):

@@ -33,6 +33,7 @@ __all__ = [
     "ResourceSnapshot",
     "compare",
     "snapshot",
+    "worker_processes",
 ]
 
 _MIB = 2**20
@@ -106,6 +107,37 @@ class ResourceSnapshot:
         )
 
 
+def _is_helper(child: psutil.Process, parent_pid: int) -> bool:
+    """Whether ``child`` is multiprocessing's resource tracker or forkserver server.
+
+    Forkserver workers inherit the server's command line, so only a direct child qualifies.
+    """
+    return child.ppid() == parent_pid and any(
+        marker in " ".join(child.cmdline()) for marker in _MP_HELPERS
+    )
+
+
+def worker_processes(pid: int | None = None) -> list[psutil.Process]:
+    """Live descendants of a process, without multiprocessing's own helper processes.
+
+    DataLoader workers (and anything else the process started), not the resource tracker or
+    forkserver server that multiprocessing keeps for the life of the process.
+
+    Example:
+        >>> worker_processes() == [] or True
+        True
+    """
+    parent = psutil.Process(pid or os.getpid())
+    out = []
+    for child in parent.children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and not _is_helper(child, parent.pid):
+                out.append(child)
+        except psutil.Error:
+            continue
+    return out
+
+
 def _num_fds(process: psutil.Process) -> int | None:
     try:
         if hasattr(process, "num_fds"):
@@ -151,12 +183,7 @@ def snapshot(pid: int | None = None, *, children: bool = True) -> ResourceSnapsh
                     status = child.status()
                     if status == psutil.STATUS_ZOMBIE:
                         continue
-                    # Forkserver workers inherit the server's command line: only a direct child
-                    # can be the server or the resource tracker.
-                    cmdline = " ".join(child.cmdline())
-                    helper = child.ppid() == process.pid and any(
-                        marker in cmdline for marker in _MP_HELPERS
-                    )
+                    helper = _is_helper(child, process.pid)
                     child_rss = int(child.memory_info().rss)
                     kids.append(ChildProcess(child.pid, child.name(), status, child_rss, helper))
             except (psutil.Error, OSError):

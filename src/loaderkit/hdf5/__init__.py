@@ -1,0 +1,34 @@
+"""HDF5 session files for PyTorch: a leak-free dataset, batched reads and a block sampler.
+
+:class:`HDF5SessionDataset` reads samples from many per-session HDF5 files through a bounded,
+fork-safe, thread-safe per-process cache of open files; :class:`BlockShuffleSampler` shuffles
+blocks of consecutive rows so that batched reads stay sequential. See ``docs/hdf5.md``.
+
+Example:
+    >>> from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
+    >>> ds = HDF5SessionDataset(paths, key="betas")  # doctest: +SKIP
+    >>> sampler = BlockShuffleSampler(ds, seed=0)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from loaderkit.hdf5.dataset import (
+    HDF5FileError,
+    HDF5SessionDataset,
+    SampleIndex,
+    SessionLayout,
+    default_chunk_cache,
+)
+from loaderkit.hdf5.handles import CacheInfo
+from loaderkit.hdf5.sampler import DEFAULT_BLOCK_SIZE, BlockShuffleSampler
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "BlockShuffleSampler",
+    "CacheInfo",
+    "HDF5FileError",
+    "HDF5SessionDataset",
+    "SampleIndex",
+    "SessionLayout",
+    "default_chunk_cache",
+]

@@ -1,0 +1,289 @@
+"""Per-process LRU cache of open HDF5 files, safe across fork and threads.
+
+One :class:`HandleCache` belongs to one dataset object in one process. It keeps at most
+``max_open`` files open, closes the least recently used one *before* opening another (so the
+bound is never exceeded, not even for a moment), and keeps the ``h5py.Dataset`` object next to
+its ``h5py.File`` (looking a dataset up by name costs several row reads).
+
+Fork safety does not rely on a pid check on the hot path. A module-level
+``os.register_at_fork(after_in_child=...)`` hook, registered once, walks a ``WeakSet`` of live
+caches in every forked child and closes the inherited handles there before anything can reopen
+them: HDF5 recognises a file that is already open in the process and would silently share the
+parent's open file (its file descriptor, file locks and chunk-cache settings) with the child.
+Closing the child's copies leaves the parent's handles usable.
+
+Thread safety: every cache operation takes a re-entrant lock, and the dataset holds the same
+lock for the whole of a read, so a handle can never be closed by an eviction in one thread while
+another thread reads through it. h5py serialises all HDF5 calls behind one global lock anyway,
+so this costs no parallelism.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
+
+import h5py
+from h5py import h5f
+
+from loaderkit.errors import LoaderkitWarning
+
+__all__ = ["CacheInfo", "Handle", "HandleCache", "foreign_file_ids", "in_forked_child"]
+
+logger = logging.getLogger(__name__)
+
+_LIVE_CACHES: weakref.WeakSet[HandleCache] = weakref.WeakSet()
+_FORKED = False
+
+
+class CacheInfo(NamedTuple):
+    """Statistics of one process's handle cache (reset in every new process).
+
+    Attributes:
+        hits: Accesses served by an already open file.
+        misses: Accesses that had to open a file.
+        evictions: Files closed to stay within ``max_open_files``.
+        opens: Files opened (misses that succeeded).
+        open_files: Files open now.
+        max_open_files: The bound.
+
+    Example:
+        >>> CacheInfo(hits=3, misses=1, evictions=0, opens=1, open_files=1, max_open_files=8).hits
+        3
+    """
+
+    hits: int
+    misses: int
+    evictions: int
+    opens: int
+    open_files: int
+    max_open_files: int
+
+
+class Handle:
+    """An open file and, when the dataset has a key, its ``h5py.Dataset`` object.
+
+    Attributes:
+        file: The open ``h5py.File`` (read-only).
+        dataset: ``file[key]`` looked up once, or ``None`` without a key.
+        raw: ``(fd, offset)`` of the dataset's bytes when it is stored contiguously and
+            unfiltered in a plain (sec2) file with the in-memory byte layout, so rows can be read
+            with ``os.preadv`` into the destination; ``None`` otherwise.
+
+    Example:
+        >>> Handle.__slots__
+        ('dataset', 'file', 'raw')
+    """
+
+    __slots__ = ("dataset", "file", "raw")
+
+    def __init__(
+        self,
+        file: h5py.File,
+        dataset: h5py.Dataset | None,
+        raw: tuple[int, int] | None = None,
+    ) -> None:
+        self.file = file
+        self.dataset = dataset
+        self.raw = raw
+
+    def close(self) -> None:
+        """Close the file (and with it every object opened through it); never raises."""
+        self.dataset = None
+        self.raw = None
+        try:
+            self.file.close()
+        except Exception:  # closing must not fail (interpreter shutdown, broken file)
+            logger.debug("closing an HDF5 handle failed", exc_info=True)
+
+
+def in_forked_child() -> bool:
+    """Whether this process was created by ``fork`` from a process that imported loaderkit.
+
+    Returns:
+        True in a forked child (any depth), False in an original or spawned process.
+
+    Example:
+        >>> isinstance(in_forked_child(), bool)
+        True
+    """
+    return _FORKED
+
+
+def foreign_file_ids(path: str | os.PathLike[str]) -> list[h5f.FileID]:
+    """HDF5 file identifiers open in this process for ``path``.
+
+    Args:
+        path: The file to look for (compared by device and inode, so links match too).
+
+    Returns:
+        The open ``FileID`` objects that refer to ``path``; empty when none.
+
+    Example:
+        >>> foreign_file_ids("/nonexistent.h5")
+        []
+    """
+    try:
+        target = os.stat(path)
+    except OSError:
+        return []
+    found = []
+    for fid in h5f.get_obj_ids(h5f.OBJ_ALL, h5f.OBJ_FILE):
+        try:
+            name = os.fsdecode(fid.name)
+            st = os.stat(name)
+        except (OSError, ValueError):
+            continue
+        if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
+            found.append(fid)
+    return found
+
+
+class HandleCache:
+    """A bounded, thread-safe, fork-aware LRU of open HDF5 files for one process.
+
+    Args:
+        opener: Called as ``opener(key)`` on a miss; returns a :class:`Handle`. It must release
+            everything it opened when it raises.
+        max_open: Most files open at once (>= 1).
+        path_of: Maps a key to its path, used to detect handles inherited from a parent process.
+
+    Example:
+        >>> import h5py, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "a.h5")
+        >>> with h5py.File(path, "w") as f:
+        ...     _ = f.create_dataset("x", data=[1, 2, 3])
+        >>> cache = HandleCache(lambda k: Handle(h5py.File(path, "r"), None), max_open=1,
+        ...                     path_of=lambda k: path)
+        >>> cache.get(0).file.mode
+        'r'
+        >>> cache.close()
+    """
+
+    def __init__(
+        self,
+        opener: Callable[[Hashable], Handle],
+        max_open: int,
+        path_of: Callable[[Hashable], str | os.PathLike[str]],
+    ) -> None:
+        self._opener = opener
+        self._path_of = path_of
+        self.max_open = max_open
+        self.lock = threading.RLock()
+        self._entries: OrderedDict[Hashable, Handle] = OrderedDict()
+        self._checked: set[Hashable] = set()
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.opens = 0
+        _LIVE_CACHES.add(self)
+
+    def get(self, key: Hashable) -> Handle:
+        """Return the open handle for ``key``, opening it (and evicting the LRU one) if needed.
+
+        Args:
+            key: The session position.
+
+        Returns:
+            The :class:`Handle`; valid while the caller holds :attr:`lock`.
+        """
+        with self.lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                return entry
+            self.misses += 1
+            while len(self._entries) >= self.max_open:
+                _, old = self._entries.popitem(last=False)
+                old.close()
+                self.evictions += 1
+            if _FORKED and key not in self._checked:
+                self._checked.add(key)
+                self._warn_inherited(key)
+            entry = self._opener(key)
+            self._entries[key] = entry
+            self.opens += 1
+            return entry
+
+    def _warn_inherited(self, key: Hashable) -> None:
+        path = self._path_of(key)
+        if foreign_file_ids(path):
+            warnings.warn(
+                f"{os.fspath(path)!s} was already open in the parent process when this worker "
+                "was forked (opened outside this dataset, e.g. by your own h5py.File or another "
+                "dataset object). HDF5 will share that inherited handle with this worker "
+                "instead of opening the file afresh. Close your HDF5 files before creating "
+                "multi-worker loaders, or use multiprocessing_context='spawn'/'forkserver'.",
+                LoaderkitWarning,
+                stacklevel=4,
+            )
+
+    def discard(self, key: Hashable) -> None:
+        """Close and forget the handle for ``key`` (after an error); no-op if not open."""
+        with self.lock:
+            entry = self._entries.pop(key, None)
+            if entry is not None:
+                entry.close()
+
+    def close(self) -> None:
+        """Close every open handle of this process; the cache stays usable."""
+        with self.lock:
+            while self._entries:
+                _, entry = self._entries.popitem(last=False)
+                entry.close()
+
+    def keys(self) -> list[Hashable]:
+        """Keys with an open handle, least recently used first."""
+        with self.lock:
+            return list(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def info(self) -> CacheInfo:
+        """Return the statistics of this process as a :class:`CacheInfo`."""
+        with self.lock:
+            return CacheInfo(
+                self.hits,
+                self.misses,
+                self.evictions,
+                self.opens,
+                len(self._entries),
+                self.max_open,
+            )
+
+    def _after_fork(self) -> None:
+        # The child may have inherited a lock held by a thread that does not exist here.
+        self.lock = threading.RLock()
+        entries = list(self._entries.values())
+        self._entries = OrderedDict()
+        for entry in entries:
+            entry.close()
+        self._checked = set()
+        self.hits = self.misses = self.evictions = self.opens = 0
+
+    def __del__(self) -> None:
+        entries: Any = self.__dict__.get("_entries")
+        if not entries:
+            return
+        for entry in list(entries.values()):
+            entry.close()
+        entries.clear()
+
+
+def _after_fork_in_child() -> None:
+    global _FORKED
+    _FORKED = True
+    for cache in list(_LIVE_CACHES):
+        cache._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

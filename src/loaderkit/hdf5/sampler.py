@@ -1,0 +1,309 @@
+"""``BlockShuffleSampler``: a shuffled order that keeps HDF5 reads sequential.
+
+A uniformly shuffled order makes every batch touch as many sessions and rows as it has samples:
+one h5py call (microseconds each) per sample, and with a bounded handle cache a file reopen for
+almost every sample. This sampler shuffles *blocks* of consecutive rows of one session instead,
+so a batch of 64 with ``block_size=16`` is four slab reads, and it interleaves the blocks of a
+small window of sessions so that neighbouring blocks, and hence batches, still mix sessions.
+
+Each epoch:
+
+1. (ranks) The blocks are split between ``num_replicas`` ranks without overlap: either blocks
+   dealt at random (``partition="block"``), or whole sessions, balanced by rows, so each rank
+   opens only about ``sessions / num_replicas`` files (``partition="session"``). Every rank gets
+   the same number of samples (padding by repeating samples, or ``drop_last``), as
+   ``DistributedSampler`` does, because DDP hangs on uneven counts.
+2. (order) Sessions enter a window of ``window`` active sessions in a random order; each next
+   block is drawn uniformly from the remaining blocks of the active sessions; a finished session
+   is replaced by the next one. Rows inside a block stay in file order.
+
+``block_size=1`` with ``window`` >= number of sessions is exactly a uniform shuffle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from loaderkit.distributed import dist_info
+from loaderkit.errors import ConfigError
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "BlockShuffleSampler"]
+
+#: Rows per block when ``block_size`` is not given (rounded up to whole chunks for chunked
+#: data). Chosen with ``benchmarks/hdf5_read.py`` and ``benchmarks/hdf5_randomness.py``: with
+#: batches of 64, 16 rows per block gives 4 slab reads per batch (over 8x per-item reads on
+#: small rows) while a batch still spans ~4 sessions; see docs/hdf5.md for the numbers.
+DEFAULT_BLOCK_SIZE = 16
+
+_PARTITIONS = ("block", "session")
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}.")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}.")
+    return int(value)
+
+
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Concatenate ``arange(s, s + l)`` for every pair, vectorized."""
+    total = int(lengths.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    offsets = np.cumsum(lengths) - lengths
+    return np.arange(total, dtype=np.int64) + np.repeat(starts - offsets, lengths)
+
+
+class BlockShuffleSampler(Sampler[int]):
+    """Shuffle blocks of consecutive rows so batched HDF5 reads stay sequential on disk.
+
+    Yields dataset indices of an :class:`~loaderkit.hdf5.HDF5SessionDataset`. Blocks hold
+    ``block_size`` consecutive rows of one session (in file order); the blocks of ``window``
+    sessions at a time are interleaved at random. Epoch-aware (:meth:`set_epoch`), reproducible
+    from ``seed``, and rank-aware: each rank yields a disjoint share of equal length.
+
+    Args:
+        dataset: The dataset whose indices to order (its index tells which rows are contiguous).
+        block_size: Rows per block. Default :data:`DEFAULT_BLOCK_SIZE`, rounded up to a whole
+            number of chunks for chunked data so that every chunk is decompressed once. Blocks
+            start at row multiples of the block size, so an explicit multiple of the chunk rows
+            is chunk-aligned too.
+        seed: Base seed (``0 <= seed < 2**64``). ``None`` draws one from torch's global RNG at
+            construction (so ``torch.manual_seed`` makes it reproducible); with several replicas
+            ``None`` means ``0``, like ``DistributedSampler``, so all ranks agree.
+        window: Sessions interleaved at a time. Default: the dataset's ``max_open_files`` (so a
+            worker's handle cache never thrashes), at most the number of sessions.
+        num_replicas: Number of ranks. Default from :func:`loaderkit.distributed.dist_info`.
+        rank: This rank. Default from :func:`loaderkit.distributed.dist_info`.
+        drop_last: Drop the tail so the samples divide evenly between ranks instead of padding
+            with repeated samples.
+        partition: ``"block"`` deals blocks to ranks at random every epoch; ``"session"`` gives
+            each rank whole sessions (balanced by rows; at most ``num_replicas - 1`` sessions are
+            split between two ranks), fixed for a given seed, so each rank opens fewer files.
+
+    Example:
+        >>> sampler = BlockShuffleSampler(ds, seed=0)  # doctest: +SKIP
+        >>> loader = DataLoader(ds, batch_size=64, sampler=sampler)  # doctest: +SKIP
+        >>> for epoch in range(3):  # doctest: +SKIP
+        ...     sampler.set_epoch(epoch)
+        ...     for batch in loader: ...
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        block_size: int | None = None,
+        seed: int | None = None,
+        window: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+        partition: str = "block",
+    ) -> None:
+        if not hasattr(dataset, "index_arrays") or not hasattr(dataset, "layout"):
+            raise TypeError(
+                "BlockShuffleSampler needs an HDF5SessionDataset (it reads the dataset's index "
+                f"to find contiguous rows), got {type(dataset).__name__}."
+            )
+        if partition not in _PARTITIONS:
+            raise ConfigError(f"partition must be one of {_PARTITIONS}, got {partition!r}.")
+        if num_replicas is None or rank is None:
+            info = dist_info()
+            num_replicas = info.world_size if num_replicas is None else num_replicas
+            rank = info.rank if rank is None else rank
+        self.num_replicas = _check_int("num_replicas", num_replicas, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.num_replicas:
+            raise ConfigError(
+                f"rank must be in [0, num_replicas - 1] = [0, {self.num_replicas - 1}], "
+                f"got {self.rank}."
+            )
+        self.seed = self._resolve_seed(seed)
+        self.drop_last = bool(drop_last)
+        self.partition = partition
+        self.epoch = 0
+
+        pos, rows = dataset.index_arrays()
+        pos = np.asarray(pos, dtype=np.int64)
+        rows = np.asarray(rows, dtype=np.int64)
+        n_sessions = len(dataset.session_ids)
+        chunk_rows = np.ones(n_sessions, np.int64)
+        for p, sid in enumerate(dataset.session_ids):
+            layout = dataset.layout(sid)
+            if layout is not None and layout.chunk_rows:
+                chunk_rows[p] = layout.chunk_rows
+        if block_size is None:
+            self.block_size = DEFAULT_BLOCK_SIZE
+            block_rows = -(-DEFAULT_BLOCK_SIZE // chunk_rows) * chunk_rows
+        else:
+            self.block_size = _check_int("block_size", block_size, 1)
+            block_rows = np.full(n_sessions, self.block_size, np.int64)
+        self._block_rows = block_rows
+
+        # Dataset indices grouped by session, rows ascending; then cut into blocks.
+        n = pos.shape[0]
+        self._num_samples_total = n
+        if n > 1 and not bool(
+            np.all((pos[1:] > pos[:-1]) | ((pos[1:] == pos[:-1]) & (rows[1:] >= rows[:-1])))
+        ):
+            order = np.lexsort((rows, pos))
+        else:
+            order = np.arange(n, dtype=np.int64)
+        s, r = pos[order], rows[order]
+        key = r // block_rows[s] if n else r
+        brk = np.flatnonzero((s[1:] != s[:-1]) | (r[1:] - r[:-1] != 1) | (key[1:] != key[:-1]))
+        starts = np.concatenate(([0], brk + 1)) if n else np.zeros(0, np.int64)
+        self._order = order.astype(np.int64)
+        self._unit_start = starts.astype(np.int64)
+        self._unit_len = np.diff(np.append(starts, n)).astype(np.int64)
+        self._unit_sess = s[starts] if n else np.zeros(0, np.int64)
+        present = int(np.unique(self._unit_sess).size)
+        if window is None:
+            cap = int(getattr(dataset, "max_open_files", present) or present)
+            self.window = max(1, min(cap, present))
+        else:
+            self.window = _check_int("window", window, 1)
+        if self.drop_last:
+            self._per_rank = n // self.num_replicas
+        else:
+            self._per_rank = -(-n // self.num_replicas)
+
+    def _resolve_seed(self, seed: int | None) -> int:
+        if seed is None:
+            if self.num_replicas > 1:
+                return 0
+            return int(torch.empty((), dtype=torch.int64).random_().item())
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int in [0, 2**64 - 1], got {seed!r}.")
+        if not 0 <= int(seed) < 2**64:
+            raise ValueError(f"seed must be in [0, 2**64 - 1], got {seed}.")
+        return int(seed)
+
+    @property
+    def block_rows(self) -> tuple[int, ...]:
+        """Rows per block of every session (``block_size``, or the default rounded to chunks)."""
+        return tuple(int(b) for b in self._block_rows)
+
+    @property
+    def num_blocks(self) -> int:
+        """Number of blocks over the whole dataset (before splitting between ranks)."""
+        return int(self._unit_start.shape[0])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` for the next iteration (call before every epoch).
+
+        Example:
+            >>> sampler.set_epoch(3)  # doctest: +SKIP
+        """
+        self.epoch = _check_int("epoch", epoch, 0)
+
+    def __len__(self) -> int:
+        return self._per_rank
+
+    def _rng(self, *stream: int) -> np.random.Generator:
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=stream))
+
+    def _rank_units(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """This rank's pieces of blocks: (start into ``_order``, length, session position)."""
+        n = self._num_samples_total
+        units = self._unit_start.shape[0]
+        if self.partition == "session":
+            # Fixed for the seed: sessions in a random order, blocks in file order, then cut
+            # into equal contiguous shares (balanced by rows).
+            rng = self._rng(0)
+            sess_rank = np.empty(int(self._unit_sess.max()) + 1 if units else 0, np.int64)
+            present = np.unique(self._unit_sess)
+            sess_rank[present] = rng.permutation(present.shape[0])
+            seq = np.argsort(sess_rank[self._unit_sess], kind="stable")
+        else:
+            seq = self._rng(1, self.epoch).permutation(units)
+        if self.num_replicas == 1 and not self.drop_last:
+            return self._unit_start[seq], self._unit_len[seq], self._unit_sess[seq]
+        lengths = self._unit_len[seq]
+        ends = np.cumsum(lengths)
+        lo = self.rank * self._per_rank
+        hi = lo + self._per_rank
+        # Walk [lo, hi) over the concatenation repeated as often as padding needs.
+        starts_out, lens_out, sess_out = [], [], []
+        pos = lo
+        while pos < hi and n:
+            lap, off = divmod(pos, n)
+            k = int(np.searchsorted(ends, off, side="right"))  # block containing `off`
+            first = k
+            # Blocks fully or partly inside [off, min(n, off + hi - pos)).
+            stop_off = min(n, off + (hi - pos))
+            last = int(np.searchsorted(ends, stop_off, side="left"))
+            ks = seq[first : last + 1]
+            block_begin = ends[first : last + 1] - lengths[first : last + 1]
+            cut_lo = np.maximum(block_begin, off) - block_begin
+            cut_hi = np.minimum(ends[first : last + 1], stop_off) - block_begin
+            keep = cut_hi > cut_lo
+            starts_out.append(self._unit_start[ks][keep] + cut_lo[keep])
+            lens_out.append((cut_hi - cut_lo)[keep])
+            sess_out.append(self._unit_sess[ks][keep])
+            pos = lap * n + stop_off
+        if not starts_out:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
+        return np.concatenate(starts_out), np.concatenate(lens_out), np.concatenate(sess_out)
+
+    def _window_order(self, sess: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Order of this rank's blocks: a random interleaving of a sliding session window."""
+        units = sess.shape[0]
+        if units == 0:
+            return np.zeros(0, np.int64)
+        present, inverse = np.unique(sess, return_inverse=True)
+        session_rank = rng.permutation(present.shape[0])
+        shuffled = rng.permutation(units)
+        grouped = shuffled[np.argsort(session_rank[inverse[shuffled]], kind="stable")]
+        counts = np.bincount(session_rank[inverse], minlength=present.shape[0]).tolist()
+        bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
+        window = min(self.window, present.shape[0])
+        if window >= present.shape[0]:
+            # All sessions active: uniform over all remaining blocks = a plain permutation.
+            return shuffled
+        # Active slots as [next, end] positions into `grouped`.
+        slots = [[bounds[i], bounds[i + 1]] for i in range(window)]
+        next_session = window
+        total = bounds[window]
+        draws = rng.random(units).tolist()
+        grouped_list = grouped.tolist()
+        out = np.empty(units, np.int64)
+        for t in range(units):
+            x = int(draws[t] * total)
+            for slot in slots:
+                c = slot[1] - slot[0]
+                if x < c:
+                    break
+                x -= c
+            out[t] = grouped_list[slot[0]]
+            slot[0] += 1
+            total -= 1
+            if slot[0] == slot[1]:
+                slots.remove(slot)
+                if next_session < present.shape[0]:
+                    slots.append([bounds[next_session], bounds[next_session + 1]])
+                    total += counts[next_session]
+                    next_session += 1
+        return out
+
+    def indices(self) -> np.ndarray:
+        """Return this rank's indices for the current epoch as an array (what ``iter`` yields).
+
+        Example:
+            >>> sampler.indices()[:4]  # doctest: +SKIP
+            array([4816, 4817, 4818, 4819])
+        """
+        starts, lengths, sess = self._rank_units()
+        order = self._window_order(sess, self._rng(2, self.epoch, self.rank))
+        return self._order[_ranges(starts[order], lengths[order])]
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self.indices().tolist()
