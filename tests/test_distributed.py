@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections import Counter
 from typing import Any
@@ -215,3 +216,46 @@ def test_sharded_batch_sampler_rejects_bad_ranks() -> None:
         ShardedBatchSampler([[0]], num_replicas=2, rank=2)
     with pytest.raises(ConfigError, match="num_replicas"):
         ShardSampler(range(3), num_replicas=0, rank=0)
+
+
+# ---------------------------------------------------------------- HDF5 sessions across ranks
+
+
+def _hdf5_rank(rank: int, world: int, paths: list[str], partition: str) -> dict[str, Any]:
+    from loaderkit import BlockShuffleSampler, HDF5SessionDataset
+
+    dataset = HDF5SessionDataset(paths, key="betas", max_open_files=len(paths))
+    if partition == "auto":  # what create_dataloader(shuffle="block") builds
+        loader = create_dataloader(dataset, batch_size=8, shuffle="block", seed=3)
+    else:
+        sampler = BlockShuffleSampler(dataset, seed=3, partition=partition)
+        loader = create_dataloader(dataset, batch_size=8, sampler=sampler)
+    indices = [int(x) for batch in loader for x in batch[:, 0]]  # column 0 = s * 1000 + row
+    info = dataset.cache_info()
+    dataset.close()
+    return {"values": indices, "opens": info.opens, "sampler": type(loader.sampler).__name__}
+
+
+@pytest.mark.parametrize("partition", ["auto", "session"])
+def test_hdf5_block_shards_and_session_partition(tmp_path, partition) -> None:
+    from tests.helpers import write_h5_sessions
+
+    paths = write_h5_sessions(tmp_path, sessions=6, rows=48)
+    ranks = run_distributed(_hdf5_rank, 2, tmp_path, paths, partition)
+    values = [set(r["values"]) for r in ranks]
+    everything = {s * 1000 + row for s in range(6) for row in range(48)}
+    assert not values[0] & values[1]  # disjoint
+    assert values[0] | values[1] == everything  # complete
+    assert {r["sampler"] for r in ranks} == {"BlockShuffleSampler"}
+    for r in ranks:  # each rank reads runs of consecutive rows of one session
+        sequence = r["values"]
+        consecutive = sum(b - a == 1 for a, b in itertools.pairwise(sequence))
+        assert consecutive >= len(sequence) * 0.8
+    opens = [r["opens"] for r in ranks]
+    print(f"\nfiles opened per rank ({partition}): {opens}")
+    if partition == "session":
+        assert opens == [3, 3]  # whole sessions per rank: each opens only its own files
+        sessions = [{v // 1000 for v in r["values"]} for r in ranks]
+        assert not sessions[0] & sessions[1]
+    else:
+        assert opens == [6, 6]  # blocks from every session on every rank

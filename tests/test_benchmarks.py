@@ -1,0 +1,46 @@
+"""The benchmark scripts run in --quick mode and write their JSON (no timing is asserted).
+
+benchmarks/hdf5_read.py has its own data-checking test in tests/hdf5/.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _run(script: str, tmp_path: Path) -> dict:
+    out = tmp_path / "result.json"
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "|---" in result.stdout  # a markdown table
+    return json.loads(out.read_text())
+
+
+@pytest.mark.slow
+def test_loader_overhead(tmp_path: Path) -> None:
+    data = _run("loader_overhead.py", tmp_path)
+    assert [row["ratio"] > 0 for row in data["overhead"]] == [True, True]
+    assert data["end_to_end"]["naive_items_per_s"] > 0
+    assert data["end_to_end"]["loaderkit_items_per_s"] > 0
+
+
+def test_sample_seeding(tmp_path: Path) -> None:
+    data = _run("sample_seeding.py", tmp_path)
+    assert set(data["results"]) == {"num_workers=0", "num_workers=1"}
+
+
+def test_transfer(tmp_path: Path) -> None:
+    data = _run("transfer.py", tmp_path)
+    assert data  # without CUDA: the CPU pass-through measurements
