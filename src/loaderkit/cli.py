@@ -182,32 +182,30 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _int_at_least(minimum: int) -> Any:
+    """An argparse type: an int >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {minimum}, got {text!r}"
+            ) from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+def _int_list_at_least(minimum: int) -> Any:
+    parse = _int_at_least(minimum)
+    return lambda text: [parse(part) for part in text.split(",") if part.strip()]
 
 
-def _int_list(text: str) -> list[int]:
-    return [_positive_int(part) for part in text.split(",") if part.strip()]
-
-
-def _worker_list(text: str) -> list[int]:
-    return [_non_negative_int(part) for part in text.split(",") if part.strip()]
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -244,13 +242,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--workers",
-        type=_worker_list,
+        type=_int_list_at_least(0),
         metavar="N,N,...",
         help="worker counts to try (default: 0, 1, 2 and the recommended)",
     )
     bench.add_argument(
         "--batch-sizes",
-        type=_int_list,
+        type=_int_list_at_least(1),
         default=[32, 128],
         metavar="N,N,...",
         help="batch sizes to try (default: 32,128)",

@@ -562,54 +562,15 @@ def _resolve_sampler(
 # --------------------------------------------------------------------------- resolve
 
 
-def resolve(
-    request: LoaderRequest,
-    facts: DatasetFacts,
-    platform: PlatformInfo,
-    dist: DistInfo | None = None,
-) -> Resolution:
-    """Apply every policy to a request.
+def _asked(value: Any) -> Any:
+    """The ``requested`` of a plan entry: :data:`UNSET` for a loaderkit default left as None."""
+    return UNSET if value is None else value
 
-    Args:
-        request: The caller's arguments.
-        facts: What the policies need to know about the dataset.
-        platform: The platform to decide for.
-        dist: The distributed placement (not distributed when ``None``).
 
-    Returns:
-        The :class:`Resolution`: torch keyword values, plan entries and warning texts.
-
-    Raises:
-        ConfigError: For values no policy can make work (``num_workers="many"``,
-            ``shuffle="block"`` on a plain dataset, ``distributed=True`` without a process
-            group, ``sample_seeding`` on an iterable dataset).
-
-    Examples:
-        >>> from loaderkit.platform import detect_platform
-        >>> res = resolve(LoaderRequest(training=True), DatasetFacts(), detect_platform())
-        >>> res.values["shuffle"]
-        True
-    """
-    dist = dist or DistInfo(initialized=False)
-    values: dict[str, Any] = {
-        "batch_size": request.batch_size,
-        "sampler": request.sampler,
-        "batch_sampler": request.batch_sampler,
-        "collate_fn": request.collate_fn,
-        "drop_last": request.drop_last,
-        "timeout": request.timeout,
-        "worker_init_fn": request.worker_init_fn,
-        "multiprocessing_context": request.multiprocessing_context,
-        "generator": request.generator,
-        "pin_memory_device": request.pin_memory_device,
-        "in_order": request.in_order,
-    }
-    res = Resolution(values=values, dist=dist)
-
-    if request.training not in (None, True, False):
-        raise ConfigError(f"training={request.training!r}: expected True, False or None")
-
-    # Workers.
+def _resolve_workers(
+    request: LoaderRequest, platform: PlatformInfo, dist: DistInfo, res: Resolution
+) -> None:
+    """``num_workers`` and the options that only exist with workers."""
     workers = resolve_num_workers(
         request.num_workers,
         platform,
@@ -617,7 +578,7 @@ def resolve(
         local_world_size=dist.local_world_size if dist.initialized else None,
     )
     num_workers = workers.value
-    values["num_workers"] = num_workers
+    res.values["num_workers"] = num_workers
     res.record("num_workers", request.num_workers, num_workers, workers.reason)
     forced_off = (
         isinstance(request.num_workers, int) and request.num_workers > 0 and num_workers == 0
@@ -629,81 +590,58 @@ def resolve(
             "process); pass force_zero_workers_on_windows=False to keep worker processes"
         )
 
-    # Options that only exist with workers: dropped when the Windows policy removed them.
     persistent = resolve_persistent_workers(
         request.persistent_workers, training=request.training, num_workers=num_workers
     )
-    prefetch: Decision[Any] = Decision(request.prefetch_factor, "as given")
-    context: Decision[Any] = Decision(request.multiprocessing_context, "as given")
-    timeout: Decision[Any] = Decision(request.timeout, "as given")
+    res.values["persistent_workers"] = persistent.value
+    res.values["prefetch_factor"] = request.prefetch_factor
+    res.values["multiprocessing_context"] = request.multiprocessing_context
+    res.values["timeout"] = request.timeout
     if forced_off:
+        # torch rejects these without workers: drop what the Windows policy made meaningless.
         dropped = "dropped: no worker processes under the Windows policy"
         if request.persistent_workers:
             persistent = Decision(False, dropped)
-        if request.prefetch_factor is not None:
-            prefetch = Decision(None, dropped)
-        if request.multiprocessing_context is not None:
-            context = Decision(None, dropped)
-        if request.timeout:
-            timeout = Decision(0, dropped)
-    values["persistent_workers"] = persistent.value
-    values["prefetch_factor"] = prefetch.value
-    values["multiprocessing_context"] = context.value
-    values["timeout"] = timeout.value
+            res.values["persistent_workers"] = False
+        for name, empty in (
+            ("prefetch_factor", None),
+            ("multiprocessing_context", None),
+            ("timeout", 0),
+        ):
+            if getattr(request, name):
+                res.values[name] = empty
+                res.record(name, getattr(request, name), empty, dropped)
     res.record(
         "persistent_workers",
-        UNSET if request.persistent_workers is None else request.persistent_workers,
+        _asked(request.persistent_workers),
         persistent.value,
         persistent.reason,
     )
-    if request.prefetch_factor is not None or forced_off:
-        res.record("prefetch_factor", request.prefetch_factor, prefetch.value, prefetch.reason)
-    if context.value is not request.multiprocessing_context:
-        res.record("multiprocessing_context", request.multiprocessing_context, None, context.reason)
-    if timeout.value != request.timeout:
-        res.record("timeout", request.timeout, timeout.value, timeout.reason)
 
-    if context.value is not None:
-        start_method, source = resolve_start_method(context.value, None, platform.start_method)
+
+def _resolve_start_method(platform: PlatformInfo, res: Resolution) -> None:
+    """The start method workers will use: the context argument, else the platform's."""
+    context = res.values["multiprocessing_context"]
+    if context is not None:
+        start_method, source = resolve_start_method(context, None, platform.start_method)
     else:
         start_method, source = platform.start_method, platform.start_method_source
     res.start_method = start_method
-    if num_workers and num_workers > 0:
-        res.record(
-            "start_method",
-            UNSET if context.value is None else context.value,
-            start_method,
-            {
-                "argument": "multiprocessing_context argument",
-                "global": "set globally with multiprocessing.set_start_method",
-                "default": f"default on {platform.os_name} with Python "
-                f"{'.'.join(map(str, platform.python_version[:2]))}",
-            }.get(source, source)
-            + (
-                ""
-                if start_method == "fork"
-                else "; dataset, collate_fn and worker_init_fn are pickled for each worker"
-            ),
-        )
+    if not res.values["num_workers"]:
+        return
+    python = ".".join(map(str, platform.python_version[:2]))
+    reason = {
+        "argument": "multiprocessing_context argument",
+        "global": "set globally with multiprocessing.set_start_method",
+        "default": f"default on {platform.os_name} with Python {python}",
+    }.get(source, source)
+    if start_method != "fork":
+        reason += "; dataset, collate_fn and worker_init_fn are pickled for each worker"
+    res.record("start_method", _asked(context), start_method, reason)
 
-    # Order.
-    shuffle = resolve_shuffle(
-        request.shuffle,
-        training=request.training,
-        iterable=facts.iterable,
-        has_sampler=request.sampler is not None,
-        has_batch_sampler=request.batch_sampler is not None,
-    )
-    values["shuffle"] = shuffle.value
-    res.record(
-        "shuffle",
-        UNSET if request.shuffle is None else request.shuffle,
-        shuffle.value,
-        shuffle.reason,
-    )
-    _resolve_sampler(request, facts, dist, shuffle.value, res)
 
-    # Seeds.
+def _resolve_seeds(request: LoaderRequest, facts: DatasetFacts, res: Resolution) -> None:
+    """Generator from ``seed``, per-sample seeding, and the worker initializer."""
     if request.seed is not None and request.generator is None:
         res.make_generator = True
         res.record(
@@ -733,29 +671,83 @@ def resolve(
             "each sample's RNGs are seeded from (seed, epoch, index): batches do not "
             "depend on num_workers",
         )
-    res.record(
-        "worker_init_fn",
-        request.worker_init_fn,
-        "seed_worker"
-        + (
-            f" then {getattr(request.worker_init_fn, '__qualname__', 'your function')}"
-            if request.worker_init_fn is not None
-            else ""
-        ),
-        "per-worker, per-rank seeds for random, numpy and torch; your worker_init_fn runs after"
-        if request.worker_init_fn is not None
-        else "per-worker, per-rank seeds for random, numpy and torch",
-    )
+    user_fn = request.worker_init_fn
+    reason = "per-worker, per-rank seeds for random, numpy and torch"
+    if user_fn is None:
+        res.record("worker_init_fn", None, "seed_worker", reason)
+    else:
+        name = getattr(user_fn, "__qualname__", "your function")
+        res.record(
+            "worker_init_fn",
+            user_fn,
+            f"seed_worker then {name}",
+            reason + "; your worker_init_fn runs after",
+        )
 
-    # Memory.
-    pin = resolve_pin_memory(request.pin_memory, platform)
-    values["pin_memory"] = pin.value
-    res.record(
-        "pin_memory",
-        UNSET if request.pin_memory is None else request.pin_memory,
-        pin.value,
-        pin.reason,
+
+def resolve(
+    request: LoaderRequest,
+    facts: DatasetFacts,
+    platform: PlatformInfo,
+    dist: DistInfo | None = None,
+) -> Resolution:
+    """Apply every policy to a request.
+
+    Args:
+        request: The caller's arguments.
+        facts: What the policies need to know about the dataset.
+        platform: The platform to decide for.
+        dist: The distributed placement (not distributed when ``None``).
+
+    Returns:
+        The :class:`Resolution`: torch keyword values, plan entries and warning texts.
+
+    Raises:
+        ConfigError: For values no policy can make work (``num_workers="many"``,
+            ``shuffle="block"`` on a plain dataset, ``distributed=True`` without a process
+            group, ``sample_seeding`` on an iterable dataset).
+
+    Examples:
+        >>> from loaderkit.platform import detect_platform
+        >>> res = resolve(LoaderRequest(training=True), DatasetFacts(), detect_platform())
+        >>> res.values["shuffle"]
+        True
+    """
+    if request.training not in (None, True, False):
+        raise ConfigError(f"training={request.training!r}: expected True, False or None")
+    dist = dist or DistInfo(initialized=False)
+    passed_through = (
+        "batch_size",
+        "sampler",
+        "batch_sampler",
+        "collate_fn",
+        "drop_last",
+        "worker_init_fn",
+        "generator",
+        "pin_memory_device",
+        "in_order",
     )
+    res = Resolution(values={name: getattr(request, name) for name in passed_through}, dist=dist)
+
+    _resolve_workers(request, platform, dist, res)
+    _resolve_start_method(platform, res)
+
+    shuffle = resolve_shuffle(
+        request.shuffle,
+        training=request.training,
+        iterable=facts.iterable,
+        has_sampler=request.sampler is not None,
+        has_batch_sampler=request.batch_sampler is not None,
+    )
+    res.values["shuffle"] = shuffle.value
+    res.record("shuffle", _asked(request.shuffle), shuffle.value, shuffle.reason)
+    _resolve_sampler(request, facts, dist, shuffle.value, res)
+
+    _resolve_seeds(request, facts, res)
+
+    pin = resolve_pin_memory(request.pin_memory, platform)
+    res.values["pin_memory"] = pin.value
+    res.record("pin_memory", _asked(request.pin_memory), pin.value, pin.reason)
     if facts.has_getitems and not facts.iterable:
         res.record(
             "batched_reads",
