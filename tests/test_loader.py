@@ -335,3 +335,19 @@ def test_seeded_order_depends_only_on_seed_and_epoch() -> None:
         SquareDataset(12), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(5)
     )
     assert order(torch_loader) == runs[0]
+
+
+def test_dataset_epoch_reaches_persistent_workers_with_sample_seeding() -> None:
+    loader = create_dataloader(
+        EpochRecordingDataset(4),
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=True,
+        sample_seeding=True,
+        seed=0,
+    )
+    assert [b[1].tolist() for b in loader] == [[0, 0], [0, 0]]
+    loader.set_epoch(7)
+    assert [b[1].tolist() for b in loader] == [[7, 7], [7, 7]]
+    assert [b[1].tolist() for b in loader] == [[8, 8], [8, 8]]
+    loader.close()
