@@ -274,3 +274,28 @@ class FailingSessions(_failing_read_base()):
         if row == self.hang_row:
             time.sleep(3600)
         return self.h5dataset(session)[row]
+
+
+class SharedStateDataset(Dataset):
+    """Holds multiprocessing primitives: they pickle only while a worker is being started."""
+
+    def __init__(self, context: str, n: int = 6) -> None:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context(context)
+        self.n = n
+        self.counter = ctx.Value("i", 0)
+        self.event = ctx.Event()
+        self.semaphore = ctx.Semaphore(2)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        with self.counter.get_lock():
+            self.counter.value += 1
+        return i
+
+
+def double(x: int) -> int:
+    return 2 * x

@@ -8,7 +8,8 @@ through :func:`loaderkit.planning.plan_loader`, and adds:
   not, including those of an abandoned iterator) are shut down within bounded time and the
   dataset's own ``close()`` is called;
 * :attr:`DataLoader.epoch` / :meth:`DataLoader.set_epoch`: every pass calls ``set_epoch`` on the
-  sampler, the batch sampler (and its sampler) and the dataset when they have one;
+  sampler, the batch sampler (and its sampler) and the dataset when they have one; code that
+  calls ``sampler.set_epoch(e)`` itself, as torch requires, is followed, not overridden;
 * :attr:`DataLoader.plan` / :meth:`DataLoader.describe`: what was asked, what is used, and why.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.utils.data
 from torch.utils.data import Dataset, Sampler
@@ -42,7 +43,10 @@ logger = logging.getLogger("loaderkit")
 _KILL_GRACE_S = 1.0
 
 
-class DataLoader(torch.utils.data.DataLoader):
+_T_co = TypeVar("_T_co", covariant=True)
+
+
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
     """A ``torch.utils.data.DataLoader`` with safe defaults, ``close()`` and epoch tracking.
 
     Swapping ``from torch.utils.data import DataLoader`` for ``from loaderkit import DataLoader``
@@ -145,6 +149,10 @@ class DataLoader(torch.utils.data.DataLoader):
         self._sample_seeder: SampleSeeder | None = setup.sample_seeder
         self._next_epoch = 0
         self._epoch: int | None = None
+        self._epoch_requested = False  # loader.set_epoch() called since the last pass
+        self._epochs_set: dict[int, Any] = {}  # id(target) -> the epoch it was last left at
+        for target in self._epoch_targets():  # as built: any later change is the caller's
+            self._epochs_set[id(target)] = getattr(target, "epoch", None)
         self._live_iterators: weakref.WeakSet[_BaseDataLoaderIter] = weakref.WeakSet()
         self._closed = False
 
@@ -160,6 +168,8 @@ class DataLoader(torch.utils.data.DataLoader):
 
         Use it when resuming from a checkpoint: with ``seed`` set, pass ``n`` has the same
         order whether it runs after ``n`` earlier passes or right after ``set_epoch(n)``.
+        Calling ``sampler.set_epoch(n)`` on the loader's sampler yourself (torch-style code)
+        has the same effect; ``loader.set_epoch`` wins when both are called.
 
         Args:
             epoch: A non-negative int.
@@ -173,6 +183,7 @@ class DataLoader(torch.utils.data.DataLoader):
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"set_epoch expects a non-negative int, got {epoch!r}")
         self._next_epoch = epoch
+        self._epoch_requested = True
 
     def _epoch_targets(self) -> list[Any]:
         targets: list[Any] = []
@@ -188,8 +199,25 @@ class DataLoader(torch.utils.data.DataLoader):
                 targets.append(obj)
         return targets
 
+    def _external_epoch(self, targets: list[Any]) -> int | None:
+        """An epoch the caller set directly on a sampler (classic ``sampler.set_epoch(e)``)."""
+        for target in targets:
+            current = getattr(target, "epoch", None)
+            is_int = isinstance(current, int) and not isinstance(current, bool)
+            if is_int and current != self._epochs_set.get(id(target)):
+                return current
+        return None
+
     def _begin_pass(self) -> int:
+        targets = self._epoch_targets()
         epoch = self._next_epoch
+        if not self._epoch_requested:
+            # Code written for torch calls sampler.set_epoch(e) itself (e.g. resuming at e):
+            # follow it instead of overriding it with loaderkit's own count.
+            external = self._external_epoch(targets)
+            if external is not None:
+                epoch = external
+        self._epoch_requested = False
         self._epoch = epoch
         self._next_epoch = epoch + 1
         if self._owns_generator and self.seed is not None and self.generator is not None:
@@ -199,10 +227,11 @@ class DataLoader(torch.utils.data.DataLoader):
                 # sampler does; a persistent one is only reset and draws nothing. Draw the same
                 # number so the order of pass n is the same persistent or not.
                 torch.empty((), dtype=torch.int64).random_(generator=self.generator)
-        for target in self._epoch_targets():
+        for target in targets:
             set_epoch = getattr(target, "set_epoch", None)
             if callable(set_epoch):
                 set_epoch(epoch)
+                self._epochs_set[id(target)] = getattr(target, "epoch", epoch)
         return epoch
 
     def __iter__(self) -> _BaseDataLoaderIter:

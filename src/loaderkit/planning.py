@@ -22,6 +22,12 @@ from typing import Any
 
 import torch
 from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset
+from torch.utils.data.datapipes.datapipe import (
+    IterDataPipe,
+    MapDataPipe,
+    _IterDataPipeSerializationWrapper,
+    _MapDataPipeSerializationWrapper,
+)
 
 from loaderkit.distributed import DistInfo, dist_info
 from loaderkit.errors import ConfigError, warn
@@ -147,8 +153,18 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> Non
 def _check_picklable(dataset: Any, request: LoaderRequest, res: Resolution) -> None:
     """Spawn/forkserver preflight: fail early, naming the attribute that cannot be pickled."""
     num_workers = res.values["num_workers"]
-    if not isinstance(num_workers, int) or num_workers <= 0 or res.start_method == "fork":
+    if (
+        not isinstance(num_workers, int)
+        or num_workers <= 0
+        or res.start_method not in ("spawn", "forkserver")
+    ):
+        # fork, or an invalid multiprocessing_context that torch rejects with its own error
         return
+    if isinstance(dataset, IterDataPipe):
+        # torch sends DataPipes to workers inside this wrapper, which falls back to dill
+        dataset = _IterDataPipeSerializationWrapper(dataset)
+    elif isinstance(dataset, MapDataPipe):
+        dataset = _MapDataPipeSerializationWrapper(dataset)
     for name, obj in (
         ("dataset", dataset),
         ("collate_fn", request.collate_fn),
@@ -199,9 +215,11 @@ def _check_resources(
     if not isinstance(num_workers, int) or num_workers < 0:
         return
     budget = check_open_file_budget(num_workers, facts.max_open_files, platform.open_files_soft)
-    if budget.level == "error":
+    if budget.level == "error" and facts.max_open_files is not None:
+        # Only a dataset that declares max_open_files opted into loaderkit's accounting; for
+        # plain torch arguments torch itself only warns (too many workers), so loaderkit warns.
         raise ConfigError(budget.message)
-    if budget.level == "warn":
+    if budget.level != "ok":
         res.warnings.append(budget.message)
     batch_size = res.values.get("batch_size") or 1
     sample = _sample_nbytes(dataset)
@@ -241,7 +259,9 @@ def plan_loader(
     """
     seed = validate_seed(request.seed) if request.seed is not None else None
     if platform is None:
-        platform = detect_platform(request.multiprocessing_context)
+        # The multiprocessing_context argument is applied by the policy (an invalid one is
+        # left for torch to reject with its own error).
+        platform = detect_platform()
     elif not isinstance(platform, PlatformInfo):
         raise ConfigError(f"platform must be a loaderkit.PlatformInfo, got {type(platform)!r}")
     dist = dist_info()

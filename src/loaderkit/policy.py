@@ -316,8 +316,13 @@ def resolve_shuffle(
     return Decision(False, "training=False: evaluation keeps the dataset order")
 
 
-def resolve_pin_memory(requested: bool | None, platform: PlatformInfo) -> Decision[bool]:
+def resolve_pin_memory(
+    requested: bool | None, platform: PlatformInfo, pin_memory_device: str = ""
+) -> Decision[bool]:
     """Decide ``pin_memory``: unset means True exactly when CUDA is available.
+
+    A ``pin_memory_device`` given without ``pin_memory`` is torch's explicit "configured, not
+    pinning" combination, so it keeps torch's default (False).
 
     Examples:
         >>> from dataclasses import replace
@@ -327,6 +332,8 @@ def resolve_pin_memory(requested: bool | None, platform: PlatformInfo) -> Decisi
     """
     if requested is not None:
         return Decision(bool(requested), "as given")
+    if pin_memory_device:
+        return Decision(False, "pin_memory_device given without pin_memory: torch's default")
     if platform.cuda_available:
         return Decision(True, "CUDA is available: pinned batches copy to the GPU asynchronously")
     return Decision(False, "no CUDA device: pinning would only cost time")
@@ -623,7 +630,10 @@ def _resolve_start_method(platform: PlatformInfo, res: Resolution) -> None:
     """The start method workers will use: the context argument, else the platform's."""
     context = res.values["multiprocessing_context"]
     if context is not None:
-        start_method, source = resolve_start_method(context, None, platform.start_method)
+        try:
+            start_method, source = resolve_start_method(context, None, platform.start_method)
+        except TypeError:  # an invalid context: torch raises its own error for it
+            start_method, source = "invalid", "argument"
     else:
         start_method, source = platform.start_method, platform.start_method_source
     res.start_method = start_method
@@ -745,7 +755,7 @@ def resolve(
 
     _resolve_seeds(request, facts, res)
 
-    pin = resolve_pin_memory(request.pin_memory, platform)
+    pin = resolve_pin_memory(request.pin_memory, platform, request.pin_memory_device)
     res.values["pin_memory"] = pin.value
     res.record("pin_memory", _asked(request.pin_memory), pin.value, pin.reason)
     if facts.has_getitems and not facts.iterable:

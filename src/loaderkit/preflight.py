@@ -13,6 +13,7 @@ copying it into every worker, so they count neither as failures nor towards the 
 
 from __future__ import annotations
 
+import contextlib
 import copyreg
 import functools
 import io
@@ -22,6 +23,7 @@ import threading
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
+from multiprocessing import context as _mp_context
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -87,10 +89,41 @@ class _PickleResult:
     interactive_refs: tuple[str, ...]
 
 
+class _PreflightPopen:
+    """Stands in for the ``Popen`` of a worker being started under spawn/forkserver.
+
+    multiprocessing's own objects (``Lock``, ``Semaphore``, ``Event``, ``Value``, ``Array``,
+    ``Queue``, ``Pipe`` ends) refuse to pickle except while a process is being started
+    (``multiprocessing.context.assert_spawning``); torch sends the dataset to its workers
+    exactly then, so they do reach the workers. The preflight pickles as if spawning.
+    """
+
+    def duplicate_for_child(self, fd: Any) -> Any:
+        return fd
+
+    class DupFd:
+        def __init__(self, fd: int) -> None:
+            self.fd = fd
+
+        def detach(self) -> int:
+            return self.fd
+
+
+@contextlib.contextmanager
+def _as_if_spawning() -> Any:
+    previous = _mp_context.get_spawning_popen()
+    _mp_context.set_spawning_popen(_PreflightPopen())
+    try:
+        yield
+    finally:
+        _mp_context.set_spawning_popen(previous)
+
+
 def _pickle(obj: Any) -> _PickleResult:
     sink = _CountingSink()
     pickler = _CheckingPickler(sink)
-    pickler.dump(obj)
+    with _as_if_spawning():
+        pickler.dump(obj)
     return _PickleResult(sink.size, pickler.shared_bytes, tuple(pickler.interactive_refs))
 
 
@@ -174,9 +207,10 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
         return []
     reducer = copyreg.dispatch_table.get(type(obj))
     try:
-        reduced = (
-            reducer(obj) if reducer is not None else obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
-        )
+        with _as_if_spawning():
+            reduced = (
+                reducer(obj) if reducer is not None else obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+            )
     except Exception:
         return []
     if not isinstance(reduced, tuple):
