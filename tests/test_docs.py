@@ -20,8 +20,16 @@ def _pages() -> list[Path]:
 def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__docs__"}
+    ran = 0
     for i, block in enumerate(BLOCK.findall(page.read_text())):
         if block.lstrip().startswith(SKIP):
             continue
         code = compile(block, f"{page.name}[block {i}]", "exec")
         exec(code, namespace)  # blocks of one page share a namespace, like a reader's session
+        ran += 1
+    assert ran or all(b.lstrip().startswith(SKIP) for b in BLOCK.findall(page.read_text()))
+
+
+def test_the_pages_with_code_are_found() -> None:
+    pages = {p.name for p in _pages()}
+    assert {"index.md", "reproducibility.md", "platforms.md", "hdf5.md"} <= pages

@@ -103,3 +103,14 @@ def test_torch_style_sampler_set_epoch_is_followed() -> None:
     loader.set_epoch(9)  # the loader's own request wins over the counter
     assert order(loader) == reference(9)
     assert order(loader) == reference(10)  # and counting continues without manual calls
+
+
+def test_create_dataloader_can_stand_in_for_the_class_in_annotations() -> None:
+    """upstream: test_typing, with create_dataloader in place of DataLoader."""
+
+    def annotated() -> loaderkit.create_dataloader[list[torch.Tensor]]:
+        return loaderkit.create_dataloader(SquareDataset())
+
+    loader = annotated()
+    assert type(loader) is loaderkit.DataLoader
+    assert loaderkit.create_dataloader[int] == loaderkit.DataLoader[int]

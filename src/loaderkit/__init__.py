@@ -1,6 +1,6 @@
 """loaderkit: PyTorch data loading that is correct by default.
 
-Replace ``DataLoader(...)`` with :func:`create_dataloader` (or import :class:`DataLoader` from
+Replace ``DataLoader(...)`` with ``create_dataloader`` (or import ``DataLoader`` from
 here): every torch argument keeps its meaning, unset ones get safe and fast values, and each
 decision is recorded in ``loader.plan``.
 """

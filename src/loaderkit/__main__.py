@@ -1,4 +1,4 @@
-"""``python -m loaderkit``: see :mod:`loaderkit.cli`."""
+"""``python -m loaderkit``: see ``loaderkit.cli``."""
 
 import sys
 

@@ -1,6 +1,6 @@
 """The ``loaderkit bench`` measurements: loader configurations on one dataset, side by side.
 
-:func:`run_bench` builds a loader per configuration (``num_workers`` x ``batch_size`` x
+``run_bench`` builds a loader per configuration (``num_workers`` x ``batch_size`` x
 ``persistent_workers``), times two passes of ``batches`` batches each (the second pass shows
 what persistent workers save) and recommends the fastest. Nothing here prints.
 """
@@ -141,7 +141,7 @@ def run_bench(
         batches: Batches per timed pass.
 
     Returns:
-        A :class:`BenchReport` (``report.best`` is the recommendation).
+        A ``BenchReport`` (``report.best`` is the recommendation).
 
     Examples:
         >>> report = run_bench("torch.utils.data:TensorDataset", batches=2,  # doctest: +SKIP

@@ -1,10 +1,10 @@
 """The ``loaderkit demo`` job: train and evaluate a tiny model on generated session files.
 
-:func:`run_demo` generates NSD-like session files (int16 betas scaled by 300 and a label per
+``run_demo`` generates NSD-like session files (int16 betas scaled by 300 and a label per
 trial), trains a linear classifier with ``training=True`` (block-shuffled batched reads,
 persistent seeded workers), evaluates it with ``training=False``, and measures throughput,
 files open per process, worker processes, determinism and cleanup. It returns a
-:class:`DemoReport`; the CLI prints it. Nothing here prints.
+``DemoReport``; the CLI prints it. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def run_demo(
         progress: Optional progress wrapper (the CLI passes a tqdm bar).
 
     Returns:
-        A :class:`DemoReport`; ``report.ok`` is False when a check failed.
+        A ``DemoReport``; ``report.ok`` is False when a check failed.
 
     Examples:
         >>> report = run_demo(workers=0, epochs=1)  # doctest: +SKIP

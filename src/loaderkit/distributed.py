@@ -1,9 +1,9 @@
 """Rank and world-size detection under ``torch.distributed``.
 
 Only this module asks ``torch.distributed`` where the current process stands; everything else
-receives a :class:`DistInfo`. Sampler selection for ``distributed="auto"`` lives in
-:mod:`loaderkit.policy` (a pure decision) and the samplers themselves in
-:mod:`loaderkit.samplers`.
+receives a ``DistInfo``. Sampler selection for ``distributed="auto"`` lives in
+``loaderkit.policy`` (a pure decision) and the samplers themselves in
+``loaderkit.samplers``.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def dist_info() -> DistInfo:
     """Describe the current process's place in the default ``torch.distributed`` group.
 
     Returns:
-        A :class:`DistInfo`; ``rank=0, world_size=1`` when no process group is initialized
+        A ``DistInfo``; ``rank=0, world_size=1`` when no process group is initialized
         (launcher environment variables alone do not make a process distributed).
 
     Examples:

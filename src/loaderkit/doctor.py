@@ -1,6 +1,6 @@
 """``loaderkit doctor``: checks of this machine against what data loading needs, with advice.
 
-Every check is a pure function of a :class:`~loaderkit.PlatformInfo` (plus a few versions and
+Every check is a pure function of a ``PlatformInfo`` (plus a few versions and
 environment values passed in), so each outcome can be tested with any input. The CLI prints
 the results; nothing here prints.
 """
@@ -227,11 +227,11 @@ def run_checks(
     Args:
         platform: The platform to check.
         max_open_files: The HDF5 handle budget per process to plan for.
-        versions: Software versions (default: :func:`software_versions`).
+        versions: Software versions (default: ``software_versions``).
         environ: Environment (default: ``os.environ``).
 
     Returns:
-        One :class:`Check` per topic, in display order.
+        One ``Check`` per topic, in display order.
 
     Examples:
         >>> from loaderkit.platform import detect_platform

@@ -1,9 +1,9 @@
 """Exception and warning types raised by loaderkit.
 
-Every error loaderkit raises on purpose derives from :class:`LoaderkitError`, so callers can
-catch all of them with one ``except``. Configuration mistakes are :class:`ConfigError`, which is
-also a :class:`ValueError`: code written for ``torch.utils.data.DataLoader`` that catches
-``ValueError`` keeps working. Warnings use :class:`LoaderkitWarning` so they can be filtered as a
+Every error loaderkit raises on purpose derives from ``LoaderkitError``, so callers can
+catch all of them with one ``except``. Configuration mistakes are ``ConfigError``, which is
+also a ``ValueError``: code written for ``torch.utils.data.DataLoader`` that catches
+``ValueError`` keeps working. Warnings use ``LoaderkitWarning`` so they can be filtered as a
 group (``warnings.simplefilter("ignore", LoaderkitWarning)``) without hiding anyone else's.
 """
 
@@ -31,7 +31,7 @@ class ConfigError(LoaderkitError, ValueError):
     """An argument or combination of arguments that cannot work.
 
     The message names the argument (or attribute path), what was expected and how to fix it.
-    Being a :class:`ValueError` too, it is caught by code written against torch's DataLoader.
+    Being a ``ValueError`` too, it is caught by code written against torch's DataLoader.
 
     Examples:
         >>> isinstance(ConfigError("bad"), ValueError)
@@ -49,7 +49,7 @@ class LoaderkitWarning(UserWarning):
 
 
 def warn(message: str) -> None:
-    """Emit a :class:`LoaderkitWarning` attributed to the first caller outside loaderkit.
+    """Emit a ``LoaderkitWarning`` attributed to the first caller outside loaderkit.
 
     Examples:
         >>> import warnings

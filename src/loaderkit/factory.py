@@ -1,4 +1,9 @@
-"""``create_dataloader()``: the function form of :class:`loaderkit.DataLoader`."""
+"""``create_dataloader()``: the function form of ``loaderkit.DataLoader``.
+
+Written as a class whose ``__new__`` returns a ``loaderkit.DataLoader``: calling it is
+calling a function, and ``create_dataloader[T]`` works in annotations exactly where code
+written for torch says ``DataLoader[T]`` (PEP 560), so swapping the name is always drop-in.
+"""
 
 from __future__ import annotations
 
@@ -14,33 +19,8 @@ from loaderkit.platform import PlatformInfo
 __all__ = ["create_dataloader"]
 
 
-def create_dataloader(
-    dataset: Dataset[Any] | Iterable[Any],
-    batch_size: int | None = 1,
-    shuffle: bool | str | None = None,
-    sampler: Sampler[Any] | Iterable[Any] | None = None,
-    batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
-    num_workers: int | str = 0,
-    collate_fn: Callable[[list[Any]], Any] | None = None,
-    pin_memory: bool | None = None,
-    drop_last: bool = False,
-    timeout: float = 0,
-    worker_init_fn: Callable[[int], None] | None = None,
-    multiprocessing_context: Any = None,
-    generator: torch.Generator | None = None,
-    *,
-    prefetch_factor: int | None = None,
-    persistent_workers: bool | None = None,
-    pin_memory_device: str = "",
-    in_order: bool = True,
-    training: bool | None = None,
-    seed: int | None = None,
-    sample_seeding: bool = False,
-    force_zero_workers_on_windows: bool = True,
-    distributed: bool | str = "auto",
-    platform: PlatformInfo | None = None,
-) -> DataLoader:
-    """Build a :class:`loaderkit.DataLoader`: torch's DataLoader with the unset parts made safe.
+class create_dataloader:
+    """Build a ``loaderkit.DataLoader``: torch's DataLoader with the unset parts made safe.
 
     Every ``torch.utils.data.DataLoader`` argument keeps its name, position, default and
     meaning; passing torch's own values reproduces torch's behaviour (except the Windows
@@ -52,14 +32,14 @@ def create_dataloader(
         batch_size: As in torch (``None`` disables automatic batching).
         shuffle: As in torch. ``None`` (unset): ``training=True`` → True, ``training=False`` →
             False, else torch's default (False). ``"block"``: locality-aware shuffling of an
-            :class:`~loaderkit.HDF5SessionDataset` with a
-            :class:`~loaderkit.BlockShuffleSampler` (sequential reads, batches still mix
+            ``HDF5SessionDataset`` with a
+            ``BlockShuffleSampler`` (sequential reads, batches still mix
             sessions).
         sampler: As in torch. Under ``torch.distributed`` a sampler that does not shard is kept
-            with a :class:`~loaderkit.LoaderkitWarning`.
+            with a ``LoaderkitWarning``.
         batch_sampler: As in torch. Under ``torch.distributed`` its batches are dealt to ranks
             unless it already shards.
-        num_workers: As in torch, or ``"auto"`` → :func:`~loaderkit.recommended_num_workers`
+        num_workers: As in torch, or ``"auto"`` → ``recommended_num_workers``
             (CPU-affinity aware, per local rank, capped at 8). *Windows policy*: on Windows,
             while ``force_zero_workers_on_windows`` is True, any value becomes 0 with a
             warning.
@@ -68,12 +48,12 @@ def create_dataloader(
             policy*); explicit values are kept.
         drop_last: As in torch (also passed to a ``DistributedSampler`` loaderkit builds).
         timeout: As in torch (dropped to 0 when the Windows policy removes the workers).
-        worker_init_fn: As in torch. loaderkit's :func:`~loaderkit.seed_worker` always runs
+        worker_init_fn: As in torch. loaderkit's ``seed_worker`` always runs
             first (distinct, reproducible streams per worker and rank), then this function.
         multiprocessing_context: As in torch; decides the start method (then the global start
             method, then the interpreter's default). Under ``spawn``/``forkserver`` the
             dataset, ``collate_fn`` and ``worker_init_fn`` are pickled up front and an
-            unpicklable part raises :class:`~loaderkit.ConfigError` naming its attribute
+            unpicklable part raises ``ConfigError`` naming its attribute
             path (*picklability preflight*).
         generator: As in torch. When unset and ``seed`` is given, a seeded generator is created
             and reseeded from ``(seed, epoch)`` at every pass.
@@ -86,7 +66,7 @@ def create_dataloader(
             workers, exact distributed shards) or ``None`` (torch's defaults).
         seed: An int in ``[0, 2**64 - 1]``. Makes the sampler order and every worker's random
             streams reproducible; also seeds the distributed and block samplers.
-        sample_seeding: Seed python/numpy/torch RNGs and :func:`~loaderkit.worker_rng` from
+        sample_seeding: Seed python/numpy/torch RNGs and ``worker_rng`` from
             ``(seed, epoch, index)`` while each sample is produced, so batches do not depend on
             ``num_workers`` (map-style datasets; samples are then read one by one).
         force_zero_workers_on_windows: The Windows zero-worker policy (default on).
@@ -94,11 +74,11 @@ def create_dataloader(
             size > 1 and no user sampler, shard the data (training: ``DistributedSampler``;
             ``training=False``: an exact shard with no padded duplicates). ``True`` requires a
             process group; ``False`` never shards.
-        platform: A :class:`~loaderkit.PlatformInfo` to plan for instead of detecting this
+        platform: A ``PlatformInfo`` to plan for instead of detecting this
             machine (tests; "what would happen on Windows?").
 
     Returns:
-        A :class:`loaderkit.DataLoader` (an instance of ``torch.utils.data.DataLoader``) with
+        A ``loaderkit.DataLoader`` (an instance of ``torch.utils.data.DataLoader``) with
         ``close()``, context-manager support, ``epoch``/``set_epoch()``, ``plan`` and
         ``describe()``.
 
@@ -118,28 +98,60 @@ def create_dataloader(
         >>> loader.plan["shuffle"].value
         True
     """
-    return DataLoader(
-        dataset,
-        batch_size,
-        shuffle,
-        sampler,
-        batch_sampler,
-        num_workers,
-        collate_fn,
-        pin_memory,
-        drop_last,
-        timeout,
-        worker_init_fn,
-        multiprocessing_context,
-        generator,
-        prefetch_factor=prefetch_factor,
-        persistent_workers=persistent_workers,
-        pin_memory_device=pin_memory_device,
-        in_order=in_order,
-        training=training,
-        seed=seed,
-        sample_seeding=sample_seeding,
-        force_zero_workers_on_windows=force_zero_workers_on_windows,
-        distributed=distributed,
-        platform=platform,
-    )
+
+    def __class_getitem__(cls, item: Any) -> Any:
+        return DataLoader[item]
+
+    def __new__(
+        cls,
+        dataset: Dataset[Any] | Iterable[Any],
+        batch_size: int | None = 1,
+        shuffle: bool | str | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
+        num_workers: int | str = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool | None = None,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: Any = None,
+        generator: torch.Generator | None = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool | None = None,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        training: bool | None = None,
+        seed: int | None = None,
+        sample_seeding: bool = False,
+        force_zero_workers_on_windows: bool = True,
+        distributed: bool | str = "auto",
+        platform: PlatformInfo | None = None,
+    ) -> DataLoader:
+        """Build the loader (see the class docstring for every argument)."""
+        return DataLoader(
+            dataset,
+            batch_size,
+            shuffle,
+            sampler,
+            batch_sampler,
+            num_workers,
+            collate_fn,
+            pin_memory,
+            drop_last,
+            timeout,
+            worker_init_fn,
+            multiprocessing_context,
+            generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+            training=training,
+            seed=seed,
+            sample_seeding=sample_seeding,
+            force_zero_workers_on_windows=force_zero_workers_on_windows,
+            distributed=distributed,
+            platform=platform,
+        )

@@ -1,16 +1,16 @@
 """``loaderkit.DataLoader``: torch's DataLoader, made closeable, epoch-aware and explained.
 
 It accepts every ``torch.utils.data.DataLoader`` argument (same names, positions, defaults and
-meaning) plus loaderkit's keyword-only ones, applies the policies of :mod:`loaderkit.policy`
-through :func:`loaderkit.planning.plan_loader`, and adds:
+meaning) plus loaderkit's keyword-only ones, applies the policies of ``loaderkit.policy``
+through ``loaderkit.planning.plan_loader``, and adds:
 
-* :meth:`DataLoader.close` and the context-manager protocol: worker processes (persistent or
+* ``DataLoader.close`` and the context-manager protocol: worker processes (persistent or
   not, including those of an abandoned iterator) are shut down within bounded time and the
   dataset's own ``close()`` is called;
-* :attr:`DataLoader.epoch` / :meth:`DataLoader.set_epoch`: every pass calls ``set_epoch`` on the
+* ``DataLoader.epoch`` / ``DataLoader.set_epoch``: every pass calls ``set_epoch`` on the
   sampler, the batch sampler (and its sampler) and the dataset when they have one; code that
   calls ``sampler.set_epoch(e)`` itself, as torch requires, is followed, not overridden;
-* :attr:`DataLoader.plan` / :meth:`DataLoader.describe`: what was asked, what is used, and why.
+* ``DataLoader.plan`` / ``DataLoader.describe``: what was asked, what is used, and why.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     Swapping ``from torch.utils.data import DataLoader`` for ``from loaderkit import DataLoader``
     is the whole migration: arguments keep torch's names, positions, defaults and meaning;
-    loaderkit only fills in the ones you leave unset. See :func:`loaderkit.create_dataloader`
+    loaderkit only fills in the ones you leave unset. See ``loaderkit.create_dataloader``
     for every argument and which policy fills it.
 
     Args:
@@ -78,7 +78,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         sample_seeding: Seed every sample from ``(seed, epoch, index)``.
         force_zero_workers_on_windows: The Windows zero-worker policy.
         distributed: ``"auto"``, ``True`` or ``False``: shard under ``torch.distributed``.
-        platform: A :class:`~loaderkit.PlatformInfo` to plan for instead of this machine.
+        platform: A ``PlatformInfo`` to plan for instead of this machine.
 
     Examples:
         >>> from loaderkit import DataLoader

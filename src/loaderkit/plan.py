@@ -1,7 +1,7 @@
 """The resolved loader plan: for each setting, what was asked, what is used, and why.
 
-A :class:`Plan` is what ``loader.plan`` returns. It is a read-only mapping from setting name to
-:class:`PlanEntry`; :meth:`Plan.describe` renders it as a table.
+A ``Plan`` is what ``loader.plan`` returns. It is a read-only mapping from setting name to
+``PlanEntry``; ``Plan.describe`` renders it as a table.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class PlanEntry:
 
     Attributes:
         name: The setting, usually a DataLoader argument name.
-        requested: What the caller passed (:data:`UNSET` when left to loaderkit).
+        requested: What the caller passed (``UNSET`` when left to loaderkit).
         value: What the loader uses.
         reason: One line saying why.
 
@@ -87,7 +87,7 @@ class PlanEntry:
 
 
 class Plan(Mapping[str, PlanEntry]):
-    """Read-only mapping of setting name to :class:`PlanEntry`, in resolution order.
+    """Read-only mapping of setting name to ``PlanEntry``, in resolution order.
 
     Examples:
         >>> plan = Plan([PlanEntry("shuffle", None, True, "training=True")])

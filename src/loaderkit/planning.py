@@ -1,16 +1,16 @@
 """From a loader request to torch arguments: detect, resolve, check, build the parts.
 
-:func:`plan_loader` is the pipeline behind both ``create_dataloader`` and
+``plan_loader`` is the pipeline behind both ``create_dataloader`` and
 ``loaderkit.DataLoader``:
 
 1. **detect** the platform (unless one is injected) and the distributed placement;
-2. **resolve** every setting with the pure policies of :mod:`loaderkit.policy`;
+2. **resolve** every setting with the pure policies of ``loaderkit.policy``;
 3. **check** what would otherwise fail later and obscurely: picklability for spawn/forkserver
    workers, the open-file budget, the size of ``/dev/shm``;
 4. **build** the samplers, generator and worker initializer the plan calls for.
 
-Warnings are emitted here (as :class:`~loaderkit.errors.LoaderkitWarning`), errors raised as
-:class:`~loaderkit.errors.ConfigError`; nothing starts a process.
+Warnings are emitted here (as ``LoaderkitWarning``), errors raised as
+``ConfigError``; nothing starts a process.
 """
 
 from __future__ import annotations
@@ -244,10 +244,10 @@ def plan_loader(
         platform: A platform to plan for instead of detecting this machine.
 
     Returns:
-        The :class:`LoaderSetup`.
+        The ``LoaderSetup``.
 
     Raises:
-        ConfigError: For settings that cannot work (see :func:`loaderkit.policy.resolve`), an
+        ConfigError: For settings that cannot work (see ``loaderkit.policy.resolve``), an
             object that spawn/forkserver workers cannot receive, or an open-file budget over
             the limit.
         TypeError, ValueError: For an invalid ``seed``.

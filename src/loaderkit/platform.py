@@ -1,7 +1,7 @@
 """What this machine is: the only module that reads the machine.
 
-:func:`detect_platform` gathers everything loaderkit's policies depend on into a frozen
-:class:`PlatformInfo`. Policies (:mod:`loaderkit.policy`) are pure functions of a
+``detect_platform`` gathers everything loaderkit's policies depend on into a frozen
+``PlatformInfo``. Policies (``loaderkit.policy``) are pure functions of a
 ``PlatformInfo``, so Windows, macOS, Python 3.14 and CUDA behaviour can be exercised on any
 machine by passing a hand-made one::
 
@@ -38,8 +38,8 @@ START_METHODS = ("fork", "spawn", "forkserver")
 class PlatformInfo:
     """A snapshot of the facts loaderkit's policies depend on.
 
-    Build one with :func:`detect_platform`; build a different one by hand (or with
-    :func:`dataclasses.replace`) to ask "what would happen on Windows?".
+    Build one with ``detect_platform``; build a different one by hand (or with
+    ``dataclasses.replace``) to ask "what would happen on Windows?".
 
     Attributes:
         os_name: ``platform.system()``: ``"Linux"``, ``"Windows"``, ``"Darwin"``...
@@ -145,7 +145,7 @@ def resolve_start_method(
         multiprocessing_context: The loader's ``multiprocessing_context`` argument (``None``, a
             start method name, or a context object).
         global_start_method: ``multiprocessing.get_start_method(allow_none=True)``.
-        default: The interpreter's default (see :func:`default_start_method`).
+        default: The interpreter's default (see ``default_start_method``).
 
     Returns:
         ``(start_method, source)`` where source is ``"argument"``, ``"global"`` or ``"default"``.
@@ -207,7 +207,7 @@ def _local_world_size() -> int | None:
 
 
 def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
-    """Read the machine once and return a frozen :class:`PlatformInfo`.
+    """Read the machine once and return a frozen ``PlatformInfo``.
 
     Args:
         multiprocessing_context: The ``multiprocessing_context`` a loader will be given; it

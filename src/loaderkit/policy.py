@@ -1,11 +1,11 @@
 """Policies: pure functions from (requested arguments, platform) to the values a loader uses.
 
 Nothing here reads the machine, creates processes or emits warnings. Each policy returns a
-:class:`Decision` (value + one-line reason); :func:`resolve` applies them all to a
-:class:`LoaderRequest` and returns a :class:`Resolution` holding the plan entries and the
+``Decision`` (value + one-line reason); ``resolve`` applies them all to a
+``LoaderRequest`` and returns a ``Resolution`` holding the plan entries and the
 warning texts for the caller to emit. Because every input is explicit, Windows, macOS, Python
 3.14 and CUDA behaviour are tested on any machine by passing a different
-:class:`~loaderkit.platform.PlatformInfo`.
+``PlatformInfo``.
 
 The rule throughout: **explicit wins**. A policy fills a value only when the caller left it
 unset (``None`` for loaderkit's own defaults); torch's own values reproduce torch's behaviour.
@@ -122,7 +122,7 @@ class DatasetFacts:
 
 
 class SamplerChoice:
-    """Which sampler loaderkit builds (string constants; :attr:`Resolution.sampler_choice`)."""
+    """Which sampler loaderkit builds (string constants; ``Resolution.sampler_choice``)."""
 
     USER = "user"  # the caller's sampler / batch_sampler, untouched
     DEFAULT = "default"  # torch's own Sequential/RandomSampler (from `shuffle`)
@@ -134,14 +134,14 @@ class SamplerChoice:
 
 @dataclass
 class Resolution:
-    """Everything :func:`resolve` decided.
+    """Everything ``resolve`` decided.
 
     Attributes:
         values: Torch keyword arguments to pass on (samplers and generator still to be built
             when ``sampler_choice`` asks for it).
         entries: Plan entries in order.
         warnings: Texts of ``LoaderkitWarning`` to emit.
-        sampler_choice: A :class:`SamplerChoice` constant.
+        sampler_choice: A ``SamplerChoice`` constant.
         sampler_shuffle: Whether a loaderkit-built sampler shuffles.
         sampler_seed: Seed for a loaderkit-built sampler (identical on every rank).
         make_generator: True when a seeded ``torch.Generator`` must be created from ``seed``.
@@ -184,7 +184,7 @@ def recommended_num_workers(
     The usable CPUs (CPU affinity, not ``os.cpu_count()``) are shared between the processes of
     this node (``local_world_size``, default ``LOCAL_WORLD_SIZE`` from the launcher, else 1);
     each rank keeps one CPU for its own training loop and gets the rest as workers, at least 1
-    and at most :data:`MAX_AUTO_WORKERS`. The answer is 0 on Windows while the zero-worker
+    and at most ``MAX_AUTO_WORKERS``. The answer is 0 on Windows while the zero-worker
     policy is on.
 
     Args:
@@ -358,9 +358,9 @@ def check_open_file_budget(
     """Compare the descriptors a loader will hold with the soft ``RLIMIT_NOFILE``.
 
     The budget is ``(num_workers + 1) x max_open_files`` (the main process and every worker
-    may each hold the dataset's files) plus :data:`FDS_PER_WORKER` per worker (queues, pipes,
+    may each hold the dataset's files) plus ``FDS_PER_WORKER`` per worker (queues, pipes,
     shared-memory batches in flight, whose descriptors the main process receives too) plus
-    :data:`FDS_MAIN_PROCESS`. The limit is per process, but workers inherit it and the main
+    ``FDS_MAIN_PROCESS``. The limit is per process, but workers inherit it and the main
     process receives a descriptor for every shared batch, so the sum is the safe measure. Above
     half the limit: ``"warn"``; above the limit: ``"error"``.
 
@@ -570,7 +570,7 @@ def _resolve_sampler(
 
 
 def _asked(value: Any) -> Any:
-    """The ``requested`` of a plan entry: :data:`UNSET` for a loaderkit default left as None."""
+    """The ``requested`` of a plan entry: ``UNSET`` for a loaderkit default left as None."""
     return UNSET if value is None else value
 
 
@@ -710,7 +710,7 @@ def resolve(
         dist: The distributed placement (not distributed when ``None``).
 
     Returns:
-        The :class:`Resolution`: torch keyword values, plan entries and warning texts.
+        The ``Resolution``: torch keyword values, plan entries and warning texts.
 
     Raises:
         ConfigError: For values no policy can make work (``num_workers="many"``,

@@ -3,7 +3,7 @@
 Under ``spawn`` and ``forkserver`` (macOS, Windows, and Linux from Python 3.14 on) every worker
 receives the dataset, ``collate_fn`` and ``worker_init_fn`` by pickle. When one of them holds a
 lambda, a local function, an open file, a lock or an h5py object, torch fails while starting
-the workers with a message that names none of them. :func:`find_unpicklable` pickles the objects
+the workers with a message that names none of them. ``find_unpicklable`` pickles the objects
 up front and, on failure, walks down to the first unpicklable leaf and names its attribute path
 (``dataset.transform.fn``), why it fails and how to fix it.
 
@@ -320,7 +320,7 @@ def find_unpicklable(obj: Any, root: str) -> PickleProblem | None:
         root: Its name in messages, e.g. ``"dataset"``.
 
     Returns:
-        ``None`` when ``obj`` pickles, else a :class:`PickleProblem` naming the attribute path
+        ``None`` when ``obj`` pickles, else a ``PickleProblem`` naming the attribute path
         of the first unpicklable leaf.
 
     Examples:

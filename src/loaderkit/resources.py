@@ -1,13 +1,13 @@
 """What a process holds: open file descriptors, open files, child processes, memory.
 
 Long training runs die of slow leaks: a descriptor per epoch, a worker process per evaluation
-loop, an HDF5 handle per session. :func:`snapshot` records what the current process (and its
-children) hold; :class:`LeakCheck` wraps a loop and reports what grew::
+loop, an HDF5 handle per session. ``snapshot`` records what the current process (and its
+children) hold; ``LeakCheck`` wraps a loop and reports what grew::
 
     with LeakCheck(raise_on_leak=True) as check:
         for _ in range(50):
             evaluate(model, create_dataloader(dataset, num_workers=2, training=False))
-    print(check.report)
+    logger.info("after 50 evaluation loops: %s", check.report)
 
 Everything is read with psutil, so it works on Linux, macOS and Windows (descriptor counts are
 handle counts on Windows).
@@ -40,7 +40,7 @@ _MIB = 2**20
 
 
 class ResourceLeakError(LoaderkitError):
-    """Raised by :class:`LeakCheck` (``raise_on_leak=True``) when resources did not come back."""
+    """Raised by ``LeakCheck`` (``raise_on_leak=True``) when resources did not come back."""
 
 
 #: Command-line markers of multiprocessing's own long-lived helpers: one per parent process,
@@ -155,7 +155,7 @@ def snapshot(pid: int | None = None, *, children: bool = True) -> ResourceSnapsh
         children: Also list live child processes (recursively) with their memory.
 
     Returns:
-        A :class:`ResourceSnapshot`.
+        A ``ResourceSnapshot``.
 
     Examples:
         >>> before = snapshot()
@@ -211,7 +211,7 @@ class LeakReport:
             resource tracker and forkserver excluded).
         new_helpers: Multiprocessing helpers (resource tracker, forkserver) started in
             between; each keeps one descriptor open in this process until it exits, which
-            :meth:`leaked` does not count.
+            ``leaked`` does not count.
         rss_growth: Change in resident memory of the process, in bytes.
 
     Examples:
@@ -292,8 +292,8 @@ class LeakCheck:
 
     On exit it collects garbage and gives worker processes up to ``settle_s`` seconds to exit
     (they shut down asynchronously), then compares with the state on entry. A leak emits a
-    :class:`~loaderkit.LoaderkitWarning`, or raises :class:`ResourceLeakError` with
-    ``raise_on_leak=True``. The report stays available as :attr:`report`.
+    ``LoaderkitWarning``, or raises ``ResourceLeakError`` with
+    ``raise_on_leak=True``. The report stays available as ``report``.
 
     Args:
         fd_tolerance: Descriptors allowed to stay open.

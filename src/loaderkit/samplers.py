@@ -3,10 +3,10 @@
 Training under ``distributed="auto"`` uses torch's own ``DistributedSampler``. Two cases need
 something torch does not have:
 
-* evaluation (``training=False``): :class:`ShardSampler` gives every rank a contiguous slice,
+* evaluation (``training=False``): ``ShardSampler`` gives every rank a contiguous slice,
   so every sample is seen exactly once across ranks (``DistributedSampler`` pads with
   duplicates, which biases metrics);
-* a user ``batch_sampler``: :class:`ShardedBatchSampler` deals its batches to ranks.
+* a user ``batch_sampler``: ``ShardedBatchSampler`` deals its batches to ranks.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class ShardSampler(Sampler[int]):
         num_replicas: Number of ranks.
         rank: This rank.
         shuffle: Permute the indices (the same permutation on every rank) before slicing.
-        seed: Seed of the permutation; it changes with :meth:`set_epoch`.
+        seed: Seed of the permutation; it changes with ``set_epoch``.
 
     Examples:
         >>> [list(ShardSampler(range(5), num_replicas=2, rank=r)) for r in range(2)]

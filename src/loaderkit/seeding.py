@@ -1,17 +1,17 @@
 """Reproducible, collision-free random streams in every process, worker, rank and epoch.
 
-* :func:`seed_everything` seeds python ``random``, numpy's legacy global RNG and torch (CPU and
+* ``seed_everything`` seeds python ``random``, numpy's legacy global RNG and torch (CPU and
   CUDA) in the calling process.
-* :func:`make_generator` builds a seeded ``torch.Generator`` (the sampler order).
-* :func:`seed_worker` is the worker initializer loaderkit installs in every loader (usable as a
+* ``make_generator`` builds a seeded ``torch.Generator`` (the sampler order).
+* ``seed_worker`` is the worker initializer loaderkit installs in every loader (usable as a
   plain ``worker_init_fn`` too): streams differ per worker *and per rank*.
-* :func:`worker_rng` is the recommended source of randomness for augmentations: a
+* ``worker_rng`` is the recommended source of randomness for augmentations: a
   ``numpy.random.Generator`` private to the current worker and rank (main process too).
-* :func:`check_determinism` compares two loaders built by the same factory.
-* :class:`SampleSeeder` implements ``sample_seeding=True``: every sample's RNGs are seeded from
+* ``check_determinism`` compares two loaders built by the same factory.
+* ``SampleSeeder`` implements ``sample_seeding=True``: every sample's RNGs are seeded from
   (seed, epoch, index), so batches do not depend on the number of workers.
 
-Worker and epoch seeds are derived with :class:`numpy.random.SeedSequence` and per-sample seeds
+Worker and epoch seeds are derived with ``numpy.random.SeedSequence`` and per-sample seeds
 with a keyed BLAKE2b hash, never by adding small integers; they are passed between processes as
 arguments, never through environment variables.
 """
@@ -192,7 +192,7 @@ def _worker_seed_sequence(base_seed: int, worker_id: int, rank: int) -> np.rando
 
 
 def _install_worker_streams(worker_id: int, base_seed: int, rank: int, world_size: int) -> None:
-    """Seed this worker's globals and its :func:`worker_rng` from (base seed, worker, rank)."""
+    """Seed this worker's globals and its ``worker_rng`` from (base seed, worker, rank)."""
     global _worker_state
     sequence = _worker_seed_sequence(base_seed, worker_id, rank)
     children = sequence.spawn(4)
@@ -217,7 +217,7 @@ def seed_worker(worker_id: int) -> None:
 
     loaderkit installs this in every loader (before your own ``worker_init_fn``). It can also
     be passed as ``worker_init_fn`` to a plain ``torch.utils.data.DataLoader``. The seeds come
-    from :class:`numpy.random.SeedSequence` over (torch's base seed for this pass, worker id,
+    from ``numpy.random.SeedSequence`` over (torch's base seed for this pass, worker id,
     global rank). In a single-process job torch's own per-worker seeds are kept, so batches are
     exactly torch's; under ``torch.distributed`` with world size > 1 the rank is mixed in, so
     ranks seeded alike still augment differently.
@@ -244,7 +244,7 @@ def seed_worker(worker_id: int) -> None:
 
 @dataclass(frozen=True)
 class WorkerInit:
-    """The ``worker_init_fn`` loaderkit installs: :func:`seed_worker`, then yours.
+    """The ``worker_init_fn`` loaderkit installs: ``seed_worker``, then yours.
 
     The rank and world size are captured in the main process when the loader is built (spawned
     workers have no process group to ask) and travel as plain attributes.
@@ -276,7 +276,7 @@ def worker_rng() -> np.random.Generator:
 
     Use it for augmentations: its stream differs between workers and ranks, repeats for the
     same seed, and (with ``sample_seeding=True``) is seeded per sample. In the main process it
-    follows ``torch.manual_seed`` / :func:`seed_everything`: reseeding torch restarts it.
+    follows ``torch.manual_seed`` / ``seed_everything``: reseeding torch restarts it.
 
     Returns:
         A generator private to this process.
@@ -317,7 +317,7 @@ _MASK64 = (1 << 64) - 1
 
 
 class _SampleStream:
-    """The :func:`worker_rng` of the sample being produced; re-stated lazily per sample."""
+    """The ``worker_rng`` of the sample being produced; re-stated lazily per sample."""
 
     def __init__(self) -> None:
         self.bit_generator = np.random.PCG64(0)
@@ -346,7 +346,7 @@ class SampleSeeder:
     """Seeds every RNG from (seed, epoch, index) while one sample is produced.
 
     Used by ``sample_seeding=True``. Before each sample, python ``random``, numpy's global RNG,
-    torch's CPU generator and :func:`worker_rng` are seeded from a BLAKE2b hash of
+    torch's CPU generator and ``worker_rng`` are seeded from a BLAKE2b hash of
     ``(seed, epoch, index)`` (a keyed hash gives independent streams for neighbouring indices
     at a fraction of the cost of a ``SeedSequence``). In a worker process the globals are left
     in that state; in the main process (``num_workers=0``) they are saved before a batch and
@@ -372,7 +372,7 @@ class SampleSeeder:
         return _SeededBatch()
 
     def seed_sample(self, epoch: int, index: Any) -> None:
-        """Seed every RNG for sample ``index`` of pass ``epoch`` (inside :meth:`batch`)."""
+        """Seed every RNG for sample ``index`` of pass ``epoch`` (inside ``batch``)."""
         if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral):
             raise TypeError(
                 f"sample_seeding needs integer dataset indices, got {type(index).__name__} "
@@ -392,7 +392,7 @@ class SampleSeeder:
         _sample_stream.active = True
 
     def seeded(self, epoch: int, index: Any) -> _SeededSample:
-        """Context manager: :meth:`batch` around :meth:`seed_sample` for one sample."""
+        """Context manager: ``batch`` around ``seed_sample`` for one sample."""
         return _SeededSample(self, epoch, index)
 
 
@@ -471,7 +471,7 @@ def _leaves(obj: Any, path: str, out: list[tuple[str, str]]) -> None:
 
 @dataclass(frozen=True)
 class DeterminismReport:
-    """Result of :func:`check_determinism`.
+    """Result of ``check_determinism``.
 
     Attributes:
         deterministic: True when both loaders produced identical batches.
@@ -527,7 +527,7 @@ def check_determinism(
         epochs: Passes over each loader.
 
     Returns:
-        A :class:`DeterminismReport` (truthy when identical) naming the first difference.
+        A ``DeterminismReport`` (truthy when identical) naming the first difference.
 
     Examples:
         >>> from loaderkit import create_dataloader

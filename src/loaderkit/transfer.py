@@ -1,15 +1,15 @@
-"""Moving batches to a device: :func:`to_device` and :class:`DevicePrefetcher`.
+"""Moving batches to a device: ``to_device`` and ``DevicePrefetcher``.
 
-:func:`to_device` walks a batch (mappings, lists, tuples, namedtuples, dataclasses and any object
+``to_device`` walks a batch (mappings, lists, tuples, namedtuples, dataclasses and any object
 with a ``.to()`` method) and moves every tensor to the target device, keeping the container types.
 ``non_blocking`` is decided per tensor: an asynchronous copy is only requested when it is both
 safe and useful, i.e. a pinned CPU tensor going to a CUDA device (see
-:func:`resolve_non_blocking`).
+``resolve_non_blocking``).
 
-:class:`DevicePrefetcher` wraps any iterable of batches. On a CUDA device it copies batch ``k+1``
+``DevicePrefetcher`` wraps any iterable of batches. On a CUDA device it copies batch ``k+1``
 on one side stream while the caller works on batch ``k``, and hands out a batch only after making
 the caller's stream wait for its copy. On any other device it is a pass-through that applies
-:func:`to_device`.
+``to_device``.
 
 Stream protocol of the prefetcher (one side stream ``S`` per prefetcher, consumer stream ``C`` =
 the current stream when the caller asks for the next batch):
@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: What :func:`to_device` and :class:`DevicePrefetcher` accept as a device: a ``torch.device``,
+#: What ``to_device`` and ``DevicePrefetcher`` accept as a device: a ``torch.device``,
 #: a string such as ``"cuda:1"`` or an index on the current accelerator (CUDA on NVIDIA machines).
 DeviceLike = torch.device | str | int
 
@@ -76,7 +76,7 @@ def resolve_non_blocking(
     """Decide the ``non_blocking`` flag of one host-to-device copy.
 
     An explicit ``True``/``False`` is returned unchanged. ``None`` (the default of
-    :func:`to_device`) means ``True`` exactly when a pinned CPU tensor goes to a CUDA device: only
+    ``to_device``) means ``True`` exactly when a pinned CPU tensor goes to a CUDA device: only
     then is an asynchronous copy both safe and useful. Copies to the CPU stay blocking (the host
     could read the destination before the copy finished), and so do copies to MPS or any other
     device, and copies from pageable memory (which cannot run asynchronously anyway).
@@ -106,7 +106,7 @@ def resolve_non_blocking(
 
 
 def _as_device(device: DeviceLike) -> torch.device:
-    """Normalise a :data:`DeviceLike` to a ``torch.device``, with clear errors."""
+    """Normalise a ``DeviceLike`` to a ``torch.device``, with clear errors."""
     if isinstance(device, torch.device):
         return device
     if isinstance(device, bool):  # bool is an int subclass; True is not "cuda:1"
@@ -394,7 +394,7 @@ class _Mover:
 
 
 def _iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Tensors reachable through the containers :func:`to_device` understands."""
+    """Tensors reachable through the containers ``to_device`` understands."""
     seen: set[int] = set()
     stack = [obj]
     while stack:
@@ -430,16 +430,16 @@ def to_device(batch: T, device: DeviceLike, *, non_blocking: bool | None = None)
 
     Handled recursively: mappings (``dict``, ``OrderedDict``, ``defaultdict`` with its
     ``default_factory``, other ``Mapping`` types rebuilt as ``type(m)(items)``, and a plain
-    ``dict`` with a :class:`~loaderkit.errors.LoaderkitWarning` when that is impossible; keys are
+    ``dict`` with a ``LoaderkitWarning`` when that is impossible; keys are
     not moved), lists, tuples, namedtuples, and dataclasses (frozen ones too; the instance is
     copied and every field replaced, ``init=False`` fields included, without running
     ``__init__``/``__post_init__`` again). Tensors and any other object with a ``.to()`` method
     are moved by their own ``.to(device, non_blocking=...)`` (``.to(device)`` when it takes no
     ``non_blocking``). Strings, bytes, numbers, ``None`` and other objects are returned as they
     are. An object referenced twice is moved once and stays shared in the result. A batch that
-    contains itself raises :class:`~loaderkit.errors.ConfigError`.
+    contains itself raises ``ConfigError``.
 
-    ``non_blocking=None`` decides per tensor with :func:`resolve_non_blocking`: ``True`` exactly
+    ``non_blocking=None`` decides per tensor with ``resolve_non_blocking``: ``True`` exactly
     for a pinned CPU tensor going to a CUDA device. An explicit ``True``/``False`` is passed to
     every ``.to()`` unchanged, including cases where it is unsafe (``non_blocking=True`` to the
     CPU: synchronize before reading the result).
@@ -540,9 +540,9 @@ class DevicePrefetcher(Generic[T]):
     batch's tensors are marked with ``record_stream`` so their memory is not reused too early.
     The side stream is created once, on the first CUDA iteration, and reused every epoch. Copies
     overlap compute only from pinned memory (``pin_memory=True`` on the loader, loaderkit's
-    default when CUDA is available); a :class:`~loaderkit.errors.LoaderkitWarning` says so once
+    default when CUDA is available); a ``LoaderkitWarning`` says so once
     when pageable CPU tensors are seen. On any other device each batch goes through
-    :func:`to_device`, with nothing held back.
+    ``to_device``, with nothing held back.
 
     Each ``iter()`` starts a new pass over ``loader`` (one epoch), so the prefetcher can be
     iterated every epoch like a DataLoader; ``len()`` is the loader's. If the loader raises while
@@ -564,7 +564,7 @@ class DevicePrefetcher(Generic[T]):
             or other iterator gives a single pass.
         device: Target device (``torch.device``, ``"cuda:0"``, ``"cpu"``, or an index on the
             current accelerator).
-        non_blocking: Passed to :func:`to_device`; ``None`` (default) makes copies of pinned
+        non_blocking: Passed to ``to_device``; ``None`` (default) makes copies of pinned
             tensors to CUDA asynchronous and every other copy blocking. ``False`` makes every
             copy blocking, and then nothing overlaps.
 

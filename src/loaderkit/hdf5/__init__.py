@@ -1,7 +1,7 @@
 """HDF5 session files for PyTorch: a leak-free dataset, batched reads and a block sampler.
 
-:class:`HDF5SessionDataset` reads samples from many per-session HDF5 files through a bounded,
-fork-safe, thread-safe per-process cache of open files; :class:`BlockShuffleSampler` shuffles
+``HDF5SessionDataset`` reads samples from many per-session HDF5 files through a bounded,
+fork-safe, thread-safe per-process cache of open files; ``BlockShuffleSampler`` shuffles
 blocks of consecutive rows so that batched reads stay sequential. See ``docs/hdf5.md``.
 
 Example:

@@ -3,7 +3,7 @@
 The index (dataset index -> session, row) is built once, in the process that constructs the
 dataset, from the files' shapes, and kept as two numpy arrays (run-length encoded when pickled,
 so a million samples ship in a few kilobytes to spawn workers). Files are opened lazily, read-only,
-in the process that reads, through a bounded per-process LRU (:mod:`loaderkit.hdf5.handles`).
+in the process that reads, through a bounded per-process LRU (``loaderkit.hdf5.handles``).
 
 Batched reads (``__getitems__``, called by torch's fetcher with a whole batch of indices) group
 the batch by session, coalesce runs of consecutive rows into one slab read each, and hand back
@@ -70,7 +70,7 @@ _CACHE_MAX_BYTES = 64 << 20
 class HDF5FileError(LoaderkitError, OSError):
     """An HDF5 file could not be opened or read; the message names session, path and the fix.
 
-    Also an :class:`OSError`, so code that catches h5py's own I/O errors keeps working.
+    Also an ``OSError``, so code that catches h5py's own I/O errors keeps working.
 
     Example:
         >>> isinstance(HDF5FileError("session 3 (/data/s3.h5): not an HDF5 file"), OSError)
@@ -79,7 +79,7 @@ class HDF5FileError(LoaderkitError, OSError):
 
 
 class SampleIndex(NamedTuple):
-    """What :meth:`HDF5SessionDataset.build_index` may return: two equal-length 1-D arrays.
+    """What ``HDF5SessionDataset.build_index`` may return: two equal-length 1-D arrays.
 
     Attributes:
         sessions: Session id of every sample (ids as in ``dataset.files``).
@@ -206,25 +206,25 @@ class HDF5SessionDataset(Dataset):
     """A map-style dataset over per-session HDF5 files with a bounded per-process handle cache.
 
     Sample ``i`` is row ``locate(i)[1]`` of the session file ``locate(i)[0]``. The index is built
-    once, here, from the files' shapes (override :meth:`build_index` for your own) and files are
+    once, here, from the files' shapes (override ``build_index`` for your own) and files are
     opened lazily, read-only, at most ``max_open_files`` at a time in every process. Handles are
     never pickled (spawn/forkserver workers get paths and the index) and never shared with a
     forked child (the child closes its inherited copies and opens its own).
 
     Args:
         files: Mapping session id -> path, or a sequence of paths (ids ``0..n-1``).
-        key: Name of the HDF5 dataset the default :meth:`read` returns rows of. ``None``
+        key: Name of the HDF5 dataset the default ``read`` returns rows of. ``None``
             picks the only dataset of the first file (error if there are several).
         max_open_files: Most files open at once per process (least recently used closed first).
         h5py_options: Extra keyword arguments for ``h5py.File`` (``rdcc_nbytes``,
             ``rdcc_nslots``, ``locking``, ``swmr``, ``driver``, ...). They win over loaderkit's
-            defaults (see :func:`default_chunk_cache`). The mode is always ``"r"``.
+            defaults (see ``default_chunk_cache``). The mode is always ``"r"``.
 
     Raises:
         ConfigError: ``max_open_files < 1``, a ``mode`` other than ``"r"``, ``key=None`` with
             several datasets, or row shapes/dtypes that differ between sessions.
         FileNotFoundError: A file is missing (the message names the session and path).
-        HDF5FileError: A file is not readable HDF5 (an :class:`OSError`).
+        HDF5FileError: A file is not readable HDF5 (an ``OSError``).
         KeyError: ``key`` is missing from a file (the message lists the datasets present).
 
     Example:
@@ -603,10 +603,10 @@ class HDF5SessionDataset(Dataset):
         The default lists every row of ``key`` in every session, sessions in the order of
         ``files``, rows in file order; empty sessions contribute nothing. Override it to select
         or reorder samples (e.g. a trial map); it runs once, in the constructing process, and any
-        file it opens through :meth:`file` is closed afterwards.
+        file it opens through ``file`` is closed afterwards.
 
         Returns:
-            A :class:`SampleIndex`, an ``(n, 2)`` array or a sequence of ``(session, row)``
+            A ``SampleIndex``, an ``(n, 2)`` array or a sequence of ``(session, row)``
             pairs. ``len(dataset)`` is its length and ``locate(i)`` its ``i``-th entry.
 
         Example:
@@ -632,7 +632,7 @@ class HDF5SessionDataset(Dataset):
         """Return one sample: by default row ``row`` of ``key`` in ``session``'s file.
 
         Override it to return something else (several datasets, a dict, a conversion). Call
-        :meth:`file` or :meth:`h5dataset` inside it to reach the open file; the dataset holds its
+        ``file`` or ``h5dataset`` inside it to reach the open file; the dataset holds its
         handle lock while ``read`` runs, so another thread cannot close the file meanwhile.
         Exceptions keep their type; loaderkit adds a note naming the index, session and path.
 
@@ -722,7 +722,7 @@ class HDF5SessionDataset(Dataset):
         """Return this process's open, read-only ``h5py.File`` for ``session`` (opened lazily).
 
         The handle stays valid until it is evicted; from several threads, use it only inside
-        :meth:`read`/:meth:`read_rows` or while holding :attr:`lock`.
+        ``read``/``read_rows`` or while holding ``lock``.
 
         Args:
             session: Session id (a key of ``files``).
@@ -794,7 +794,7 @@ class HDF5SessionDataset(Dataset):
 
     @property
     def sample_nbytes(self) -> int | None:
-        """Bytes of one sample as the default :meth:`read` returns it (``None`` when overridden).
+        """Bytes of one sample as the default ``read`` returns it (``None`` when overridden).
 
         Example:
             >>> ds.sample_nbytes  # doctest: +SKIP
@@ -806,14 +806,14 @@ class HDF5SessionDataset(Dataset):
 
     @property
     def session_ids(self) -> tuple[Hashable, ...]:
-        """Session ids in the order of ``files`` (position ``p`` in :meth:`index_arrays`)."""
+        """Session ids in the order of ``files`` (position ``p`` in ``index_arrays``)."""
         return tuple(self._ids)
 
     def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Return read-only ``(session_positions, rows)`` arrays of the whole index.
 
         ``session_positions[i]`` is the position of sample ``i``'s session in
-        :attr:`session_ids`. Samplers use these to find contiguous rows.
+        ``session_ids``. Samplers use these to find contiguous rows.
 
         Example:
             >>> pos, rows = ds.index_arrays()  # doctest: +SKIP
@@ -972,7 +972,7 @@ class HDF5SessionDataset(Dataset):
         Indices are grouped by session and consecutive rows are read as one slab into a batch
         buffer; the result is a list of per-sample arrays (views of that buffer) in request
         order, so ``default_collate`` gives exactly what per-item reads would. When a subclass
-        overrides :meth:`read` (and not :meth:`read_rows`), ``read`` is called once per item.
+        overrides ``read`` (and not ``read_rows``), ``read`` is called once per item.
 
         Args:
             indices: Dataset indices, any order, duplicates allowed.
@@ -1097,7 +1097,7 @@ class HDF5SessionDataset(Dataset):
         order: np.ndarray | None,
         starts: np.ndarray | None,
     ) -> list[Any]:
-        """Coalesced reads through the subclass's :meth:`read_rows`."""
+        """Coalesced reads through the subclass's ``read_rows``."""
         n = idx.size
         if starts is None:
             starts = np.arange(n)

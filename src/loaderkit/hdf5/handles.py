@@ -1,6 +1,6 @@
 """Per-process LRU cache of open HDF5 files, safe across fork and threads.
 
-One :class:`HandleCache` belongs to one dataset object in one process. It keeps at most
+One ``HandleCache`` belongs to one dataset object in one process. It keeps at most
 ``max_open`` files open, closes the least recently used one *before* opening another (so the
 bound is never exceeded, not even for a moment), and keeps the ``h5py.Dataset`` object next to
 its ``h5py.File`` (looking a dataset up by name costs several row reads).
@@ -149,7 +149,7 @@ class HandleCache:
     """A bounded, thread-safe, fork-aware LRU of open HDF5 files for one process.
 
     Args:
-        opener: Called as ``opener(key)`` on a miss; returns a :class:`Handle`. It must release
+        opener: Called as ``opener(key)`` on a miss; returns a ``Handle``. It must release
             everything it opened when it raises.
         max_open: Most files open at once (>= 1).
         path_of: Maps a key to its path, used to detect handles inherited from a parent process.
@@ -191,7 +191,7 @@ class HandleCache:
             key: The session position.
 
         Returns:
-            The :class:`Handle`; valid while the caller holds :attr:`lock`.
+            The ``Handle``; valid while the caller holds ``lock``.
         """
         with self.lock:
             entry = self._entries.get(key)
@@ -248,7 +248,7 @@ class HandleCache:
         return len(self._entries)
 
     def info(self) -> CacheInfo:
-        """Return the statistics of this process as a :class:`CacheInfo`."""
+        """Return the statistics of this process as a ``CacheInfo``."""
         with self.lock:
             return CacheInfo(
                 self.hits,

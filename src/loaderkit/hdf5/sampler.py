@@ -63,14 +63,14 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
 class BlockShuffleSampler(Sampler[int]):
     """Shuffle blocks of consecutive rows so batched HDF5 reads stay sequential on disk.
 
-    Yields dataset indices of an :class:`~loaderkit.hdf5.HDF5SessionDataset`. Blocks hold
+    Yields dataset indices of an ``HDF5SessionDataset``. Blocks hold
     ``block_size`` consecutive rows of one session (in file order); the blocks of ``window``
-    sessions at a time are interleaved at random. Epoch-aware (:meth:`set_epoch`), reproducible
+    sessions at a time are interleaved at random. Epoch-aware (``set_epoch``), reproducible
     from ``seed``, and rank-aware: each rank yields a disjoint share of equal length.
 
     Args:
         dataset: The dataset whose indices to order (its index tells which rows are contiguous).
-        block_size: Rows per block. Default :data:`DEFAULT_BLOCK_SIZE`, rounded up to a whole
+        block_size: Rows per block. Default ``DEFAULT_BLOCK_SIZE``, rounded up to a whole
             number of chunks for chunked data so that every chunk is decompressed once. Blocks
             start at row multiples of the block size, so an explicit multiple of the chunk rows
             is chunk-aligned too.
@@ -79,8 +79,8 @@ class BlockShuffleSampler(Sampler[int]):
             ``None`` means ``0``, like ``DistributedSampler``, so all ranks agree.
         window: Sessions interleaved at a time. Default: the dataset's ``max_open_files`` (so a
             worker's handle cache never thrashes), at most the number of sessions.
-        num_replicas: Number of ranks. Default from :func:`loaderkit.distributed.dist_info`.
-        rank: This rank. Default from :func:`loaderkit.distributed.dist_info`.
+        num_replicas: Number of ranks. Default from ``loaderkit.distributed.dist_info``.
+        rank: This rank. Default from ``loaderkit.distributed.dist_info``.
         drop_last: Drop the tail so the samples divide evenly between ranks instead of padding
             with repeated samples.
         partition: ``"block"`` deals blocks to ranks at random every epoch; ``"session"`` gives
