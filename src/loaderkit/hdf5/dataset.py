@@ -63,7 +63,8 @@ _RUN_BUFFER_BYTES = 256 * 1024
 
 #: Chunk cache used for chunked datasets: room for this many chunks, within the bounds below.
 _CACHE_CHUNKS = 8
-_CACHE_MIN_BYTES = 1 << 20
+_CACHE_MIN_BYTES = 8 << 20  # HDF5 2.0's own default: never less cache than plain h5py
+_CACHE_ONE_ROW_BYTES = 1 << 20
 _CACHE_MAX_BYTES = 64 << 20
 
 
@@ -131,13 +132,14 @@ def default_chunk_cache(layout: SessionLayout) -> dict[str, int]:
     """The chunk-cache options loaderkit passes to ``h5py.File`` unless you pass your own.
 
     Contiguous data never goes through the chunk cache, so it gets ``rdcc_nbytes=0`` (no cache
-    memory per open file). Chunked data with several rows per chunk gets room for ``8`` chunks
-    (at least 1 MiB, at most 64 MiB) and a prime number of hash slots about 100 times the chunks
-    that fit: enough for batched and block-ordered reads to decompress every chunk once, while
-    ``workers x max_open_files x rdcc_nbytes`` stays small. With one row per chunk no chunk is
-    ever read twice by batched reads, so 1 MiB is enough (HDF5 reads chunks larger than the
-    cache straight through). Purely random per-item access to compressed data benefits from a
-    cache that holds the whole dataset; pass ``rdcc_nbytes`` for that.
+    memory per open file). Chunked data with several rows per chunk gets room for ``8`` chunks,
+    at least HDF5 2.0's own default of 8 MiB (so random access is never slower than with a
+    plain ``h5py.File``) and at most 64 MiB, and a prime number of hash slots about 100 times
+    the chunks that fit; the memory bound is ``workers x max_open_files x rdcc_nbytes``. With
+    one row per chunk no chunk is ever read twice by batched reads, so 1 MiB is enough (HDF5
+    reads chunks larger than the cache straight through). Purely random per-item access to
+    compressed data benefits from a cache that holds the whole dataset; pass ``rdcc_nbytes``
+    for that.
 
     Args:
         layout: The layout of the dataset read by ``key``.
@@ -152,7 +154,7 @@ def default_chunk_cache(layout: SessionLayout) -> dict[str, int]:
     if layout.chunk_bytes is None:
         return {"rdcc_nbytes": 0}
     if layout.chunk_rows == 1:  # no two rows share a chunk: nothing worth keeping
-        nbytes = _CACHE_MIN_BYTES
+        nbytes = _CACHE_ONE_ROW_BYTES
     else:
         nbytes = min(max(_CACHE_CHUNKS * layout.chunk_bytes, _CACHE_MIN_BYTES), _CACHE_MAX_BYTES)
     chunks = max(1, nbytes // layout.chunk_bytes)
