@@ -31,7 +31,7 @@ from torch.utils.data.datapipes.datapipe import (
 
 from loaderkit.distributed import DistInfo, dist_info
 from loaderkit.errors import ConfigError, warn
-from loaderkit.plan import Plan, PlanEntry
+from loaderkit.plan import Plan, short_repr
 from loaderkit.platform import PlatformInfo, detect_platform
 from loaderkit.policy import (
     DatasetFacts,
@@ -293,17 +293,11 @@ def plan_loader(
         + (f", rank {dist.rank}/{dist.world_size}" if dist.initialized else "")
     )
     plan = Plan(res.entries, header=header)
-    changed = [e for e in plan.values() if isinstance(e, PlanEntry) and e.changed]
-    logger.debug("%s\n%s", header, plan.describe())
-    if changed:
+    logger.debug("%s", plan.describe())
+    if plan.changes():
         logger.info(
             "loaderkit filled in: %s",
-            ", ".join(
-                f"{e.name}={e.value!r} ({e.reason})"
-                for e in changed
-                if e.name
-                in ("num_workers", "shuffle", "persistent_workers", "pin_memory", "sampler")
-            ),
+            ", ".join(f"{e.name}={short_repr(e.value)}" for e in plan.changes()),
         )
     return LoaderSetup(
         torch_kwargs=res.values,
