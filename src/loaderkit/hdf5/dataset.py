@@ -25,7 +25,7 @@ import numpy as np
 from h5py import h5d, h5s, h5t
 from torch.utils.data import Dataset
 
-from loaderkit.errors import ConfigError, LoaderkitError, LoaderkitWarning
+from loaderkit.errors import ConfigError, LoaderkitError, warn
 from loaderkit.hdf5.handles import CacheInfo, Handle, HandleCache
 
 try:  # Registers blosc/lz4/zstd/bitshuffle filters in every process that reads (rule 17).
@@ -332,13 +332,9 @@ class HDF5SessionDataset(Dataset):
                 "read-only ('r'); remove 'mode'."
             )
         if opts.get("driver") == "stdio":
-            import warnings
-
-            warnings.warn(
+            warn(
                 "h5py_options['driver']='stdio' buffers reads in the C library and has returned "
-                "wrong rows after fork; use the default driver (sec2) unless you must.",
-                LoaderkitWarning,
-                stacklevel=3,
+                "wrong rows after fork; use the default driver (sec2) unless you must."
             )
         return opts
 
@@ -471,14 +467,11 @@ class HDF5SessionDataset(Dataset):
         chunk_elems = layout.chunk_bytes // max(1, layout.dtype.itemsize)
         per_row = chunk_elems // max(1, layout.chunk_rows)
         if per_row and row_elems > per_row * 8:
-            logger.warning(
-                "session %r: one row of %r spans %d chunks (chunks %s, probably h5py "
-                "auto-chunking); every sample then reads many chunks. Rewrite with "
-                "chunks=(1, *row_shape) or contiguous storage.",
-                self._ids[pos],
-                self.key,
-                -(-row_elems // per_row),
-                layout.chunk_bytes,
+            warn(
+                f"session {self._ids[pos]!r}: one row of {self.key!r} spans "
+                f"{-(-row_elems // per_row)} chunks ({layout.chunk_bytes} bytes each, probably "
+                "h5py auto-chunking); every sample then reads many chunks. Rewrite with "
+                "chunks=(1, *row_shape) or contiguous storage."
             )
         elif layout.compression and layout.chunk_rows > 1:
             logger.info(

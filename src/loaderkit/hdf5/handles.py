@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import warnings
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -32,7 +31,7 @@ from typing import Any, NamedTuple
 import h5py
 from h5py import h5f
 
-from loaderkit.errors import LoaderkitWarning
+from loaderkit.errors import warn
 
 __all__ = ["CacheInfo", "Handle", "HandleCache", "foreign_file_ids", "in_forked_child"]
 
@@ -215,14 +214,12 @@ class HandleCache:
     def _warn_inherited(self, key: Hashable) -> None:
         path = self._path_of(key)
         if foreign_file_ids(path):
-            warnings.warn(
+            warn(
                 f"{os.fspath(path)!s} was already open in the parent process when this worker "
                 "was forked (opened outside this dataset, e.g. by your own h5py.File or another "
                 "dataset object). HDF5 will share that inherited handle with this worker "
                 "instead of opening the file afresh. Close your HDF5 files before creating "
-                "multi-worker loaders, or use multiprocessing_context='spawn'/'forkserver'.",
-                LoaderkitWarning,
-                stacklevel=4,
+                "multi-worker loaders, or use multiprocessing_context='spawn'/'forkserver'."
             )
 
     def discard(self, key: Hashable) -> None:
