@@ -16,7 +16,6 @@ Warnings are emitted here (as ``LoaderkitWarning``), errors raised as
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +28,9 @@ from torch.utils.data.datapipes.datapipe import (
     _MapDataPipeSerializationWrapper,
 )
 
-from loaderkit.distributed import DistInfo, dist_info
+from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, warn
+from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.plan import Plan, short_repr
 from loaderkit.platform import PlatformInfo, detect_platform
 from loaderkit.policy import (
@@ -42,7 +42,7 @@ from loaderkit.policy import (
     check_shared_memory,
     resolve,
 )
-from loaderkit.preflight import find_unpicklable, pickled_size
+from loaderkit.preflight import check_pickle
 from loaderkit.samplers import ShardedBatchSampler, ShardSampler
 from loaderkit.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
 
@@ -63,7 +63,6 @@ class LoaderSetup:
             ``dataset``).
         plan: The resolved plan (value and reason per setting).
         platform: The platform the plan was made for.
-        dist: The distributed placement at build time.
         seed: The validated ``seed`` argument (``None`` when not given).
         owns_generator: True when loaderkit created the generator from ``seed`` (it is
             reseeded from ``(seed, epoch)`` at every pass).
@@ -73,15 +72,9 @@ class LoaderSetup:
     torch_kwargs: dict[str, Any]
     plan: Plan
     platform: PlatformInfo
-    dist: DistInfo
     seed: int | None
     owns_generator: bool
     sample_seeder: SampleSeeder | None
-
-
-def _supports_block_shuffle(dataset: Any) -> bool:
-    hdf5 = sys.modules.get("loaderkit.hdf5")
-    return hdf5 is not None and isinstance(dataset, hdf5.HDF5SessionDataset)
 
 
 def dataset_facts(dataset: Any) -> DatasetFacts:
@@ -95,7 +88,7 @@ def dataset_facts(dataset: Any) -> DatasetFacts:
     return DatasetFacts(
         iterable=isinstance(dataset, IterableDataset),
         has_getitems=callable(getattr(dataset, "__getitems__", None)),
-        supports_block_shuffle=_supports_block_shuffle(dataset),
+        supports_block_shuffle=isinstance(dataset, HDF5SessionDataset),
         max_open_files=max_open if isinstance(max_open, int) else None,
         type_name=type(dataset).__name__,
     )
@@ -116,8 +109,6 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> Non
     dist = res.dist
     choice = res.sampler_choice
     if choice == SamplerChoice.BLOCK:
-        from loaderkit.hdf5 import BlockShuffleSampler
-
         kwargs: dict[str, Any] = {"seed": res.sampler_seed}
         if dist.is_distributed or request.distributed is True:
             kwargs.update(num_replicas=dist.world_size, rank=dist.rank, drop_last=request.drop_last)
@@ -165,20 +156,22 @@ def _check_picklable(dataset: Any, request: LoaderRequest, res: Resolution) -> N
         dataset = _IterDataPipeSerializationWrapper(dataset)
     elif isinstance(dataset, MapDataPipe):
         dataset = _MapDataPipeSerializationWrapper(dataset)
-    for name, obj in (
-        ("dataset", dataset),
-        ("collate_fn", request.collate_fn),
-        ("worker_init_fn", request.worker_init_fn),
-    ):
-        if obj is None:
-            continue
-        problem = find_unpicklable(obj, name)
-        if problem is not None:
-            raise ConfigError(problem.message(res.start_method))
+    checks = {
+        name: check_pickle(obj, name)
+        for name, obj in (
+            ("dataset", dataset),
+            ("collate_fn", request.collate_fn),
+            ("worker_init_fn", request.worker_init_fn),
+        )
+        if obj is not None
+    }
+    for check in checks.values():
+        if check.problem is not None:
+            raise ConfigError(check.problem.message(res.start_method))
     for name, obj in (("sampler", request.sampler), ("batch_sampler", request.batch_sampler)):
         if obj is None:
             continue
-        problem = find_unpicklable(obj, name)
+        problem = check_pickle(obj, name).problem
         if problem is not None:
             # torch keeps samplers in the main process, so the loader works; say so instead
             # of breaking a script that runs under torch's DataLoader.
@@ -187,7 +180,7 @@ def _check_picklable(dataset: Any, request: LoaderRequest, res: Resolution) -> N
                 "process, so loading works, but it cannot be checkpointed or sent to another "
                 f"process. Fix: {problem.fix}."
             )
-    size = pickled_size(dataset)
+    size = checks["dataset"].size or 0  # pickled once, above
     res.record(
         "pickled_dataset",
         None,
@@ -303,7 +296,6 @@ def plan_loader(
         torch_kwargs=res.values,
         plan=plan,
         platform=platform,
-        dist=dist,
         seed=seed,
         owns_generator=owns_generator,
         sample_seeder=seeder,

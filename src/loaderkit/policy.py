@@ -145,7 +145,6 @@ class Resolution:
         sampler_shuffle: Whether a loaderkit-built sampler shuffles.
         sampler_seed: Seed for a loaderkit-built sampler (identical on every rank).
         make_generator: True when a seeded ``torch.Generator`` must be created from ``seed``.
-        workers_forced_off: True when the Windows policy turned workers off.
         dist: The distributed placement used for the decision.
         start_method: The start method workers will use.
     """
@@ -157,7 +156,6 @@ class Resolution:
     sampler_shuffle: bool = False
     sampler_seed: int | None = None
     make_generator: bool = False
-    workers_forced_off: bool = False
     dist: DistInfo = field(default_factory=lambda: DistInfo(initialized=False))
     start_method: str = "fork"
 
@@ -590,7 +588,6 @@ def _resolve_workers(
     forced_off = (
         isinstance(request.num_workers, int) and request.num_workers > 0 and num_workers == 0
     )
-    res.workers_forced_off = forced_off
     if forced_off:
         res.warnings.append(
             f"Windows: num_workers={request.num_workers} became 0 (loading in the main "

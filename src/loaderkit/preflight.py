@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PickleProblem", "find_unpicklable", "pickled_size"]
+__all__ = ["PickleCheck", "PickleProblem", "check_pickle", "find_unpicklable", "pickled_size"]
 
 _MAX_DEPTH = 40
 _LOCK_TYPES = tuple(
@@ -312,6 +312,57 @@ def _classify(obj: Any, error: str) -> tuple[str, str, str]:
     )
 
 
+@dataclass(frozen=True)
+class PickleCheck:
+    """Outcome of :func:`check_pickle`: the pickled size, or the problem.
+
+    Attributes:
+        size: Bytes the object pickles to (tensor storage excluded), ``None`` on failure.
+        problem: ``None`` when it pickles, else the ``PickleProblem``.
+    """
+
+    size: int | None
+    problem: PickleProblem | None
+
+
+def check_pickle(obj: Any, root: str) -> PickleCheck:
+    """Pickle ``obj`` once as a spawned worker would receive it: its size, or what fails.
+
+    Args:
+        obj: The object to check (dataset, collate_fn, ...).
+        root: Its name in messages, e.g. ``"dataset"``.
+
+    Returns:
+        A ``PickleCheck``; on failure its problem names the attribute path of the first
+        unpicklable leaf.
+
+    Examples:
+        >>> check_pickle([1, 2], "dataset").problem is None
+        True
+    """
+    try:
+        result = _pickle(obj)
+    except RecursionError as exc:
+        return PickleCheck(
+            None,
+            PickleProblem(
+                root,
+                "recursion",
+                "the object graph is too deep to pickle",
+                "flatten the structure or define __reduce__",
+                str(exc),
+            ),
+        )
+    except Exception as exc:
+        return PickleCheck(None, _diagnose(obj, root, f"{type(exc).__name__}: {exc}"))
+    if result.interactive_refs:
+        error = "definitions in __main__ of an interactive session: " + ", ".join(
+            result.interactive_refs
+        )
+        return PickleCheck(None, _diagnose(obj, root, error))
+    return PickleCheck(result.size, None)
+
+
 def find_unpicklable(obj: Any, root: str) -> PickleProblem | None:
     """Find the first part of ``obj`` that cannot be pickled for a spawned worker.
 
@@ -324,30 +375,14 @@ def find_unpicklable(obj: Any, root: str) -> PickleProblem | None:
         of the first unpicklable leaf.
 
     Examples:
-        >>> class Holder:
-        ...     pass
         >>> find_unpicklable([1, 2], "dataset") is None
         True
     """
-    try:
-        result = _pickle(obj)
-    except RecursionError as exc:
-        return PickleProblem(
-            root,
-            "recursion",
-            "the object graph is too deep to pickle",
-            "flatten the structure or define __reduce__",
-            str(exc),
-        )
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    else:
-        if not result.interactive_refs:
-            return None
-        error = "definitions in __main__ of an interactive session: " + ", ".join(
-            result.interactive_refs
-        )
+    return check_pickle(obj, root).problem
 
+
+def _diagnose(obj: Any, root: str, error: str) -> PickleProblem:
+    """Walk down from ``obj`` to the first unpicklable leaf and classify it."""
     path, leaf = root, obj
     seen: set[int] = set()
     for _ in range(_MAX_DEPTH):

@@ -33,7 +33,7 @@ from h5py import h5f
 
 from loaderkit.errors import warn
 
-__all__ = ["CacheInfo", "Handle", "HandleCache", "foreign_file_ids", "in_forked_child"]
+__all__ = ["CacheInfo", "Handle", "HandleCache", "foreign_file_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -100,19 +100,6 @@ class Handle:
             self.file.close()
         except Exception:  # closing must not fail (interpreter shutdown, broken file)
             logger.debug("closing an HDF5 handle failed", exc_info=True)
-
-
-def in_forked_child() -> bool:
-    """Whether this process was created by ``fork`` from a process that imported loaderkit.
-
-    Returns:
-        True in a forked child (any depth), False in an original or spawned process.
-
-    Example:
-        >>> isinstance(in_forked_child(), bool)
-        True
-    """
-    return _FORKED
 
 
 def foreign_file_ids(path: str | os.PathLike[str]) -> list[h5f.FileID]:
