@@ -31,11 +31,12 @@ from torch.utils.data import Sampler
 
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError
+from loaderkit.seeding import validate_seed
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "BlockShuffleSampler"]
 
 #: Rows per block when ``block_size`` is not given (rounded up to whole chunks for chunked
-#: data). Chosen with ``benchmarks/hdf5_read.py`` and ``benchmarks/hdf5_randomness.py``: with
+#: data). Chosen with ``benchmarks/hdf5_read.py`` and ``benchmarks/hdf5_block_size.py``: with
 #: batches of 64, 16 rows per block gives 4 slab reads per batch (over 8x per-item reads on
 #: small rows) while a batch still spans ~4 sessions; see docs/hdf5.md for the numbers.
 DEFAULT_BLOCK_SIZE = 16
@@ -180,11 +181,7 @@ class BlockShuffleSampler(Sampler[int]):
             if self.num_replicas > 1:
                 return 0
             return int(torch.empty((), dtype=torch.int64).random_().item())
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed must be an int in [0, 2**64 - 1], got {seed!r}.")
-        if not 0 <= int(seed) < 2**64:
-            raise ValueError(f"seed must be in [0, 2**64 - 1], got {seed}.")
-        return int(seed)
+        return validate_seed(seed)
 
     @property
     def block_rows(self) -> tuple[int, ...]:
