@@ -8,12 +8,16 @@ With CUDA:
 
 - **bandwidth**: the same tensor copied to the GPU from pinned memory (``non_blocking=True``)
   and from pageable memory, into a preallocated device tensor; GB/s of each and their ratio.
-- **overlap**: a list of pinned batches consumed by a "model" (a chain of matmuls on each batch,
+- **overlap**: a list of batches consumed by a "model" (a chain of matmuls on each batch,
   calibrated so its compute time is about one batch's copy time). Measured: copies alone,
   compute alone, the plain loop ``to_device(batch)`` then model (copy and compute serialized on
   one stream), and the loop over :class:`~loaderkit.DevicePrefetcher` (copy of batch k+1 on a side
-  stream during compute of batch k), the latter also with pageable batches. The share of copy
-  time hidden is ``(plain - prefetcher) / copies alone``.
+  stream during compute of batch k), each with pinned and with pageable batches. The share of
+  copy time hidden is ``(plain - prefetcher) / copies alone``.
+- **prefetcher / plain**: the ratio of the two loops' times for pinned and for pageable
+  batches (from the overlap section) and for a data-bound feed (a DataLoader with worker
+  processes, pinned and not, and a light model): at most 1.0 means the prefetcher is never
+  slower than the plain loop.
 
 Without CUDA the GPU sections are skipped (the script says so and exits 0) and the CPU
 pass-through cost of the prefetcher is measured instead: per-batch traversal time of
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -162,46 +167,136 @@ def bench_overlap(n_batches: int, batch_mb: int, repeats: int) -> dict[str, Any]
     model.depth = max(1, round(t_copy / t_one))
     t_compute = _timed(compute_only, repeats, cuda=True)
 
-    def plain() -> None:
-        for b in pinned:
-            model(to_device(b, device))
+    t_plain = _timed(_plain_loop(pinned, model, device), repeats, cuda=True)
+    t_prefetch = _timed(_prefetched_loop(pinned, model, device), repeats, cuda=True)
+    t_plain_pageable = _timed(_plain_loop(pageable, model, device), repeats, cuda=True)
+    t_prefetch_pageable = _timed(_prefetched_loop(pageable, model, device), repeats, cuda=True)
 
-    def prefetched(batches: list[torch.Tensor]) -> Callable[[], None]:
-        prefetcher = DevicePrefetcher(batches, device)
-
-        def run() -> None:
-            for x in prefetcher:
-                model(x)
-
-        return run
-
-    t_plain = _timed(plain, repeats, cuda=True)
-    t_prefetch = _timed(prefetched(pinned), repeats, cuda=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", LoaderkitWarning)  # the pageable warning is the point
-        t_prefetch_pageable = _timed(prefetched(pageable), repeats, cuda=True)
-
-    def row(name: str, seconds: float) -> dict[str, Any]:
+    def row(name: str, seconds: float, plain: float | None) -> dict[str, Any]:
+        # Copy time hidden: only pinned copies can overlap (pageable ones block the host).
+        hidden = name == "prefetcher + model (pinned)" and plain is not None
         return {
             "loop": name,
             "ms": seconds * 1e3,
-            "vs_plain": t_plain / seconds,
-            "copy_hidden": (t_plain - seconds) / t_copy if name.startswith("prefetch") else None,
+            "vs_plain": plain / seconds if plain is not None else None,
+            "copy_hidden": (plain - seconds) / t_copy if hidden else None,
         }
 
     return {
         "title": (
             f"Prefetcher vs plain to_device: {n_batches} batches of {batch_mb} MB, matmul model "
-            f"({model.depth} x {side}x{side}) calibrated to about one copy per batch"
+            f"({model.depth} x {side}x{side}) calibrated to about one copy per batch; "
+            "vs_plain = plain loop time (same memory) / this loop's time"
         ),
         "columns": ["loop", "ms", "vs_plain", "copy_hidden"],
         "rows": [
-            row("copies alone (pinned)", t_copy),
-            row("compute alone", t_compute),
-            row("plain to_device + model", t_plain),
-            row("prefetcher + model (pinned)", t_prefetch),
-            row("prefetcher + model (pageable)", t_prefetch_pageable),
+            row("copies alone (pinned)", t_copy, None),
+            row("compute alone", t_compute, None),
+            row("plain to_device + model (pinned)", t_plain, t_plain),
+            row("prefetcher + model (pinned)", t_prefetch, t_plain),
+            row("plain to_device + model (pageable)", t_plain_pageable, t_plain_pageable),
+            row("prefetcher + model (pageable)", t_prefetch_pageable, t_plain_pageable),
         ],
+        "ratios": {
+            "list, pinned": (t_plain, t_prefetch),
+            "list, pageable": (t_plain_pageable, t_prefetch_pageable),
+        },
+    }
+
+
+def _plain_loop(batches: Iterable[Any], model: Callable[[Any], Any], device: torch.device) -> Any:
+    def run() -> None:
+        for b in batches:
+            model(to_device(b, device))
+
+    return run
+
+
+def _prefetched_loop(
+    batches: Iterable[Any], model: Callable[[Any], Any], device: torch.device
+) -> Any:
+    prefetcher = DevicePrefetcher(batches, device)
+
+    def run() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", LoaderkitWarning)  # the pageable advice
+            for x in prefetcher:
+                model(x)
+
+    return run
+
+
+class _Noise(Dataset[torch.Tensor]):
+    """Samples of ``numel`` float32 values, made in the worker processes."""
+
+    def __init__(self, n: int, numel: int) -> None:
+        self.n, self.numel = n, numel
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((self.numel,), float(i))
+
+
+def bench_feed(n_batches: int, batch_mb: int, workers: int, repeats: int) -> dict[str, Any]:
+    """A data-bound feed: DataLoader workers make the batches, the model is one small matmul."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    batch_size = 8
+    numel = max(1, batch_mb * MB // 4 // batch_size)
+    side = min(1024, int((numel * batch_size) ** 0.5))
+    model = _Model(side, device)
+    rows = []
+    ratios = {}
+    for pinned in (True, False):
+        loader = DataLoader(
+            _Noise(n_batches * batch_size, numel),
+            batch_size=batch_size,
+            num_workers=workers,
+            pin_memory=pinned,
+            persistent_workers=True,
+        )
+        t_plain = _timed(_plain_loop(loader, model, device), repeats, cuda=True)
+        t_prefetch = _timed(_prefetched_loop(loader, model, device), repeats, cuda=True)
+        memory = "pinned" if pinned else "pageable"
+        ratios[f"feed, {memory}"] = (t_plain, t_prefetch)
+        rows.append({"loop": f"plain, {memory}", "ms": t_plain * 1e3, "vs_plain": 1.0})
+        rows.append(
+            {
+                "loop": f"prefetcher, {memory}",
+                "ms": t_prefetch * 1e3,
+                "vs_plain": t_plain / t_prefetch,
+            }
+        )
+        del loader
+    return {
+        "title": (
+            f"Data-bound feed: DataLoader({workers} workers, persistent) of {n_batches} batches "
+            f"of {batch_mb} MB, one {side}x{side} matmul per batch"
+        ),
+        "columns": ["loop", "ms", "vs_plain"],
+        "rows": rows,
+        "ratios": ratios,
+    }
+
+
+def ratio_section(*sections: dict[str, Any]) -> dict[str, Any]:
+    """The prefetcher/plain time ratio of every measured pair (at most 1.0: never slower)."""
+    rows = []
+    for section in sections:
+        for name, (plain, prefetch) in section.get("ratios", {}).items():
+            rows.append(
+                {
+                    "batches": name,
+                    "plain_ms": plain * 1e3,
+                    "prefetcher_ms": prefetch * 1e3,
+                    "prefetcher_over_plain": prefetch / plain,
+                }
+            )
+    return {
+        "title": "Prefetcher / plain loop time (at most 1.0: the prefetcher is never slower)",
+        "columns": ["batches", "plain_ms", "prefetcher_ms", "prefetcher_over_plain"],
+        "rows": rows,
     }
 
 
@@ -296,9 +391,15 @@ def run_benchmark(*, quick: bool = False) -> dict[str, Any]:
         repeats = 3 if quick else 7
         sizes = [16] if quick else [1, 16, 256]
         sections.append(bench_bandwidth(sizes, copies=4 if quick else 10, repeats=repeats))
-        sections.append(
-            bench_overlap(8 if quick else 32, batch_mb=16 if quick else 64, repeats=repeats)
+        overlap = bench_overlap(8 if quick else 32, batch_mb=16 if quick else 64, repeats=repeats)
+        # 4 MB batches, at most 4 workers: 2 x 4 x 4 MB in /dev/shm, safe in a 64 MB container.
+        feed = bench_feed(
+            16 if quick else 64,
+            batch_mb=4,
+            workers=min(2 if quick else 4, os.cpu_count() or 1),
+            repeats=repeats,
         )
+        sections += [overlap, feed, ratio_section(overlap, feed)]
     else:
         notes.append(
             "CUDA is not available on this machine: the host-to-device sections (pinned vs "

@@ -6,11 +6,13 @@ benchmarks/hdf5_read.py has its own data-checking test in tests/hdf5/.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -44,3 +46,18 @@ def test_sample_seeding(tmp_path: Path) -> None:
 def test_transfer(tmp_path: Path) -> None:
     data = _run("transfer.py", tmp_path)
     assert data  # without CUDA: the CPU pass-through measurements
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host it runs the whole suite")
+def test_gpu_check_script_stops_where_there_is_no_cuda() -> None:
+    script = BENCHMARKS.parent / "tools" / "gpu_check.sh"
+    result = subprocess.run(
+        ["bash", str(script), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHON": sys.executable},
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "run this on a CUDA host" in result.stderr
+    assert "full test suite" not in result.stdout

@@ -125,6 +125,12 @@ def test_doctor_checks_on_fake_platforms() -> None:
     assert windows["workers"].status == WARN
     assert windows["/dev/shm"].status == PASS
 
+    bad_fork = by_name(cuda_available=True, cuda_device_count=1, cuda_bad_fork=True)
+    assert bad_fork["CUDA"].status == WARN and "forked" in bad_fork["CUDA"].finding
+    assert "spawn" in bad_fork["CUDA"].advice
+    gpu = by_name(cuda_available=True, cuda_device_count=1, cuda_bad_fork=False)
+    assert gpu["CUDA"].status == PASS
+
     py314 = by_name(**LINUX_314)
     assert "forkserver" in py314["start method"].finding
     assert "pickle" in py314["start method"].advice

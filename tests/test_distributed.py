@@ -259,3 +259,17 @@ def test_hdf5_block_shards_and_session_partition(tmp_path, partition) -> None:
         assert not sessions[0] & sessions[1]
     else:
         assert opens == [6, 6]  # blocks from every session on every rank
+
+
+# ---------------------------------------------------------------- the helper on CUDA hosts
+
+
+def test_ranks_are_spawned_once_cuda_is_initialised(monkeypatch, tmp_path) -> None:
+    from tests import dist_utils
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert dist_utils.rank_start_method() == "fork"
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert dist_utils.rank_start_method() == "spawn"
+    # A real spawned group: the functions these tests run are importable by the children.
+    assert run_distributed(_world_info, 2, tmp_path) == [(0, 2, True), (1, 2, True)]

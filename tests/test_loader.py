@@ -13,7 +13,8 @@ import torch
 from torch.utils.data import BatchSampler, SequentialSampler, SubsetRandomSampler
 
 import loaderkit
-from loaderkit import ConfigError, create_dataloader
+from loaderkit import ConfigError, create_dataloader, detect_platform
+from loaderkit.policy import resolve_pin_memory
 from tests.helpers import (
     ClosableDataset,
     CountingIterable,
@@ -128,25 +129,43 @@ def test_batches_equal_torch_dataloader(workers: dict[str, Any], valid: bool) ->
     assert rejected > 0  # the grid includes combinations torch rejects
 
 
-def test_default_arguments_equal_torch_defaults() -> None:
-    ours = create_dataloader(SquareDataset())
+_TORCH_DEFAULT_ATTRS = (
+    "batch_size",
+    "num_workers",
+    "pin_memory",
+    "drop_last",
+    "timeout",
+    "prefetch_factor",
+    "persistent_workers",
+    "in_order",
+    "pin_memory_device",
+    "generator",
+    "multiprocessing_context",
+)
+
+
+def test_default_arguments_equal_torch_defaults(make_platform) -> None:
+    # On a machine without usable CUDA every default is torch's, pin_memory included.
+    cpu = make_platform(cuda_available=False, cuda_device_count=0, cuda_bad_fork=False)
+    ours = create_dataloader(SquareDataset(), platform=cpu)
     theirs = torch.utils.data.DataLoader(SquareDataset())
-    for attr in (
-        "batch_size",
-        "num_workers",
-        "pin_memory",
-        "drop_last",
-        "timeout",
-        "prefetch_factor",
-        "persistent_workers",
-        "in_order",
-        "pin_memory_device",
-        "generator",
-        "multiprocessing_context",
-    ):
+    for attr in _TORCH_DEFAULT_ATTRS:
         assert getattr(ours, attr) == getattr(theirs, attr), attr
     assert type(ours.sampler) is type(theirs.sampler)
     assert ours.collate_fn is theirs.collate_fn
+
+
+def test_default_arguments_on_this_machine_differ_from_torch_only_by_policy() -> None:
+    # Whatever this machine is (CPU only, a CUDA host, a bad fork), the only default that
+    # differs from torch's is pin_memory, and it is what the pin-memory policy decides here.
+    ours = create_dataloader(SquareDataset())
+    theirs = torch.utils.data.DataLoader(SquareDataset())
+    decided = resolve_pin_memory(None, detect_platform())
+    assert ours.pin_memory is decided.value
+    assert ours.plan["pin_memory"].reason == decided.reason
+    for attr in _TORCH_DEFAULT_ATTRS:
+        if attr != "pin_memory":
+            assert getattr(ours, attr) == getattr(theirs, attr), attr
 
 
 def test_is_a_torch_dataloader() -> None:

@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -125,3 +126,70 @@ def test_recommended_num_workers(make_platform) -> None:
 
 def test_recommended_num_workers_detects_by_default() -> None:
     assert recommended_num_workers() >= 1
+
+
+# ---------------------------------------------------------------- CUDA in a forked child
+
+
+def test_platform_reports_torch_bad_fork_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert detect_platform().cuda_bad_fork is bool(torch.cuda._is_in_bad_fork())
+    monkeypatch.setattr(torch.cuda, "_is_in_bad_fork", lambda: True)
+    info = detect_platform()
+    assert info.cuda_bad_fork is True and info.cuda_usable is False
+    assert "cuda_bad_fork" in info.describe()
+
+
+def test_hand_made_platforms_keep_working_without_the_new_field() -> None:
+    fields = {f.name: getattr(detect_platform(), f.name) for f in dataclasses.fields(PlatformInfo)}
+    del fields["cuda_bad_fork"]
+    info = PlatformInfo(**{**fields, "cuda_available": True, "cuda_device_count": 1})
+    assert info.cuda_bad_fork is False and info.cuda_usable is True
+
+
+def _child_after_cuda_init(bad_fork: bool, conn: Any) -> None:
+    """In a forked child: pretend the parent had initialised CUDA, then build a loader."""
+    try:
+        # What a CUDA host looks like from a child forked after torch.cuda.init() in the
+        # parent: devices visible, torch's bad-fork flag set.
+        torch.cuda.is_available = lambda: True  # type: ignore[assignment]
+        torch.cuda.device_count = lambda: 1  # type: ignore[assignment]
+        torch.cuda._is_in_bad_fork = lambda: bad_fork  # type: ignore[attr-defined]
+        from loaderkit import create_dataloader
+        from tests.helpers import SquareDataset
+
+        seen_bad_fork = detect_platform().cuda_bad_fork
+        loader = create_dataloader(SquareDataset(16), batch_size=8, num_workers=2)
+        entry = loader.plan["pin_memory"]
+        batches = 0
+        if bad_fork:  # the issue's case: iterating must not touch CUDA
+            with loader:
+                batches = len(list(loader))
+        conn.send((seen_bad_fork, entry.value, entry.reason, batches))
+    except BaseException as exc:  # report anything to the parent
+        conn.send(repr(exc))
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("bad_fork", [True, False])
+def test_forked_child_after_cuda_init_does_not_pin(bad_fork: bool) -> None:
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_child_after_cuda_init, args=(bad_fork, child))
+    process.start()
+    child.close()
+    try:
+        assert parent.poll(60), "the child did not answer"
+        result = parent.recv()
+    finally:
+        process.join(10)
+        parent.close()
+    assert process.exitcode == 0
+    assert isinstance(result, tuple), result
+    seen_bad_fork, pinned, reason, batches = result
+    assert seen_bad_fork is bad_fork
+    if bad_fork:
+        assert pinned is False and "forked" in reason
+        assert batches == 2
+    else:
+        assert pinned is True and "CUDA is available" in reason

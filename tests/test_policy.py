@@ -90,6 +90,21 @@ def test_pin_memory_follows_cuda(make_platform) -> None:
     assert resolve_pin_memory(True, make_platform(cuda_available=False)).value is True
 
 
+def test_pin_memory_stays_off_where_cuda_cannot_be_initialised(make_platform) -> None:
+    # A child forked after its parent initialised CUDA sees the devices but cannot use them.
+    bad_fork = make_platform(cuda_available=True, cuda_device_count=1, cuda_bad_fork=True)
+    assert not bad_fork.cuda_usable
+    decision = resolve_pin_memory(None, bad_fork)
+    assert decision.value is False
+    assert "forked" in decision.reason and "initialise" in decision.reason
+    assert resolve_pin_memory(True, bad_fork).value is True  # explicit wins, as in torch
+    usable = make_platform(cuda_available=True, cuda_device_count=1, cuda_bad_fork=False)
+    assert usable.cuda_usable and resolve_pin_memory(None, usable).value is True
+    # Without CUDA a bad fork changes nothing (the "no CUDA" reason stays).
+    no_cuda = make_platform(cuda_available=False, cuda_bad_fork=True)
+    assert "no CUDA" in resolve_pin_memory(None, no_cuda).reason
+
+
 def test_open_file_budget_levels() -> None:
     assert check_open_file_budget(2, 8, 1024).level == "ok"
     warn = check_open_file_budget(2, 150, 1024)  # 3 x 150 + 2 x 16 + 64 = 546 > 512
@@ -250,9 +265,22 @@ def test_pin_memory_none_is_false_without_cuda(make_platform) -> None:
 
 
 def test_pin_memory_none_is_true_with_cuda(make_platform) -> None:
-    loader = create_dataloader(SquareDataset(), platform=make_platform(cuda_available=True))
+    loader = create_dataloader(
+        SquareDataset(), platform=make_platform(cuda_available=True, cuda_bad_fork=False)
+    )
     assert loader.pin_memory is True
     assert "CUDA is available" in loader.plan["pin_memory"].reason
+
+
+def test_pin_memory_none_is_false_in_a_bad_fork(make_platform) -> None:
+    platform = make_platform(cuda_available=True, cuda_device_count=1, cuda_bad_fork=True)
+    loader = create_dataloader(SquareDataset(), batch_size=4, num_workers=2, platform=platform)
+    assert loader.pin_memory is False
+    entry = loader.plan["pin_memory"]
+    assert entry.value is False and "forked" in entry.reason
+    assert "pin_memory" in loader.describe()
+    with loader:
+        assert len(list(loader)) == 3
 
 
 def test_user_sampler_under_distributed_is_kept_with_a_warning(make_platform) -> None:

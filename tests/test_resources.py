@@ -1,11 +1,14 @@
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from loaderkit import LoaderkitWarning, create_dataloader
+from loaderkit import LoaderkitWarning, create_dataloader, resources
 from loaderkit.resources import LeakCheck, ResourceLeakError, compare, snapshot
 from tests.helpers import SquareDataset
 
@@ -87,3 +90,109 @@ def test_multiprocessing_helpers_are_not_counted_as_leaks() -> None:
     helpers = [c for c in check.report.after.children if c.helper]
     assert all("python" in c.name or c.name for c in helpers)
     assert not check.report.new_children
+
+
+# ---------------------------------------------------------------- one-time runtime start-up
+
+
+class FakeCudaStartup:
+    """Stands in for CUDA's start-up: descriptors and memory held until the process exits."""
+
+    FDS = 5
+
+    def __init__(self) -> None:
+        self.initialized = False
+        self.calls = 0
+        self.held: list[Any] = []
+
+    def start(self) -> None:
+        self.calls += 1
+        self.initialized = True
+        self.held += [open(os.devnull) for _ in range(self.FDS)]  # noqa: SIM115
+        self.held.append(bytearray(16 << 20))
+
+    def close(self) -> None:
+        for item in self.held:
+            if hasattr(item, "close"):
+                item.close()
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCudaStartup]:
+    startup = FakeCudaStartup()
+    monkeypatch.setattr(resources, "_start_cuda", startup.start)
+    monkeypatch.setattr(resources, "_cuda_initialized", lambda: startup.initialized)
+    yield startup
+    startup.close()
+
+
+def _closed_loaders() -> None:
+    for persistent in (False, True):
+        with create_dataloader(
+            SquareDataset(8), batch_size=2, num_workers=2, persistent_workers=persistent
+        ) as loader:
+            for _ in range(2):
+                assert sum(1 for _ in loader) == 4
+
+
+def test_runtime_startup_is_paid_before_the_baseline_and_reported_apart(
+    fake_cuda: FakeCudaStartup, make_platform
+) -> None:
+    gpu = make_platform(cuda_available=True, cuda_device_count=1, cuda_bad_fork=False)
+    with LeakCheck(raise_on_leak=True, platform=gpu) as check:
+        _closed_loaders()
+    assert fake_cuda.calls == 1 and check.started == ("CUDA",)
+    assert check.startup is not None and check.startup.fd_growth >= FakeCudaStartup.FDS
+    assert check.report.fd_growth <= 0 and not check.report.leaked()
+
+    # Once started, the runtime is not started again: a second check measures from there.
+    with LeakCheck(raise_on_leak=True, platform=gpu) as again:
+        _closed_loaders()
+    assert fake_cuda.calls == 1 and again.startup is None and again.started == ()
+
+
+def test_without_warmup_a_first_start_inside_the_check_counts_as_growth(
+    fake_cuda: FakeCudaStartup, make_platform
+) -> None:
+    gpu = make_platform(cuda_available=True, cuda_device_count=1, cuda_bad_fork=False)
+    with pytest.raises(ResourceLeakError, match="file descriptors"):
+        with LeakCheck(raise_on_leak=True, settle_s=0.2, warmup=False, platform=gpu):
+            resources.start_runtimes(gpu)  # what the first pinned batch would do
+    assert fake_cuda.calls == 1
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"cuda_available": False, "cuda_device_count": 0, "cuda_bad_fork": False},
+        {"cuda_available": True, "cuda_device_count": 1, "cuda_bad_fork": True},
+    ],
+    ids=["no-cuda", "bad-fork"],
+)
+def test_no_warmup_where_cuda_is_absent_or_unusable(
+    fake_cuda: FakeCudaStartup, make_platform, overrides: dict[str, Any]
+) -> None:
+    with LeakCheck(raise_on_leak=True, platform=make_platform(**overrides)) as check:
+        _closed_loaders()
+    assert fake_cuda.calls == 0 and check.startup is None and check.started == ()
+
+
+def test_leak_message_names_the_startup_it_did_not_count(
+    fake_cuda: FakeCudaStartup, make_platform, tmp_path
+) -> None:
+    gpu = make_platform(cuda_available=True, cuda_device_count=1, cuda_bad_fork=False)
+    path = tmp_path / "held.txt"
+    path.write_text("x")
+    with pytest.raises(ResourceLeakError, match=r"not counted: CUDA start-up.*\+5 fds"):
+        with LeakCheck(raise_on_leak=True, settle_s=0.2, platform=gpu):
+            handle = open(path)  # noqa: SIM115
+    handle.close()
+
+
+def test_docstring_examples_pass_in_a_fresh_interpreter() -> None:
+    # The first loader of a process must not look like a leak (the LeakCheck example).
+    code = "import doctest, loaderkit.resources as r; print(doctest.testmod(r).failed)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert out.stdout.strip() == "0", out.stdout + out.stderr

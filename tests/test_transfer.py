@@ -934,6 +934,113 @@ def test_protocol_records_tensors_inside_to_objects(fake_cuda: FakeBackend) -> N
     assert recorded == [5, 7]
 
 
+# Blocking copies (pageable memory, non_blocking=False) skip the side stream: each batch is
+# copied on the consumer stream when it is handed out, as a plain to_device loop does.
+
+
+def plain_hand_out(i: int, non_blocking: bool = False, consumer: str = "consumer") -> list[Any]:
+    return [("copy", i, consumer, non_blocking), ("consume", i)]
+
+
+def test_protocol_pageable_batches_are_copied_on_the_consumer_stream(
+    fake_cuda: FakeBackend,
+) -> None:
+    prefetcher = DevicePrefetcher(host_batches(3, FakePageableHostTensor), "cuda")
+    with pytest.warns(LoaderkitWarning, match="pageable.*plain loop.*pin_memory=True"):
+        out = consume(prefetcher)
+    assert [*plain_hand_out(0), *plain_hand_out(1), *plain_hand_out(2)] == LOG
+    assert fake_cuda.events_created == 0  # no event, no wait_stream, no record_stream
+    assert [b["name"] for b in out] == ["b0", "b1", "b2"]
+    assert all(type(b["x"]) is FakeCudaTensor for b in out)
+
+
+def test_protocol_pageable_copy_uses_the_stream_current_at_hand_out(
+    fake_cuda: FakeBackend,
+) -> None:
+    prefetcher = DevicePrefetcher(host_batches(2, FakePageableHostTensor), "cuda")
+    with pytest.warns(LoaderkitWarning, match="pageable"):
+        iterator = iter(prefetcher)
+        next(iterator)
+        fake_cuda.current = FakeStream("other")
+        next(iterator)
+    assert LOG[-1] == ("copy", 1, "other", False)
+
+
+def test_protocol_explicit_non_blocking_false_skips_the_side_stream(
+    fake_cuda: FakeBackend,
+) -> None:
+    consume(DevicePrefetcher(host_batches(2), "cuda", non_blocking=False))  # pinned: no warning
+    assert [*plain_hand_out(0), *plain_hand_out(1)] == LOG
+    assert fake_cuda.events_created == 0
+
+
+def test_protocol_pinned_and_pageable_batches_in_one_pass(fake_cuda: FakeBackend) -> None:
+    batches = host_batches(3)
+    batches[1] = host_batches(2, FakePageableHostTensor)[1]
+    with pytest.warns(LoaderkitWarning, match="pageable"):
+        out = consume(DevicePrefetcher(batches, "cuda"))
+    expected = [
+        *stage(0, 1),
+        *hand_out(0, 1),  # batch 1 is pageable: nothing queued for it ahead of time
+        *stage(2, 2),
+        *plain_hand_out(1),
+        *hand_out(2, 2),
+    ]
+    assert expected == LOG
+    assert [b["name"] for b in out] == ["b0", "b1", "b2"]
+
+
+def test_protocol_one_pageable_tensor_makes_the_whole_batch_a_plain_copy(
+    fake_cuda: FakeBackend,
+) -> None:
+    batch = {
+        "x": torch.full((1,), 1.0).as_subclass(FakeHostTensor),  # pinned
+        "y": [torch.full((1,), 2.0).as_subclass(FakePageableHostTensor)],
+    }
+    with pytest.warns(LoaderkitWarning, match="pageable"):
+        (out,) = list(DevicePrefetcher([batch], "cuda"))
+    copies = sorted(entry[1:] for entry in LOG if entry[0] == "copy")
+    assert copies == [(1, "consumer", True), (2, "consumer", False)]  # to_device's own flags
+    assert fake_cuda.events_created == 0
+    assert type(out["x"]) is FakeCudaTensor and type(out["y"][0]) is FakeCudaTensor
+
+
+def test_protocol_to_objects_that_say_they_are_pageable(fake_cuda: FakeBackend) -> None:
+    class Pageable:
+        def __init__(self, value: float) -> None:
+            self.value = value
+
+        def is_pinned(self) -> bool:
+            return False
+
+        def to(self, device: torch.device, non_blocking: bool = False) -> str:
+            assert BACKEND is not None
+            LOG.append(("copy", self.value, BACKEND.current.name, non_blocking))
+            return "moved"
+
+    with pytest.warns(LoaderkitWarning, match="pageable"):
+        (out,) = list(DevicePrefetcher([{"p": Pageable(3.0)}], "cuda"))
+    assert out == {"p": "moved"}
+    assert LOG == [("copy", 3.0, "consumer", False)]
+
+
+def test_pageable_detection_walks_what_to_device_walks() -> None:
+    from loaderkit.transfer import _holds_pageable_memory
+
+    pinned = torch.ones(1).as_subclass(FakeHostTensor)
+    pageable = torch.ones(1).as_subclass(FakePageableHostTensor)
+    on_gpu = torch.ones(1).as_subclass(FakeCudaTensor)
+    assert not _holds_pageable_memory({"ids": [1, 2], "name": "x", "none": None})
+    assert not _holds_pageable_memory({"x": pinned, "y": (on_gpu, Point(pinned, 2))})
+    assert _holds_pageable_memory(torch.ones(2))  # a real CPU tensor here: never pinned
+    assert _holds_pageable_memory({"a": [pinned, {"b": Point(1, pageable)}]})
+    assert _holds_pageable_memory(Sample(pageable, 1))
+    assert _holds_pageable_memory(Pair(pinned, [pageable]))
+    assert not _holds_pageable_memory(Sample(pinned, 1, extra=on_gpu))
+    shared = [pinned]
+    assert not _holds_pageable_memory([shared, shared, (shared,)])
+
+
 # ----------------------------------------------------------------------------- CUDA
 
 
@@ -1091,3 +1198,19 @@ class TestOnCuda:
             assert batch["coo"].is_cuda and batch["csr"].is_cuda
             torch.testing.assert_close(batch["coo"].to_dense().cpu(), dense)
             torch.testing.assert_close(batch["csr"].to_dense().cpu(), dense)
+
+    def test_pageable_batches_are_copied_like_a_plain_loop(self) -> None:
+        loader = [torch.randn(1 << 18) for _ in range(4)]
+        prefetcher = DevicePrefetcher(loader, "cuda")
+        with pytest.warns(LoaderkitWarning, match="pageable"):
+            got = list(prefetcher)  # first pass: creates the side stream, warns once
+        for g, e in zip(got, loader, strict=True):
+            torch.testing.assert_close(g.cpu(), e)
+        torch.cuda.synchronize()
+        side = prefetcher.stream
+        with torch.cuda.stream(side):
+            _busy(400_000_000)  # were a copy queued behind this, the values would come late
+        firsts = [float(x[0]) for x in prefetcher]  # copies on the current stream only
+        assert firsts == [float(e[0]) for e in loader]
+        assert not side.query(), "the side stream is still busy: copies did not wait for it"
+        torch.cuda.synchronize()

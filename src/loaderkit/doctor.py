@@ -164,6 +164,15 @@ def _open_files(p: PlatformInfo, max_open_files: int) -> Check:
 
 
 def _cuda(p: PlatformInfo) -> Check:
+    if p.cuda_available and p.cuda_bad_fork:
+        return Check(
+            "CUDA",
+            WARN,
+            f"{p.cuda_device_count} device(s), but this process was forked after its parent "
+            "initialised CUDA: CUDA cannot be used here",
+            "pin_memory defaults to False here; start processes that need CUDA with spawn or "
+            "forkserver, or fork before the parent first uses CUDA",
+        )
     if p.cuda_available:
         return Check(
             "CUDA",

@@ -60,10 +60,17 @@ class PlatformInfo:
         torch_version: ``torch.__version__``.
         local_world_size: Processes per node from the launcher (``LOCAL_WORLD_SIZE``, set by
             torchrun), ``None`` when not launched that way.
+        cuda_bad_fork: This process was forked after its parent had initialised CUDA
+            (``torch.cuda._is_in_bad_fork()``): CUDA is visible (``cuda_available`` may be
+            True) but cannot be initialised here, so anything that touches it (pinning a
+            batch, a ``.to("cuda")``) raises "Cannot re-initialize CUDA in forked subprocess".
+            ``False`` by default, so hand-made ``PlatformInfo`` objects keep their meaning.
 
     Examples:
         >>> info = detect_platform()
         >>> info.usable_cpus >= 1
+        True
+        >>> info.cuda_usable == (info.cuda_available and not info.cuda_bad_fork)
         True
     """
 
@@ -82,6 +89,19 @@ class PlatformInfo:
     python_version: tuple[int, int, int]
     torch_version: str
     local_world_size: int | None = None
+    cuda_bad_fork: bool = False
+
+    @property
+    def cuda_usable(self) -> bool:
+        """CUDA is available *and* can be initialised in this process (not a bad fork).
+
+        Examples:
+            >>> from dataclasses import replace
+            >>> gpu = replace(detect_platform(), cuda_available=True, cuda_device_count=1)
+            >>> gpu.cuda_usable, replace(gpu, cuda_bad_fork=True).cuda_usable
+            (True, False)
+        """
+        return self.cuda_available and not self.cuda_bad_fork
 
     def describe(self) -> str:
         """Render every field as ``name: value`` lines.
@@ -206,6 +226,17 @@ def _local_world_size() -> int | None:
         return None
 
 
+def _cuda_bad_fork() -> bool:
+    """Read torch's own check: was this process forked after its parent initialised CUDA?"""
+    check = getattr(torch.cuda, "_is_in_bad_fork", None)
+    if not callable(check):  # pragma: no cover - a torch without the check
+        return False
+    try:
+        return bool(check())
+    except Exception:  # pragma: no cover - never let detection fail on a private helper
+        return False
+
+
 def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
     """Read the machine once and return a frozen ``PlatformInfo``.
 
@@ -246,4 +277,5 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
         python_version=python_version,
         torch_version=str(torch.__version__),
         local_world_size=_local_world_size(),
+        cuda_bad_fork=_cuda_bad_fork(),
     )

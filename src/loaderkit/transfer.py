@@ -8,8 +8,11 @@ safe and useful, i.e. a pinned CPU tensor going to a CUDA device (see
 
 ``DevicePrefetcher`` wraps any iterable of batches. On a CUDA device it copies batch ``k+1``
 on one side stream while the caller works on batch ``k``, and hands out a batch only after making
-the caller's stream wait for its copy. On any other device it is a pass-through that applies
-``to_device``.
+the caller's stream wait for its copy. A copy that blocks the host anyway (a batch with CPU
+tensors in pageable memory, or ``non_blocking=False``) gains nothing from the side stream and
+would only add synchronization to it, so such a batch is copied on the caller's stream when it
+is handed out, exactly as a plain loop would. On any other device it is a pass-through that
+applies ``to_device``.
 
 Stream protocol of the prefetcher (one side stream ``S`` per prefetcher, consumer stream ``C`` =
 the current stream when the caller asks for the next batch):
@@ -22,6 +25,9 @@ the current stream when the caller asks for the next batch):
    copy of batch ``k+1``, already queued, keeps running concurrently) and every tensor of the
    batch is marked with ``record_stream(C)``, so the allocator does not reuse its memory before
    the work the caller queues on ``C`` has finished.
+
+Blocking copies (pageable memory, ``non_blocking=False``) skip steps 1-3: the batch is moved with
+``to_device`` on ``C`` when it is handed out (``C`` owns the memory, nothing to record).
 
 The side stream is created once, lazily, on the first CUDA iteration, and reused by every later
 epoch: a stream per epoch makes the caching allocator keep one pool of cached blocks per stream,
@@ -413,6 +419,39 @@ def _iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
             stack.extend(getattr(item, f.name, None) for f in dataclasses.fields(item))
 
 
+def _holds_pageable_memory(batch: Any) -> bool:
+    """Whether a copy of ``batch`` to CUDA would read pageable host memory (and so block).
+
+    True when a CPU tensor reached through the containers ``to_device`` understands is not
+    pinned, or an object with ``.to()`` says ``is_pinned() is False``; objects that cannot tell
+    count as pinned (their own ``.to`` decides).
+    """
+    stack = [batch]
+    seen: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if type(item) in _EXACT_LEAVES:
+            continue
+        if isinstance(item, torch.Tensor):
+            if item.device.type == "cpu" and not item.is_pinned():
+                return True
+            continue
+        if isinstance(item, _LEAF_TYPES) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if callable(getattr(item, "to", None)):
+            is_pinned = getattr(item, "is_pinned", None)
+            if callable(is_pinned) and is_pinned() is False:
+                return True
+        elif isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif dataclasses.is_dataclass(item):
+            stack.extend(getattr(item, f.name, None) for f in dataclasses.fields(item))
+    return False
+
+
 def _run(mover: _Mover, batch: Any) -> Any:
     try:
         return mover.move(batch)
@@ -519,7 +558,11 @@ def _record_stream(tensor: torch.Tensor, stream: Any) -> None:
 
 
 class _Staged:
-    """A batch whose copy has been queued on the side stream."""
+    """A batch staged for hand-out.
+
+    Its copy is queued on the side stream (``event`` set), or it is copied on the consumer
+    stream when it is handed out (``event`` is ``None``).
+    """
 
     __slots__ = ("batch", "event", "tensors")
 
@@ -540,9 +583,11 @@ class DevicePrefetcher(Generic[T]):
     batch's tensors are marked with ``record_stream`` so their memory is not reused too early.
     The side stream is created once, on the first CUDA iteration, and reused every epoch. Copies
     overlap compute only from pinned memory (``pin_memory=True`` on the loader, loaderkit's
-    default when CUDA is available); a ``LoaderkitWarning`` says so once
-    when pageable CPU tensors are seen. On any other device each batch goes through
-    ``to_device``, with nothing held back.
+    default when CUDA is usable). A batch whose copy blocks the host anyway (CPU tensors in
+    pageable memory, or ``non_blocking=False``) is copied on the caller's stream when it is
+    handed out, as a plain ``to_device`` loop would, so the prefetcher is never slower than
+    that loop; a ``LoaderkitWarning`` says once when pageable CPU tensors are seen. On any
+    other device each batch goes through ``to_device``, with nothing held back.
 
     Each ``iter()`` starts a new pass over ``loader`` (one epoch), so the prefetcher can be
     iterated every epoch like a DataLoader; ``len()`` is the loader's. If the loader raises while
@@ -683,6 +728,19 @@ class DevicePrefetcher(Generic[T]):
             return cast(torch.device, self._cuda_device), self._stream
 
     def _stage(self, batch: Any, device: torch.device, stream: Any) -> _Staged:
+        if self.non_blocking is False:  # every copy blocks the host: nothing to overlap
+            return _Staged(batch, None, [])
+        if _holds_pageable_memory(batch):
+            if not self._warned_unpinned:
+                self._warned_unpinned = True
+                warn(
+                    "DevicePrefetcher: batches contain CPU tensors in pageable memory, whose "
+                    "copies to the GPU block the host and cannot overlap compute; they are "
+                    "copied on your stream as each batch is handed out, as a plain loop "
+                    "would. Create the loader with pin_memory=True (loaderkit's default when "
+                    "CUDA is usable) for overlap"
+                )
+            return _Staged(batch, None, [])
         backend = self._backend
         stream.wait_stream(backend.current_stream(device))
         mover = _Mover(device, self.non_blocking, collect=True)
@@ -690,16 +748,11 @@ class DevicePrefetcher(Generic[T]):
             moved = _run(mover, batch)
             event = backend.new_event()
             event.record(stream)
-        if mover.unpinned and not self._warned_unpinned:
-            self._warned_unpinned = True
-            warn(
-                "DevicePrefetcher: batches contain CPU tensors in pageable memory, so their "
-                "copies to the GPU cannot overlap compute; create the loader with "
-                "pin_memory=True (loaderkit's default when CUDA is available)"
-            )
         return _Staged(moved, event, cast("list[torch.Tensor]", mover.produced))
 
     def _hand_out(self, staged: _Staged, device: torch.device) -> T:
+        if staged.event is None:  # a blocking copy, on the consumer stream, as a plain loop
+            return cast(T, _run(_Mover(device, self.non_blocking), staged.batch))
         consumer = self._backend.current_stream(device)
         consumer.wait_event(staged.event)
         for tensor in staged.tensors:
