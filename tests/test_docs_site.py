@@ -18,7 +18,14 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_every_public_name_is_in_the_api_reference() -> None:
     text = (ROOT / "docs" / "api.md").read_text()
     documented = set(re.findall(r"^::: loaderkit\.(\w+)\s*$", text, re.M))
-    missing = set(loaderkit.__all__) - {"__version__"} - documented
+    # an alias (create_dataloader is DataLoader) is documented with the object it names
+    aliases = {
+        name
+        for name in loaderkit.__all__
+        if f"`{name}`" in text
+        and any(getattr(loaderkit, name) is getattr(loaderkit, d, None) for d in documented)
+    }
+    missing = set(loaderkit.__all__) - {"__version__"} - documented - aliases
     assert not missing, f"add to docs/api.md: {sorted(missing)}"
 
 

@@ -71,13 +71,15 @@ def test_sigkill_of_a_worker_is_an_error_not_a_hang(tmp_path) -> None:
     victim = sorted(child_pids() - before)[0]
     start = time.monotonic()
     # torch's SIGCHLD handler raises "DataLoader worker (pid N) is killed by signal"; when the
-    # worker dies mid-send the queue's ConnectionResetError may surface first, with it chained.
-    with pytest.raises((RuntimeError, ConnectionError)) as info:
+    # worker dies mid-send the queue's ConnectionResetError may surface first, with it chained,
+    # or, when it dies while handing over a batch's shared-memory descriptor, the EOFError of
+    # multiprocessing's resource sharer (no pid to name then).
+    with pytest.raises((RuntimeError, ConnectionError, EOFError)) as info:
         os.kill(victim, signal.SIGKILL)
         for _ in iterator:
             pass
     assert time.monotonic() - start < 30
-    assert _mentions_dead_worker(info.value, victim)
+    assert isinstance(info.value, EOFError) or _mentions_dead_worker(info.value, victim)
     loader.close()  # must not raise although a worker is already dead
     assert wait_children_gone(before) == set()
     assert _session_files_open(tmp_path) == []

@@ -9,11 +9,12 @@ receives a ``DistInfo``. Sampler selection for ``distributed="auto"`` lives in
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "dist_info"]
+__all__ = ["DistInfo", "accelerate_initialized", "dist_info"]
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class DistInfo:
         world_size: Number of processes in the default group (1 when not distributed).
         local_rank: Rank on this node (``LOCAL_RANK`` set by torchrun, else 0).
         local_world_size: Processes on this node (``LOCAL_WORLD_SIZE``, else 1).
+        accelerate: True when an initialized Hugging Face Accelerate state runs this process:
+            ``accelerator.prepare(loader)`` then shards loaders itself.
 
     Examples:
         >>> DistInfo(initialized=False, rank=0, world_size=1).is_distributed
@@ -37,6 +40,7 @@ class DistInfo:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
+    accelerate: bool = False
 
     @property
     def is_distributed(self) -> bool:
@@ -54,6 +58,21 @@ def _env_int(name: str, default: int) -> int:
         return default
 
 
+def accelerate_initialized() -> bool:
+    """Whether Hugging Face Accelerate's process state is initialized in this process.
+
+    Reads ``accelerate.state.PartialState`` only when Accelerate is already imported (an
+    ``Accelerator()`` exists); never imports it.
+
+    Examples:
+        >>> isinstance(accelerate_initialized(), bool)
+        True
+    """
+    module = sys.modules.get("accelerate.state")
+    state = getattr(module, "PartialState", None)
+    return bool(getattr(state, "_shared_state", None))
+
+
 def dist_info() -> DistInfo:
     """Describe the current process's place in the default ``torch.distributed`` group.
 
@@ -67,8 +86,9 @@ def dist_info() -> DistInfo:
         True
     """
     initialized = dist.is_available() and dist.is_initialized()
+    accelerate = accelerate_initialized()
     if not initialized:
-        return DistInfo(initialized=False)
+        return DistInfo(initialized=False, accelerate=accelerate)
     world_size = dist.get_world_size()
     return DistInfo(
         initialized=True,
@@ -76,4 +96,5 @@ def dist_info() -> DistInfo:
         world_size=world_size,
         local_rank=_env_int("LOCAL_RANK", 0),
         local_world_size=_env_int("LOCAL_WORLD_SIZE", world_size),
+        accelerate=accelerate,
     )

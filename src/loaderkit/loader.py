@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import torch.utils.data
 from torch.utils.data import Dataset, Sampler
@@ -28,14 +28,14 @@ from torch.utils.data.dataloader import (
     _SingleProcessDataLoaderIter,
 )
 
-from loaderkit.errors import ConfigError
+from loaderkit.errors import ConfigError, warn
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
 from loaderkit.platform import PlatformInfo
 from loaderkit.policy import LoaderRequest
-from loaderkit.seeding import SampleSeeder, epoch_seed
+from loaderkit.seeding import SampleSeeder, WorkerInit, epoch_seed
 
-__all__ = ["DataLoader"]
+__all__ = ["DataLoader", "loaders_built_since"]
 
 logger = logging.getLogger("loaderkit")
 
@@ -45,48 +45,114 @@ _KILL_GRACE_S = 1.0
 
 _T_co = TypeVar("_T_co", covariant=True)
 
+#: Generators loaderkit created from ``seed`` (a loader rebuilt with one keeps owning it).
+_OWNED_GENERATORS: weakref.WeakSet[torch.Generator] = weakref.WeakSet()
 
-class DataLoader(torch.utils.data.DataLoader[_T_co]):
-    """A ``torch.utils.data.DataLoader`` with safe defaults, ``close()`` and epoch tracking.
+#: Live loaders by construction number (``loaders_built_since``).
+_REGISTRY: weakref.WeakValueDictionary[int, DataLoader[Any]] = weakref.WeakValueDictionary()
 
-    Swapping ``from torch.utils.data import DataLoader`` for ``from loaderkit import DataLoader``
-    is the whole migration: arguments keep torch's names, positions, defaults and meaning;
-    loaderkit only fills in the ones you leave unset. See ``loaderkit.create_dataloader``
-    for every argument and which policy fills it.
 
-    Args:
-        dataset: As in torch.
-        batch_size: As in torch.
-        shuffle: As in torch; ``None`` lets ``training`` decide; ``"block"`` shuffles blocks of
-            contiguous rows of an ``HDF5SessionDataset`` (see ``BlockShuffleSampler``).
-        sampler: As in torch.
-        batch_sampler: As in torch.
-        num_workers: As in torch, or ``"auto"``.
-        collate_fn: As in torch.
-        pin_memory: ``None`` means True exactly when CUDA is available.
-        drop_last: As in torch.
-        timeout: As in torch.
-        worker_init_fn: As in torch; runs after loaderkit's per-worker seeding.
-        multiprocessing_context: As in torch.
-        generator: As in torch; created from ``seed`` when unset.
-        prefetch_factor: As in torch.
-        persistent_workers: ``None`` lets ``training`` decide (torch's default otherwise).
-        pin_memory_device: As in torch.
-        in_order: As in torch.
-        training: ``True``/``False``/``None``: training or evaluation defaults.
-        seed: Makes sampler order and worker streams reproducible.
-        sample_seeding: Seed every sample from ``(seed, epoch, index)``.
-        force_zero_workers_on_windows: The Windows zero-worker policy.
-        distributed: ``"auto"``, ``True`` or ``False``: shard under ``torch.distributed``.
-        platform: A ``PlatformInfo`` to plan for instead of this machine.
+def loaders_built_since(mark: int) -> list[DataLoader[Any]]:
+    """The live loaders of this process built after ``DataLoader._built`` was ``mark``.
+
+    Oldest first. Integrations use it to find the loaders a stage built, which a framework may
+    have replaced by rebuilt copies.
 
     Examples:
-        >>> from loaderkit import DataLoader
-        >>> with DataLoader(list(range(10)), batch_size=4, training=True, seed=0) as loader:
-        ...     sizes = [len(batch) for batch in loader]
-        >>> sizes
-        [4, 4, 2]
+        >>> mark = DataLoader._built
+        >>> loader = DataLoader([1, 2])
+        >>> loaders_built_since(mark) == [loader]
+        True
     """
+    return [_REGISTRY[n] for n in sorted(_REGISTRY.keys()) if n > mark and n in _REGISTRY]
+
+
+class DataLoader(torch.utils.data.DataLoader[_T_co]):
+    """torch's DataLoader with the unset parts made safe, ``close()`` and epoch tracking.
+
+    ``create_dataloader`` is this class under its function name: both accept the same
+    arguments and build the same object, so swapping the import is the whole migration.
+
+    Every ``torch.utils.data.DataLoader`` argument keeps its name, position, default and
+    meaning; passing torch's own values reproduces torch's behaviour (except the Windows
+    policy). loaderkit only fills what you leave unset, and records each decision in
+    ``loader.plan`` (``print(loader.describe())``).
+
+    Args:
+        dataset: Map-style or iterable dataset, as in torch.
+        batch_size: As in torch (``None`` disables automatic batching).
+        shuffle: As in torch. ``None`` (unset): ``training=True`` → True, ``training=False`` →
+            False, else torch's default (False). ``"block"``: locality-aware shuffling of an
+            ``HDF5SessionDataset`` with a
+            ``BlockShuffleSampler`` (sequential reads, batches still mix
+            sessions).
+        sampler: As in torch. Under ``torch.distributed`` a sampler that does not shard is kept
+            with a ``LoaderkitWarning``.
+        batch_sampler: As in torch. Under ``torch.distributed`` its batches are dealt to ranks
+            unless it already shards.
+        num_workers: As in torch, or ``"auto"`` → ``recommended_num_workers``
+            (CPU-affinity aware, per local rank, capped at 8). *Windows policy*: on Windows,
+            while ``force_zero_workers_on_windows`` is True, any value becomes 0 with a
+            warning.
+        collate_fn: As in torch. Checked for picklability under spawn/forkserver.
+        pin_memory: ``None`` (unset) → True exactly when CUDA is available and usable in this
+            process (not in a child forked after CUDA was initialised) (*pin-memory policy*);
+            explicit values are kept.
+        drop_last: As in torch (also passed to a ``DistributedSampler`` loaderkit builds).
+        timeout: As in torch (dropped to 0 when the Windows policy removes the workers).
+        worker_init_fn: As in torch. loaderkit's ``seed_worker`` always runs
+            first (distinct, reproducible streams per worker and rank), then this function.
+        multiprocessing_context: As in torch; decides the start method (then the global start
+            method, then the interpreter's default). Under ``spawn``/``forkserver`` the
+            dataset, ``collate_fn`` and ``worker_init_fn`` are pickled up front and an
+            unpicklable part raises ``ConfigError`` naming its attribute
+            path (*picklability preflight*).
+        generator: As in torch. When unset and ``seed`` is given, a seeded generator is created
+            and reseeded from ``(seed, epoch)`` at every pass.
+        prefetch_factor: As in torch (dropped when the Windows policy removes the workers).
+        persistent_workers: ``None`` (unset): ``training=True`` with workers → True (*persistent
+            policy*), otherwise False (torch's default). Explicit values are kept.
+        pin_memory_device: As in torch.
+        in_order: As in torch.
+        training: ``True`` (training defaults), ``False`` (evaluation: no shuffle, no persistent
+            workers, exact distributed shards) or ``None`` (torch's defaults).
+        seed: An int in ``[0, 2**64 - 1]``. Makes the sampler order and every worker's random
+            streams reproducible; also seeds the distributed and block samplers.
+        sample_seeding: Seed python/numpy/torch RNGs and ``worker_rng`` from
+            ``(seed, epoch, index)`` while each sample is produced, so batches do not depend on
+            ``num_workers`` (map-style datasets; samples are then read one by one).
+        force_zero_workers_on_windows: The Windows zero-worker policy (default on).
+        distributed: ``"auto"``: under an initialized ``torch.distributed`` group with world
+            size > 1 and no user sampler, shard the data (training: ``DistributedSampler``;
+            ``training=False``: an exact shard with no padded duplicates). ``True`` requires a
+            process group; ``False`` never shards.
+        platform: A ``PlatformInfo`` to plan for instead of detecting this
+            machine (tests; "what would happen on Windows?").
+
+    Beyond torch's DataLoader it has ``close()``, context-manager support,
+    ``epoch``/``set_epoch()``, ``plan`` and ``describe()``. Every loaderkit-only argument is
+    kept as a public attribute of the same name holding the value you passed, so frameworks
+    that rebuild loaders from their attributes (Lightning) get an equivalent loader.
+
+    Raises:
+        ConfigError: A setting that cannot work (named, with the fix). Also a ``ValueError``.
+        ValueError, TypeError: torch's own argument errors, unchanged; an invalid ``seed``.
+
+    Examples:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from loaderkit import create_dataloader
+        >>> ds = TensorDataset(torch.arange(10.0))
+        >>> with create_dataloader(ds, batch_size=4, training=True, seed=0) as loader:
+        ...     batches = [b for (b,) in loader]
+        >>> [len(b) for b in batches]
+        [4, 4, 2]
+        >>> loader.plan["shuffle"].value
+        True
+    """
+
+    #: How many loaderkit loaders this process has built (see ``loaders_built_since``).
+    _built: ClassVar[int] = 0
 
     def __init__(
         self,
@@ -115,6 +181,14 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         distributed: bool | str = "auto",
         platform: PlatformInfo | None = None,
     ) -> None:
+        if isinstance(worker_init_fn, WorkerInit):
+            # Rebuilt from this loader's own attributes (Lightning's attribute path): take the
+            # caller's function back, so seeding is installed once, for this process's rank.
+            worker_init_fn = worker_init_fn.user_fn
+        if generator is not None and generator in _OWNED_GENERATORS:
+            # The generator another loaderkit loader created from ``seed``: still owned, so
+            # this loader reseeds it from (seed, epoch) as the original did.
+            generator = None
         request = LoaderRequest(
             batch_size=batch_size,
             shuffle=shuffle,  # type: ignore[arg-type]
@@ -140,11 +214,18 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         )
         setup = plan_loader(dataset, request, platform)
         super().__init__(dataset, **setup.torch_kwargs)  # type: ignore[arg-type]
+        if setup.owns_generator and self.generator is not None:
+            _OWNED_GENERATORS.add(self.generator)
         self.plan: Plan = setup.plan
-        self.platform: PlatformInfo = setup.platform
+        # loaderkit's own arguments, as passed, under their parameter names: frameworks rebuild
+        # a loader from attributes named like its __init__ parameters.
         self.training = training
         self.seed = setup.seed
         self.sample_seeding = bool(sample_seeding)
+        self.force_zero_workers_on_windows = force_zero_workers_on_windows
+        self.distributed = distributed
+        self.platform = platform
+        self._defer_sharding = setup.defers_sharding
         self._owns_generator = setup.owns_generator
         self._sample_seeder: SampleSeeder | None = setup.sample_seeder
         self._next_epoch = 0
@@ -155,6 +236,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._epochs_set[id(target)] = getattr(target, "epoch", None)
         self._live_iterators: weakref.WeakSet[_BaseDataLoaderIter] = weakref.WeakSet()
         self._closed = False
+        DataLoader._built += 1
+        _REGISTRY[DataLoader._built] = self
 
     # ------------------------------------------------------------------ epochs
 
@@ -235,6 +318,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         return epoch
 
     def __iter__(self) -> _BaseDataLoaderIter:
+        if self._defer_sharding:
+            self._defer_sharding = False  # say it once
+            warn(
+                "this loader was built in a multi-process Accelerate job with "
+                "distributed='auto', which leaves sharding to accelerator.prepare(loader), but "
+                "it is iterated directly: every process reads every sample. Pass it to "
+                "accelerator.prepare, or build it with distributed=True to let loaderkit shard "
+                "it (exact shards for training=False)."
+            )
         self._begin_pass()
         self._closed = False
         iterator = super().__iter__()
@@ -313,6 +405,83 @@ def _shutdown_iterator(iterator: _BaseDataLoaderIter) -> None:
                 worker.join(_KILL_GRACE_S)
         except Exception:  # pragma: no cover - process already reaped
             logger.debug("loaderkit: could not stop worker %s", worker, exc_info=True)
+    _release_iterator(iterator)
+
+
+def _release_iterator(iterator: _MultiProcessingDataLoaderIter) -> None:
+    """Close every descriptor a stopped iterator still owns in this process; never raise.
+
+    torch leaves them to garbage collection of the iterator, which may never come while
+    something still refers to it: older torch releases register every worker of a persistent
+    pinned iterator with ``atexit`` (2 pipe ends per worker held until the interpreter exits),
+    and a caller, a framework or a traceback may hold the iterator itself. What is released:
+
+    * the pin-memory thread (joined first: it reads the result queue);
+    * the result queue and the index queues (multiprocessing queues: one pipe, two ends, each);
+      torch closes the result queue only when pinning, and ``Queue.close()`` closes nothing
+      in a process that never put on the queue, so the ends are closed here;
+    * each reaped worker's ``Popen`` pipe ends (its sentinel): ``Process`` objects stay
+      usable (``join``/``is_alive``/``exitcode`` answer from the recorded exit code);
+    * batches received but not yet handed out (pinned memory, shared-memory descriptors).
+    """
+    import queue
+
+    queues = list(getattr(iterator, "_index_queues", ()))
+    thread = getattr(iterator, "_pin_memory_thread", None)
+    if thread is not None and thread.is_alive():
+        done = getattr(iterator, "_pin_memory_thread_done_event", None)
+        if done is not None:
+            done.set()
+        thread.join(_KILL_GRACE_S)
+    if thread is None or not thread.is_alive():
+        queues.append(getattr(iterator, "_worker_result_queue", None))
+    else:  # pragma: no cover - stuck pinning a batch: it still reads the result queue
+        logger.debug("loaderkit: pin-memory thread did not stop; the result queue stays open")
+    for mp_queue in queues:
+        if mp_queue is not None:
+            _close_mp_queue(mp_queue)
+    data_queue = getattr(iterator, "_data_queue", None)
+    if isinstance(data_queue, queue.Queue):  # pinned batches the pin thread had queued
+        with data_queue.mutex:
+            data_queue.queue.clear()
+    task_info = getattr(iterator, "_task_info", None)
+    if isinstance(task_info, dict):  # out-of-order batches held for later
+        task_info.clear()
+    for worker in getattr(iterator, "_workers", ()):
+        _release_process(worker)
+
+
+def _close_mp_queue(mp_queue: Any) -> None:
+    """Close both pipe ends of a multiprocessing queue in this process."""
+    try:
+        mp_queue.cancel_join_thread()
+        mp_queue.close()  # with a feeder thread: it flushes, then closes both ends itself
+    except Exception:  # pragma: no cover - already closed or half built
+        logger.debug("loaderkit: closing a queue failed", exc_info=True)
+    feeder = getattr(mp_queue, "_thread", None)
+    if feeder is not None:
+        feeder.join(_KILL_GRACE_S)
+        if feeder.is_alive():  # pragma: no cover - still writing into a full pipe
+            return  # closing the ends now would make it fail loudly; it closes them when done
+    for end in (getattr(mp_queue, "_reader", None), getattr(mp_queue, "_writer", None)):
+        try:
+            if end is not None:
+                end.close()
+        except OSError:  # pragma: no cover - already closed
+            pass
+
+
+def _release_process(worker: Any) -> None:
+    """Close the pipe ends multiprocessing keeps for a worker that has been reaped."""
+    try:
+        if worker.exitcode is None:  # running, or never started: nothing to release safely
+            return
+        popen = getattr(worker, "_popen", None)
+        close = getattr(popen, "close", None)
+        if callable(close):
+            close()
+    except Exception:  # pragma: no cover - a Process already closed by someone else
+        logger.debug("loaderkit: could not release worker %s", worker, exc_info=True)
 
 
 # --------------------------------------------------------------------------- sample seeding

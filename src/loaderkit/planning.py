@@ -67,6 +67,7 @@ class LoaderSetup:
         owns_generator: True when loaderkit created the generator from ``seed`` (it is
             reseeded from ``(seed, epoch)`` at every pass).
         sample_seeder: Set when ``sample_seeding=True``.
+        defers_sharding: ``distributed="auto"`` left sharding to ``accelerator.prepare``.
     """
 
     torch_kwargs: dict[str, Any]
@@ -75,6 +76,7 @@ class LoaderSetup:
     seed: int | None
     owns_generator: bool
     sample_seeder: SampleSeeder | None
+    defers_sharding: bool = False
 
 
 def dataset_facts(dataset: Any) -> DatasetFacts:
@@ -110,7 +112,7 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> Non
     choice = res.sampler_choice
     if choice == SamplerChoice.BLOCK:
         kwargs: dict[str, Any] = {"seed": res.sampler_seed}
-        if dist.is_distributed or request.distributed is True:
+        if not res.defers_sharding and (dist.is_distributed or request.distributed is True):
             kwargs.update(num_replicas=dist.world_size, rank=dist.rank, drop_last=request.drop_last)
         else:
             kwargs.update(num_replicas=1, rank=0)
@@ -299,4 +301,5 @@ def plan_loader(
         seed=seed,
         owns_generator=owns_generator,
         sample_seeder=seeder,
+        defers_sharding=res.defers_sharding,
     )

@@ -147,6 +147,8 @@ class Resolution:
         make_generator: True when a seeded ``torch.Generator`` must be created from ``seed``.
         dist: The distributed placement used for the decision.
         start_method: The start method workers will use.
+        defers_sharding: True when ``distributed="auto"`` leaves sharding to Accelerate's
+            ``accelerator.prepare`` (the loader warns if it is iterated unprepared).
     """
 
     values: dict[str, Any]
@@ -158,6 +160,7 @@ class Resolution:
     make_generator: bool = False
     dist: DistInfo = field(default_factory=lambda: DistInfo(initialized=False))
     start_method: str = "fork"
+    defers_sharding: bool = False
 
     def record(self, name: str, requested: Any, value: Any, reason: str) -> None:
         """Append a plan entry."""
@@ -317,21 +320,33 @@ def resolve_shuffle(
 def resolve_pin_memory(
     requested: bool | None, platform: PlatformInfo, pin_memory_device: str = ""
 ) -> Decision[bool]:
-    """Decide ``pin_memory``: unset means True exactly when CUDA is available.
+    """Decide ``pin_memory``: unset means True exactly when CUDA is usable in this process.
 
+    Usable means available (``platform.cuda_available``) and not in a process forked after its
+    parent initialised CUDA (``platform.cuda_bad_fork``): there the first pinned batch would
+    raise "Cannot re-initialize CUDA in forked subprocess", so pinning stays off, as in torch.
     A ``pin_memory_device`` given without ``pin_memory`` is torch's explicit "configured, not
     pinning" combination, so it keeps torch's default (False).
 
     Examples:
         >>> from dataclasses import replace
         >>> from loaderkit.platform import detect_platform
-        >>> resolve_pin_memory(None, replace(detect_platform(), cuda_available=True)).value
+        >>> gpu = replace(detect_platform(), cuda_available=True, cuda_bad_fork=False)
+        >>> resolve_pin_memory(None, gpu).value
         True
+        >>> resolve_pin_memory(None, replace(gpu, cuda_bad_fork=True)).value
+        False
     """
     if requested is not None:
         return Decision(bool(requested), "as given")
     if pin_memory_device:
         return Decision(False, "pin_memory_device given without pin_memory: torch's default")
+    if platform.cuda_available and platform.cuda_bad_fork:
+        return Decision(
+            False,
+            "CUDA cannot be initialised in this process (forked after the parent initialised "
+            "CUDA): pinning would fail at the first batch",
+        )
     if platform.cuda_available:
         return Decision(True, "CUDA is available: pinned batches copy to the GPU asynchronously")
     return Decision(False, "no CUDA device: pinning would only cost time")
@@ -460,8 +475,19 @@ def _resolve_sampler(
             "torch.distributed.init_process_group(...) before building the loader, or pass "
             "distributed='auto' to shard only when a process group exists"
         )
-    sharding = mode is True or (mode == "auto" and dist.is_distributed)
+    # Accelerate shards every loader given to accelerator.prepare (it wraps the batch sampler
+    # and never checks for a sampler that already shards): "auto" leaves it that job.
+    defer = mode == "auto" and dist.is_distributed and dist.accelerate
+    sharding = mode is True or (mode == "auto" and dist.is_distributed and not defer)
     where = f"rank {dist.rank} of {dist.world_size}"
+    if mode is True and dist.is_distributed and dist.accelerate:
+        res.warnings.append(
+            f"distributed=True in a {dist.world_size}-process Accelerate job: loaderkit shards "
+            "this loader itself, so iterate it directly and do not pass it to "
+            "accelerator.prepare (which shards it again: each process would see only "
+            f"1/{dist.world_size} of its shard). For a loader you prepare, leave "
+            "distributed='auto'."
+        )
 
     if shuffle == "block":
         if facts.iterable or not facts.supports_block_shuffle:
@@ -476,12 +502,31 @@ def _resolve_sampler(
             )
         res.sampler_choice = SamplerChoice.BLOCK
         res.sampler_shuffle = True
-        res.sampler_seed = request.seed if request.seed is not None else (0 if sharding else None)
+        same_on_all_ranks = sharding or defer
+        res.sampler_seed = (
+            request.seed if request.seed is not None else (0 if same_on_all_ranks else None)
+        )
         res.values["shuffle"] = None
+        res.defers_sharding = defer
         reason = "shuffle='block': shuffled blocks of contiguous rows (sequential reads)"
         if sharding:
             reason += f"; {where}, disjoint blocks per rank"
+        elif defer:
+            reason += f"; {where}: the same order on every rank, accelerator.prepare shards it"
         res.record("sampler", request.sampler, "BlockShuffleSampler", reason)
+        return
+
+    if defer:
+        res.defers_sharding = True
+        if request.sampler is not None or request.batch_sampler is not None:
+            res.sampler_choice = SamplerChoice.USER
+        res.record(
+            "distributed",
+            mode,
+            False,
+            f"{where} under Accelerate: accelerator.prepare(loader) shards the batches, as for "
+            "torch's DataLoader (iterating this loader unprepared reads every sample)",
+        )
         return
 
     if not sharding:
@@ -751,6 +796,12 @@ def resolve(
     _resolve_sampler(request, facts, dist, shuffle.value, res)
 
     _resolve_seeds(request, facts, res)
+    if request.sample_seeding and dist.accelerate:
+        res.warnings.append(
+            "sample_seeding=True in an Accelerate job: accelerator.prepare(loader) rebuilds it "
+            "as a plain torch DataLoader, which has no per-sample seeding. Iterate this loader "
+            "directly (distributed=True shards it between processes) to keep it."
+        )
 
     pin = resolve_pin_memory(request.pin_memory, platform, request.pin_memory_device)
     res.values["pin_memory"] = pin.value

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler, Sampler
 
 from loaderkit.errors import ConfigError
 
@@ -29,8 +29,13 @@ def _check_rank(num_replicas: int, rank: int) -> None:
         raise ConfigError(f"rank must be in [0, {num_replicas - 1}], got {rank}")
 
 
-class ShardSampler(Sampler[int]):
+class ShardSampler(DistributedSampler[int]):
     """Exact shard for evaluation: rank ``r`` gets a contiguous slice; no index is repeated.
+
+    A ``torch.utils.data.DistributedSampler`` subclass with that class's public attributes
+    (``dataset``, ``num_replicas``, ``rank``, ``epoch``, ``shuffle``, ``seed``,
+    ``drop_last``, ``num_samples``, ``total_size``): Lightning and Fabric keep a
+    ``DistributedSampler`` as is instead of re-sharding it with their padded one.
 
     Shard sizes differ by at most one sample; concatenating the shards of all ranks in rank
     order gives every index exactly once (in dataset order when ``shuffle=False``). Contiguous
@@ -59,11 +64,13 @@ class ShardSampler(Sampler[int]):
     ) -> None:
         _check_rank(num_replicas, rank)
         self.data_source = data_source
+        self.dataset = data_source
         self.num_replicas = num_replicas
         self.rank = rank
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
+        self.drop_last = False
 
     def _bounds(self) -> tuple[int, int]:
         n = len(self.data_source)
@@ -82,6 +89,16 @@ class ShardSampler(Sampler[int]):
     def __len__(self) -> int:
         start, stop = self._bounds()
         return stop - start
+
+    @property
+    def num_samples(self) -> int:  # type: ignore[override]
+        """Samples this rank yields (``DistributedSampler``'s attribute)."""
+        return len(self)
+
+    @property
+    def total_size(self) -> int:  # type: ignore[override]
+        """Samples all ranks yield together: the dataset length (nothing is padded)."""
+        return len(self.data_source)
 
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the next pass (changes the permutation when shuffling)."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler
 
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError
@@ -61,8 +61,13 @@ def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) + np.repeat(starts - offsets, lengths)
 
 
-class BlockShuffleSampler(Sampler[int]):
+class BlockShuffleSampler(DistributedSampler[int]):
     """Shuffle blocks of consecutive rows so batched HDF5 reads stay sequential on disk.
+
+    It is a ``torch.utils.data.DistributedSampler`` (with that class's public attributes:
+    ``dataset``, ``num_replicas``, ``rank``, ``epoch``, ``shuffle``, ``seed``, ``drop_last``,
+    ``num_samples``, ``total_size``), which is how Lightning and Fabric tell a sampler that
+    already shards: they keep it instead of re-wrapping and reshuffling it.
 
     Yields dataset indices of an ``HDF5SessionDataset``. Blocks hold
     ``block_size`` consecutive rows of one session (in file order); the blocks of ``window``
@@ -130,6 +135,8 @@ class BlockShuffleSampler(Sampler[int]):
         self.drop_last = bool(drop_last)
         self.partition = partition
         self.epoch = 0
+        self.dataset = dataset
+        self.shuffle = True
 
         pos, rows = dataset.index_arrays()
         pos = np.asarray(pos, dtype=np.int64)
@@ -203,6 +210,16 @@ class BlockShuffleSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self._per_rank
+
+    @property
+    def num_samples(self) -> int:  # type: ignore[override]
+        """Samples this rank yields per epoch (``DistributedSampler``'s attribute)."""
+        return self._per_rank
+
+    @property
+    def total_size(self) -> int:  # type: ignore[override]
+        """Samples all ranks yield per epoch, padding included (``DistributedSampler``'s)."""
+        return self._per_rank * self.num_replicas
 
     def _rng(self, *stream: int) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=stream))

@@ -1,0 +1,11 @@
+"""Integrations with training frameworks, each behind its own extra.
+
+``loaderkit.integrations.lightning`` needs ``pip install "loaderkit[lightning]"``; loaderkit's
+core never imports a framework. The framework-neutral helper ``close_loaders`` lives here.
+"""
+
+from __future__ import annotations
+
+from loaderkit.integrations.loaders import close_loaders, find_loaders
+
+__all__ = ["close_loaders", "find_loaders"]
