@@ -58,13 +58,15 @@ def lightning_rows(n: int, which: str, env: dict[str, str]) -> list[tuple[str, s
         if isinstance(ranks, str):
             rows.append((label, ranks))
             continue
+        for key in ("fit:train:0", "fit:train:1", "fit:val:0", "validate:val:0", "test:test:0"):
+            if any(key in r["seen"] for r in ranks):
+                shards = [r["seen"].get(key, []) for r in ranks]
+                rows.append((f"{label}: {key}", _count(shards, n)))
+        if all("predict" in r for r in ranks):
+            rows.append((f"{label}: predict", _count([r["predict"] for r in ranks], n)))
         errors = {r.get("error") for r in ranks} - {None}
         if errors:
-            rows.append((label, f"error: {sorted(errors)[0][:110]}"))
-            continue
-        for key in ("fit:train:0", "fit:train:1", "fit:val:0", "validate:val:0", "test:test:0"):
-            rows.append((f"{label}: {key}", _count([r["seen"].get(key, []) for r in ranks], n)))
-        rows.append((f"{label}: predict", _count([r["predict"] for r in ranks], n)))
+            rows.append((f"{label}: stopped by", f"{sorted(errors)[0][:90]}"))
     return rows
 
 

@@ -58,7 +58,7 @@ def _describe(loader: Any) -> dict[str, Any]:
         out.update(
             seed=loader.seed,
             training=loader.training,
-            distributed=loader.distributed,
+            distributed=getattr(loader, "distributed", None),
             owns_generator=loader._owns_generator,
             nested_worker_init=isinstance(wif, WorkerInit) and isinstance(wif.user_fn, WorkerInit),
             worker_init_rank=getattr(wif, "rank", None),

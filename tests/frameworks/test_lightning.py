@@ -224,3 +224,28 @@ def test_callback_closes_the_rebuilt_and_the_original_loaders() -> None:
     assert ds.closed >= 1
     assert dm.returned["predict"]._closed and trainer.predict_dataloaders._closed
     gc.collect()
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"overfit_batches": 2},
+        {"limit_train_batches": 3, "limit_val_batches": 2},
+        {"reload_dataloaders_every_n_epochs": 1},
+    ],
+    ids=["overfit_batches", "limit_batches", "reload_every_epoch"],
+)
+def test_trainer_options_that_rebuild_or_cut_loaders(options: dict[str, Any]) -> None:
+    """No crash, and no LoaderkitWarning (an error under this project's pytest settings)."""
+    dm = BuilderDataModule(build_class_kw, N)
+    model = RecordingModule()
+    trainer = make_trainer(callbacks=[LoaderkitCallback()], **options)
+    trainer.fit(model, datamodule=dm)
+    seen = model.seen["fit:train:1"]
+    if "overfit_batches" in options:  # Lightning rebuilt it with a SequentialSampler
+        assert seen == list(range(8))
+    elif "limit_train_batches" in options:
+        assert len(seen) == 12
+    else:
+        assert sorted(seen) == list(range(N))
+    assert psutil.Process().children(recursive=True) == []
