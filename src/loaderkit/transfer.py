@@ -399,8 +399,12 @@ class _Mover:
         return clone
 
 
-def _iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Tensors reachable through the containers ``to_device`` understands."""
+def _walk_leaves(obj: Any, *, stop_at_movable: bool) -> Iterator[Any]:
+    """Tensors reachable through the containers ``to_device`` understands.
+
+    With ``stop_at_movable``, objects with a ``.to()`` method are yielded too, not entered
+    (``to_device`` hands them to their own ``.to``).
+    """
     seen: set[int] = set()
     stack = [obj]
     while stack:
@@ -408,15 +412,22 @@ def _iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
         if isinstance(item, torch.Tensor):
             yield item
             continue
-        if isinstance(item, _LEAF_TYPES) or id(item) in seen:
+        if type(item) in _EXACT_LEAVES or isinstance(item, _LEAF_TYPES) or id(item) in seen:
             continue
         seen.add(id(item))
-        if isinstance(item, Mapping):
+        if stop_at_movable and callable(getattr(item, "to", None)):
+            yield item
+        elif isinstance(item, Mapping):
             stack.extend(item.values())
         elif isinstance(item, (list, tuple)):
             stack.extend(item)
         elif dataclasses.is_dataclass(item):
             stack.extend(getattr(item, f.name, None) for f in dataclasses.fields(item))
+
+
+def _iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Tensors reachable through the containers ``to_device`` understands."""
+    return _walk_leaves(obj, stop_at_movable=False)
 
 
 def _holds_pageable_memory(batch: Any) -> bool:
@@ -426,29 +437,14 @@ def _holds_pageable_memory(batch: Any) -> bool:
     pinned, or an object with ``.to()`` says ``is_pinned() is False``; objects that cannot tell
     count as pinned (their own ``.to`` decides).
     """
-    stack = [batch]
-    seen: set[int] = set()
-    while stack:
-        item = stack.pop()
-        if type(item) in _EXACT_LEAVES:
-            continue
-        if isinstance(item, torch.Tensor):
-            if item.device.type == "cpu" and not item.is_pinned():
+    for leaf in _walk_leaves(batch, stop_at_movable=True):
+        if isinstance(leaf, torch.Tensor):
+            if leaf.device.type == "cpu" and not leaf.is_pinned():
                 return True
             continue
-        if isinstance(item, _LEAF_TYPES) or id(item) in seen:
-            continue
-        seen.add(id(item))
-        if callable(getattr(item, "to", None)):
-            is_pinned = getattr(item, "is_pinned", None)
-            if callable(is_pinned) and is_pinned() is False:
-                return True
-        elif isinstance(item, Mapping):
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-        elif dataclasses.is_dataclass(item):
-            stack.extend(getattr(item, f.name, None) for f in dataclasses.fields(item))
+        is_pinned = getattr(leaf, "is_pinned", None)
+        if callable(is_pinned) and is_pinned() is False:
+            return True
     return False
 
 

@@ -149,3 +149,25 @@ def test_ddp_callback_closes_everything_after_an_exception(tmp_path: Path) -> No
     for r in ranks:
         assert "boom in training_step" in r["error"]
         assert r["h5_open"] == []
+
+
+def test_fabric_setup_dataloaders_keeps_loaderkit_samplers(tmp_path: Path) -> None:
+    n = 41
+    env = dict(os.environ, MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.frameworks.fabric_run", str(tmp_path), str(n)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r in ranks:
+        assert r["train_sampler"] == "DistributedSampler"
+        assert r["eval_sampler"] == "ShardSampler"  # not re-wrapped by Fabric
+    train = Counter(i for r in ranks for i in r["train"])
+    assert sorted(train) == list(range(n)) and sum(train.values()) == n + 1  # one padded
+    evaluation = Counter(i for r in ranks for i in r["eval"])
+    assert sorted(evaluation) == list(range(n)) and max(evaluation.values()) == 1  # exact
