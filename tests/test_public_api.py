@@ -62,7 +62,37 @@ def test_signature_matches_torch() -> None:
 def test_errors_hierarchy() -> None:
     assert issubclass(loaderkit.ConfigError, loaderkit.LoaderkitError)
     assert issubclass(loaderkit.ConfigError, ValueError)
+    assert issubclass(loaderkit.ArgumentTypeError, loaderkit.LoaderkitError)
+    assert issubclass(loaderkit.ArgumentTypeError, TypeError)
+    assert issubclass(loaderkit.HDF5FileError, OSError)
     assert issubclass(loaderkit.LoaderkitWarning, UserWarning)
+    assert issubclass(loaderkit.PerformanceHint, loaderkit.LoaderkitWarning)
+    classes = [
+        obj
+        for obj in vars(loaderkit).values()
+        if isinstance(obj, type) and issubclass(obj, (BaseException, Warning))
+    ]
+    assert {cls.__module__ for cls in classes} == {"loaderkit.errors"}  # one module for all
+
+
+def test_deliberate_argument_errors_are_loaderkit_errors() -> None:
+    import pytest
+
+    for seed, kind in ((-1, ValueError), (2**64, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(loaderkit.LoaderkitError) as info:
+            loaderkit.create_dataloader([1, 2], seed=seed)
+        assert isinstance(info.value, kind) and "seed" in str(info.value)
+
+
+def test_performance_hints_can_be_silenced_alone() -> None:
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.simplefilter("ignore", loaderkit.PerformanceHint)
+        loaderkit.errors.warn("slow", loaderkit.PerformanceHint)
+        loaderkit.errors.warn("wrong")
+    assert [str(w.message) for w in caught] == ["wrong"]
 
 
 def test_py_typed_shipped() -> None:

@@ -5,14 +5,22 @@ here): every torch argument keeps its meaning, unset ones get safe and fast valu
 decision is recorded in ``loader.plan``.
 """
 
-from loaderkit.errors import ConfigError, LoaderkitError, LoaderkitWarning
+from loaderkit.errors import (
+    ArgumentTypeError,
+    ConfigError,
+    HDF5FileError,
+    LoaderkitError,
+    LoaderkitWarning,
+    PerformanceHint,
+    ResourceLeakError,
+)
 from loaderkit.factory import create_dataloader
-from loaderkit.hdf5 import BlockShuffleSampler, HDF5FileError, HDF5SessionDataset
+from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.loader import DataLoader
 from loaderkit.plan import Plan, PlanEntry
 from loaderkit.platform import PlatformInfo, detect_platform
 from loaderkit.policy import recommended_num_workers
-from loaderkit.resources import LeakCheck, ResourceLeakError
+from loaderkit.resources import LeakCheck
 from loaderkit.seeding import (
     DeterminismReport,
     check_determinism,
@@ -26,6 +34,7 @@ from loaderkit.transfer import DevicePrefetcher, to_device
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgumentTypeError",
     "BlockShuffleSampler",
     "ConfigError",
     "DataLoader",
@@ -36,6 +45,7 @@ __all__ = [
     "LeakCheck",
     "LoaderkitError",
     "LoaderkitWarning",
+    "PerformanceHint",
     "Plan",
     "PlanEntry",
     "PlatformInfo",

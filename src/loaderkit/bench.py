@@ -17,6 +17,7 @@ from typing import Any
 
 from loaderkit.errors import ConfigError
 from loaderkit.factory import create_dataloader
+from loaderkit.loader import DataLoader
 from loaderkit.policy import recommended_num_workers
 
 __all__ = ["BenchReport", "BenchResult", "load_dataset_class", "run_bench"]
@@ -96,7 +97,7 @@ def load_dataset_class(spec: str) -> type:
         raise ConfigError(f"--dataset {spec!r}: module {module_name!r} has no {attr!r}") from None
     if not callable(obj):
         raise ConfigError(f"--dataset {spec!r}: {attr!r} is not a class or factory")
-    return obj  # type: ignore[no-any-return]
+    return obj
 
 
 def _pass(iterator_source: Any, batches: int) -> tuple[float, float, int]:
@@ -176,7 +177,7 @@ def run_bench(
         for num_workers in counts:
             for batch_size in batch_sizes or [32, 128]:
                 for persistent in [False, True] if num_workers > 0 else [False]:
-                    loader = create_dataloader(
+                    loader: DataLoader[Any] = create_dataloader(
                         data,
                         batch_size=batch_size,
                         shuffle=True,

@@ -23,6 +23,7 @@ import torch
 
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import HDF5SessionDataset
+from loaderkit.loader import DataLoader
 from loaderkit.resources import compare, snapshot, worker_processes
 from loaderkit.seeding import check_determinism, seed_everything
 
@@ -209,7 +210,9 @@ def run_demo(
 
     correct = 0
     start = time.perf_counter()
-    evaluation = create_dataloader(dataset, batch_size=256, training=False, num_workers=workers)
+    evaluation: DataLoader[Any] = create_dataloader(
+        dataset, batch_size=256, training=False, num_workers=workers
+    )
     with evaluation, torch.no_grad():
         for x, y in monitor.watch(wrap(evaluation, "evaluate", len(evaluation)), every=1):
             correct += int((model(x).argmax(dim=1) == y).sum())

@@ -15,7 +15,7 @@ from loaderkit.platform import PlatformInfo
 from loaderkit.policy import FDS_MAIN_PROCESS, FDS_PER_WORKER, check_open_file_budget
 from loaderkit.policy import recommended_num_workers as _recommended
 
-__all__ = ["Check", "PASS", "WARN", "FAIL", "run_checks", "software_versions"]
+__all__ = ["FAIL", "PASS", "WARN", "Check", "run_checks", "software_versions"]
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 _GIB = 2**30

@@ -1,18 +1,47 @@
-"""Exception and warning types raised by loaderkit.
+"""Every exception and warning class loaderkit defines, and the helpers that raise them.
 
-Every error loaderkit raises on purpose derives from ``LoaderkitError``, so callers can
-catch all of them with one ``except``. Configuration mistakes are ``ConfigError``, which is
-also a ``ValueError``: code written for ``torch.utils.data.DataLoader`` that catches
-``ValueError`` keeps working. Warnings use ``LoaderkitWarning`` so they can be filtered as a
-group (``warnings.simplefilter("ignore", LoaderkitWarning)``) without hiding anyone else's.
+Every error loaderkit raises on purpose derives from ``LoaderkitError``, so callers can catch
+all of them with one ``except``; each is also the builtin type that code written for torch
+expects, so ``except ValueError`` / ``except TypeError`` / ``except OSError`` keep working::
+
+    Exception
+    ├── LoaderkitError
+    │   ├── ConfigError          (also ValueError)  an argument that cannot work
+    │   ├── ArgumentTypeError    (also TypeError)   an argument of the wrong type
+    │   ├── HDF5FileError        (also OSError)     an HDF5 file that cannot be opened or read
+    │   └── ResourceLeakError                      LeakCheck(raise_on_leak=True) found growth
+    UserWarning
+    └── LoaderkitWarning                            works, but not the way you probably want
+        └── PerformanceHint                         works correctly, only slower than it could
+
+Protocol errors keep torch's and Python's types and are documented where they are raised:
+``IndexError`` for an index out of range, ``KeyError`` for a missing HDF5 key,
+``FileNotFoundError`` for a missing session file.
+
+Filter warnings as a group (``warnings.simplefilter("ignore", LoaderkitWarning)``), or only
+the performance advice (``warnings.simplefilter("ignore", PerformanceHint)``) while keeping
+the correctness warnings.
 """
 
 from __future__ import annotations
 
+import numbers
 import sys
 import warnings
+from types import FrameType
+from typing import Any
 
-__all__ = ["ConfigError", "LoaderkitError", "LoaderkitWarning", "warn"]
+__all__ = [
+    "ArgumentTypeError",
+    "ConfigError",
+    "HDF5FileError",
+    "LoaderkitError",
+    "LoaderkitWarning",
+    "PerformanceHint",
+    "ResourceLeakError",
+    "check_int",
+    "warn",
+]
 
 
 class LoaderkitError(Exception):
@@ -39,6 +68,37 @@ class ConfigError(LoaderkitError, ValueError):
     """
 
 
+class ArgumentTypeError(LoaderkitError, TypeError):
+    """An argument of the wrong type (``seed=1.5``, ``epoch="3"``).
+
+    Also a ``TypeError``, as Python's own argument errors are.
+
+    Examples:
+        >>> isinstance(ArgumentTypeError("seed must be an int"), TypeError)
+        True
+    """
+
+
+class HDF5FileError(LoaderkitError, OSError):
+    """An HDF5 file could not be opened or read; the message names session, path and the fix.
+
+    Also an ``OSError``, so code that catches h5py's own I/O errors keeps working.
+
+    Examples:
+        >>> isinstance(HDF5FileError("session 3 (/data/s3.h5): not an HDF5 file"), OSError)
+        True
+    """
+
+
+class ResourceLeakError(LoaderkitError):
+    """Raised by ``LeakCheck`` (``raise_on_leak=True``) when resources did not come back.
+
+    Examples:
+        >>> issubclass(ResourceLeakError, LoaderkitError)
+        True
+    """
+
+
 class LoaderkitWarning(UserWarning):
     """A warning issued by loaderkit: something works, but not the way you probably want.
 
@@ -48,7 +108,67 @@ class LoaderkitWarning(UserWarning):
     """
 
 
-def warn(message: str) -> None:
+class PerformanceHint(LoaderkitWarning):
+    """Advice about speed: the result is correct, only slower than it could be.
+
+    Silence it alone with ``warnings.simplefilter("ignore", PerformanceHint)``; correctness
+    warnings (plain ``LoaderkitWarning``) stay on.
+
+    Examples:
+        >>> issubclass(PerformanceHint, LoaderkitWarning)
+        True
+    """
+
+
+def check_int(name: str, value: Any, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` as an ``int`` when it is an integer (not a bool) within the bounds.
+
+    The one check loaderkit uses for integer arguments: a wrong type raises
+    ``ArgumentTypeError`` (a ``TypeError``), a value out of bounds ``ConfigError`` (a
+    ``ValueError``); both name the argument and what was expected.
+
+    Args:
+        name: The argument's name, for the message.
+        value: The value to check (numpy integers are accepted).
+        minimum: Smallest allowed value, if any.
+        maximum: Largest allowed value, if any.
+
+    Returns:
+        ``int(value)``.
+
+    Raises:
+        ArgumentTypeError: ``value`` is not an integer, or is a bool.
+        ConfigError: ``value`` is out of bounds.
+
+    Examples:
+        >>> check_int("num_workers", 2, minimum=0)
+        2
+        >>> check_int("epoch", -1, minimum=0)
+        Traceback (most recent call last):
+        ...
+        loaderkit.errors.ConfigError: epoch must be an int >= 0, got -1
+    """
+    if minimum is not None and maximum is not None:
+        expected = f"{name} must be an int in [{_bound(minimum)}, {_bound(maximum)}]"
+    elif minimum is not None:
+        expected = f"{name} must be an int >= {_bound(minimum)}"
+    elif maximum is not None:
+        expected = f"{name} must be an int <= {_bound(maximum)}"
+    else:
+        expected = f"{name} must be an int"
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ArgumentTypeError(f"{expected}, got {type(value).__name__} {value!r}")
+    number = int(value)
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise ConfigError(f"{expected}, got {number}")
+    return number
+
+
+def _bound(number: int) -> str:
+    return "2**64 - 1" if number == 2**64 - 1 else str(number)
+
+
+def warn(message: str, category: type[LoaderkitWarning] = LoaderkitWarning) -> None:
     """Emit a ``LoaderkitWarning`` attributed to the first caller outside loaderkit.
 
     Examples:
@@ -60,8 +180,8 @@ def warn(message: str) -> None:
         True
     """
     level = 1
-    frame = sys._getframe(0)
+    frame: FrameType | None = sys._getframe(0)
     while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "loaderkit":
         frame = frame.f_back
         level += 1
-    warnings.warn(message, LoaderkitWarning, stacklevel=level)
+    warnings.warn(message, category, stacklevel=level)

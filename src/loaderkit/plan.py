@@ -116,11 +116,6 @@ class Plan(Mapping[str, PlanEntry]):
         inner = ", ".join(f"{k}={short_repr(v.value)}" for k, v in self._entries.items())
         return f"Plan({inner})"
 
-    def value(self, name: str, default: Any = None) -> Any:
-        """The value used for ``name`` (``default`` when the plan has no such setting)."""
-        entry = self._entries.get(name)
-        return default if entry is None else entry.value
-
     def changes(self) -> list[PlanEntry]:
         """The entries where loaderkit filled in or changed a value."""
         return [entry for entry in self._entries.values() if entry.changed]

@@ -30,9 +30,6 @@ __all__ = [
     "resolve_start_method",
 ]
 
-#: Start methods known to multiprocessing (``forkserver`` is POSIX only, ``fork`` too).
-START_METHODS = ("fork", "spawn", "forkserver")
-
 
 @dataclass(frozen=True)
 class PlatformInfo:

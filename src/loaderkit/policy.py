@@ -261,7 +261,7 @@ def resolve_num_workers(
             "Windows: worker processes start slowly and crash on unpicklable state; loading "
             "in the main process (pass force_zero_workers_on_windows=False to keep workers)",
         )
-    return Decision(requested, "as given")  # type: ignore[arg-type]
+    return Decision(requested, "as given")
 
 
 def resolve_persistent_workers(

@@ -112,7 +112,8 @@ class _PreflightPopen:
 @contextlib.contextmanager
 def _as_if_spawning() -> Any:
     previous = _mp_context.get_spawning_popen()
-    _mp_context.set_spawning_popen(_PreflightPopen())
+    # duck-typed: pickling only asks the spawning Popen for duplicate_for_child
+    _mp_context.set_spawning_popen(_PreflightPopen())  # type: ignore[arg-type]
     try:
         yield
     finally:
@@ -217,7 +218,8 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
         return []
     out = []
     args = reduced[1] if len(reduced) > 1 else ()
-    if reduced[0] is copyreg.__newobj__ or getattr(reduced[0], "__name__", "") == "__newobj__":
+    newobj = getattr(copyreg, "__newobj__", None)
+    if reduced[0] is newobj or getattr(reduced[0], "__name__", "") == "__newobj__":
         args = args[1:]  # (cls, *args): the class pickles by reference
     out += [(f"<arg {i}>", a) for i, a in enumerate(args or ())]
     state = reduced[2] if len(reduced) > 2 else None

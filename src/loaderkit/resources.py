@@ -30,7 +30,7 @@ from types import TracebackType
 import psutil
 import torch
 
-from loaderkit.errors import LoaderkitError, warn
+from loaderkit.errors import ResourceLeakError, warn
 from loaderkit.platform import PlatformInfo, detect_platform
 
 __all__ = [
@@ -48,10 +48,6 @@ __all__ = [
 logger = logging.getLogger("loaderkit")
 
 _MIB = 2**20
-
-
-class ResourceLeakError(LoaderkitError):
-    """Raised by ``LeakCheck`` (``raise_on_leak=True``) when resources did not come back."""
 
 
 #: Command-line markers of multiprocessing's own long-lived helpers: one per parent process,

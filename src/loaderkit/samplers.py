@@ -12,10 +12,10 @@ something torch does not have:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch.utils.data import DistributedSampler, Sampler
+from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from loaderkit.errors import ConfigError
 
@@ -64,7 +64,7 @@ class ShardSampler(DistributedSampler[int]):
     ) -> None:
         _check_rank(num_replicas, rank)
         self.data_source = data_source
-        self.dataset = data_source
+        self.dataset = cast("Dataset[Any]", data_source)  # only its length is used
         self.num_replicas = num_replicas
         self.rank = rank
         self.shuffle = shuffle

@@ -31,6 +31,8 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from loaderkit.errors import check_int
+
 __all__ = [
     "SEED_MAX",
     "DeterminismReport",
@@ -65,21 +67,14 @@ def validate_seed(seed: Any, name: str = "seed") -> int:
         ``int(seed)``.
 
     Raises:
-        TypeError: When ``seed`` is not an integer.
-        ValueError: When it is negative or larger than ``2**64 - 1``.
+        ArgumentTypeError: When ``seed`` is not an integer (also a ``TypeError``).
+        ConfigError: When it is negative or larger than ``2**64 - 1`` (also a ``ValueError``).
 
     Examples:
         >>> validate_seed(42)
         42
     """
-    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, numbers.Integral):
-        raise TypeError(
-            f"{name} must be an int in [0, 2**64 - 1], got {type(seed).__name__} {seed!r}"
-        )
-    value = int(seed)
-    if not 0 <= value <= SEED_MAX:
-        raise ValueError(f"{name} must be an int in [0, 2**64 - 1], got {value}")
-    return value
+    return check_int(name, seed, minimum=0, maximum=SEED_MAX)
 
 
 def _words(seed_sequence: np.random.SeedSequence, n: int) -> list[int]:
@@ -313,7 +308,6 @@ def worker_rng() -> np.random.Generator:
 # --------------------------------------------------------------------------- per-sample seeds
 
 _SAMPLE_PERSON = b"loaderkit-sample"  # domain separation for the per-sample hash
-_MASK64 = (1 << 64) - 1
 
 
 class _SampleStream:

@@ -49,7 +49,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import torch
 
-from loaderkit.errors import ConfigError, warn
+from loaderkit.errors import ConfigError, PerformanceHint, warn
 
 __all__ = ["DeviceLike", "DevicePrefetcher", "resolve_non_blocking", "to_device"]
 
@@ -325,7 +325,7 @@ class _Mover:
             try:
                 clone = copy.copy(mapping)
                 for k, v in items:
-                    clone[k] = v  # type: ignore[index]
+                    clone[k] = v
                 return clone
             except (TypeError, copy.Error):
                 pass
@@ -734,7 +734,8 @@ class DevicePrefetcher(Generic[T]):
                     "copies to the GPU block the host and cannot overlap compute; they are "
                     "copied on your stream as each batch is handed out, as a plain loop "
                     "would. Create the loader with pin_memory=True (loaderkit's default when "
-                    "CUDA is usable) for overlap"
+                    "CUDA is usable) for overlap",
+                    PerformanceHint,
                 )
             return _Staged(batch, None, [])
         backend = self._backend

@@ -18,14 +18,14 @@ import os
 import sys
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import h5py
 import numpy as np
 from h5py import h5d, h5s, h5t
 from torch.utils.data import Dataset
 
-from loaderkit.errors import ConfigError, LoaderkitError, warn
+from loaderkit.errors import ConfigError, HDF5FileError, PerformanceHint, warn
 from loaderkit.hdf5.handles import CacheInfo, Handle, HandleCache
 
 try:  # Registers blosc/lz4/zstd/bitshuffle filters in every process that reads (rule 17).
@@ -66,17 +66,6 @@ _CACHE_CHUNKS = 8
 _CACHE_MIN_BYTES = 8 << 20  # HDF5 2.0's own default: never less cache than plain h5py
 _CACHE_ONE_ROW_BYTES = 1 << 20
 _CACHE_MAX_BYTES = 64 << 20
-
-
-class HDF5FileError(LoaderkitError, OSError):
-    """An HDF5 file could not be opened or read; the message names session, path and the fix.
-
-    Also an ``OSError``, so code that catches h5py's own I/O errors keeps working.
-
-    Example:
-        >>> isinstance(HDF5FileError("session 3 (/data/s3.h5): not an HDF5 file"), OSError)
-        True
-    """
 
 
 class SampleIndex(NamedTuple):
@@ -471,7 +460,8 @@ class HDF5SessionDataset(Dataset):
                 f"session {self._ids[pos]!r}: one row of {self.key!r} spans "
                 f"{-(-row_elems // per_row)} chunks ({layout.chunk_bytes} bytes each, probably "
                 "h5py auto-chunking); every sample then reads many chunks. Rewrite with "
-                "chunks=(1, *row_shape) or contiguous storage."
+                "chunks=(1, *row_shape) or contiguous storage.",
+                PerformanceHint,
             )
         elif layout.compression and layout.chunk_rows > 1:
             logger.info(
@@ -859,6 +849,19 @@ class HDF5SessionDataset(Dataset):
 
     # ------------------------------------------------------------------ reading
 
+    def __repr__(self) -> str:
+        """Sessions, samples, key and the files open in this process, as h5py's ``File`` does.
+
+        Examples:
+            >>> ds  # doctest: +SKIP
+            <HDF5SessionDataset 40 sessions, 30000 samples, key 'betas', 3/8 files open>
+        """
+        sessions = len(self.session_ids)
+        return (
+            f"<{type(self).__name__} {sessions} session{'s' * (sessions != 1)}, {len(self)} "
+            f"samples, key {self.key!r}, {self.open_files}/{self.max_open_files} files open>"
+        )
+
     def __len__(self) -> int:
         return int(self._key.shape[0])
 
@@ -924,7 +927,7 @@ class HDF5SessionDataset(Dataset):
                 try:
                     raw = handle.raw
                     if raw is None:
-                        return handle.dataset[row]
+                        return cast(Any, handle.dataset)[row]  # None only once closed
                     out = np.empty(self._row_shape, self._row_dtype)
                     _pread(raw, row * self._row_bytes, out, self._row_bytes)
                     return out if self._row_shape else out[()]
@@ -1160,13 +1163,13 @@ def _pread(
     """
     buffers = out if isinstance(out, list) else [out]
     base = raw[1] + offset
-    got = os.preadv(raw[0], buffers, base)
+    got = os.preadv(raw[0], [buffer.data for buffer in buffers], base)
     if got >= nbytes:
         return
     # Short reads are legal: finish buffer by buffer; 0 bytes means the file ended.
     start = 0
     for buffer in buffers:
-        view = memoryview(buffer).cast("B")
+        view = buffer.data.cast("B")
         done = min(max(got - start, 0), view.nbytes)
         while done < view.nbytes:
             more = os.preadv(raw[0], [view[done:]], base + start + done)

@@ -154,9 +154,9 @@ class HandleCache:
 
     def __init__(
         self,
-        opener: Callable[[Hashable], Handle],
+        opener: Callable[[Any], Handle],
         max_open: int,
-        path_of: Callable[[Hashable], str | os.PathLike[str]],
+        path_of: Callable[[Any], str | os.PathLike[str]],
     ) -> None:
         self._opener = opener
         self._path_of = path_of
@@ -223,13 +223,16 @@ class HandleCache:
                 _, entry = self._entries.popitem(last=False)
                 entry.close()
 
-    def keys(self) -> list[Hashable]:
-        """Keys with an open handle, least recently used first."""
-        with self.lock:
-            return list(self._entries)
-
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __repr__(self) -> str:
+        open_keys = ", ".join(repr(k) for k in list(self._entries)[:8])
+        more = ", ..." if len(self._entries) > 8 else ""
+        return (
+            f"<HandleCache {len(self._entries)}/{self.max_open} open [{open_keys}{more}], "
+            f"hits={self.hits} misses={self.misses} evictions={self.evictions} pid={os.getpid()}>"
+        )
 
     def info(self) -> CacheInfo:
         """Return the statistics of this process as a ``CacheInfo``."""

@@ -30,7 +30,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from loaderkit.distributed import dist_info
-from loaderkit.errors import ConfigError
+from loaderkit.errors import ConfigError, check_int
 from loaderkit.seeding import validate_seed
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "BlockShuffleSampler"]
@@ -42,14 +42,6 @@ __all__ = ["DEFAULT_BLOCK_SIZE", "BlockShuffleSampler"]
 DEFAULT_BLOCK_SIZE = 16
 
 _PARTITIONS = ("block", "session")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}.")
-    if value < minimum:
-        raise ConfigError(f"{name} must be >= {minimum}, got {value}.")
-    return int(value)
 
 
 def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -124,8 +116,8 @@ class BlockShuffleSampler(DistributedSampler[int]):
             info = dist_info()
             num_replicas = info.world_size if num_replicas is None else num_replicas
             rank = info.rank if rank is None else rank
-        self.num_replicas = _check_int("num_replicas", num_replicas, 1)
-        self.rank = _check_int("rank", rank, 0)
+        self.num_replicas = check_int("num_replicas", num_replicas, minimum=1)
+        self.rank = check_int("rank", rank, minimum=0)
         if self.rank >= self.num_replicas:
             raise ConfigError(
                 f"rank must be in [0, num_replicas - 1] = [0, {self.num_replicas - 1}], "
@@ -151,7 +143,7 @@ class BlockShuffleSampler(DistributedSampler[int]):
             self.block_size = DEFAULT_BLOCK_SIZE
             block_rows = -(-DEFAULT_BLOCK_SIZE // chunk_rows) * chunk_rows
         else:
-            self.block_size = _check_int("block_size", block_size, 1)
+            self.block_size = check_int("block_size", block_size, minimum=1)
             block_rows = np.full(n_sessions, self.block_size, np.int64)
         self._block_rows = block_rows
 
@@ -177,7 +169,7 @@ class BlockShuffleSampler(DistributedSampler[int]):
             cap = int(getattr(dataset, "max_open_files", present) or present)
             self.window = max(1, min(cap, present))
         else:
-            self.window = _check_int("window", window, 1)
+            self.window = check_int("window", window, minimum=1)
         if self.drop_last:
             self._per_rank = n // self.num_replicas
         else:
@@ -206,7 +198,7 @@ class BlockShuffleSampler(DistributedSampler[int]):
         Example:
             >>> sampler.set_epoch(3)  # doctest: +SKIP
         """
-        self.epoch = _check_int("epoch", epoch, 0)
+        self.epoch = check_int("epoch", epoch, minimum=0)
 
     def __len__(self) -> int:
         return self._per_rank
@@ -287,7 +279,7 @@ class BlockShuffleSampler(DistributedSampler[int]):
         slots = [[bounds[i], bounds[i + 1]] for i in range(window)]
         next_session = window
         total = bounds[window]
-        draws = rng.random(units).tolist()
+        draws = np.asarray(rng.random(units)).tolist()
         grouped_list = grouped.tolist()
         out = np.empty(units, np.int64)
         for t in range(units):
