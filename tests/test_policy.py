@@ -9,14 +9,13 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from loaderkit import ConfigError, LoaderkitWarning, create_dataloader
+from loaderkit.budgets import check_open_file_budget, check_shared_memory
 from loaderkit.distributed import DistInfo
 from loaderkit.plan import UNSET
 from loaderkit.policy import (
     MAX_AUTO_WORKERS,
     DatasetFacts,
     LoaderRequest,
-    check_open_file_budget,
-    check_shared_memory,
     resolve,
     resolve_num_workers,
     resolve_persistent_workers,

@@ -17,6 +17,7 @@ from typing import Any
 
 from loaderkit.errors import ConfigError
 from loaderkit.factory import create_dataloader
+from loaderkit.hooks import call_hook
 from loaderkit.loader import DataLoader
 from loaderkit.policy import recommended_num_workers
 
@@ -200,7 +201,5 @@ def run_bench(
                         )
                     )
     finally:
-        close = getattr(data, "close", None)
-        if callable(close):
-            close()
+        call_hook(data, "close")
     return report

@@ -1,9 +1,10 @@
 """Rank and world-size detection under ``torch.distributed``.
 
-Only this module asks ``torch.distributed`` where the current process stands; everything else
-receives a ``DistInfo``. Sampler selection for ``distributed="auto"`` lives in
-``loaderkit.policy`` (a pure decision) and the samplers themselves in
-``loaderkit.samplers``.
+Only this module asks ``torch.distributed`` (and the launcher's ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) where the current process stands; everything else
+receives a ``DistInfo`` or the numbers it holds. Sampler selection for
+``distributed="auto"`` lives in ``loaderkit.policy`` (a pure decision) and the samplers
+themselves in ``loaderkit.samplers``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,13 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-__all__ = ["DistInfo", "accelerate_initialized", "dist_info"]
+__all__ = [
+    "DistInfo",
+    "accelerate_initialized",
+    "dist_info",
+    "launcher_int",
+    "process_rank_and_world",
+]
 
 
 @dataclass(frozen=True)
@@ -48,14 +55,25 @@ class DistInfo:
         return self.initialized and self.world_size > 1
 
 
-def _env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    if value is None or value.strip() == "":
-        return default
+def launcher_int(name: str) -> int | None:
+    """An integer the launcher (torchrun, Lightning, Accelerate) put in the environment.
+
+    The only place loaderkit reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
+    ``LOCAL_WORLD_SIZE``: ``None`` when the variable is unset or not an integer.
+
+    Examples:
+        >>> launcher_int("LOADERKIT_SURELY_UNSET") is None
+        True
+    """
+    value = os.environ.get(name, "").strip()
     try:
-        return int(value)
+        return int(value) if value else None
     except ValueError:
-        return default
+        return None
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
 
 
 def accelerate_initialized() -> bool:
@@ -71,6 +89,25 @@ def accelerate_initialized() -> bool:
     module = sys.modules.get("accelerate.state")
     state = getattr(module, "PartialState", None)
     return bool(getattr(state, "_shared_state", None))
+
+
+def process_rank_and_world() -> tuple[int, int]:
+    """``(rank, world size)`` of this process, worker processes included.
+
+    From the default process group when one is initialized; otherwise from the launcher's
+    ``RANK``/``WORLD_SIZE`` (a spawned DataLoader worker has no process group, but inherits
+    the environment); ``(0, 1)`` outside any launcher.
+
+    Examples:
+        >>> rank, world = process_rank_and_world()
+        >>> 0 <= rank < world
+        True
+    """
+    if dist.is_available() and dist.is_initialized():
+        return int(dist.get_rank()), int(dist.get_world_size())
+    world = max(1, _or(launcher_int("WORLD_SIZE"), 1))
+    rank = _or(launcher_int("RANK"), 0)
+    return (rank, world) if 0 <= rank < world else (0, world)
 
 
 def dist_info() -> DistInfo:
@@ -94,7 +131,7 @@ def dist_info() -> DistInfo:
         initialized=True,
         rank=dist.get_rank(),
         world_size=world_size,
-        local_rank=_env_int("LOCAL_RANK", 0),
-        local_world_size=_env_int("LOCAL_WORLD_SIZE", world_size),
+        local_rank=_or(launcher_int("LOCAL_RANK"), 0),
+        local_world_size=_or(launcher_int("LOCAL_WORLD_SIZE"), world_size),
         accelerate=accelerate,
     )

@@ -11,8 +11,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from loaderkit.budgets import FDS_MAIN_PROCESS, FDS_PER_WORKER, check_open_file_budget
 from loaderkit.platform import PlatformInfo
-from loaderkit.policy import FDS_MAIN_PROCESS, FDS_PER_WORKER, check_open_file_budget
 from loaderkit.policy import recommended_num_workers as _recommended
 
 __all__ = ["FAIL", "PASS", "WARN", "Check", "run_checks", "software_versions"]

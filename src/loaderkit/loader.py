@@ -29,6 +29,7 @@ from torch.utils.data.dataloader import (
 )
 
 from loaderkit.errors import ConfigError, warn
+from loaderkit.hooks import call_hook
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
 from loaderkit.platform import PlatformInfo
@@ -311,9 +312,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
                 # number so the order of pass n is the same persistent or not.
                 torch.empty((), dtype=torch.int64).random_(generator=self.generator)
         for target in targets:
-            set_epoch = getattr(target, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)
+            if call_hook(target, "set_epoch", epoch):
                 self._epochs_set[id(target)] = getattr(target, "epoch", epoch)
         return epoch
 
@@ -366,9 +365,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._live_iterators = weakref.WeakSet()
         if not self._closed:
             self._closed = True
-            close = getattr(self.dataset, "close", None)
-            if callable(close):
-                close()
+            call_hook(self.dataset, "close")
 
     def __enter__(self) -> DataLoader:
         return self
@@ -546,9 +543,7 @@ class SampleSeededDataset(Dataset[Any]):
     def _enter_epoch(self, epoch: int) -> None:
         if epoch != self._epoch:
             self.__dict__["_epoch"] = epoch
-            set_epoch = getattr(self.dataset, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)
+            call_hook(self.dataset, "set_epoch", epoch)
 
     def __getitem__(self, tagged: _Tagged) -> Any:
         self._enter_epoch(tagged.epoch)

@@ -28,6 +28,7 @@ from torch.utils.data.datapipes.datapipe import (
     _MapDataPipeSerializationWrapper,
 )
 
+from loaderkit.budgets import check_open_file_budget, check_shared_memory
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
@@ -38,8 +39,6 @@ from loaderkit.policy import (
     LoaderRequest,
     Resolution,
     SamplerChoice,
-    check_open_file_budget,
-    check_shared_memory,
     resolve,
 )
 from loaderkit.preflight import check_pickle
@@ -209,10 +208,13 @@ def _check_resources(
     num_workers = res.values["num_workers"]
     if not isinstance(num_workers, int) or num_workers < 0:
         return
-    budget = check_open_file_budget(num_workers, facts.max_open_files, platform.open_files_soft)
-    if budget.level == "error" and facts.max_open_files is not None:
-        # Only a dataset that declares max_open_files opted into loaderkit's accounting; for
-        # plain torch arguments torch itself only warns (too many workers), so loaderkit warns.
+    budget = check_open_file_budget(
+        num_workers,
+        facts.max_open_files,
+        platform.open_files_soft,
+        binding=facts.max_open_files is not None,
+    )
+    if budget.level == "error":
         raise ConfigError(budget.message)
     if budget.level != "ok":
         res.warnings.append(budget.message)
@@ -263,6 +265,11 @@ def plan_loader(
     facts = dataset_facts(dataset)
     res = resolve(request, facts, platform, dist)
 
+    _check_picklable(dataset, request, res)
+    _check_resources(dataset, request, res, platform, facts)
+    for message in res.warnings:
+        warn(message)
+
     _build_sampler(dataset, request, res)
     owns_generator = False
     if res.make_generator:
@@ -275,11 +282,6 @@ def plan_loader(
     seeder = None
     if request.sample_seeding:
         seeder = SampleSeeder(seed if seed is not None else torch.initial_seed())
-
-    _check_picklable(dataset, request, res)
-    _check_resources(dataset, request, res, platform, facts)
-    for message in res.warnings:
-        warn(message)
 
     header = (
         f"loaderkit plan: {platform.os_name}, Python "

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from loaderkit.distributed import launcher_int
+
 __all__ = [
     "PlatformInfo",
     "default_start_method",
@@ -215,14 +217,6 @@ def _open_file_limits() -> tuple[int | None, int | None]:
     return norm(soft), norm(hard)
 
 
-def _local_world_size() -> int | None:
-    value = os.environ.get("LOCAL_WORLD_SIZE")
-    try:
-        return int(value) if value else None
-    except ValueError:
-        return None
-
-
 def _cuda_bad_fork() -> bool:
     """Read torch's own check: was this process forked after its parent initialised CUDA?"""
     check = getattr(torch.cuda, "_is_in_bad_fork", None)
@@ -273,6 +267,6 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
         open_files_hard=hard,
         python_version=python_version,
         torch_version=str(torch.__version__),
-        local_world_size=_local_world_size(),
+        local_world_size=launcher_int("LOCAL_WORLD_SIZE"),
         cuda_bad_fork=_cuda_bad_fork(),
     )

@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from loaderkit.errors import ConfigError
+from loaderkit.hooks import call_hook
 
 __all__ = ["ShardSampler", "ShardedBatchSampler"]
 
@@ -161,6 +162,4 @@ class ShardedBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the wrapped batch sampler and its sampler."""
         for target in (self.batch_sampler, self.sampler):
-            set_epoch = getattr(target, "set_epoch", None)
-            if callable(set_epoch):
-                set_epoch(epoch)
+            call_hook(target, "set_epoch", epoch)

@@ -31,7 +31,9 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from loaderkit.distributed import process_rank_and_world
 from loaderkit.errors import check_int
+from loaderkit.hooks import call_hook
 
 __all__ = [
     "SEED_MAX",
@@ -173,13 +175,7 @@ _worker_state: _RngState | None = None
 
 def _current_rank() -> int:
     """Global rank seen from inside any process (worker processes included)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    # A spawned worker has no process group; torchrun tells every rank its RANK.
-    value = os.environ.get("RANK", "")
-    return int(value) if value.isdigit() else 0
+    return process_rank_and_world()[0]
 
 
 def _worker_seed_sequence(base_seed: int, worker_id: int, rank: int) -> np.random.SeedSequence:
@@ -227,14 +223,8 @@ def seed_worker(worker_id: int) -> None:
     info = torch.utils.data.get_worker_info()
     if info is None:  # called outside a worker: nothing to seed per worker
         return
-    import torch.distributed as dist
-
-    world_size = (
-        dist.get_world_size()
-        if dist.is_available() and dist.is_initialized()
-        else int(os.environ.get("WORLD_SIZE", "1") or 1)
-    )
-    _install_worker_streams(worker_id, info.seed - info.id, _current_rank(), world_size)
+    rank, world_size = process_rank_and_world()
+    _install_worker_streams(worker_id, info.seed - info.id, rank, world_size)
 
 
 @dataclass(frozen=True)
@@ -501,9 +491,7 @@ def _fingerprints(loader: Iterable[Any], epochs: int) -> Iterator[tuple[int, int
                 _leaves(batch, "batch", leaves)
                 yield epoch, index, leaves
     finally:
-        close = getattr(loader, "close", None)
-        if callable(close):
-            close()
+        call_hook(loader, "close")
 
 
 def check_determinism(

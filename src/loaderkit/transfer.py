@@ -50,6 +50,7 @@ from typing import Any, Generic, TypeVar, cast
 import torch
 
 from loaderkit.errors import ConfigError, PerformanceHint, warn
+from loaderkit.hooks import call_hook
 
 __all__ = ["DeviceLike", "DevicePrefetcher", "resolve_non_blocking", "to_device"]
 
@@ -690,9 +691,7 @@ class DevicePrefetcher(Generic[T]):
         Examples:
             >>> DevicePrefetcher([1, 2], "cpu").close()  # a list has nothing to close
         """
-        close = getattr(self.loader, "close", None)
-        if callable(close):
-            close()
+        call_hook(self.loader, "close")
 
     def __enter__(self) -> DevicePrefetcher[T]:
         return self
