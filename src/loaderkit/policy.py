@@ -357,14 +357,8 @@ def _is_distributed_aware(sampler: Any) -> bool:
     return inner is not None and inner is not sampler and _is_distributed_aware(inner)
 
 
-def _resolve_sampler(
-    request: LoaderRequest,
-    facts: DatasetFacts,
-    dist: DistInfo,
-    shuffle: ShuffleValue,
-    res: Resolution,
-) -> None:
-    """Choose the sampler (distributed sharding, block shuffling) and record it."""
+def _sharding_mode(request: LoaderRequest, dist: DistInfo, res: Resolution) -> tuple[bool, bool]:
+    """``(sharding, defer)``: whether loaderkit shards, or leaves it to ``accelerator.prepare``."""
     mode = request.distributed
     if mode not in ("auto", True, False):
         raise ConfigError(f"distributed={mode!r}: expected 'auto', True or False")
@@ -378,7 +372,6 @@ def _resolve_sampler(
     # and never checks for a sampler that already shards): "auto" leaves it that job.
     defer = mode == "auto" and dist.is_distributed and dist.accelerate
     sharding = mode is True or (mode == "auto" and dist.is_distributed and not defer)
-    where = f"rank {dist.rank} of {dist.world_size}"
     if mode is True and dist.is_distributed and dist.accelerate:
         res.warnings.append(
             f"distributed=True in a {dist.world_size}-process Accelerate job: loaderkit shards "
@@ -387,67 +380,70 @@ def _resolve_sampler(
             f"1/{dist.world_size} of its shard). For a loader you prepare, leave "
             "distributed='auto'."
         )
+    return sharding, defer
 
-    if shuffle == "block":
-        if facts.iterable or not facts.supports_block_shuffle:
-            raise ConfigError(
-                f"shuffle='block' needs an HDF5SessionDataset (or a subclass); got "
-                f"{facts.type_name}. Use shuffle=True for a uniform shuffle."
-            )
-        if request.sampler is not None or request.batch_sampler is not None:
-            raise ConfigError(
-                "shuffle='block' is mutually exclusive with sampler and batch_sampler "
-                "(it builds a BlockShuffleSampler)"
-            )
-        res.sampler_choice = SamplerChoice.BLOCK
-        res.sampler_shuffle = True
-        same_on_all_ranks = sharding or defer
-        res.sampler_seed = (
-            request.seed if request.seed is not None else (0 if same_on_all_ranks else None)
+
+def _where(dist: DistInfo) -> str:
+    return f"rank {dist.rank} of {dist.world_size}"
+
+
+def _resolve_block(
+    request: LoaderRequest,
+    facts: DatasetFacts,
+    dist: DistInfo,
+    res: Resolution,
+    sharding: bool,
+    defer: bool,
+) -> None:
+    """``shuffle="block"``: a ``BlockShuffleSampler``, sharded by loaderkit or by Accelerate."""
+    if facts.iterable or not facts.supports_block_shuffle:
+        raise ConfigError(
+            f"shuffle='block' needs an HDF5SessionDataset (or a subclass); got "
+            f"{facts.type_name}. Use shuffle=True for a uniform shuffle."
         )
-        res.values["shuffle"] = None
-        res.defers_sharding = defer
-        reason = "shuffle='block': shuffled blocks of contiguous rows (sequential reads)"
-        if sharding:
-            reason += f"; {where}, disjoint blocks per rank"
-        elif defer:
-            reason += f"; {where}: the same order on every rank, accelerator.prepare shards it"
-        res.record("sampler", request.sampler, "BlockShuffleSampler", reason)
-        return
+    if request.sampler is not None or request.batch_sampler is not None:
+        raise ConfigError(
+            "shuffle='block' is mutually exclusive with sampler and batch_sampler "
+            "(it builds a BlockShuffleSampler)"
+        )
+    res.sampler_choice = SamplerChoice.BLOCK
+    res.sampler_shuffle = True
+    same_on_all_ranks = sharding or defer
+    res.sampler_seed = (
+        request.seed if request.seed is not None else (0 if same_on_all_ranks else None)
+    )
+    res.values["shuffle"] = None
+    res.defers_sharding = defer
+    reason = "shuffle='block': shuffled blocks of contiguous rows (sequential reads)"
+    if sharding:
+        reason += f"; {_where(dist)}, disjoint blocks per rank"
+    elif defer:
+        reason += f"; {_where(dist)}: the same order on every rank, accelerator.prepare shards it"
+    res.record("sampler", request.sampler, "BlockShuffleSampler", reason)
 
+
+def _resolve_unsharded(
+    request: LoaderRequest, dist: DistInfo, res: Resolution, defer: bool
+) -> None:
+    """No sharding by loaderkit: not distributed, ``distributed=False``, or left to Accelerate."""
+    if request.sampler is not None or request.batch_sampler is not None:
+        res.sampler_choice = SamplerChoice.USER
     if defer:
         res.defers_sharding = True
-        if request.sampler is not None or request.batch_sampler is not None:
-            res.sampler_choice = SamplerChoice.USER
-        res.record(
-            "distributed",
-            mode,
-            False,
-            f"{where} under Accelerate: accelerator.prepare(loader) shards the batches, as for "
-            "torch's DataLoader (iterating this loader unprepared reads every sample)",
-        )
-        return
-
-    if not sharding:
         reason = (
-            "distributed=False"
-            if mode is False
-            else "not running under torch.distributed with world size > 1"
+            f"{_where(dist)} under Accelerate: accelerator.prepare(loader) shards the batches, "
+            "as for torch's DataLoader (iterating this loader unprepared reads every sample)"
         )
-        if request.sampler is not None or request.batch_sampler is not None:
-            res.sampler_choice = SamplerChoice.USER
-        res.record("distributed", mode, False, reason)
-        return
+    elif request.distributed is False:
+        reason = "distributed=False"
+    else:
+        reason = "not running under torch.distributed with world size > 1"
+    res.record("distributed", request.distributed, False, reason)
 
-    if facts.iterable:
-        res.record(
-            "distributed",
-            mode,
-            False,
-            "iterable dataset: shard inside __iter__ (torch.utils.data.get_worker_info and the "
-            "rank); a sampler cannot split it",
-        )
-        return
+
+def _resolve_user_sharding(request: LoaderRequest, dist: DistInfo, res: Resolution) -> None:
+    """Sharding a user ``batch_sampler`` or ``sampler``: kept when it shards already."""
+    mode, where = request.distributed, _where(dist)
     if request.batch_sampler is not None:
         if _is_distributed_aware(request.batch_sampler):
             res.sampler_choice = SamplerChoice.USER
@@ -455,39 +451,41 @@ def _resolve_sampler(
             return
         res.sampler_choice = SamplerChoice.SHARD_BATCHES
         res.sampler_shuffle = False
-        exact = request.training is False
+        padding = (
+            " (exact: no batch repeated)"
+            if request.training is False
+            else " (padded by repeating the first batches so every rank gets the same count)"
+        )
         res.record(
             "batch_sampler",
             request.batch_sampler,
             "ShardedBatchSampler",
-            f"{where}: your batches are dealt round-robin to ranks"
-            + (
-                " (exact: no batch repeated)"
-                if exact
-                else " (padded by repeating the first batches so every rank gets the same count)"
-            ),
+            f"{where}: your batches are dealt round-robin to ranks{padding}",
         )
         return
-    if request.sampler is not None:
-        res.sampler_choice = SamplerChoice.USER
-        if not _is_distributed_aware(request.sampler):
-            res.warnings.append(
-                f"{where}: the sampler {type(request.sampler).__name__} does not split data "
-                "between ranks, so every rank reads the same samples. Use "
-                "torch.utils.data.DistributedSampler, or leave sampler unset and loaderkit "
-                "shards for you (distributed='auto')."
-            )
-            res.record("distributed", mode, False, f"{where}: your sampler is kept as is")
-        else:
-            res.record("distributed", mode, True, f"{where}: your sampler already shards")
+    res.sampler_choice = SamplerChoice.USER
+    if _is_distributed_aware(request.sampler):
+        res.record("distributed", mode, True, f"{where}: your sampler already shards")
         return
+    res.warnings.append(
+        f"{where}: the sampler {type(request.sampler).__name__} does not split data "
+        "between ranks, so every rank reads the same samples. Use "
+        "torch.utils.data.DistributedSampler, or leave sampler unset and loaderkit "
+        "shards for you (distributed='auto')."
+    )
+    res.record("distributed", mode, False, f"{where}: your sampler is kept as is")
 
-    seed = request.seed if request.seed is not None else 0
-    res.sampler_seed = seed
+
+def _resolve_shards(
+    request: LoaderRequest, dist: DistInfo, shuffle: ShuffleValue, res: Resolution
+) -> None:
+    """Shards loaderkit builds: exact for evaluation, ``DistributedSampler`` for training."""
+    where = _where(dist)
+    res.sampler_seed = request.seed if request.seed is not None else 0
     res.values["shuffle"] = None
+    res.sampler_shuffle = bool(shuffle)
     if request.training is False:
         res.sampler_choice = SamplerChoice.EXACT_SHARD
-        res.sampler_shuffle = bool(shuffle)
         res.record(
             "sampler",
             request.sampler,
@@ -497,7 +495,6 @@ def _resolve_sampler(
         )
         return
     res.sampler_choice = SamplerChoice.DISTRIBUTED
-    res.sampler_shuffle = bool(shuffle)
     seed_reason = "seed" if request.seed is not None else "seed=0 (DistributedSampler's default)"
     res.record(
         "sampler",
@@ -506,6 +503,33 @@ def _resolve_sampler(
         f"{where}: shuffle={bool(shuffle)}, drop_last={request.drop_last}, {seed_reason}, "
         "identical on every rank; set_epoch is called every pass",
     )
+
+
+def _resolve_sampler(
+    request: LoaderRequest,
+    facts: DatasetFacts,
+    dist: DistInfo,
+    shuffle: ShuffleValue,
+    res: Resolution,
+) -> None:
+    """Choose the sampler (distributed sharding, block shuffling) and record it."""
+    sharding, defer = _sharding_mode(request, dist, res)
+    if shuffle == "block":
+        _resolve_block(request, facts, dist, res, sharding, defer)
+    elif not sharding:
+        _resolve_unsharded(request, dist, res, defer)
+    elif facts.iterable:
+        res.record(
+            "distributed",
+            request.distributed,
+            False,
+            "iterable dataset: shard inside __iter__ (torch.utils.data.get_worker_info and the "
+            "rank); a sampler cannot split it",
+        )
+    elif request.batch_sampler is not None or request.sampler is not None:
+        _resolve_user_sharding(request, dist, res)
+    else:
+        _resolve_shards(request, dist, shuffle, res)
 
 
 # --------------------------------------------------------------------------- resolve
