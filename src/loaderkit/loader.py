@@ -18,7 +18,8 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, ClassVar, TypeVar
+from dataclasses import fields
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch.utils.data
 from torch.utils.data import Dataset, Sampler
@@ -159,7 +160,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self,
         dataset: Dataset[Any] | Iterable[Any],
         batch_size: int | None = 1,
-        shuffle: bool | str | None = None,
+        shuffle: bool | Literal["block"] | None = None,
         sampler: Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: Sampler[list[Any]] | Iterable[list[Any]] | None = None,
         num_workers: int | str = 0,
@@ -190,29 +191,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             # The generator another loaderkit loader created from ``seed``: still owned, so
             # this loader reseeds it from (seed, epoch) as the original did.
             generator = None
-        request = LoaderRequest(
-            batch_size=batch_size,
-            shuffle=shuffle,  # type: ignore[arg-type]
-            sampler=sampler,
-            batch_sampler=batch_sampler,
-            num_workers=num_workers,
-            collate_fn=collate_fn,
-            pin_memory=pin_memory,
-            drop_last=drop_last,
-            timeout=timeout,
-            worker_init_fn=worker_init_fn,
-            multiprocessing_context=multiprocessing_context,
-            generator=generator,
-            prefetch_factor=prefetch_factor,
-            persistent_workers=persistent_workers,
-            pin_memory_device=pin_memory_device,
-            in_order=in_order,
-            training=training,
-            seed=seed,
-            sample_seeding=bool(sample_seeding),
-            force_zero_workers_on_windows=force_zero_workers_on_windows,
-            distributed=distributed,
-        )
+        sample_seeding = bool(sample_seeding)
+        arguments = locals()  # the signature above is the one place the arguments are listed
+        request = LoaderRequest(**{f.name: arguments[f.name] for f in fields(LoaderRequest)})
         setup = plan_loader(dataset, request, platform)
         super().__init__(dataset, **setup.torch_kwargs)  # type: ignore[arg-type]
         if setup.owns_generator and self.generator is not None:

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
 from loaderkit import DataLoader, HDF5SessionDataset, create_dataloader  # noqa: E402
 from loaderkit.integrations import close_loaders  # noqa: E402
 from loaderkit.integrations.lightning import LoaderkitCallback  # noqa: E402
+from loaderkit.resources import worker_processes  # noqa: E402
 from loaderkit.seeding import WorkerInit  # noqa: E402
 from tests.frameworks.lit import (  # noqa: E402
     BuilderDataModule,
@@ -176,12 +177,12 @@ def test_ten_predict_loops_leave_no_descriptor_or_process(tmp_path: Path) -> Non
     trainer.predict(model, datamodule=dm)  # warm-up: first-use imports and caches
     gc.collect()
     proc = psutil.Process()
-    fds, children = proc.num_fds(), len(proc.children(recursive=True))
+    fds, children = proc.num_fds(), len(worker_processes())
     for _ in range(10):
         trainer = make_trainer(callbacks=[LoaderkitCallback()])
         trainer.predict(model, datamodule=BuilderDataModule(build, 0))
     gc.collect()
-    assert len(proc.children(recursive=True)) == children == 0
+    assert len(worker_processes()) == children == 0
     assert proc.num_fds() <= fds
     assert hdf5_fds(tmp_path) == []
 
@@ -199,7 +200,7 @@ def test_no_session_file_left_open_after_fit(tmp_path: Path, fail: bool) -> None
         trainer.fit(model, datamodule=dm)
         assert len(set(model.seen["fit:train:1"])) == 48  # every sample (first values differ)
     assert dm.returned["train"].persistent_workers  # workers that held files in them
-    assert psutil.Process().children(recursive=True) == []
+    assert worker_processes() == []
     assert hdf5_fds(tmp_path) == []
     assert all(loader.dataset.open_files == 0 for loader in dm.returned.values())
 
@@ -248,4 +249,4 @@ def test_trainer_options_that_rebuild_or_cut_loaders(options: dict[str, Any]) ->
         assert len(seen) == 12
     else:
         assert sorted(seen) == list(range(N))
-    assert psutil.Process().children(recursive=True) == []
+    assert worker_processes() == []
