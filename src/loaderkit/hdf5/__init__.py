@@ -4,6 +4,11 @@
 fork-safe, thread-safe per-process cache of open files; ``BlockShuffleSampler`` shuffles
 blocks of consecutive rows so that batched reads stay sequential. See ``docs/hdf5.md``.
 
+Modules, each importing only those listed after it: ``dataset`` (the dataset class),
+``reading`` (batched read strategies), ``handles`` (per-process file cache), ``index`` (packed
+sample index), ``layout`` (per-session layout, chunk cache, hints), ``rawio`` (``os.preadv``
+reads); ``sampler`` stands apart (it reads the dataset's public accessors only).
+
 Example:
     >>> from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
     >>> ds = HDF5SessionDataset(paths, key="betas")  # doctest: +SKIP
@@ -12,14 +17,11 @@ Example:
 
 from __future__ import annotations
 
-from loaderkit.hdf5.dataset import (
-    HDF5FileError,
-    HDF5SessionDataset,
-    SampleIndex,
-    SessionLayout,
-    default_chunk_cache,
-)
+from loaderkit.errors import HDF5FileError
+from loaderkit.hdf5.dataset import HDF5SessionDataset
 from loaderkit.hdf5.handles import CacheInfo
+from loaderkit.hdf5.index import SampleIndex
+from loaderkit.hdf5.layout import SessionLayout, default_chunk_cache
 from loaderkit.hdf5.sampler import DEFAULT_BLOCK_SIZE, BlockShuffleSampler
 
 __all__ = [

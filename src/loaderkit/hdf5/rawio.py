@@ -1,0 +1,157 @@
+"""Low-level reads into caller buffers: ``os.preadv`` at raw file offsets and direct ``H5Dread``.
+
+Contiguous, unfiltered numeric data sits on disk as the C-order array, so rows can be read
+with one ``os.preadv`` on HDF5's own file descriptor, skipping HDF5 entirely; ``raw_location``
+decides when that is safe. ``read_direct`` reads a hyperslab straight into a destination array.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import h5py
+import numpy as np
+from h5py import h5d, h5s, h5t
+
+__all__ = ["pread", "preadv_possible", "raw_location", "read_direct"]
+
+logger = logging.getLogger(__name__)
+
+
+def preadv_possible(h5py_options: Mapping[str, Any]) -> bool:
+    """Whether files opened with these ``h5py.File`` options may be read with ``os.preadv``.
+
+    Args:
+        h5py_options: The keyword arguments passed to ``h5py.File``.
+
+    Returns:
+        ``True`` when the platform has ``os.preadv`` and the driver is the default ``sec2``.
+
+    Example:
+        >>> preadv_possible({"driver": "core"})
+        False
+    """
+    return hasattr(os, "preadv") and h5py_options.get("driver") in (None, "sec2")
+
+
+def raw_location(f: h5py.File, dset: h5py.Dataset) -> tuple[int, int] | None:
+    """``(fd, offset)`` when rows of ``dset`` can be read with ``os.preadv``, else ``None``.
+
+    That is the case for data stored contiguously (not chunked, compact or external), without
+    filters, fully allocated, in a plain file opened with the default ``sec2`` driver, whose file
+    type is exactly the numpy dtype h5py returns: the bytes on disk are then the C-order array.
+
+    Args:
+        f: The open file.
+        dset: A dataset of ``f``.
+
+    Returns:
+        HDF5's file descriptor and the byte offset of the dataset's data, or ``None``.
+
+    Example:
+        >>> import h5py, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "r.h5")
+        >>> with h5py.File(path, "w") as f:
+        ...     _ = f.create_dataset("x", data=np.zeros((4, 2), "f4"), chunks=(2, 2))
+        >>> with h5py.File(path, "r") as f:
+        ...     raw_location(f, f["x"]) is None  # chunked: HDF5 reads it
+        True
+    """
+    if not hasattr(os, "preadv") or f.driver != "sec2":
+        return None
+    try:
+        dcpl = dset.id.get_create_plist()
+        if dcpl.get_layout() != h5d.CONTIGUOUS or dcpl.get_nfilters() or dcpl.get_external_count():
+            return None
+        dtype = dset.dtype
+        if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+            return None
+        if dset.id.get_type() != h5t.py_create(dtype):
+            return None
+        nbytes = int(np.prod(dset.shape, dtype=np.int64)) * dtype.itemsize
+        offset = dset.id.get_offset()
+        if offset is None or dset.id.get_storage_size() != nbytes:
+            return None
+        fd = f.id.get_vfd_handle()
+    except Exception:  # any doubt: let HDF5 read it
+        logger.debug("no raw access to %s", f.filename, exc_info=True)
+        return None
+    if not isinstance(fd, int) or fd < 0:
+        return None
+    return fd, int(offset)
+
+
+def pread(
+    raw: tuple[int, int], offset: int, out: np.ndarray | list[np.ndarray], nbytes: int
+) -> None:
+    """Read ``nbytes`` from ``offset`` bytes into the dataset's raw data into ``out``.
+
+    ``out`` is one C-contiguous array or a list of them (filled in order, one system call).
+
+    Args:
+        raw: ``(fd, data_offset)`` from ``raw_location``.
+        offset: Byte offset inside the dataset's data.
+        out: Destination array(s), ``nbytes`` in all.
+        nbytes: Bytes to read.
+
+    Raises:
+        OSError: The file ends before ``nbytes`` could be read.
+
+    Example:
+        >>> import numpy as np, os, tempfile
+        >>> fd, path = tempfile.mkstemp()
+        >>> _ = os.write(fd, np.arange(4, dtype="i4").tobytes())
+        >>> out = np.empty(2, "i4")
+        >>> pread((fd, 0), 8, out, 8)
+        >>> out.tolist()
+        [2, 3]
+        >>> os.close(fd)
+    """
+    buffers = out if isinstance(out, list) else [out]
+    base = raw[1] + offset
+    got = os.preadv(raw[0], [buffer.data for buffer in buffers], base)
+    if got >= nbytes:
+        return
+    # Short reads are legal: finish buffer by buffer; 0 bytes means the file ended.
+    start = 0
+    for buffer in buffers:
+        view = buffer.data.cast("B")
+        done = min(max(got - start, 0), view.nbytes)
+        while done < view.nbytes:
+            more = os.preadv(raw[0], [view[done:]], base + start + done)
+            if more == 0:
+                raise OSError(
+                    f"file ends {nbytes - start - done} bytes short of the row data "
+                    "(truncated while open?)"
+                )
+            done += more
+        start += view.nbytes
+
+
+def read_direct(dset: h5py.Dataset, start: int, length: int, out: np.ndarray) -> None:
+    """Read rows ``start..start+length-1`` of ``dset`` straight into ``out`` (C-contiguous).
+
+    Args:
+        dset: The dataset.
+        start: First row.
+        length: Number of rows.
+        out: Destination of shape ``(length, *row_shape)`` and the dataset's dtype.
+
+    Example:
+        >>> import h5py, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "d.h5")
+        >>> with h5py.File(path, "w") as f:
+        ...     _ = f.create_dataset("x", data=np.arange(8, dtype="f4").reshape(4, 2))
+        ...     out = np.empty((2, 2), "f4")
+        ...     read_direct(f["x"], 1, 2, out)
+        >>> out.tolist()
+        [[2.0, 3.0], [4.0, 5.0]]
+    """
+    fspace = dset.id.get_space()
+    count = (length, *out.shape[1:])
+    fspace.select_hyperslab((start,) + (0,) * (len(count) - 1), count)
+    mspace = h5s.create_simple(count)
+    dset.id.read(mspace, fspace, out, dxpl=dset._dxpl)

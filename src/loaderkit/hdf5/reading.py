@@ -1,0 +1,337 @@
+"""Read strategies of ``HDF5SessionDataset``: which one a class gets, and the batched readers.
+
+A dataset reads in one of three ``ReadMode``s, fixed by what its class overrides
+(``read_mode``): ``FAST`` (the default ``read``: coalesced slab reads into one batch buffer,
+``os.preadv`` on contiguous data), ``ROWS`` (``read_rows`` overridden: coalesced runs through
+that hook) or ``ITEM`` (``read`` or ``__getitem__`` overridden: one ``self[i]`` per item).
+``plan_runs`` groups a batch's packed keys into runs of consecutive rows; ``read_each``,
+``read_runs`` and ``read_runs_hook`` read them. The per-item fast path stays inline in
+``HDF5SessionDataset.__getitem__`` (no extra call per sample).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Hashable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from loaderkit.errors import ConfigError
+from loaderkit.hdf5.handles import HandleCache
+from loaderkit.hdf5.index import _ROW_BITS, _ROW_MASK
+from loaderkit.hdf5.layout import _add_note
+from loaderkit.hdf5.rawio import pread, read_direct
+
+__all__ = [
+    "ReadMode",
+    "overrides",
+    "plan_runs",
+    "read_each",
+    "read_mode",
+    "read_runs",
+    "read_runs_hook",
+    "uses_default_read",
+]
+
+#: Slabs at least this large are read straight into the batch buffer (``H5Dread`` into the
+#: destination); smaller ones go through h5py's Cython fast path and one copy, which has less
+#: per-call overhead. Measured with ``benchmarks/hdf5_read.py`` (see docs/hdf5.md).
+_DIRECT_READ_BYTES = 256 * 1024
+
+#: Rows at least this large are read into one buffer per run instead of one per batch (see
+#: ``read_runs``).
+_RUN_BUFFER_BYTES = 256 * 1024
+
+
+class ReadMode(enum.Enum):
+    """How ``__getitems__`` reads a batch.
+
+    Attributes:
+        FAST: Default ``read``: coalesced slab reads (``preadv`` where possible).
+        ROWS: The subclass overrides ``read_rows``: coalesced runs through that hook.
+        ITEM: The subclass overrides ``read`` or ``__getitem__`` only: one ``self[i]`` per item.
+
+    Example:
+        >>> ReadMode.FAST.name
+        'FAST'
+    """
+
+    FAST = "fast"
+    ROWS = "rows"
+    ITEM = "item"
+
+
+def overrides(cls: type, base: type, name: str) -> bool:
+    """Whether ``cls`` replaces ``base``'s attribute ``name``.
+
+    Example:
+        >>> class A:
+        ...     def f(self): ...
+        >>> class B(A):
+        ...     def f(self): ...
+        >>> overrides(B, A, "f"), overrides(A, A, "f")
+        (True, False)
+    """
+    return getattr(cls, name) is not getattr(base, name)
+
+
+def uses_default_read(cls: type, base: type) -> bool:
+    """Whether ``cls`` keeps ``base.read``, so loaderkit may read rows itself (fast paths).
+
+    Example:
+        >>> class A:
+        ...     def read(self): ...
+        >>> uses_default_read(A, A)
+        True
+    """
+    return not overrides(cls, base, "read")
+
+
+def read_mode(cls: type, base: type) -> ReadMode:
+    """The ``ReadMode`` of a dataset class ``cls`` derived from ``base``.
+
+    A subclass that overrides ``read`` or ``__getitem__`` (say, to add a transform) gets one
+    ``self[i]`` per item, so batched loading returns exactly what indexing does, unless it
+    opts into batching by overriding ``read_rows``.
+
+    Args:
+        cls: The dataset's class.
+        base: ``HDF5SessionDataset``.
+
+    Returns:
+        The read mode.
+
+    Example:
+        >>> class Base:
+        ...     def read(self): ...
+        ...     def read_rows(self): ...
+        ...     def __getitem__(self, i): ...
+        >>> class Custom(Base):
+        ...     def read(self): ...
+        >>> read_mode(Base, Base), read_mode(Custom, Base)
+        (<ReadMode.FAST: 'fast'>, <ReadMode.ITEM: 'item'>)
+    """
+    if overrides(cls, base, "read_rows"):
+        return ReadMode.ROWS
+    if overrides(cls, base, "read") or overrides(cls, base, "__getitem__"):
+        return ReadMode.ITEM
+    return ReadMode.FAST
+
+
+class _Source(Protocol):
+    """What the batched readers use of ``HDF5SessionDataset``."""
+
+    _cache: HandleCache
+    _ids: list[Hashable]
+    _row_shape: tuple[int, ...]
+    _row_dtype: np.dtype | None
+    _row_bytes: int
+    _direct_ok: bool
+
+    def _context(self, pos: int, row: int, index: int) -> str: ...
+
+    def _read_error(self, exc: Exception, pos: int, rows: str, index: int) -> Exception: ...
+
+    def read_rows(self, session: Hashable, start: int, stop: int) -> Sequence[Any]: ...
+
+
+def plan_runs(
+    keys: np.ndarray, *, sort: bool, always: bool
+) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """Choose how to read a batch given its packed (session, row) keys.
+
+    Returns ``(order, starts)``: ``order`` is the permutation to read in (``None``: request
+    order) and ``starts`` the offsets, in that order, where a new run of consecutive rows of one
+    session begins (consecutive keys differ by exactly 1). ``starts`` is ``None`` when
+    per-sample reads in request order are best (nothing to coalesce through HDF5). On chunked
+    data a sorted order is always used, so rows sharing a chunk are read one after another and
+    the chunk is decompressed once. With ``always`` (contiguous data read with ``preadv``) runs
+    in request order are always used: one system call per run, however short.
+
+    Args:
+        keys: Packed keys of the batch, in request order.
+        sort: Read in sorted order (chunked data).
+        always: Read runs in request order (contiguous data).
+
+    Returns:
+        ``(order, starts)`` as described above.
+
+    Example:
+        >>> order, starts = plan_runs(np.array([5, 6, 7, 1, 2]), sort=False, always=False)
+        >>> order is None, starts.tolist()
+        (True, [0, 3])
+    """
+    n = keys.shape[0]
+    brk = np.flatnonzero(np.diff(keys) != 1)
+    if (brk.size + 1) * 2 <= n or always:
+        return None, np.concatenate(([0], brk + 1))
+    order = np.argsort(keys, kind="stable")
+    brk2 = np.flatnonzero(np.diff(keys[order]) != 1)
+    if (brk2.size + 1) * 2 <= n or sort:
+        return order, np.concatenate(([0], brk2 + 1))
+    return None, None
+
+
+def read_each(ds: _Source, idx: np.ndarray, keys: np.ndarray) -> list[Any]:
+    """One read per sample (nothing to coalesce), in request order; caller holds the lock.
+
+    Args:
+        ds: The dataset.
+        idx: Dataset indices of the batch (for messages).
+        keys: Their packed keys.
+
+    Returns:
+        One sample per key.
+    """
+    cache = ds._cache
+    out: list[Any] = []
+    append = out.append
+    last = -1
+    dset: Any = None
+    for j, key in enumerate(keys.tolist()):
+        pos, row = key >> _ROW_BITS, key & _ROW_MASK
+        if pos != last:
+            try:
+                dset = cache.get(pos).dataset
+            except Exception as exc:
+                _add_note(exc, ds._context(pos, row, int(idx[j])))
+                raise
+            last = pos
+        try:
+            append(dset[row])
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise ds._read_error(exc, pos, f"row {row}", int(idx[j])) from exc
+    return out
+
+
+def read_runs(
+    ds: _Source,
+    idx: np.ndarray,
+    keys: np.ndarray,
+    order: np.ndarray | None,
+    starts: np.ndarray,
+) -> list[Any]:
+    """Coalesced slab reads; ``order`` is the read order (``None``: request order).
+
+    Small rows go into one batch buffer. Rows of ``_RUN_BUFFER_BYTES`` or more get one
+    buffer per run instead: a whole batch of them in one buffer is larger than glibc's
+    largest recyclable allocation (32 MiB), so it would be a fresh ``mmap`` that the kernel
+    faults in page by page for every batch, while per-run buffers are reused by the
+    allocator the way per-item reads are. The caller holds the handle lock.
+
+    Args:
+        ds: The dataset.
+        idx: Dataset indices of the batch (for messages).
+        keys: Their packed keys.
+        order: Read order from ``plan_runs``.
+        starts: Run starts from ``plan_runs``.
+
+    Returns:
+        One sample per key, in request order.
+    """
+    n = idx.size
+    assert ds._row_dtype is not None
+    shape, dtype, row_bytes = ds._row_shape, ds._row_dtype, ds._row_bytes
+    per_run = row_bytes >= _RUN_BUFFER_BYTES
+    buf = None if per_run else np.empty((n, *shape), dtype=dtype)
+    samples: list[Any] = [None] * n if per_run else []
+    run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
+    bounds = starts.tolist()
+    bounds.append(n)
+    cache = ds._cache
+    direct = ds._direct_ok
+    last = -1
+    dset: Any = None
+    raw: tuple[int, int] | None = None
+    for r, key in enumerate(run_keys):
+        pos, a = key >> _ROW_BITS, key & _ROW_MASK
+        k, k2 = bounds[r], bounds[r + 1]
+        length = k2 - k
+        if pos != last:
+            try:
+                handle = cache.get(pos)
+            except Exception as exc:
+                j = k if order is None else int(order[k])
+                _add_note(exc, ds._context(pos, a, int(idx[j])))
+                raise
+            dset, raw = handle.dataset, handle.raw
+            last = pos
+        try:
+            out = np.empty((length, *shape), dtype=dtype) if buf is None else buf[k:k2]
+            if raw is not None:
+                pread(raw, a * row_bytes, out, length * row_bytes)
+            elif direct and length * row_bytes >= _DIRECT_READ_BYTES:
+                read_direct(dset, a, length, out)
+            elif length == 1:
+                out[0] = dset[a]
+            else:
+                out[:] = dset[a : a + length]
+        except MemoryError:
+            raise
+        except Exception as exc:
+            j = k if order is None else int(order[k])
+            what = f"rows {a}..{a + length - 1}"
+            raise ds._read_error(exc, pos, what, int(idx[j])) from exc
+        if buf is None:
+            samples[k:k2] = list(out)
+    if buf is not None:
+        samples = list(buf)
+    if order is None:
+        return samples
+    result: list[Any] = [None] * n
+    for position, target in enumerate(order.tolist()):
+        result[target] = samples[position]
+    return result
+
+
+def read_runs_hook(
+    ds: _Source,
+    idx: np.ndarray,
+    keys: np.ndarray,
+    order: np.ndarray | None,
+    starts: np.ndarray | None,
+) -> list[Any]:
+    """Coalesced reads through the subclass's ``read_rows``; caller holds the handle lock.
+
+    Args:
+        ds: The dataset.
+        idx: Dataset indices of the batch (for messages).
+        keys: Their packed keys.
+        order: Read order from ``plan_runs``.
+        starts: Run starts from ``plan_runs`` (``None``: one run per sample).
+
+    Returns:
+        One sample per key, in request order.
+
+    Raises:
+        ConfigError: ``read_rows`` returned the wrong number of samples.
+    """
+    n = idx.size
+    if starts is None:
+        starts = np.arange(n)
+    run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
+    bounds = starts.tolist()
+    bounds.append(n)
+    result: list[Any] = [None] * n
+    targets = list(range(n)) if order is None else order.tolist()
+    ids = ds._ids
+    for r, key in enumerate(run_keys):
+        pos, a = key >> _ROW_BITS, key & _ROW_MASK
+        k, k2 = bounds[r], bounds[r + 1]
+        try:
+            samples = ds.read_rows(ids[pos], a, a + (k2 - k))
+            if len(samples) != k2 - k:
+                raise ConfigError(
+                    f"{type(ds).__name__}.read_rows({ids[pos]!r}, {a}, "
+                    f"{a + k2 - k}) returned {len(samples)} samples, expected {k2 - k}."
+                )
+        except Exception as exc:
+            ds._cache.discard(pos)
+            _add_note(exc, ds._context(pos, a, int(idx[targets[k]])))
+            raise
+        for t, sample in zip(targets[k:k2], samples, strict=True):
+            result[t] = sample
+    return result
