@@ -26,20 +26,11 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_ddp(tmp_path: Path, scenario: str, n: int, uds: bool, which: str = "loaderkit"):
-    out = Path(tempfile.mkdtemp(prefix=f"{scenario}-{n}-{int(uds)}-{which}-", dir=tmp_path))
+def launch(module: str, out: Path, *args: str) -> list[dict[str, Any]]:
+    """Run ``python -m module out *args`` (Lightning launches rank 1); read both ranks' JSON."""
     env = dict(os.environ, MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore")
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tests.frameworks.lightning_ddp",
-            str(out),
-            scenario,
-            str(n),
-            "1" if uds else "0",
-            which,
-        ],
+        [sys.executable, "-m", module, str(out), *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -47,7 +38,13 @@ def run_ddp(tmp_path: Path, scenario: str, n: int, uds: bool, which: str = "load
         timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def run_ddp(tmp_path: Path, scenario: str, n: int, uds: bool, which: str = "loaderkit"):
+    out = Path(tempfile.mkdtemp(prefix=f"{scenario}-{n}-{int(uds)}-{which}-", dir=tmp_path))
+    args = (scenario, str(n), "1" if uds else "0", which)
+    ranks = launch("tests.frameworks.lightning_ddp", out, *args)
     # No worker processes left: rank 0's only child is rank 1.
     assert set(ranks[0]["children"]) <= {ranks[1]["pid"]}
     assert ranks[1]["children"] == []
@@ -153,17 +150,7 @@ def test_ddp_callback_closes_everything_after_an_exception(tmp_path: Path) -> No
 
 def test_fabric_setup_dataloaders_keeps_loaderkit_samplers(tmp_path: Path) -> None:
     n = 41
-    env = dict(os.environ, MASTER_PORT=str(free_port()), PYTHONWARNINGS="ignore")
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.frameworks.fabric_run", str(tmp_path), str(n)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    ranks = launch("tests.frameworks.fabric_run", tmp_path, str(n))
     for r in ranks:
         assert r["train_sampler"] == "DistributedSampler"
         assert r["eval_sampler"] == "ShardSampler"  # not re-wrapped by Fabric
