@@ -7,7 +7,7 @@ expects, so ``except ValueError`` / ``except TypeError`` / ``except OSError`` ke
     Exception
     ├── LoaderkitError
     │   ├── ConfigError          (also ValueError)  an argument that cannot work
-    │   ├── ArgumentTypeError    (also TypeError)   an argument of the wrong type
+    │   │   └── ArgumentTypeError (also TypeError)  ... because it has the wrong type
     │   ├── HDF5FileError        (also OSError)     an HDF5 file that cannot be opened or read
     │   └── ResourceLeakError                      LeakCheck(raise_on_leak=True) found growth
     UserWarning
@@ -68,10 +68,12 @@ class ConfigError(LoaderkitError, ValueError):
     """
 
 
-class ArgumentTypeError(LoaderkitError, TypeError):
+class ArgumentTypeError(ConfigError, TypeError):
     """An argument of the wrong type (``seed=1.5``, ``epoch="3"``).
 
-    Also a ``TypeError``, as Python's own argument errors are.
+    A ``TypeError``, as Python's own argument errors are, and a ``ConfigError`` (so also a
+    ``ValueError``), so that ``except ConfigError`` catches every bad argument: like numpy's
+    ``AxisError``, which is both a ``ValueError`` and an ``IndexError``.
 
     Examples:
         >>> isinstance(ArgumentTypeError("seed must be an int"), TypeError)

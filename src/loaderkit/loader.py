@@ -29,7 +29,7 @@ from torch.utils.data.dataloader import (
     _SingleProcessDataLoaderIter,
 )
 
-from loaderkit.errors import ConfigError, warn
+from loaderkit.errors import check_int, warn
 from loaderkit.hooks import call_hook
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
@@ -245,9 +245,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             >>> _ = list(loader); loader.epoch
             3
         """
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ConfigError(f"set_epoch expects a non-negative int, got {epoch!r}")
-        self._next_epoch = epoch
+        self._next_epoch = check_int("epoch", epoch, minimum=0)
         self._epoch_requested = True
 
     def _epoch_targets(self) -> list[Any]:
