@@ -32,7 +32,7 @@ from loaderkit.budgets import check_open_file_budget, check_shared_memory
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
-from loaderkit.plan import Plan, short_repr
+from loaderkit.plan import Plan, PlanEntry, short_repr
 from loaderkit.platform import PlatformInfo, detect_platform
 from loaderkit.policy import (
     DatasetFacts,
@@ -40,6 +40,7 @@ from loaderkit.policy import (
     Resolution,
     SamplerChoice,
     resolve,
+    torch_arguments,
 )
 from loaderkit.preflight import check_pickle
 from loaderkit.samplers import ShardedBatchSampler, ShardSampler
@@ -105,8 +106,8 @@ def _sample_nbytes(dataset: Any) -> int | None:
     return None
 
 
-def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> None:
-    """Instantiate the sampler the resolution chose, into ``res.values``."""
+def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> dict[str, Any]:
+    """Instantiate the sampler the resolution chose: ``{"sampler": ...}``, or ``{}``."""
     dist = res.dist
     choice = res.sampler_choice
     if choice == SamplerChoice.BLOCK:
@@ -115,9 +116,9 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> Non
             kwargs.update(num_replicas=dist.world_size, rank=dist.rank, drop_last=request.drop_last)
         else:
             kwargs.update(num_replicas=1, rank=0)
-        res.values["sampler"] = BlockShuffleSampler(dataset, **kwargs)
-    elif choice == SamplerChoice.DISTRIBUTED:
-        res.values["sampler"] = DistributedSampler(
+        return {"sampler": BlockShuffleSampler(dataset, **kwargs)}
+    if choice == SamplerChoice.DISTRIBUTED:
+        sampler: Any = DistributedSampler(
             dataset,
             num_replicas=dist.world_size,
             rank=dist.rank,
@@ -125,24 +126,38 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> Non
             seed=res.sampler_seed or 0,
             drop_last=request.drop_last,
         )
-    elif choice == SamplerChoice.EXACT_SHARD:
-        res.values["sampler"] = ShardSampler(
+        return {"sampler": sampler}
+    if choice == SamplerChoice.EXACT_SHARD:
+        sampler = ShardSampler(
             dataset,
             num_replicas=dist.world_size,
             rank=dist.rank,
             shuffle=res.sampler_shuffle,
             seed=res.sampler_seed or 0,
         )
-    elif choice == SamplerChoice.SHARD_BATCHES:
-        res.values["batch_sampler"] = ShardedBatchSampler(
+        return {"sampler": sampler}
+    if choice == SamplerChoice.SHARD_BATCHES:
+        batch_sampler = ShardedBatchSampler(
             request.batch_sampler,
             num_replicas=dist.world_size,
             rank=dist.rank,
             even=request.training is not False,
         )
+        return {"batch_sampler": batch_sampler}
+    return {}
 
 
-def _check_picklable(dataset: Any, request: LoaderRequest, res: Resolution) -> None:
+@dataclass
+class _Findings:
+    """What the checks add to the plan: warning texts and plan entries."""
+
+    warnings: list[str]
+    entries: list[PlanEntry]
+
+
+def _check_picklable(
+    dataset: Any, request: LoaderRequest, res: Resolution, found: _Findings
+) -> None:
     """Spawn/forkserver preflight: fail early, naming the attribute that cannot be pickled."""
     num_workers = res.values["num_workers"]
     if (
@@ -176,20 +191,22 @@ def _check_picklable(dataset: Any, request: LoaderRequest, res: Resolution) -> N
         if problem is not None:
             # torch keeps samplers in the main process, so the loader works; say so instead
             # of breaking a script that runs under torch's DataLoader.
-            res.warnings.append(
+            found.warnings.append(
                 f"{problem.path} cannot be pickled ({problem.reason}). It stays in the main "
                 "process, so loading works, but it cannot be checkpointed or sent to another "
                 f"process. Fix: {problem.fix}."
             )
     size = checks["dataset"].size or 0  # pickled once, above
-    res.record(
-        "pickled_dataset",
-        None,
-        f"{size / 2**20:.1f} MiB",
-        f"copied to each of {num_workers} '{res.start_method}' workers at start",
+    found.entries.append(
+        PlanEntry(
+            "pickled_dataset",
+            None,
+            f"{size / 2**20:.1f} MiB",
+            f"copied to each of {num_workers} '{res.start_method}' workers at start",
+        )
     )
     if size > LARGE_PICKLE_BYTES:
-        res.warnings.append(
+        found.warnings.append(
             f"the dataset pickles to {size / 2**20:.0f} MiB and the '{res.start_method}' start "
             f"method sends a copy to each of the {num_workers} workers "
             f"({num_workers * size / 2**20:.0f} MiB in all, at every start). Keep large arrays "
@@ -204,7 +221,9 @@ def _check_resources(
     res: Resolution,
     platform: PlatformInfo,
     facts: DatasetFacts,
+    found: _Findings,
 ) -> None:
+    """Open-file budget and ``/dev/shm`` size for the resolved worker count."""
     num_workers = res.values["num_workers"]
     if not isinstance(num_workers, int) or num_workers < 0:
         return
@@ -217,7 +236,7 @@ def _check_resources(
     if budget.level == "error":
         raise ConfigError(budget.message)
     if budget.level != "ok":
-        res.warnings.append(budget.message)
+        found.warnings.append(budget.message)
     batch_size = res.values.get("batch_size") or 1
     sample = _sample_nbytes(dataset)
     shm = check_shared_memory(
@@ -227,7 +246,7 @@ def _check_resources(
         platform.shm_bytes,
     )
     if shm.level == "warn":
-        res.warnings.append(shm.message)
+        found.warnings.append(shm.message)
 
 
 def plan_loader(
@@ -265,18 +284,17 @@ def plan_loader(
     facts = dataset_facts(dataset)
     res = resolve(request, facts, platform, dist)
 
-    _check_picklable(dataset, request, res)
-    _check_resources(dataset, request, res, platform, facts)
-    for message in res.warnings:
+    found = _Findings(warnings=list(res.warnings), entries=list(res.entries))
+    _check_picklable(dataset, request, res, found)
+    _check_resources(dataset, request, res, platform, facts, found)
+    for message in found.warnings:
         warn(message)
 
-    _build_sampler(dataset, request, res)
-    owns_generator = False
+    built = _build_sampler(dataset, request, res)
     if res.make_generator:
         assert seed is not None
-        res.values["generator"] = make_generator(seed)
-        owns_generator = True
-    res.values["worker_init_fn"] = WorkerInit(
+        built["generator"] = make_generator(seed)
+    built["worker_init_fn"] = WorkerInit(
         rank=dist.rank, world_size=dist.world_size, user_fn=request.worker_init_fn
     )
     seeder = None
@@ -289,7 +307,7 @@ def plan_loader(
         f"{platform.usable_cpus} usable CPU(s), CUDA {'yes' if platform.cuda_available else 'no'}"
         + (f", rank {dist.rank}/{dist.world_size}" if dist.initialized else "")
     )
-    plan = Plan(res.entries, header=header)
+    plan = Plan(found.entries, header=header)
     logger.debug("%s", plan.describe())
     if plan.changes():
         logger.info(
@@ -297,11 +315,11 @@ def plan_loader(
             ", ".join(f"{e.name}={short_repr(e.value)}" for e in plan.changes()),
         )
     return LoaderSetup(
-        torch_kwargs=res.values,
+        torch_kwargs=torch_arguments(res, built).kwargs(),
         plan=plan,
         platform=platform,
         seed=seed,
-        owns_generator=owns_generator,
+        owns_generator=res.make_generator,
         sample_seeder=seeder,
         defers_sharding=res.defers_sharding,
     )

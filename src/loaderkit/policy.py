@@ -15,7 +15,9 @@ The one exception is the Windows zero-worker policy (opt out with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 from typing import Any, Generic, Literal, TypeVar
 
 from loaderkit.distributed import DistInfo
@@ -30,12 +32,14 @@ __all__ = [
     "LoaderRequest",
     "Resolution",
     "SamplerChoice",
+    "TorchArguments",
     "recommended_num_workers",
     "resolve",
     "resolve_num_workers",
     "resolve_persistent_workers",
     "resolve_pin_memory",
     "resolve_shuffle",
+    "torch_arguments",
 ]
 
 T = TypeVar("T")
@@ -124,13 +128,49 @@ class SamplerChoice:
     BLOCK = "block"  # loaderkit.BlockShuffleSampler (shuffle="block")
 
 
-@dataclass
+@dataclass(frozen=True)
+class TorchArguments:
+    """The keyword arguments loaderkit passes to ``torch.utils.data.DataLoader.__init__``.
+
+    Typed and frozen: built once, by ``torch_arguments``, from a ``Resolution`` and the parts
+    built for it (samplers, generator, worker initializer).
+
+    Examples:
+        >>> from loaderkit.platform import detect_platform
+        >>> res = resolve(LoaderRequest(batch_size=4), DatasetFacts(), detect_platform())
+        >>> torch_arguments(res).kwargs()["batch_size"]
+        4
+    """
+
+    batch_size: int | None
+    shuffle: bool | None
+    sampler: Any
+    batch_sampler: Any
+    num_workers: int
+    collate_fn: Any
+    pin_memory: bool
+    drop_last: bool
+    timeout: float
+    worker_init_fn: Any
+    multiprocessing_context: Any
+    generator: Any
+    prefetch_factor: int | None
+    persistent_workers: bool
+    pin_memory_device: str
+    in_order: bool
+
+    def kwargs(self) -> dict[str, Any]:
+        """The arguments as a dict (values are not copied: samplers stay the same objects)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
 class Resolution:
-    """Everything ``resolve`` decided.
+    """Everything ``resolve`` decided (frozen: later stages read it, never change it).
 
     Attributes:
-        values: Torch keyword arguments to pass on (samplers and generator still to be built
-            when ``sampler_choice`` asks for it).
+        values: Torch keyword arguments as resolved (samplers, generator and worker
+            initializer still to be built when ``sampler_choice``/``make_generator`` ask).
         entries: Plan entries in order.
         warnings: Texts of ``LoaderkitWarning`` to emit.
         sampler_choice: A ``SamplerChoice`` constant.
@@ -142,6 +182,22 @@ class Resolution:
         defers_sharding: True when ``distributed="auto"`` leaves sharding to Accelerate's
             ``accelerator.prepare`` (the loader warns if it is iterated unprepared).
     """
+
+    values: Mapping[str, Any]
+    entries: tuple[PlanEntry, ...] = ()
+    warnings: tuple[str, ...] = ()
+    sampler_choice: str = SamplerChoice.DEFAULT
+    sampler_shuffle: bool = False
+    sampler_seed: int | None = None
+    make_generator: bool = False
+    dist: DistInfo = field(default_factory=lambda: DistInfo(initialized=False))
+    start_method: str = "fork"
+    defers_sharding: bool = False
+
+
+@dataclass
+class _Draft:
+    """``Resolution`` while ``resolve`` fills it in, one policy at a time."""
 
     values: dict[str, Any]
     entries: list[PlanEntry] = field(default_factory=list)
@@ -157,6 +213,36 @@ class Resolution:
     def record(self, name: str, requested: Any, value: Any, reason: str) -> None:
         """Append a plan entry."""
         self.entries.append(PlanEntry(name, requested, value, reason))
+
+    def freeze(self) -> Resolution:
+        """The finished ``Resolution``."""
+        return Resolution(
+            values=MappingProxyType(dict(self.values)),
+            entries=tuple(self.entries),
+            warnings=tuple(self.warnings),
+            sampler_choice=self.sampler_choice,
+            sampler_shuffle=self.sampler_shuffle,
+            sampler_seed=self.sampler_seed,
+            make_generator=self.make_generator,
+            dist=self.dist,
+            start_method=self.start_method,
+            defers_sharding=self.defers_sharding,
+        )
+
+
+def torch_arguments(res: Resolution, built: Mapping[str, Any] | None = None) -> TorchArguments:
+    """Torch's DataLoader arguments: the resolved values, with the parts built for them.
+
+    Args:
+        res: The resolution.
+        built: Objects built from it (``sampler``, ``batch_sampler``, ``generator``,
+            ``worker_init_fn``) replacing the resolved values of the same names.
+
+    Returns:
+        The ``TorchArguments``.
+    """
+    values = {**res.values, **(built or {})}
+    return TorchArguments(**{f.name: values[f.name] for f in fields(TorchArguments)})
 
 
 # --------------------------------------------------------------------------- workers
@@ -357,7 +443,7 @@ def _is_distributed_aware(sampler: Any) -> bool:
     return inner is not None and inner is not sampler and _is_distributed_aware(inner)
 
 
-def _sharding_mode(request: LoaderRequest, dist: DistInfo, res: Resolution) -> tuple[bool, bool]:
+def _sharding_mode(request: LoaderRequest, dist: DistInfo, res: _Draft) -> tuple[bool, bool]:
     """``(sharding, defer)``: whether loaderkit shards, or leaves it to ``accelerator.prepare``."""
     mode = request.distributed
     if mode not in ("auto", True, False):
@@ -391,7 +477,7 @@ def _resolve_block(
     request: LoaderRequest,
     facts: DatasetFacts,
     dist: DistInfo,
-    res: Resolution,
+    res: _Draft,
     sharding: bool,
     defer: bool,
 ) -> None:
@@ -422,9 +508,7 @@ def _resolve_block(
     res.record("sampler", request.sampler, "BlockShuffleSampler", reason)
 
 
-def _resolve_unsharded(
-    request: LoaderRequest, dist: DistInfo, res: Resolution, defer: bool
-) -> None:
+def _resolve_unsharded(request: LoaderRequest, dist: DistInfo, res: _Draft, defer: bool) -> None:
     """No sharding by loaderkit: not distributed, ``distributed=False``, or left to Accelerate."""
     if request.sampler is not None or request.batch_sampler is not None:
         res.sampler_choice = SamplerChoice.USER
@@ -441,7 +525,7 @@ def _resolve_unsharded(
     res.record("distributed", request.distributed, False, reason)
 
 
-def _resolve_user_sharding(request: LoaderRequest, dist: DistInfo, res: Resolution) -> None:
+def _resolve_user_sharding(request: LoaderRequest, dist: DistInfo, res: _Draft) -> None:
     """Sharding a user ``batch_sampler`` or ``sampler``: kept when it shards already."""
     mode, where = request.distributed, _where(dist)
     if request.batch_sampler is not None:
@@ -477,7 +561,7 @@ def _resolve_user_sharding(request: LoaderRequest, dist: DistInfo, res: Resoluti
 
 
 def _resolve_shards(
-    request: LoaderRequest, dist: DistInfo, shuffle: ShuffleValue, res: Resolution
+    request: LoaderRequest, dist: DistInfo, shuffle: ShuffleValue, res: _Draft
 ) -> None:
     """Shards loaderkit builds: exact for evaluation, ``DistributedSampler`` for training."""
     where = _where(dist)
@@ -510,7 +594,7 @@ def _resolve_sampler(
     facts: DatasetFacts,
     dist: DistInfo,
     shuffle: ShuffleValue,
-    res: Resolution,
+    res: _Draft,
 ) -> None:
     """Choose the sampler (distributed sharding, block shuffling) and record it."""
     sharding, defer = _sharding_mode(request, dist, res)
@@ -541,7 +625,7 @@ def _asked(value: Any) -> Any:
 
 
 def _resolve_workers(
-    request: LoaderRequest, platform: PlatformInfo, dist: DistInfo, res: Resolution
+    request: LoaderRequest, platform: PlatformInfo, dist: DistInfo, res: _Draft
 ) -> None:
     """``num_workers`` and the options that only exist with workers."""
     workers = resolve_num_workers(
@@ -591,7 +675,7 @@ def _resolve_workers(
     )
 
 
-def _resolve_start_method(platform: PlatformInfo, res: Resolution) -> None:
+def _resolve_start_method(platform: PlatformInfo, res: _Draft) -> None:
     """The start method workers will use: the context argument, else the platform's."""
     context = res.values["multiprocessing_context"]
     if context is not None:
@@ -615,7 +699,7 @@ def _resolve_start_method(platform: PlatformInfo, res: Resolution) -> None:
     res.record("start_method", _asked(context), start_method, reason)
 
 
-def _resolve_seeds(request: LoaderRequest, facts: DatasetFacts, res: Resolution) -> None:
+def _resolve_seeds(request: LoaderRequest, facts: DatasetFacts, res: _Draft) -> None:
     """Generator from ``seed``, per-sample seeding, and the worker initializer."""
     if request.seed is not None and request.generator is None:
         res.make_generator = True
@@ -702,7 +786,7 @@ def resolve(
         "pin_memory_device",
         "in_order",
     )
-    res = Resolution(values={name: getattr(request, name) for name in passed_through}, dist=dist)
+    res = _Draft(values={name: getattr(request, name) for name in passed_through}, dist=dist)
 
     _resolve_workers(request, platform, dist, res)
     _resolve_start_method(platform, res)
@@ -736,4 +820,4 @@ def resolve(
             True,
             f"{facts.type_name} defines __getitems__: each batch is read with one call",
         )
-    return res
+    return res.freeze()
