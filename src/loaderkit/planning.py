@@ -41,6 +41,7 @@ from loaderkit.policy import (
     SamplerChoice,
     resolve,
     torch_arguments,
+    unpicklable_is_error,
 )
 from loaderkit.preflight import check_pickle
 from loaderkit.samplers import ShardedBatchSampler, ShardSampler
@@ -181,21 +182,20 @@ def _check_picklable(
         )
         if obj is not None
     }
-    for check in checks.values():
-        if check.problem is not None:
-            raise ConfigError(check.problem.message(res.start_method))
     for name, obj in (("sampler", request.sampler), ("batch_sampler", request.batch_sampler)):
-        if obj is None:
+        if obj is not None:
+            checks[name] = check_pickle(obj, name)
+    for name, check in checks.items():
+        problem = check.problem
+        if problem is None:
             continue
-        problem = check_pickle(obj, name).problem
-        if problem is not None:
-            # torch keeps samplers in the main process, so the loader works; say so instead
-            # of breaking a script that runs under torch's DataLoader.
-            found.warnings.append(
-                f"{problem.path} cannot be pickled ({problem.reason}). It stays in the main "
-                "process, so loading works, but it cannot be checkpointed or sent to another "
-                f"process. Fix: {problem.fix}."
-            )
+        if unpicklable_is_error(name):
+            raise ConfigError(problem.message(res.start_method))
+        found.warnings.append(
+            f"{problem.path} cannot be pickled ({problem.reason}). It stays in the main "
+            "process, so loading works, but it cannot be checkpointed or sent to another "
+            f"process. Fix: {problem.fix}."
+        )
     size = checks["dataset"].size or 0  # pickled once, above
     found.entries.append(
         PlanEntry(

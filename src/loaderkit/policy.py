@@ -27,6 +27,7 @@ from loaderkit.platform import PlatformInfo, resolve_start_method
 
 __all__ = [
     "MAX_AUTO_WORKERS",
+    "SENT_TO_WORKERS",
     "DatasetFacts",
     "Decision",
     "LoaderRequest",
@@ -40,6 +41,7 @@ __all__ = [
     "resolve_pin_memory",
     "resolve_shuffle",
     "torch_arguments",
+    "unpicklable_is_error",
 ]
 
 T = TypeVar("T")
@@ -428,6 +430,27 @@ def resolve_pin_memory(
     if platform.cuda_available:
         return Decision(True, "CUDA is available: pinned batches copy to the GPU asynchronously")
     return Decision(False, "no CUDA device: pinning would only cost time")
+
+
+# --------------------------------------------------------------------------- pickling
+
+
+#: Loader arguments torch pickles for every spawn/forkserver worker.
+SENT_TO_WORKERS = ("dataset", "collate_fn", "worker_init_fn")
+
+
+def unpicklable_is_error(name: str) -> bool:
+    """Whether an argument that cannot be pickled makes a spawn/forkserver loader fail.
+
+    True for what torch sends to every worker (``SENT_TO_WORKERS``): the workers would crash
+    at start. False for what torch keeps in the main process (``sampler``,
+    ``batch_sampler``): the loader works, as it does under torch, so it is only a warning.
+
+    Examples:
+        >>> unpicklable_is_error("dataset"), unpicklable_is_error("sampler")
+        (True, False)
+    """
+    return name in SENT_TO_WORKERS
 
 
 # --------------------------------------------------------------------------- samplers
