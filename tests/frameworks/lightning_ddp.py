@@ -66,6 +66,21 @@ def _describe(loader: Any) -> dict[str, Any]:
     return out
 
 
+def _own_descendants(proc: psutil.Process) -> list[psutil.Process]:
+    """This rank's descendants: rank 1 is a child of rank 0 (Lightning's launcher), but its
+    workers are its own (they may still be shutting down while rank 0 looks)."""
+    out = []
+    for child in proc.children():
+        try:
+            if child.environ().get("LOCAL_RANK", "0") != "0":
+                continue  # another rank, not this rank's worker
+        except psutil.Error:
+            pass
+        out.append(child)
+        out.extend(child.children(recursive=True))
+    return out
+
+
 def _hdf5_dataset(root: Path, sessions: int, rows: int) -> HDF5SessionDataset:
     """Session files whose row values are the row's global index (written by rank 0)."""
     paths = [root / f"s{s}.h5" for s in range(sessions)]
@@ -157,7 +172,7 @@ def main() -> None:
     record["draws"] = model.draws
     proc = psutil.Process()
     record["pid"] = proc.pid
-    record["children"] = [c.pid for c in proc.children(recursive=True)]
+    record["children"] = [c.pid for c in _own_descendants(proc)]
     record["h5_open"] = sorted(f.path for f in proc.open_files() if f.path.endswith(".h5"))
     dump(out / f"rank{trainer.global_rank}.json", record)
 
