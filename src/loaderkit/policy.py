@@ -217,19 +217,14 @@ class _Draft:
         self.entries.append(PlanEntry(name, requested, value, reason))
 
     def freeze(self) -> Resolution:
-        """The finished ``Resolution``."""
-        return Resolution(
+        """The finished ``Resolution`` (every one of its fields, copied read-only)."""
+        decided = {f.name: getattr(self, f.name) for f in fields(Resolution)}
+        decided.update(
             values=MappingProxyType(dict(self.values)),
             entries=tuple(self.entries),
             warnings=tuple(self.warnings),
-            sampler_choice=self.sampler_choice,
-            sampler_shuffle=self.sampler_shuffle,
-            sampler_seed=self.sampler_seed,
-            make_generator=self.make_generator,
-            dist=self.dist,
-            start_method=self.start_method,
-            defers_sharding=self.defers_sharding,
         )
+        return Resolution(**decided)
 
 
 def torch_arguments(res: Resolution, built: Mapping[str, Any] | None = None) -> TorchArguments:

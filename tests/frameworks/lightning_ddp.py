@@ -17,8 +17,9 @@ side-by-side figures). Scenarios:
 
 from __future__ import annotations
 
+import os
 import sys
-import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +100,7 @@ def _hdf5_dataset(root: Path, sessions: int, rows: int) -> HDF5SessionDataset:
 def main() -> None:
     out, scenario, n, uds = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1"
     which = sys.argv[5] if len(sys.argv) > 5 else "loaderkit"
-    rank_hint = int(__import__("os").environ.get("LOCAL_RANK", "0"))
+    rank_hint = int(os.environ.get("LOCAL_RANK", "0"))
     callbacks: list[Any] = [LoaderkitCallback()] if LoaderkitCallback is not None else []
     dataset: Any = None
 
@@ -124,7 +125,7 @@ def main() -> None:
         root = out / "h5"
         root.mkdir(exist_ok=True)
         while rank_hint != 0 and not (root / "written").exists():
-            __import__("time").sleep(0.05)
+            time.sleep(0.05)
         dataset = _hdf5_dataset(root, sessions=n // 16, rows=16)
     record: dict[str, Any] = {}
     trainer = make_trainer(
@@ -178,5 +179,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    tempfile.tempdir = None
     main()
