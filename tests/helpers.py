@@ -299,3 +299,89 @@ class SharedStateDataset(Dataset):
 
 def double(x: int) -> int:
     return 2 * x
+
+
+# ---------------------------------------------------------------- resume
+
+
+class AugmentDataset(Dataset):
+    """Sample ``i`` is ``(i, torch draw, numpy draw, random draw)``: all three must match."""
+
+    def __init__(self, n: int = 29, log_dir: str | None = None) -> None:
+        self.n = n
+        self.log_dir = log_dir
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, float, float]:
+        if self.log_dir is not None:  # every fetched index, per process (workers included)
+            with open(os.path.join(self.log_dir, f"{os.getpid()}.log"), "a") as handle:
+                handle.write(f"{int(i)}\n")
+        return (torch.tensor(i), torch.rand(2), float(np.random.rand()), random.random())
+
+
+def fetched_indices(log_dir: str) -> list[int]:
+    """Every index ``AugmentDataset(log_dir=...)`` fetched, in any process."""
+    found: list[int] = []
+    for name in sorted(os.listdir(log_dir)):
+        with open(os.path.join(log_dir, name)) as handle:
+            found.extend(int(line) for line in handle if line.strip())
+    return found
+
+
+class StatefulIterable(IterableDataset):
+    """Yields ``start, start+1, ..., n-1`` then restarts at 0; its position is its state."""
+
+    def __init__(self, n: int = 10) -> None:
+        self.n = n
+        self.position = 0
+
+    def __iter__(self):
+        while self.position < self.n:
+            self.position += 1
+            yield torch.tensor(self.position - 1)
+        self.position = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.position = state["position"]
+
+
+class StatefulSampler(torch.utils.data.Sampler[int]):
+    """A random sampler with its own ``state_dict`` (its generator's state)."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.n = n
+        self.generator = torch.Generator().manual_seed(seed)
+        self.state_dict_calls = 0
+        self.loaded: list[Any] = []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        yield from torch.randperm(self.n, generator=self.generator).tolist()
+
+    def state_dict(self) -> dict[str, Any]:
+        self.state_dict_calls += 1
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loaded.append(state)
+        self.generator.set_state(state["generator"])
+
+
+class GlobalRandomSampler(torch.utils.data.Sampler[int]):
+    """A user sampler that draws its order from torch's global generator (no state_dict)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        yield from torch.randperm(self.n).tolist()

@@ -10,6 +10,8 @@ through ``loaderkit.planning.plan_loader``, and adds:
 * ``DataLoader.epoch`` / ``DataLoader.set_epoch``: every pass calls ``set_epoch`` on the
   sampler, the batch sampler (and its sampler) and the dataset when they have one; code that
   calls ``sampler.set_epoch(e)`` itself, as torch requires, is followed, not overridden;
+* ``DataLoader.state_dict`` / ``DataLoader.load_state_dict``: resume mid-epoch after the last
+  batch the caller received, exactly, with any number of workers (``loaderkit.resume``);
 * ``DataLoader.plan`` / ``DataLoader.describe``: what was asked, what is used, and why.
 """
 
@@ -17,24 +19,34 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields
 from typing import Any, ClassVar, Literal, TypeVar
 
 import torch.utils.data
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data.dataloader import (
     _BaseDataLoaderIter,
     _MultiProcessingDataLoaderIter,
     _SingleProcessDataLoaderIter,
 )
 
-from loaderkit.errors import check_int, warn
+from loaderkit.errors import ConfigError, check_int, warn
 from loaderkit.hooks import call_hook
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
 from loaderkit.platform import PlatformInfo
 from loaderkit.policy import LoaderRequest
+from loaderkit.resume import (
+    STATE_FORMAT,
+    STATE_VERSION,
+    OrderSources,
+    PassIndices,
+    PassRecord,
+    ResumePoint,
+    check_state,
+    order_is_seeded,
+)
 from loaderkit.seeding import SampleSeeder, WorkerInit, epoch_seed
 
 __all__ = ["DataLoader", "loaders_built_since"]
@@ -217,6 +229,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         for target in self._epoch_targets():  # as built: any later change is the caller's
             self._epochs_set[id(target)] = getattr(target, "epoch", None)
         self._live_iterators: weakref.WeakSet[_BaseDataLoaderIter] = weakref.WeakSet()
+        self._pass: PassRecord | None = None  # the current or most recent pass
+        self._resume: ResumePoint | None = None  # a loaded state the next pass starts from
         self._closed = False
         DataLoader._built += 1
         _REGISTRY[DataLoader._built] = self
@@ -274,7 +288,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _begin_pass(self) -> int:
         targets = self._epoch_targets()
         epoch = self._next_epoch
-        if not self._epoch_requested:
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            epoch = resume.epoch
+        elif not self._epoch_requested:
             # Code written for torch calls sampler.set_epoch(e) itself (e.g. resuming at e):
             # follow it instead of overriding it with loaderkit's own count.
             external = self._external_epoch(targets)
@@ -293,6 +310,9 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         for target in targets:
             if call_hook(target, "set_epoch", epoch):
                 self._epochs_set[id(target)] = getattr(target, "epoch", epoch)
+        self._pass = PassRecord(epoch=epoch, total=self._batches_per_pass())
+        if resume is not None:
+            self._pass.skip, self._pass.start, self._pass.resumed = resume.skip, resume.start, True
         return epoch
 
     def __iter__(self) -> _BaseDataLoaderIter:
@@ -308,17 +328,206 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._begin_pass()
         self._closed = False
         iterator = super().__iter__()
+        if isinstance(iterator, _CountingIterator):
+            iterator._record = self._pass
         self._live_iterators.add(iterator)
         return iterator
 
     def _get_iterator(self) -> _BaseDataLoaderIter:
-        if self._sample_seeder is None:
-            return super()._get_iterator()
-        view = _SampleSeedingView(self, self._sample_seeder)
+        source: Any = self
+        if self._sample_seeder is not None:
+            source = _SampleSeedingView(self, self._sample_seeder)
         if self.num_workers == 0:
-            return _SingleProcessDataLoaderIter(view)
+            return _SingleProcessIter(source)
         self.check_worker_number_rationality()
-        return _MultiProcessingDataLoaderIter(view)
+        return _MultiProcessingIter(source)
+
+    @property
+    def _index_sampler(self) -> Any:
+        # torch's iterators read the index sampler here; PassIndices records each pass's
+        # starting state and fast-forwards a resumed one without fetching the skipped batches.
+        return PassIndices(super()._index_sampler, lambda: self._pass, self._order_sources)
+
+    # ------------------------------------------------------------------ resume
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the caller is: the current pass and how many of its batches it received.
+
+        Only batches yielded to the caller count (not those workers prefetched). Give the
+        result to ``load_state_dict`` of a loader built with the same arguments to continue
+        after the last batch received: bit-identical with ``seed`` and
+        ``sample_seeding=True`` for any ``num_workers`` before and after; the same indices in
+        the same batches otherwise (workers' augmentation streams are not restored). Between
+        passes (or before the first) the state points at the start of the next pass.
+
+        The result is plain data (ints, strings, bools, lists, dicts, ``uint8`` tensors) that
+        ``torch.save`` writes and ``torch.load(..., weights_only=True)`` reads back, so it fits
+        in any checkpoint; Lightning saves and restores it on its own. Taking a state never
+        fails (frameworks take one at every checkpoint); ``load_state_dict`` refuses one it
+        cannot honour.
+
+        Returns:
+            ``{"format", "version", "epoch", "batches_yielded", "start", "loader", ...}``:
+            ``start`` is the order-defining state of the pass (a user generator, torch's
+            global RNG when the sampler draws from it, a sampler's own ``state_dict``),
+            ``loader`` what ``load_state_dict`` checks (dataset length, batch size, seed, ...),
+            and ``"dataset"`` the ``state_dict()`` of an ``IterableDataset`` that has one.
+
+        Examples:
+            >>> loader = DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0)
+            >>> it = iter(loader); _ = next(it), next(it)
+            >>> state = loader.state_dict()
+            >>> state["epoch"], state["batches_yielded"]
+            (0, 2)
+            >>> resumed = DataLoader(list(range(10)), batch_size=2, shuffle=True, seed=0)
+            >>> resumed.load_state_dict(state)
+            >>> [b.tolist() for b in resumed] == [b.tolist() for b in it]
+            True
+        """
+        epoch, position, start = self._position()
+        state: dict[str, Any] = {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "batches_yielded": position,
+            "start": start,
+            "loader": self._fingerprint(),
+        }
+        if self._is_iterable():
+            dataset_state = getattr(self.dataset, "state_dict", None)
+            state["dataset"] = dataset_state() if callable(dataset_state) else None
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Make the next pass continue where ``state`` (from ``state_dict``) was taken.
+
+        Call it on a loader built with the same arguments (``num_workers`` may differ),
+        before iterating it. The batches the caller had already received are skipped at the
+        index level: their samples are not read. An ``IterableDataset`` restores itself
+        through its own ``load_state_dict``.
+
+        Args:
+            state: What ``state_dict()`` returned, possibly through ``torch.save`` /
+                ``torch.load(..., weights_only=True)``.
+
+        Raises:
+            ConfigError: Not a loaderkit state, a newer version, or taken from a loader that
+                differs (dataset length, batch size, seed, sampler, world size, ...: each
+                named); a mid-pass state for an ``IterableDataset`` without
+                ``state_dict``/``load_state_dict``.
+
+        Examples:
+            >>> loader = DataLoader(list(range(6)), batch_size=2)
+            >>> loader.load_state_dict({**loader.state_dict(), "epoch": 3, "batches_yielded": 1})
+            >>> [b.tolist() for b in loader], loader.epoch
+            ([[2, 3], [4, 5]], 3)
+        """
+        point = check_state(state, self._fingerprint())
+        if self._is_iterable():
+            load = getattr(self.dataset, "load_state_dict", None)
+            if callable(load) and state.get("dataset") is not None:
+                load(state["dataset"])
+            elif point.skip > 0:
+                raise ConfigError(
+                    f"cannot resume {type(self.dataset).__name__} mid-epoch (batch "
+                    f"{point.skip} of epoch {point.epoch}): an IterableDataset decides its own "
+                    "order, so it must save and restore its position itself. Add "
+                    "state_dict() -> dict and load_state_dict(state) to the dataset, or resume "
+                    "from a state taken between epochs."
+                )
+            point = ResumePoint(epoch=point.epoch, skip=0, start=point.start)
+        self.set_epoch(point.epoch)
+        self._resume = point
+
+    def _position(self) -> tuple[int, int, dict[str, Any]]:
+        """(epoch, batches the caller received in it, order-defining start state)."""
+        if self._resume is not None:  # loaded, not iterated yet: the state is the loaded one
+            return self._resume.epoch, self._resume.skip, self._resume.start
+        record = self._pass
+        if record is not None and not record.complete:
+            return record.epoch, record.position, record.start
+        return self._next_epoch, 0, self._next_pass_start()
+
+    def _next_pass_start(self) -> dict[str, Any]:
+        """The order-defining state the next pass's sampler will start from."""
+        sources = self._order_sources()
+        start: dict[str, Any] = {name: obj.state_dict() for name, obj in sources.stateful}
+        for name, generator in sources.generators:
+            if generator is self.generator and not (
+                self.persistent_workers and self.num_workers > 0 and self._iterator is not None
+            ):
+                # a new iterator draws the workers' base seed from it before the sampler starts
+                generator = torch.Generator().set_state(generator.get_state())
+                torch.empty((), dtype=torch.int64).random_(generator=generator)
+            start[name] = generator.get_state()
+        return start
+
+    def _order_sources(self) -> OrderSources:
+        batch_sampler = self.batch_sampler
+        order_sampler = getattr(batch_sampler, "sampler", None)
+        if order_sampler is None:  # a user batch sampler with no ``sampler``, or no batching
+            order_sampler = self.sampler if batch_sampler is None else batch_sampler
+        generators: list[tuple[str, torch.Generator]] = []
+        owned = self._owns_generator and self.seed is not None
+        if self.generator is not None and not owned:
+            generators.append(("generator", self.generator))
+        sampler_generator = getattr(order_sampler, "generator", None)
+        if isinstance(sampler_generator, torch.Generator) and sampler_generator is not (
+            self.generator
+        ):
+            generators.append(("sampler_generator", sampler_generator))
+        stateful = tuple(
+            (name, obj)
+            for name, obj in (("sampler", self.sampler), ("batch_sampler", batch_sampler))
+            if callable(getattr(obj, "state_dict", None))
+            and callable(getattr(obj, "load_state_dict", None))
+        )
+        return OrderSources(
+            generators=tuple(generators),
+            global_rng=not self._is_iterable() and not order_is_seeded(order_sampler),
+            stateful=stateful,
+        )
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """What a state must share with this loader to resume it."""
+        dataset_length: int | None = None
+        if not self._is_iterable():
+            try:
+                dataset_length = len(self.dataset)  # type: ignore[arg-type]
+            except TypeError:
+                dataset_length = None
+        sharding = next(
+            (
+                obj
+                for obj in (self.sampler, self.batch_sampler)
+                if isinstance(getattr(obj, "num_replicas", None), int)
+            ),
+            None,
+        )
+        user_batches = self.batch_sampler is not None and self.batch_size is None
+        return {
+            "dataset_length": dataset_length,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "seed": self.seed,
+            "sample_seeding": self.sample_seeding,
+            "sampler": _qualname(self.sampler),
+            "batch_sampler": _qualname(self.batch_sampler) if user_batches else None,
+            "num_replicas": getattr(sharding, "num_replicas", None),
+            "rank": getattr(sharding, "rank", None),
+            "batches_per_pass": self._batches_per_pass(),
+        }
+
+    def _batches_per_pass(self) -> int | None:
+        if self._is_iterable():
+            return None
+        try:
+            return len(super()._index_sampler)
+        except TypeError:
+            return None
+
+    def _is_iterable(self) -> bool:
+        return isinstance(self.dataset, IterableDataset)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -458,6 +667,42 @@ def _release_process(worker: Any) -> None:
             close()
     except Exception:  # pragma: no cover - a Process already closed by someone else
         logger.debug("loaderkit: could not release worker %s", worker, exc_info=True)
+
+
+def _qualname(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+# --------------------------------------------------------------------------- iterators
+
+
+class _CountingIterator(_BaseDataLoaderIter):
+    """Counts the batches handed to the caller into the loader's current ``PassRecord``."""
+
+    _record: PassRecord | None = None
+
+    def __next__(self) -> Any:
+        record = self._record
+        try:
+            data = super().__next__()
+        except StopIteration:
+            if record is not None:
+                record.finished = True
+            raise
+        if record is not None:
+            record.yielded += 1
+        return data
+
+
+class _SingleProcessIter(_CountingIterator, _SingleProcessDataLoaderIter):
+    """torch's single-process iterator, counting what the caller received."""
+
+
+class _MultiProcessingIter(_CountingIterator, _MultiProcessingDataLoaderIter):
+    """torch's worker-process iterator, counting what the caller received."""
 
 
 # --------------------------------------------------------------------------- sample seeding
