@@ -61,3 +61,12 @@ def test_gpu_check_script_stops_where_there_is_no_cuda() -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     assert "run this on a CUDA host" in result.stderr
     assert "full test suite" not in result.stdout
+
+
+def test_resume(tmp_path: Path) -> None:
+    data = _run("resume.py", tmp_path)
+    for result in data["results"].values():
+        scenarios = result["scenarios"]
+        assert set(scenarios) == {"fresh start", "resume at 90 %", "replay to 90 %"}
+        assert result["skipped"] == int(0.9 * result["batches_per_pass"])
+        assert all(s["ms_to_first_batch"] > 0 for s in scenarios.values())
