@@ -502,3 +502,13 @@ def test_random_module_state_is_not_touched() -> None:
     loader.load_state_dict({**loader.state_dict(), "batches_yielded": 3})
     list(loader)
     assert (random.random(), float(np.random.rand())) == expected
+
+
+def test_out_of_order_batches_cannot_resume_mid_pass() -> None:
+    loader = augment_loader(num_workers=2, in_order=False)
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    loader.close()
+    with pytest.raises(ConfigError, match="in_order=False"):
+        augment_loader().load_state_dict(state)

@@ -414,7 +414,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ConfigError: Not a loaderkit state, a newer version, or taken from a loader that
                 differs (dataset length, batch size, seed, sampler, world size, ...: each
                 named); a mid-pass state for an ``IterableDataset`` without
-                ``state_dict``/``load_state_dict``.
+                ``state_dict``/``load_state_dict``, or from a loader with ``in_order=False``
+                (its caller received batches out of order).
 
         Examples:
             >>> loader = DataLoader(list(range(6)), batch_size=2)
@@ -423,6 +424,13 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ([[2, 3], [4, 5]], 3)
         """
         point = check_state(state, self._fingerprint())
+        if point.skip > 0 and state["loader"].get("in_order") is False:
+            raise ConfigError(
+                f"cannot resume at batch {point.skip} of epoch {point.epoch}: the loader that "
+                "saved this state had in_order=False, so the batches its caller received were "
+                "not the first ones of the pass. Resume from a state taken between epochs, or "
+                "train with in_order=True (torch's default) where resuming mid-epoch matters."
+            )
         if self._is_iterable():
             load = getattr(self.dataset, "load_state_dict", None)
             if callable(load) and state.get("dataset") is not None:
@@ -516,6 +524,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             "num_replicas": getattr(sharding, "num_replicas", None),
             "rank": getattr(sharding, "rank", None),
             "batches_per_pass": self._batches_per_pass(),
+            "in_order": self.in_order,
         }
 
     def _batches_per_pass(self) -> int | None:
