@@ -16,7 +16,7 @@ Warnings are emitted here (as ``LoaderkitWarning``), errors raised as
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -28,11 +28,11 @@ from torch.utils.data.datapipes.datapipe import (
     _MapDataPipeSerializationWrapper,
 )
 
-from loaderkit.budgets import check_open_file_budget, check_shared_memory
+from loaderkit.budgets import FileBudget, check_open_file_budget, check_shared_memory
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
-from loaderkit.plan import Plan, PlanEntry, short_repr
+from loaderkit.plan import UNSET, Plan, PlanEntry, short_repr
 from loaderkit.platform import PlatformInfo, detect_platform
 from loaderkit.policy import (
     DatasetFacts,
@@ -215,6 +215,14 @@ def _check_picklable(
         )
 
 
+def _fit_file_budget(dataset: Any, res: Resolution, platform: PlatformInfo) -> FileBudget | None:
+    """``max_open_files`` of an HDF5 dataset left unset, fitted to this loader's processes."""
+    num_workers = res.values["num_workers"]
+    if not isinstance(dataset, HDF5SessionDataset) or not isinstance(num_workers, int):
+        return None
+    return dataset.file_budget(max(0, num_workers), platform.open_files_soft, platform.memory_bytes)
+
+
 def _check_resources(
     dataset: Any,
     request: LoaderRequest,
@@ -285,11 +293,31 @@ def plan_loader(
     res = resolve(request, facts, platform, dist)
 
     found = _Findings(warnings=list(res.warnings), entries=list(res.entries))
+    budget = _fit_file_budget(dataset, res, platform)
+    if budget is not None:
+        requested = dataset.max_open_files_requested
+        if requested is None:
+            found.entries.append(
+                PlanEntry("max_open_files", UNSET, budget.files, f"fits: {budget.reason}")
+            )
+            facts = replace(facts, max_open_files=budget.files)
+        else:
+            found.entries.append(
+                PlanEntry(
+                    "max_open_files",
+                    requested,
+                    requested,
+                    f"as given (unset would give {budget.files}: {budget.reason})",
+                )
+            )
+            budget = None
     _check_picklable(dataset, request, res, found)
     _check_resources(dataset, request, res, platform, facts, found)
     for message in found.warnings:
         warn(message)
 
+    if budget is not None:
+        dataset.set_open_files(budget.files)  # before the block sampler reads it (its window)
     built = _build_sampler(dataset, request, res)
     if res.make_generator:
         assert seed is not None

@@ -29,6 +29,8 @@ __all__ = [
     "PlatformInfo",
     "default_start_method",
     "detect_platform",
+    "memory_bytes",
+    "open_file_limits",
     "resolve_start_method",
 ]
 
@@ -64,6 +66,8 @@ class PlatformInfo:
             True) but cannot be initialised here, so anything that touches it (pinning a
             batch, a ``.to("cuda")``) raises "Cannot re-initialize CUDA in forked subprocess".
             ``False`` by default, so hand-made ``PlatformInfo`` objects keep their meaning.
+        memory_bytes: Memory this process may use: the machine's physical memory, or the
+            container's cgroup limit when lower; ``None`` when unknown (the default).
 
     Examples:
         >>> info = detect_platform()
@@ -89,6 +93,7 @@ class PlatformInfo:
     torch_version: str
     local_world_size: int | None = None
     cuda_bad_fork: bool = False
+    memory_bytes: int | None = None
 
     @property
     def cuda_usable(self) -> bool:
@@ -204,7 +209,14 @@ def _shm() -> tuple[int | None, int | None]:
     return usage.total, usage.free
 
 
-def _open_file_limits() -> tuple[int | None, int | None]:
+def open_file_limits() -> tuple[int | None, int | None]:
+    """The soft and hard ``RLIMIT_NOFILE`` of this process (``None``: unlimited or Windows).
+
+    Examples:
+        >>> soft, hard = open_file_limits()
+        >>> soft is None or soft >= 1
+        True
+    """
     try:
         import resource
     except ImportError:  # Windows
@@ -215,6 +227,38 @@ def _open_file_limits() -> tuple[int | None, int | None]:
         return None if value == resource.RLIM_INFINITY or value < 0 else int(value)
 
     return norm(soft), norm(hard)
+
+
+#: cgroup files holding a container's memory limit (v2, then v1).
+_CGROUP_MEMORY_LIMITS = (
+    "/sys/fs/cgroup/memory.max",
+    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+)
+
+
+def memory_bytes() -> int | None:
+    """Memory this process may use: physical memory, or a lower cgroup (container) limit.
+
+    Examples:
+        >>> (memory_bytes() or 1) > 0
+        True
+    """
+    try:
+        import psutil
+
+        total: int | None = int(psutil.virtual_memory().total)
+    except Exception:  # pragma: no cover - psutil is a dependency; never fail detection
+        total = None
+    for path in _CGROUP_MEMORY_LIMITS:
+        try:
+            with open(path) as handle:
+                text = handle.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and (total is None or int(text) < total):
+            total = int(text)
+        break
+    return total
 
 
 def _cuda_bad_fork() -> bool:
@@ -251,7 +295,7 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
     )
     cuda_available = bool(torch.cuda.is_available())
     shm_total, shm_free = _shm()
-    soft, hard = _open_file_limits()
+    soft, hard = open_file_limits()
     return PlatformInfo(
         os_name=os_name,
         is_windows=sys.platform == "win32",
@@ -269,4 +313,5 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
         torch_version=str(torch.__version__),
         local_world_size=launcher_int("LOCAL_WORLD_SIZE"),
         cuda_bad_fork=_cuda_bad_fork(),
+        memory_bytes=memory_bytes(),
     )

@@ -22,6 +22,7 @@ import h5py
 import numpy as np
 from torch.utils.data import Dataset
 
+from loaderkit.budgets import FILE_OVERHEAD_BYTES, FileBudget, fit_open_files
 from loaderkit.errors import ConfigError, HDF5FileError, warn
 from loaderkit.hdf5.handles import CacheInfo, Handle, HandleCache
 from loaderkit.hdf5.index import (
@@ -57,6 +58,7 @@ from loaderkit.hdf5.reading import (
     read_runs_hook,
     uses_default_read,
 )
+from loaderkit.platform import memory_bytes, open_file_limits
 
 try:  # Registers blosc/lz4/zstd/bitshuffle filters in every process that reads (rule 17).
     import hdf5plugin
@@ -72,6 +74,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: ``max_open_files`` while a dataset is being built with ``max_open_files=None`` (the index is
+#: built with it; the fitted budget replaces it before the first read).
+_STANDALONE_FILES = 8
+#: HDF5's own chunk cache size (2.0 and later), used when no ``rdcc_nbytes`` is passed.
+_HDF5_DEFAULT_CACHE = 8 << 20
 
 
 def _overrides(cls: type, name: str) -> bool:
@@ -92,6 +100,10 @@ class HDF5SessionDataset(Dataset):
         key: Name of the HDF5 dataset the default ``read`` returns rows of. ``None``
             picks the only dataset of the first file (error if there are several).
         max_open_files: Most files open at once per process (least recently used closed first).
+            ``None`` (default): every session when that fits the machine, fewer otherwise
+            (``file_budget``): on its own, for this process's descriptor limit and memory; a
+            ``loaderkit.DataLoader`` refits it for its number of processes and records the
+            arithmetic in its plan. An int is kept as given.
         h5py_options: Extra keyword arguments for ``h5py.File`` (``rdcc_nbytes``,
             ``rdcc_nslots``, ``locking``, ``swmr``, ``driver``, ...). They win over loaderkit's
             defaults (see ``default_chunk_cache``). The mode is always ``"r"``.
@@ -120,13 +132,17 @@ class HDF5SessionDataset(Dataset):
         files: Mapping[Hashable, str | os.PathLike[str]] | Sequence[str | os.PathLike[str]],
         *,
         key: str | None = None,
-        max_open_files: int = 8,
+        max_open_files: int | None = None,
         h5py_options: Mapping[str, Any] | None = None,
     ) -> None:
-        self._check_max_open_files(max_open_files)
+        if max_open_files is not None:
+            self._check_max_open_files(max_open_files)
         self.files: dict[Hashable, Path] = self._normalize_files(files)
         self.key = key
-        self.max_open_files = max_open_files
+        #: The value passed (``None``: fitted to the machine, see ``file_budget``).
+        self.max_open_files_requested = max_open_files
+        #: Files open at once per process, as used now.
+        self.max_open_files = max_open_files or _STANDALONE_FILES
         self.h5py_options: dict[str, Any] = self._check_options(h5py_options)
         self._ids: list[Hashable] = list(self.files)
         self._paths: list[str] = [os.fspath(p) for p in self.files.values()]
@@ -158,6 +174,69 @@ class HDF5SessionDataset(Dataset):
         finally:
             self._cache.close()  # never leave a file open in the constructing process
         self._set_row_info()
+        if max_open_files is None:
+            soft, _ = open_file_limits()
+            self.set_open_files(self.file_budget(0, soft, memory_bytes()).files)
+
+    # ------------------------------------------------------------------ file budget
+
+    @property
+    def file_memory_bytes(self) -> int:
+        """Memory one open session file may hold (chunk cache and HDF5's per-file state).
+
+        The chunk cache counts for chunked data only; the per-file state is
+        ``loaderkit.budgets.FILE_OVERHEAD_BYTES``.
+
+        Example:
+            >>> ds.file_memory_bytes  # doctest: +SKIP
+            9437184
+        """
+        cache = 0
+        if self._chunked:
+            cache = max(int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in self._open_kwargs)
+        return cache + FILE_OVERHEAD_BYTES
+
+    def file_budget(
+        self, num_workers: int, soft_limit: int | None, memory: int | None
+    ) -> FileBudget:
+        """The ``max_open_files`` that fits a loader with ``num_workers`` workers.
+
+        ``loaderkit.budgets.fit_open_files`` over this dataset's sessions and
+        ``file_memory_bytes``: every session when they fit under half the descriptor limit and
+        within a share of memory, fewer otherwise. Applied only when ``max_open_files`` was
+        left unset (``max_open_files_requested is None``); an explicit value always wins.
+
+        Args:
+            num_workers: Worker processes of the loader (0: the main process only).
+            soft_limit: Soft ``RLIMIT_NOFILE`` (``None``: unlimited).
+            memory: Memory of the machine or container in bytes (``None``: unknown).
+
+        Returns:
+            The ``FileBudget``.
+
+        Example:
+            >>> ds.file_budget(8, 1024, 24 << 30).files  # doctest: +SKIP
+            16
+        """
+        return fit_open_files(
+            len(self._ids), num_workers, soft_limit, self.file_memory_bytes, memory
+        )
+
+    def set_open_files(self, files: int) -> None:
+        """Keep at most ``files`` files open per process from now on (the loader's budget).
+
+        Files over the new bound are closed as others are opened. Worker processes started
+        later inherit the bound with the dataset.
+
+        Args:
+            files: An int >= 1.
+
+        Raises:
+            ConfigError: ``files`` is not an int >= 1.
+        """
+        self._check_max_open_files(files)
+        self.max_open_files = files
+        self._cache.max_open = files
 
     # ------------------------------------------------------------------ construction helpers
 
