@@ -754,6 +754,10 @@ class SampleSeededDataset(Dataset[Any]):
     ``SampleSeeder.seeded(epoch, index)`` and forwards ``set_epoch`` to the wrapped dataset's
     copy (which persistent workers would otherwise never see). Attribute reads fall through to
     the wrapped dataset, so ``get_worker_info().dataset.attr`` keeps working.
+
+    A dataset with ``getitems_seeded(indices, seed_sample)`` (``HDF5SessionDataset``) reads
+    the batch at once and calls ``seed_sample(index)`` right before each sample's random step,
+    so per-sample seeding keeps batched reads; any other dataset is read one index at a time.
     """
 
     def __init__(self, dataset: Any, seeder: SampleSeeder) -> None:
@@ -786,8 +790,11 @@ class SampleSeededDataset(Dataset[Any]):
     def __getitems__(self, tagged: _Tagged) -> list[Any]:
         self._enter_epoch(tagged.epoch)
         dataset, seed_sample, epoch = self.dataset, self.seeder.seed_sample, tagged.epoch
-        samples = []
         with self.seeder.batch():
+            seeded = getattr(dataset, "getitems_seeded", None)
+            if callable(seeded):  # reads the batch at once, seeds each sample's random step
+                return seeded(tagged.indices, lambda i: seed_sample(epoch, i))
+            samples = []
             for index in tagged.indices:
                 seed_sample(epoch, index)
                 samples.append(dataset[index])

@@ -94,6 +94,7 @@ def dataset_facts(dataset: Any) -> DatasetFacts:
         supports_block_shuffle=isinstance(dataset, HDF5SessionDataset),
         max_open_files=max_open if isinstance(max_open, int) else None,
         type_name=type(dataset).__name__,
+        read_path=dataset.read_path if isinstance(dataset, HDF5SessionDataset) else None,
     )
 
 

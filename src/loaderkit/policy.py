@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Generic, Literal, TypeVar
 
+from loaderkit.collate import collate
 from loaderkit.distributed import DistInfo
 from loaderkit.errors import ConfigError
 from loaderkit.plan import UNSET, PlanEntry
@@ -110,6 +111,8 @@ class DatasetFacts:
         supports_block_shuffle: The dataset exposes the session index the block sampler needs.
         max_open_files: Files the dataset keeps open per process (``None`` when unknown).
         type_name: The dataset's class name, for messages.
+        read_path: How the dataset reads batches and why (``HDF5SessionDataset.read_path``),
+            ``None`` when it does not say.
     """
 
     iterable: bool = False
@@ -117,6 +120,7 @@ class DatasetFacts:
     supports_block_shuffle: bool = False
     max_open_files: int | None = None
     type_name: str = "Dataset"
+    read_path: tuple[str, str] | None = None
 
 
 class SamplerChoice:
@@ -838,4 +842,25 @@ def resolve(
             True,
             f"{facts.type_name} defines __getitems__: each batch is read with one call",
         )
+    _resolve_collate(request, facts, res)
     return res.freeze()
+
+
+def _resolve_collate(request: LoaderRequest, facts: DatasetFacts, res: _Draft) -> None:
+    """Record the dataset's read path; keep a batch read natively as it is (no re-stack)."""
+    if facts.read_path is None or facts.iterable:
+        return
+    path, reason = facts.read_path
+    batching = request.batch_size is not None or request.batch_sampler is not None
+    if request.sample_seeding and path == "per-sample":
+        reason += "; sample_seeding reads each index alone"
+    res.record("read_path", UNSET, path, reason)
+    if path == "batch-native" and batching and request.collate_fn is None:
+        res.values["collate_fn"] = collate
+        res.record(
+            "collate_fn",
+            None,
+            "loaderkit.collate",
+            "batches read natively are already one tensor: returned as is (no split and "
+            "re-stack); anything else goes to default_collate",
+        )

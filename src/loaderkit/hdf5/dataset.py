@@ -20,9 +20,11 @@ from typing import Any, cast
 
 import h5py
 import numpy as np
+import torch
 from torch.utils.data import Dataset
 
 from loaderkit.budgets import FILE_OVERHEAD_BYTES, FileBudget, fit_open_files
+from loaderkit.collate import RowBatch, batch_buffer, torch_dtype
 from loaderkit.errors import ConfigError, HDF5FileError, warn
 from loaderkit.hdf5.handles import CacheInfo, Handle, HandleCache
 from loaderkit.hdf5.index import (
@@ -149,6 +151,7 @@ class HDF5SessionDataset(Dataset):
         self._position: dict[Hashable, int] = {sid: i for i, sid in enumerate(self._ids)}
         self._item_fast = uses_default_read(type(self), HDF5SessionDataset)
         self._mode = read_mode(type(self), HDF5SessionDataset)
+        self._transforms = overrides(type(self), HDF5SessionDataset, "transform")
         for sid, path in self.files.items():
             if not path.exists():
                 raise FileNotFoundError(
@@ -163,6 +166,7 @@ class HDF5SessionDataset(Dataset):
         self._direct_ok = False
         self._row_shape: tuple[int, ...] = ()
         self._row_dtype: np.dtype | None = None
+        self._batch_dtype: torch.dtype | None = None
         self._row_bytes = 0
         self._chunked = False
         self._contiguous = False
@@ -365,6 +369,7 @@ class HDF5SessionDataset(Dataset):
         self._row_shape = ref.row_shape
         self._row_dtype = ref.dtype
         self._row_bytes = int(np.prod(ref.row_shape, dtype=np.int64)) * ref.dtype.itemsize
+        self._batch_dtype = torch_dtype(ref.dtype)
         self._direct_ok = ref.dtype.kind in "biufc" and ref.dtype.fields is None
         self._chunked = any(lay is not None and lay.chunk_rows is not None for lay in self._layouts)
         # Likely read with preadv (decided per file at open, see rawio.raw_location).
@@ -631,6 +636,7 @@ class HDF5SessionDataset(Dataset):
         self.__dict__.update(state)
         self._key = decode_index(state["_key"])
         self._mode = read_mode(type(self), HDF5SessionDataset)
+        self._transforms = overrides(type(self), HDF5SessionDataset, "transform")
         self._cache = self._new_cache()
 
     # ------------------------------------------------------------------ reading
@@ -713,14 +719,17 @@ class HDF5SessionDataset(Dataset):
                 try:
                     raw = handle.raw
                     if raw is None:
-                        return cast(Any, handle.dataset)[row]  # None only once closed
-                    out = np.empty(self._row_shape, self._row_dtype)
-                    pread(raw, row * self._row_bytes, out, self._row_bytes)
-                    return out if self._row_shape else out[()]
+                        sample = cast(Any, handle.dataset)[row]  # None only once closed
+                    else:
+                        sample = np.empty(self._row_shape, self._row_dtype)
+                        pread(raw, row * self._row_bytes, sample, self._row_bytes)
+                        if not self._row_shape:
+                            sample = sample[()]
                 except MemoryError:
                     raise
                 except Exception as exc:
                     raise self._read_error(exc, pos, f"row {row}", i) from exc
+                return self.transform(sample, i) if self._transforms else sample
             try:
                 return self.read(self._ids[pos], row)
             except Exception as exc:
@@ -731,10 +740,16 @@ class HDF5SessionDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Read a batch of samples at once (torch's fetcher calls this with a batch).
 
-        Indices are grouped by session and consecutive rows are read as one slab into a batch
-        buffer; the result is a list of per-sample arrays (views of that buffer) in request
-        order, so ``default_collate`` gives exactly what per-item reads would. When a subclass
-        overrides ``read`` (and not ``read_rows``), ``read`` is called once per item.
+        With the default reads (*batch-native*), indices are grouped by session, consecutive
+        rows are read as one slab, and every row lands straight in one batch tensor allocated
+        as ``default_collate`` would (in shared memory inside a worker). The result is a
+        ``loaderkit.collate.RowBatch``: a list of per-sample numpy views of that tensor, in
+        request order, so any ``collate_fn`` sees what per-item reads give, while
+        ``loaderkit.collate.collate`` (filled in by the loader when ``collate_fn`` is unset)
+        returns the tensor itself: no split, no re-stack, no copy. ``transform``, when
+        overridden, is applied to each row after the batched read. When a subclass overrides
+        ``read`` or ``__getitem__`` (and not ``read_rows``), ``self[i]`` is called once per
+        item.
 
         Args:
             indices: Dataset indices, any order, duplicates allowed.
@@ -750,16 +765,117 @@ class HDF5SessionDataset(Dataset):
         if mode is ReadMode.ITEM:
             return [self[i] for i in indices]
         idx, keys = lookup(self._key, indices)
-        n = idx.size
-        if n == 0:
+        if idx.size == 0:
             return []
-        with self._cache.lock:
-            if mode is ReadMode.ROWS:
+        if mode is ReadMode.ROWS:
+            with self._cache.lock:
                 order, starts = plan_runs(keys, sort=self._chunked, always=True)
                 return read_runs_hook(self, idx, keys, order, starts)
-            if n == 1:
-                return [HDF5SessionDataset.__getitem__(self, int(idx[0]))]
+        batch = self._read_batch(idx, keys)
+        if self._transforms:
+            transform = self.transform
+            return [transform(row, i) for row, i in zip(batch, idx.tolist(), strict=True)]
+        return batch
+
+    def _read_batch(self, idx: np.ndarray, keys: np.ndarray) -> list[Any]:
+        """Read the rows of ``keys`` (default reads) into one batch tensor: a ``RowBatch``."""
+        if self._batch_dtype is None:  # no torch dtype for these rows: per-sample arrays
+            return [HDF5SessionDataset.__getitem__(self, i) for i in idx.tolist()]
+        assert self._row_dtype is not None
+        tensor, out = batch_buffer(idx.size, self._row_shape, self._row_dtype)
+        with self._cache.lock:
             order, starts = plan_runs(keys, sort=self._chunked, always=self._contiguous)
             if starts is None:
-                return read_each(self, idx, keys)
-            return read_runs(self, idx, keys, order, starts)
+                read_each(self, idx, keys, out)
+            else:
+                read_runs(self, idx, keys, order, starts, out)
+        return RowBatch(tensor, out)
+
+    def transform(self, sample: Any, index: int) -> Any:
+        """Per-sample hook applied after reading (default: none). Override it for augmentation.
+
+        It runs on every sample, after the batched read, in whatever process reads (a worker):
+        ``sample`` is the row as read (a numpy array view, yours to modify or replace) and
+        ``index`` its dataset index. Draw randomness from ``loaderkit.worker_rng()``,
+        ``torch``, ``numpy`` or ``random``: with ``sample_seeding=True`` the loader seeds them
+        from ``(seed, epoch, index)`` right before each call, and the batch is still read with
+        one batched read (overriding ``__getitem__`` or ``read`` instead gives per-sample
+        reads). Samples that come out of ``transform`` are collated by ``default_collate``.
+
+        Args:
+            sample: The sample as read.
+            index: Its dataset index.
+
+        Returns:
+            The transformed sample.
+
+        Example:
+            >>> class Noisy(HDF5SessionDataset):  # doctest: +SKIP
+            ...     def transform(self, sample, index):
+            ...         return sample + np.random.normal(0, 0.1, sample.shape).astype(sample.dtype)
+        """
+        return sample
+
+    def getitems_seeded(self, indices: Sequence[int], seed_sample: Any) -> list[Any]:
+        """``__getitems__`` with ``seed_sample(index)`` called right before each random step.
+
+        ``sample_seeding=True`` calls this instead of reading sample by sample: the reads are
+        deterministic, so the batch is read at once and only ``transform`` (when overridden) runs
+        per sample, each after its ``seed_sample(index)``. A subclass that overrides ``read``,
+        ``read_rows`` or ``__getitem__`` gets ``seed_sample(i)`` then ``self[i]`` for each index.
+
+        Args:
+            indices: Dataset indices of the batch.
+            seed_sample: Called with each index right before that sample's random step.
+
+        Returns:
+            One sample per index, in the order given.
+        """
+        if self._mode is not ReadMode.FAST:
+            samples = []
+            for i in indices:
+                seed_sample(int(i))
+                samples.append(self[i])
+            return samples
+        idx, keys = lookup(self._key, indices)
+        if idx.size == 0:
+            return []
+        batch = self._read_batch(idx, keys)
+        if not self._transforms:
+            return batch  # nothing random happens: nothing to seed
+        transform, samples = self.transform, []
+        for row, i in zip(batch, idx.tolist(), strict=True):
+            seed_sample(i)
+            samples.append(transform(row, i))
+        return samples
+
+    @property
+    def read_path(self) -> tuple[str, str]:
+        """How batches are read (``"batch-native"``, ``"runs"`` or ``"per-sample"``) and why.
+
+        Example:
+            >>> ds.read_path[0]  # doctest: +SKIP
+            'batch-native'
+        """
+        name = type(self).__name__
+        if self._mode is ReadMode.ITEM:
+            return (
+                "per-sample",
+                f"{name} overrides read or __getitem__: one self[i] per sample "
+                "(override transform instead to keep batched reads)",
+            )
+        if self._mode is ReadMode.ROWS:
+            return "runs", f"{name} overrides read_rows: one call per run of consecutive rows"
+        if self._batch_dtype is None:
+            return "per-sample", f"rows of dtype {self._row_dtype} have no torch dtype"
+        if self._transforms:
+            return (
+                "batch-native",
+                "rows read into one batch buffer, then transform per sample "
+                "(default_collate stacks the results)",
+            )
+        return (
+            "batch-native",
+            "rows read straight into one batch tensor (in shared memory in a worker); "
+            "collation returns it as is",
+        )

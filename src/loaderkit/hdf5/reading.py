@@ -39,10 +39,6 @@ __all__ = [
 #: per-call overhead. Measured with ``benchmarks/hdf5_read.py`` (see docs/hdf5.md).
 _DIRECT_READ_BYTES = 256 * 1024
 
-#: Rows at least this large are read into one buffer per run instead of one per batch (see
-#: ``read_runs``).
-_RUN_BUFFER_BYTES = 256 * 1024
-
 
 class ReadMode(enum.Enum):
     """How ``__getitems__`` reads a batch.
@@ -173,20 +169,16 @@ def plan_runs(
     return None, None
 
 
-def read_each(ds: _Source, idx: np.ndarray, keys: np.ndarray) -> list[Any]:
-    """One read per sample (nothing to coalesce), in request order; caller holds the lock.
+def read_each(ds: _Source, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
+    """One read per sample into ``out[j]`` (nothing to coalesce); caller holds the lock.
 
     Args:
         ds: The dataset.
         idx: Dataset indices of the batch (for messages).
         keys: Their packed keys.
-
-    Returns:
-        One sample per key.
+        out: The batch buffer, ``(len(keys), *row_shape)``, filled in request order.
     """
     cache = ds._cache
-    out: list[Any] = []
-    append = out.append
     last = -1
     dset: Any = None
     for j, key in enumerate(keys.tolist()):
@@ -199,12 +191,11 @@ def read_each(ds: _Source, idx: np.ndarray, keys: np.ndarray) -> list[Any]:
                 raise
             last = pos
         try:
-            append(dset[row])
+            out[j] = dset[row]
         except MemoryError:
             raise
         except Exception as exc:
             raise ds._read_error(exc, pos, f"row {row}", int(idx[j])) from exc
-    return out
 
 
 def read_runs(
@@ -213,14 +204,14 @@ def read_runs(
     keys: np.ndarray,
     order: np.ndarray | None,
     starts: np.ndarray,
-) -> list[Any]:
-    """Coalesced slab reads; ``order`` is the read order (``None``: request order).
+    out: np.ndarray,
+) -> None:
+    """Coalesced slab reads into the batch buffer ``out``, in request order.
 
-    Small rows go into one batch buffer. Rows of ``_RUN_BUFFER_BYTES`` or more get one
-    buffer per run instead: a whole batch of them in one buffer is larger than glibc's
-    largest recyclable allocation (32 MiB), so it would be a fresh ``mmap`` that the kernel
-    faults in page by page for every batch, while per-run buffers are reused by the
-    allocator the way per-item reads are. The caller holds the handle lock.
+    Runs in request order (``order is None``) are read straight into their rows of ``out``
+    (``preadv`` on contiguous data, ``H5Dread`` into the destination for large slabs). Runs
+    read in sorted order (chunked data: each chunk decompressed once) go through one sorted
+    buffer and are scattered into ``out`` with one copy. The caller holds the handle lock.
 
     Args:
         ds: The dataset.
@@ -228,16 +219,11 @@ def read_runs(
         keys: Their packed keys.
         order: Read order from ``plan_runs``.
         starts: Run starts from ``plan_runs``.
-
-    Returns:
-        One sample per key, in request order.
+        out: The batch buffer, ``(len(keys), *row_shape)``.
     """
     n = idx.size
-    assert ds._row_dtype is not None
-    shape, dtype, row_bytes = ds._row_shape, ds._row_dtype, ds._row_bytes
-    per_run = row_bytes >= _RUN_BUFFER_BYTES
-    buf = None if per_run else np.empty((n, *shape), dtype=dtype)
-    samples: list[Any] = [None] * n if per_run else []
+    row_bytes = ds._row_bytes
+    buf = out if order is None else np.empty_like(out)
     run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
     bounds = starts.tolist()
     bounds.append(n)
@@ -260,31 +246,23 @@ def read_runs(
             dset, raw = handle.dataset, handle.raw
             last = pos
         try:
-            out = np.empty((length, *shape), dtype=dtype) if buf is None else buf[k:k2]
+            target = buf[k:k2]
             if raw is not None:
-                pread(raw, a * row_bytes, out, length * row_bytes)
+                pread(raw, a * row_bytes, target, length * row_bytes)
             elif direct and length * row_bytes >= _DIRECT_READ_BYTES:
-                read_direct(dset, a, length, out)
+                read_direct(dset, a, length, target)
             elif length == 1:
-                out[0] = dset[a]
+                target[0] = dset[a]
             else:
-                out[:] = dset[a : a + length]
+                target[:] = dset[a : a + length]
         except MemoryError:
             raise
         except Exception as exc:
             j = k if order is None else int(order[k])
             what = f"rows {a}..{a + length - 1}"
             raise ds._read_error(exc, pos, what, int(idx[j])) from exc
-        if buf is None:
-            samples[k:k2] = list(out)
-    if buf is not None:
-        samples = list(buf)
-    if order is None:
-        return samples
-    result: list[Any] = [None] * n
-    for position, target in enumerate(order.tolist()):
-        result[target] = samples[position]
-    return result
+    if order is not None:
+        out[order] = buf
 
 
 def read_runs_hook(
