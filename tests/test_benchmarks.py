@@ -70,3 +70,71 @@ def test_resume(tmp_path: Path) -> None:
         assert set(scenarios) == {"fresh start", "resume at 90 %", "replay to 90 %"}
         assert result["skipped"] == int(0.9 * result["batches_per_pass"])
         assert all(s["ms_to_first_batch"] > 0 for s in scenarios.values())
+
+
+def test_feed(tmp_path: Path) -> None:
+    data = _run("feed.py", tmp_path)
+    prefetched = {"loaderkit default + DevicePrefetcher", "loaderkit block + DevicePrefetcher"}
+    loaders = {
+        "open-per-item",
+        "LRU of 5 handles",
+        "never-closed cache",
+        "loaderkit default",
+        "loaderkit max_open_files=8",
+        "loaderkit block",
+        "loaderkit block + sample_seeding",
+        *prefetched,
+        "compute only",
+    }
+    if not prefetched <= set(data["loaders"]):  # only where DevicePrefetcher refuses the device
+        assert any("DevicePrefetcher" in note for note in data["notes"])
+        loaders -= prefetched
+    assert set(data["loaders"]) == loaders
+    assert data["workers"] == [0, 2]
+    assert data["device"] == "cpu"
+    assert data["persistent_workers"] is True
+    columns = {
+        "workers",
+        "loader",
+        "max_open_files",
+        "samples_per_s",
+        "vs_seeds_fix",
+        "vs_never_closed",
+        "vs_compute_only",
+        "most_hdf5_open",
+        "peak_rss_mib",
+    }
+    for workers in data["workers"]:
+        rows = {row["loader"]: row for row in data["rows"] if row["workers"] == workers}
+        assert set(rows) == loaders
+        assert len(rows) == len([row for row in data["rows"] if row["workers"] == workers])
+        processes = max(workers, 1)  # with workers, the main process opens no file
+        for name, row in rows.items():
+            assert columns <= set(row)
+            assert row["samples_per_s"] > 0
+            assert row["peak_rss_mib"] > 0
+            assert isinstance(row["most_hdf5_open"], int)
+            assert row["most_hdf5_open"] >= 0
+            assert row["most_hdf5_fds"] >= row["most_hdf5_open"]  # >= 1 descriptor per file
+            assert row["vs_compute_only"] is None  # no-op CPU consumer: no ceiling
+            assert len(row["pass_samples_per_s"]) == data["repeats"] * data["passes"]
+            if name == "compute only":
+                assert row["vs_seeds_fix"] is None
+                assert row["vs_never_closed"] is None
+                assert row["max_open_files"] == 0
+                assert row["most_hdf5_open"] == 0
+            else:
+                assert row["vs_seeds_fix"] > 0
+                assert row["vs_never_closed"] > 0
+                assert row["batches_per_pass"] == data["batches_per_pass"]
+        assert rows["open-per-item"]["vs_seeds_fix"] == 1.0
+        assert rows["open-per-item"]["max_open_files"] == 1
+        assert rows["open-per-item"]["most_hdf5_open"] <= processes
+        assert rows["LRU of 5 handles"]["max_open_files"] == 5
+        assert rows["LRU of 5 handles"]["most_hdf5_open"] <= 5 * processes
+        assert rows["never-closed cache"]["vs_never_closed"] == 1.0
+        assert rows["never-closed cache"]["max_open_files"] is None
+        assert rows["loaderkit max_open_files=8"]["max_open_files"] == 8
+        for name in loaders - {"open-per-item", "LRU of 5 handles", "never-closed cache"}:
+            if name != "compute only":
+                assert rows[name]["max_open_files"] >= 1

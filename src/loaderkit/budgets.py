@@ -53,13 +53,15 @@ def fit_open_files(
     soft_limit: int | None,
     file_bytes: int,
     memory_bytes: int | None,
+    fds_per_file: int = 1,
 ) -> FileBudget:
     """Files per process that fit the descriptor limit and memory: all sessions when they fit.
 
     Every process of the loader (the main one and each worker) may keep ``files`` files open.
     Two bounds apply, and the default takes every session unless one of them is lower:
 
-    * descriptors: ``processes x files`` plus the queues and shared batches of the workers
+    * descriptors: ``processes x files x fds_per_file`` plus the queues and shared batches of
+      the workers
       (``FDS_PER_WORKER`` each) and ``FDS_MAIN_PROCESS`` stay within *half* the soft
       ``RLIMIT_NOFILE`` (where ``check_open_file_budget`` starts warning);
     * memory: ``processes x files x file_bytes`` (chunk cache plus ``FILE_OVERHEAD_BYTES`` per
@@ -75,6 +77,7 @@ def fit_open_files(
         soft_limit: Soft ``RLIMIT_NOFILE`` (``None``: unlimited).
         file_bytes: Memory one open file may hold.
         memory_bytes: Memory of the machine or container (``None``: unknown).
+        fds_per_file: Descriptors one open file holds (2 when its rows are memory-mapped).
 
     Returns:
         The ``FileBudget``.
@@ -92,12 +95,13 @@ def fit_open_files(
     bounds: list[tuple[int, str]] = []
     if soft_limit is not None:
         other = num_workers * FDS_PER_WORKER + FDS_MAIN_PROCESS
-        by_fds = max(1, (soft_limit // 2 - other) // processes)
+        by_fds = max(1, (soft_limit // 2 - other) // (processes * fds_per_file))
+        per_file = f" x {fds_per_file} descriptors" if fds_per_file != 1 else ""
         bounds.append(
             (
                 by_fds,
-                f"{processes} processes x {{files}} files + {other} other descriptors <= "
-                f"{soft_limit // 2} (half the soft limit {soft_limit})",
+                f"{processes} processes x {{files}} files{per_file} + {other} other descriptors "
+                f"<= {soft_limit // 2} (half the soft limit {soft_limit})",
             )
         )
     if memory_bytes is not None and file_bytes > 0:

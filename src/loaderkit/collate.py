@@ -15,6 +15,7 @@ so sending it to the main process copies nothing), fills it from the file, and r
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -45,6 +46,7 @@ class RowBatch(list[Any]):
         self.tensor = tensor
 
 
+@functools.lru_cache(maxsize=64)
 def torch_dtype(dtype: np.dtype) -> torch.dtype | None:
     """The torch dtype holding ``dtype``'s values as they are, or ``None`` (no such dtype).
 
@@ -68,7 +70,8 @@ def batch_buffer(
     """A batch tensor allocated as ``default_collate`` allocates one, and a numpy view of it.
 
     Inside a worker the storage is created in shared memory, so the batch reaches the main
-    process without a copy (torch moves any other tensor into shared memory first).
+    process without a copy (torch moves any other tensor into shared memory first). In the main
+    process it is a numpy allocation shared with torch (huge pages for large batches).
 
     Args:
         n: Samples in the batch.
@@ -93,9 +96,11 @@ def batch_buffer(
         numel = n * math.prod(shape)
         storage = torch.empty(0, dtype=kind)._typed_storage()._new_shared(numel, device="cpu")
         tensor = torch.empty(0, dtype=kind).new(storage).resize_(n, *shape)
-    else:
-        tensor = torch.empty((n, *shape), dtype=kind)
-    return tensor, tensor.numpy()
+        return tensor, tensor.numpy()
+    # numpy's allocator asks for huge pages on large arrays: a batch of many MiB is faulted in
+    # far fewer pages than torch.empty's, and torch shares the memory as it is
+    array = np.empty((n, *shape), dtype=dtype)
+    return torch.from_numpy(array), array
 
 
 def collate(batch: Any) -> Any:

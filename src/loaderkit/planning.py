@@ -236,9 +236,10 @@ def _check_resources(
     num_workers = res.values["num_workers"]
     if not isinstance(num_workers, int) or num_workers < 0:
         return
+    fds_per_file = getattr(dataset, "fds_per_file", 1)
     budget = check_open_file_budget(
         num_workers,
-        facts.max_open_files,
+        None if facts.max_open_files is None else facts.max_open_files * fds_per_file,
         platform.open_files_soft,
         binding=facts.max_open_files is not None,
     )

@@ -49,12 +49,13 @@ from loaderkit.hdf5.layout import (
     describe_layout,
     open_kwargs,
 )
-from loaderkit.hdf5.rawio import pread, preadv_possible, raw_location
+from loaderkit.hdf5.rawio import map_rows, pread, preadv_possible, raw_location
 from loaderkit.hdf5.reading import (
     ReadMode,
     overrides,
     plan_runs,
     read_each,
+    read_mapped,
     read_mode,
     read_runs,
     read_runs_hook,
@@ -109,6 +110,13 @@ class HDF5SessionDataset(Dataset):
         h5py_options: Extra keyword arguments for ``h5py.File`` (``rdcc_nbytes``,
             ``rdcc_nslots``, ``locking``, ``swmr``, ``driver``, ...). They win over loaderkit's
             defaults (see ``default_chunk_cache``). The mode is always ``"r"``.
+        memory_map: Read contiguous, unfiltered rows through a read-only memory map of each
+            open file instead of ``os.preadv`` (a memory copy from the page cache, no system
+            call per read; see docs/hdf5.md for when it pays). Costs: each open file holds a
+            second descriptor, mapped pages count in every reading process's RSS (as shared
+            file pages the kernel can reclaim), every process faults each page in once, and a
+            file truncated while mapped ends the reading process with ``SIGBUS`` instead of an
+            error. Off by default.
 
     Raises:
         ConfigError: ``max_open_files < 1``, a ``mode`` other than ``"r"``, ``key=None`` with
@@ -136,6 +144,7 @@ class HDF5SessionDataset(Dataset):
         key: str | None = None,
         max_open_files: int | None = None,
         h5py_options: Mapping[str, Any] | None = None,
+        memory_map: bool = False,
     ) -> None:
         if max_open_files is not None:
             self._check_max_open_files(max_open_files)
@@ -146,6 +155,7 @@ class HDF5SessionDataset(Dataset):
         #: Files open at once per process, as used now.
         self.max_open_files = max_open_files or _STANDALONE_FILES
         self.h5py_options: dict[str, Any] = self._check_options(h5py_options)
+        self.memory_map = bool(memory_map)
         self._ids: list[Hashable] = list(self.files)
         self._paths: list[str] = [os.fspath(p) for p in self.files.values()]
         self._position: dict[Hashable, int] = {sid: i for i, sid in enumerate(self._ids)}
@@ -223,8 +233,21 @@ class HDF5SessionDataset(Dataset):
             16
         """
         return fit_open_files(
-            len(self._ids), num_workers, soft_limit, self.file_memory_bytes, memory
+            len(self._ids),
+            num_workers,
+            soft_limit,
+            self.file_memory_bytes,
+            memory,
+            self.fds_per_file,
         )
+
+    @property
+    def fds_per_file(self) -> int:
+        """Descriptors one open session file holds: 2 when its rows are memory-mapped.
+
+        Python's ``mmap`` keeps a duplicate of the file's descriptor while the map is open.
+        """
+        return 2 if self.memory_map and self._contiguous else 1
 
     def set_open_files(self, files: int) -> None:
         """Keep at most ``files`` files open per process from now on (the loader's budget).
@@ -487,7 +510,10 @@ class HDF5SessionDataset(Dataset):
                 f"{os.getpid()} ({exc}); was the file replaced or corrupted?"
             ) from exc
         raw = raw_location(f, dset) if self._item_fast else None
-        return Handle(f, dset, raw)
+        mapped = None
+        if raw is not None and self.memory_map:
+            mapped = map_rows(raw, dset.shape, dset.dtype)
+        return Handle(f, dset, raw, mapped)
 
     def _pos_of(self, session: Hashable) -> int:
         try:
@@ -718,7 +744,9 @@ class HDF5SessionDataset(Dataset):
                     raise
                 try:
                     raw = handle.raw
-                    if raw is None:
+                    if handle.rows is not None:
+                        sample = handle.rows[row].copy()  # out of the map: never a view of it
+                    elif raw is None:
                         sample = cast(Any, handle.dataset)[row]  # None only once closed
                     else:
                         sample = np.empty(self._row_shape, self._row_dtype)
@@ -784,6 +812,8 @@ class HDF5SessionDataset(Dataset):
         assert self._row_dtype is not None
         tensor, out = batch_buffer(idx.size, self._row_shape, self._row_dtype)
         with self._cache.lock:
+            if self._contiguous and self.memory_map and read_mapped(self, idx, keys, out):
+                return RowBatch(tensor, out)
             order, starts = plan_runs(keys, sort=self._chunked, always=self._contiguous)
             if starts is None:
                 read_each(self, idx, keys, out)

@@ -21,6 +21,7 @@ so this costs no parallelism.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import threading
 import weakref
@@ -29,6 +30,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 import h5py
+import numpy as np
 from h5py import h5f
 
 from loaderkit.errors import warn
@@ -74,28 +76,42 @@ class Handle:
         raw: ``(fd, offset)`` of the dataset's bytes when it is stored contiguously and
             unfiltered in a plain (sec2) file with the in-memory byte layout, so rows can be read
             with ``os.preadv`` into the destination; ``None`` otherwise.
+        rows: A read-only memory map of those bytes as an array of the dataset's shape (copy
+            out of it; never hand out views), or ``None``.
 
     Example:
         >>> Handle.__slots__
-        ('dataset', 'file', 'raw')
+        ('_map', 'dataset', 'file', 'raw', 'rows')
     """
 
-    __slots__ = ("dataset", "file", "raw")
+    __slots__ = ("_map", "dataset", "file", "raw", "rows")
 
     def __init__(
         self,
         file: h5py.File,
         dataset: h5py.Dataset | None,
         raw: tuple[int, int] | None = None,
+        mapped: tuple[mmap.mmap, np.ndarray] | None = None,
     ) -> None:
         self.file = file
         self.dataset = dataset
         self.raw = raw
+        self._map: mmap.mmap | None = None
+        self.rows: np.ndarray | None = None
+        if mapped is not None:
+            self._map, self.rows = mapped
 
     def close(self) -> None:
-        """Close the file (and with it every object opened through it); never raises."""
+        """Close the map and the file (and every object opened through it); never raises."""
         self.dataset = None
         self.raw = None
+        self.rows = None
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view still refers to it: unmapped when that view goes
+                logger.debug("a memory map is still referenced; left to garbage collection")
+            self._map = None
         try:
             self.file.close()
         except Exception:  # closing must not fail (interpreter shutdown, broken file)

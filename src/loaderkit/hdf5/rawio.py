@@ -1,13 +1,16 @@
-"""Low-level reads into caller buffers: ``os.preadv`` at raw file offsets and direct ``H5Dread``.
+"""Low-level reads into caller buffers: memory maps, ``os.preadv`` and direct ``H5Dread``.
 
 Contiguous, unfiltered numeric data sits on disk as the C-order array, so rows can be read
-with one ``os.preadv`` on HDF5's own file descriptor, skipping HDF5 entirely; ``raw_location``
-decides when that is safe. ``read_direct`` reads a hyperslab straight into a destination array.
+skipping HDF5 entirely; ``raw_location`` decides when that is safe. ``map_rows`` maps the
+rows read-only (a copy out of the map is a plain memory copy from the page cache, with no
+system call); ``pread`` reads them with one ``os.preadv`` on HDF5's own file descriptor.
+``read_direct`` reads a hyperslab straight into a destination array.
 """
 
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -16,7 +19,7 @@ import h5py
 import numpy as np
 from h5py import h5d, h5s, h5t
 
-__all__ = ["pread", "preadv_possible", "raw_location", "read_direct"]
+__all__ = ["map_rows", "pread", "preadv_possible", "raw_location", "read_direct"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +132,52 @@ def pread(
                 )
             done += more
         start += view.nbytes
+
+
+def map_rows(
+    raw: tuple[int, int], shape: tuple[int, ...], dtype: np.dtype
+) -> tuple[mmap.mmap, np.ndarray] | None:
+    """Map a dataset's raw rows read-only: ``(map, rows)``, or ``None`` when it cannot be mapped.
+
+    ``rows`` is a read-only array of ``shape`` over the file's bytes. Copy out of it, never
+    hand out views: closing the map (``map.close()``) needs every view gone. The map holds a
+    duplicate of the file descriptor until it is closed (Python's ``mmap`` keeps one).
+
+    Args:
+        raw: ``(fd, data_offset)`` from ``raw_location``.
+        shape: The dataset's shape.
+        dtype: Its dtype (the file's byte layout, see ``raw_location``).
+
+    Returns:
+        The map and the rows, or ``None`` (empty data, a file shorter than the data, or a
+        file system that cannot map).
+
+    Example:
+        >>> import h5py, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "m.h5")
+        >>> with h5py.File(path, "w") as f:
+        ...     _ = f.create_dataset("x", data=np.arange(6, dtype="f4").reshape(3, 2))
+        >>> with h5py.File(path, "r") as f:
+        ...     mapped, rows = map_rows(raw_location(f, f["x"]), (3, 2), np.dtype("f4"))
+        ...     copy = rows[1:].copy(); del rows; mapped.close()
+        >>> copy.tolist()
+        [[2.0, 3.0], [4.0, 5.0]]
+    """
+    fd, offset = raw
+    count = int(np.prod(shape, dtype=np.int64))
+    nbytes = count * dtype.itemsize
+    if nbytes == 0:
+        return None
+    try:
+        if os.fstat(fd).st_size < offset + nbytes:
+            return None  # truncated: pread reports it as an error when a row is read
+        base = offset // mmap.ALLOCATIONGRANULARITY * mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(fd, offset - base + nbytes, offset=base, access=mmap.ACCESS_READ)
+    except (OSError, ValueError, OverflowError):
+        logger.debug("cannot map fd %s at %s", fd, offset, exc_info=True)
+        return None
+    rows = np.frombuffer(mapped, dtype=dtype, count=count, offset=offset - base).reshape(shape)
+    return mapped, rows
 
 
 def read_direct(dset: h5py.Dataset, start: int, length: int, out: np.ndarray) -> None:

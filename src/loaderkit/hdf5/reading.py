@@ -28,6 +28,7 @@ __all__ = [
     "overrides",
     "plan_runs",
     "read_each",
+    "read_mapped",
     "read_mode",
     "read_runs",
     "read_runs_hook",
@@ -209,7 +210,8 @@ def read_runs(
     """Coalesced slab reads into the batch buffer ``out``, in request order.
 
     Runs in request order (``order is None``) are read straight into their rows of ``out``
-    (``preadv`` on contiguous data, ``H5Dread`` into the destination for large slabs). Runs
+    (a copy out of the memory map or ``preadv`` on contiguous data, ``H5Dread`` into the
+    destination for large slabs). Runs
     read in sorted order (chunked data: each chunk decompressed once) go through one sorted
     buffer and are scattered into ``out`` with one copy. The caller holds the handle lock.
 
@@ -232,22 +234,28 @@ def read_runs(
     last = -1
     dset: Any = None
     raw: tuple[int, int] | None = None
+    mapped: np.ndarray | None = None
     for r, key in enumerate(run_keys):
         pos, a = key >> _ROW_BITS, key & _ROW_MASK
         k, k2 = bounds[r], bounds[r + 1]
         length = k2 - k
         if pos != last:
+            mapped = None  # let go of the last map: opening this file may close that one
             try:
                 handle = cache.get(pos)
             except Exception as exc:
                 j = k if order is None else int(order[k])
                 _add_note(exc, ds._context(pos, a, int(idx[j])))
                 raise
-            dset, raw = handle.dataset, handle.raw
+            dset, raw, mapped = handle.dataset, handle.raw, handle.rows
             last = pos
         try:
             target = buf[k:k2]
-            if raw is not None:
+            if mapped is not None:
+                if a + length > mapped.shape[0]:
+                    raise IndexError(f"the file has {mapped.shape[0]} rows")
+                target[:] = mapped[a : a + length]
+            elif raw is not None:
                 pread(raw, a * row_bytes, target, length * row_bytes)
             elif direct and length * row_bytes >= _DIRECT_READ_BYTES:
                 read_direct(dset, a, length, target)
@@ -263,6 +271,55 @@ def read_runs(
             raise ds._read_error(exc, pos, what, int(idx[j])) from exc
     if order is not None:
         out[order] = buf
+
+
+def read_mapped(ds: _Source, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> bool:
+    """Gather a batch from memory-mapped sessions with one ``np.take`` per session segment.
+
+    A segment is a stretch of the batch (in request order) whose rows all come from one
+    session: block-shuffled batches have a few, so the batch is copied at memory speed with a
+    handful of C calls and no per-run bookkeeping. Returns ``False`` (nothing read) when the
+    batch has many segments (uniform shuffling: ``read_runs`` copies row by row) or a session
+    is not mapped. The caller holds the handle lock.
+
+    Args:
+        ds: The dataset.
+        idx: Dataset indices of the batch (for messages).
+        keys: Their packed keys.
+        out: The batch buffer, ``(len(keys), *row_shape)``, filled in request order.
+
+    Returns:
+        Whether the batch was read.
+    """
+    n = keys.shape[0]
+    pos = keys >> _ROW_BITS
+    cuts = np.flatnonzero(pos[1:] != pos[:-1]) + 1
+    if (cuts.size + 1) * 4 > n:
+        return False
+    rows = keys & _ROW_MASK
+    starts = np.concatenate(([0], cuts))
+    highest = np.maximum.reduceat(rows, starts).tolist()
+    bounds = starts.tolist()
+    bounds.append(n)
+    sessions = pos[starts].tolist()
+    get = ds._cache.get
+    mapped: np.ndarray | None = None
+    for s, p in enumerate(sessions):
+        k, k2 = bounds[s], bounds[s + 1]
+        mapped = None  # let go of the last map: opening this file may close that one
+        try:
+            mapped = get(p).rows
+        except Exception as exc:
+            _add_note(exc, ds._context(p, int(rows[k]), int(idx[k])))
+            raise
+        if mapped is None:
+            return False  # not mapped (any more): read_runs reads the whole batch again
+        if highest[s] >= mapped.shape[0]:
+            problem = IndexError(f"row {highest[s]} is past the {mapped.shape[0]} rows of the file")
+            raise ds._read_error(problem, p, f"row {highest[s]}", int(idx[k]))
+        # mode="clip" after the check above: numpy buffers ``out`` for mode="raise"
+        np.take(mapped, rows[k:k2], axis=0, out=out[k:k2], mode="clip")
+    return True
 
 
 def read_runs_hook(
