@@ -83,11 +83,11 @@ def run(quick: bool) -> dict[str, Any]:
             def fresh(loader: DataLoader, make_iter: Any) -> Any:
                 return make_iter(loader)
 
-            def resume(loader: DataLoader, make_iter: Any) -> Any:
+            def resume(loader: DataLoader, make_iter: Any, state: Any = state) -> Any:
                 loader.load_state_dict(state)
                 return make_iter(loader)
 
-            def replay(loader: DataLoader, make_iter: Any) -> Any:
+            def replay(loader: DataLoader, make_iter: Any, skip: int = skip) -> Any:
                 iterator = make_iter(loader)
                 for _ in range(skip):
                     next(iterator)
