@@ -138,3 +138,15 @@ def test_feed(tmp_path: Path) -> None:
         for name in loaders - {"open-per-item", "LRU of 5 handles", "never-closed cache"}:
             if name != "compute only":
                 assert rows[name]["max_open_files"] >= 1
+
+
+def test_handoff(tmp_path: Path) -> None:
+    data = _run("handoff.py", tmp_path)
+    rows = data["results"]
+    assert set(rows) == {
+        "main process only",
+        "worker hand-off",
+        "worker hand-off + one more copy",
+    }
+    assert rows["main process only"]["ratio"] == 1.0
+    assert all(r["samples_per_s"] > 0 and r["us_per_batch"] > 0 for r in rows.values())

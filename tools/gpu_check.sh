@@ -11,7 +11,10 @@
 # 4. runs `python benchmarks/transfer.py` (`--quick` with --quick): pinned vs pageable
 #    bandwidth, prefetcher vs plain loop, and the prefetcher/plain time ratios for pinned and
 #    pageable batches (at most 1.0: the prefetcher is never slower); the numbers are also
-#    written to gpu_check_transfer.json in the current directory.
+#    written to gpu_check_transfer.json in the current directory;
+# 5. runs `python benchmarks/feed.py --device cuda` (the end-to-end feed of BENCHMARKS.md at 4,
+#    8 and 12 workers; `--quick` keeps it short) and `python benchmarks/handoff.py` (what the
+#    worker-to-main hand-off and a second copy cost per batch), JSON next to the first.
 #
 # PYTHON selects the interpreter (default: python). Exit status: 0 when every step passed.
 set -euo pipefail
@@ -62,4 +65,14 @@ rm -rf "$(dirname "$junit")"
 
 echo "== gpu_check: python benchmarks/transfer.py ${quick[*]:-}"
 "$python" benchmarks/transfer.py ${quick[@]+"${quick[@]}"} --json "$out"
+
+echo "== gpu_check: python benchmarks/feed.py --device cuda ${quick[*]:-}"
+feed=(--device cuda)
+if [ ${#quick[@]} -gt 0 ]; then
+    feed+=(--workers 4,8 --passes 1)
+fi
+"$python" benchmarks/feed.py "${feed[@]}" --json "$(dirname "$out")/gpu_check_feed.json"
+
+echo "== gpu_check: python benchmarks/handoff.py ${quick[*]:-}"
+"$python" benchmarks/handoff.py ${quick[@]+"${quick[@]}"} --json "$(dirname "$out")/gpu_check_handoff.json"
 echo "gpu_check: passed"
