@@ -29,6 +29,7 @@ from torch.utils.data.datapipes.datapipe import (
 )
 
 from loaderkit.budgets import FileBudget, check_open_file_budget, check_shared_memory
+from loaderkit.collate import collate
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
@@ -325,7 +326,10 @@ def plan_loader(
         assert seed is not None
         built["generator"] = make_generator(seed)
     built["worker_init_fn"] = WorkerInit(
-        rank=dist.rank, world_size=dist.world_size, user_fn=request.worker_init_fn
+        rank=dist.rank,
+        world_size=dist.world_size,
+        user_fn=request.worker_init_fn,
+        shared_batches=res.values.get("collate_fn") is collate,
     )
     seeder = None
     if request.sample_seeding:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from loaderkit.collate import share_batches
 from loaderkit.distributed import process_rank_and_world
 from loaderkit.errors import check_int
 from loaderkit.hooks import call_hook
@@ -238,16 +239,21 @@ class WorkerInit:
         rank: Global rank of the process that built the loader.
         world_size: World size at that time.
         user_fn: The caller's ``worker_init_fn`` (runs after seeding), or ``None``.
+        shared_batches: The loader's ``collate_fn`` returns natively read batches as they are
+            (``loaderkit.collate.collate``): the worker then allocates them in shared memory
+            (``loaderkit.collate.share_batches``).
     """
 
     rank: int = 0
     world_size: int = 1
     user_fn: Callable[[int], Any] | None = None
+    shared_batches: bool = False
 
     def __call__(self, worker_id: int) -> None:
         info = torch.utils.data.get_worker_info()
         if info is not None:
             _install_worker_streams(worker_id, info.seed - info.id, self.rank, self.world_size)
+        share_batches(self.shared_batches)
         if self.user_fn is not None:
             self.user_fn(worker_id)
 

@@ -174,3 +174,32 @@ def test_sample_seeding_keeps_batched_reads_and_matches_per_sample_seeding(
     for workers in (1, 3):
         again = _epochs(Noisy, paths, workers)
         assert all(torch.equal(a, b) for a, b in zip(batched, again, strict=True))
+
+
+class ReportsSharing(HDF5SessionDataset):
+    """Tags each batch with whether its buffer was allocated in shared memory."""
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        batch = super().__getitems__(indices)
+        assert isinstance(batch, RowBatch)
+        return [batch.tensor.is_shared(), batch.tensor]
+
+
+def test_only_a_loader_that_keeps_the_batch_allocates_it_in_shared_memory(tmp_path: Path) -> None:
+    """Shared memory when the buffer is what torch sends; a private buffer otherwise."""
+    ds = ReportsSharing(write_sessions(tmp_path, [20]), key="betas")
+
+    def first(batch: list[Any]) -> bool:
+        return bool(batch[0])
+
+    ours = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=None)
+    ours.collate_fn = first  # what the worker allocated, as seen by loaderkit's own setup
+    assert ours.worker_init_fn.shared_batches  # type: ignore[union-attr]
+    assert all(next(iter(ours)) for _ in range(2))
+    ours.close()
+    other = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=first)
+    assert not other.worker_init_fn.shared_batches  # type: ignore[union-attr]
+    assert not next(iter(other))
+    other.close()
+    plain = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, collate_fn=first)
+    assert not next(iter(plain))
