@@ -28,6 +28,7 @@ def test_every_example_is_tested() -> None:
         "ddp_train.py",
         "nsd_dataset.py",
         "lightning_datamodule.py",
+        "resume_training.py",
     }  # nsd_dataset.py: tests/hdf5/test_examples_and_benchmarks.py
     assert {p.name for p in EXAMPLES.glob("*.py")} == tested
 
@@ -110,3 +111,17 @@ def test_lightning_datamodule(devices: int, workers: int) -> None:
     assert f"tested 101, predicted 101 across {devices} rank(s): exact" in out
     assert "HDF5 files open after the run: 0" in out
     assert "worker processes left: 0" in out
+
+
+@pytest.mark.parametrize(("before", "after"), [("2", "0"), ("0", "2")])
+def test_resume_training(before: str, after: str) -> None:
+    out = _run(
+        sys.executable,
+        str(EXAMPLES / "resume_training.py"),
+        "--workers",
+        before,
+        "--resume-workers",
+        after,
+    )
+    assert "resumed run saw the same batches: True" in out
+    assert "final weights bit-identical: True" in out
