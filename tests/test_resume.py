@@ -512,3 +512,18 @@ def test_out_of_order_batches_cannot_resume_mid_pass() -> None:
     loader.close()
     with pytest.raises(ConfigError, match="in_order=False"):
         augment_loader().load_state_dict(state)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_used_loader_can_go_back_to_an_earlier_state(persistent: bool) -> None:
+    """load_state_dict on the loader itself (its persistent workers kept) rewinds exactly."""
+    with augment_loader(num_workers=2, persistent_workers=persistent) as loader:
+        list(loader)
+        it = iter(loader)
+        next(it)
+        state = loader.state_dict()
+        rest = [flat(b) for b in it]
+        after = [flat(b) for b in loader]
+        loader.load_state_dict(state)
+        assert [flat(b) for b in loader] == rest
+        assert [flat(b) for b in loader] == after
