@@ -346,7 +346,21 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
     def _index_sampler(self) -> Any:
         # torch's iterators read the index sampler here; PassIndices records each pass's
         # starting state and fast-forwards a resumed one without fetching the skipped batches.
-        return PassIndices(super()._index_sampler, lambda: self._pass, self._order_sources)
+        # Only a weak reference: torch's iterator keeps its index sampler, and the loader keeps
+        # a persistent iterator; a strong one would make a cycle that keeps the workers alive
+        # after `del loader` until the garbage collector runs.
+        loader = weakref.ref(self)
+
+        def record() -> PassRecord | None:
+            owner = loader()
+            return None if owner is None else owner._pass
+
+        def sources() -> OrderSources:
+            owner = loader()
+            no_sources = OrderSources(generators=(), global_rng=False, stateful=())
+            return no_sources if owner is None else owner._order_sources()
+
+        return PassIndices(super()._index_sampler, record, sources)
 
     # ------------------------------------------------------------------ resume
 
