@@ -527,24 +527,3 @@ def test_a_used_loader_can_go_back_to_an_earlier_state(persistent: bool) -> None
         loader.load_state_dict(state)
         assert [flat(b) for b in loader] == rest
         assert [flat(b) for b in loader] == after
-
-
-def test_the_index_sampler_does_not_keep_the_loader_alive() -> None:
-    """`del loader` stops persistent workers at once (no reference cycle through the sampler)."""
-    import gc
-    import weakref
-
-    loader = DataLoader(list(range(20)), batch_size=2, num_workers=2, persistent_workers=True)
-    iterator = iter(loader)
-    next(iterator)
-    workers = iterator._workers  # type: ignore[attr-defined]
-    ref = weakref.ref(loader)
-    gc.disable()
-    try:
-        del iterator, loader
-        assert ref() is None
-    finally:
-        gc.enable()
-    for worker in workers:
-        worker.join(10)
-        assert worker.exitcode == 0

@@ -6,7 +6,9 @@ that once passed on torch's DataLoader and failed on loaderkit's.
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -114,3 +116,28 @@ def test_create_dataloader_can_stand_in_for_the_class_in_annotations() -> None:
     loader = annotated()
     assert type(loader) is loaderkit.DataLoader
     assert loaderkit.create_dataloader[int] == loaderkit.DataLoader[int]
+
+
+def test_the_index_sampler_does_not_keep_the_loader_alive() -> None:
+    """upstream: test_iterable_style_dataset (persistent workers exit on `del loader`).
+
+    The resume bookkeeping once made the index sampler refer to its loader strongly: a cycle
+    (loader -> persistent iterator -> index sampler -> loader) that kept the workers alive until
+    the garbage collector ran.
+    """
+    loader = loaderkit.DataLoader(
+        list(range(20)), batch_size=2, num_workers=2, persistent_workers=True
+    )
+    iterator = iter(loader)
+    next(iterator)
+    workers = iterator._workers  # type: ignore[attr-defined]
+    ref = weakref.ref(loader)
+    gc.disable()
+    try:
+        del iterator, loader
+        assert ref() is None
+    finally:
+        gc.enable()
+    for worker in workers:
+        worker.join(10)
+        assert worker.exitcode == 0
