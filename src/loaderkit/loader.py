@@ -45,7 +45,9 @@ from loaderkit.resume import (
     PassRecord,
     ResumePoint,
     check_state,
-    order_is_seeded,
+    fingerprint,
+    next_pass_start,
+    order_sources,
 )
 from loaderkit.seeding import SampleSeeder, WorkerInit, epoch_seed
 
@@ -358,7 +360,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         def sources() -> OrderSources:
             owner = loader()
             no_sources = OrderSources(generators=(), global_rng=False, stateful=())
-            return no_sources if owner is None else owner._order_sources()
+            return no_sources if owner is None else order_sources(owner)
 
         return PassIndices(super()._index_sampler, record, sources)
 
@@ -405,7 +407,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             "epoch": epoch,
             "batches_yielded": position,
             "start": start,
-            "loader": self._fingerprint(),
+            "loader": fingerprint(self),
         }
         if self._is_iterable():
             dataset_state = getattr(self.dataset, "state_dict", None)
@@ -437,7 +439,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             >>> [b.tolist() for b in loader], loader.epoch
             ([[2, 3], [4, 5]], 3)
         """
-        point = check_state(state, self._fingerprint())
+        point = check_state(state, fingerprint(self))
         if point.skip > 0 and state["loader"].get("in_order") is False:
             raise ConfigError(
                 f"cannot resume at batch {point.skip} of epoch {point.epoch}: the loader that "
@@ -468,78 +470,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         record = self._pass
         if record is not None and not record.complete:
             return record.epoch, record.position, record.start
-        return self._next_epoch, 0, self._next_pass_start()
-
-    def _next_pass_start(self) -> dict[str, Any]:
-        """The order-defining state the next pass's sampler will start from."""
-        sources = self._order_sources()
-        start: dict[str, Any] = {name: obj.state_dict() for name, obj in sources.stateful}
-        for name, generator in sources.generators:
-            if generator is self.generator and not (
-                self.persistent_workers and self.num_workers > 0 and self._iterator is not None
-            ):
-                # a new iterator draws the workers' base seed from it before the sampler starts
-                generator = torch.Generator().set_state(generator.get_state())
-                torch.empty((), dtype=torch.int64).random_(generator=generator)
-            start[name] = generator.get_state()
-        return start
-
-    def _order_sources(self) -> OrderSources:
-        batch_sampler = self.batch_sampler
-        order_sampler = getattr(batch_sampler, "sampler", None)
-        if order_sampler is None:  # a user batch sampler with no ``sampler``, or no batching
-            order_sampler = self.sampler if batch_sampler is None else batch_sampler
-        generators: list[tuple[str, torch.Generator]] = []
-        owned = self._owns_generator and self.seed is not None
-        if self.generator is not None and not owned:
-            generators.append(("generator", self.generator))
-        sampler_generator = getattr(order_sampler, "generator", None)
-        if isinstance(sampler_generator, torch.Generator) and sampler_generator is not (
-            self.generator
-        ):
-            generators.append(("sampler_generator", sampler_generator))
-        stateful = tuple(
-            (name, obj)
-            for name, obj in (("sampler", self.sampler), ("batch_sampler", batch_sampler))
-            if callable(getattr(obj, "state_dict", None))
-            and callable(getattr(obj, "load_state_dict", None))
-        )
-        return OrderSources(
-            generators=tuple(generators),
-            global_rng=not self._is_iterable() and not order_is_seeded(order_sampler),
-            stateful=stateful,
-        )
-
-    def _fingerprint(self) -> dict[str, Any]:
-        """What a state must share with this loader to resume it."""
-        dataset_length: int | None = None
-        if not self._is_iterable():
-            try:
-                dataset_length = len(self.dataset)  # type: ignore[arg-type]
-            except TypeError:
-                dataset_length = None
-        sharding = next(
-            (
-                obj
-                for obj in (self.sampler, self.batch_sampler)
-                if isinstance(getattr(obj, "num_replicas", None), int)
-            ),
-            None,
-        )
-        user_batches = self.batch_sampler is not None and self.batch_size is None
-        return {
-            "dataset_length": dataset_length,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-            "seed": self.seed,
-            "sample_seeding": self.sample_seeding,
-            "sampler": _qualname(self.sampler),
-            "batch_sampler": _qualname(self.batch_sampler) if user_batches else None,
-            "num_replicas": getattr(sharding, "num_replicas", None),
-            "rank": getattr(sharding, "rank", None),
-            "batches_per_pass": self._batches_per_pass(),
-            "in_order": self.in_order,
-        }
+        return self._next_epoch, 0, next_pass_start(self, order_sources(self))
 
     def _batches_per_pass(self) -> int | None:
         if self._is_iterable():
@@ -690,13 +621,6 @@ def _release_process(worker: Any) -> None:
             close()
     except Exception:  # pragma: no cover - a Process already closed by someone else
         logger.debug("loaderkit: could not release worker %s", worker, exc_info=True)
-
-
-def _qualname(obj: Any) -> str | None:
-    if obj is None:
-        return None
-    kind = type(obj)
-    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 # --------------------------------------------------------------------------- iterators

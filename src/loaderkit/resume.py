@@ -10,7 +10,9 @@ freshly built loader start at that batch. Three pieces live here:
   loaderkit does not reseed, torch's global RNG, a sampler with its own ``state_dict``); it is
   captured when the sampler starts and restored around the resumed sampler's start;
 * ``PassIndices``: the index sampler torch's iterators read; on a resumed pass it skips the
-  batches the caller already had *at the index level* (no read, decode or transform).
+  batches the caller already had *at the index level* (no read, decode or transform);
+* ``order_sources``, ``next_pass_start`` and ``fingerprint``: what a state records about a
+  loader (read from its attributes).
 
 The state itself is plain data (ints, strings, bools, ``None``, lists, dicts and ``uint8``
 tensors) that ``torch.load(..., weights_only=True)`` reads back. ``check_state`` refuses a
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.utils.data import DistributedSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
 from loaderkit.errors import ConfigError
 
@@ -37,7 +39,10 @@ __all__ = [
     "PassRecord",
     "ResumePoint",
     "check_state",
+    "fingerprint",
+    "next_pass_start",
     "order_is_seeded",
+    "order_sources",
 ]
 
 #: Identifies a loaderkit loader state (a checkpoint may hold many kinds of state).
@@ -248,6 +253,133 @@ class PassIndices:
             return
         yield first
         yield from iterator
+
+
+# --------------------------------------------------------------------------- a loader's parts
+
+
+def order_sources(loader: Any) -> OrderSources:
+    """What decides the order of ``loader``'s passes besides ``(seed, epoch)``.
+
+    A generator the loader does not reseed (the user's own), the generator of the sampler that
+    orders the indices (a ``RandomSampler`` inside a user batch sampler), torch's global RNG
+    unless that sampler is seeded (``order_is_seeded``), and samplers with their own
+    ``state_dict``/``load_state_dict``.
+
+    Args:
+        loader: A ``loaderkit.DataLoader``.
+
+    Returns:
+        The ``OrderSources``.
+
+    Examples:
+        >>> from loaderkit import DataLoader
+        >>> order_sources(DataLoader(list(range(4)), shuffle=True, seed=0)).generators
+        ()
+    """
+    batch_sampler = loader.batch_sampler
+    order_sampler = getattr(batch_sampler, "sampler", None)
+    if order_sampler is None:  # a user batch sampler with no ``sampler``, or no batching
+        order_sampler = loader.sampler if batch_sampler is None else batch_sampler
+    generators: list[tuple[str, torch.Generator]] = []
+    owned = loader._owns_generator and loader.seed is not None
+    if loader.generator is not None and not owned:
+        generators.append(("generator", loader.generator))
+    sampler_generator = getattr(order_sampler, "generator", None)
+    if isinstance(sampler_generator, torch.Generator) and sampler_generator is not (
+        loader.generator
+    ):
+        generators.append(("sampler_generator", sampler_generator))
+    stateful = tuple(
+        (name, obj)
+        for name, obj in (("sampler", loader.sampler), ("batch_sampler", batch_sampler))
+        if callable(getattr(obj, "state_dict", None))
+        and callable(getattr(obj, "load_state_dict", None))
+    )
+    iterable = isinstance(loader.dataset, IterableDataset)
+    return OrderSources(
+        generators=tuple(generators),
+        global_rng=not iterable and not order_is_seeded(order_sampler),
+        stateful=stateful,
+    )
+
+
+def next_pass_start(loader: Any, sources: OrderSources) -> dict[str, Any]:
+    """The order-defining state the sampler of ``loader``'s next pass will start from.
+
+    The loader's own generator is advanced on a copy by the draw a new iterator makes for the
+    workers' base seed before the sampler starts (a reused persistent iterator makes none).
+
+    Args:
+        loader: A ``loaderkit.DataLoader`` between passes.
+        sources: Its ``order_sources``.
+
+    Returns:
+        The ``start`` part of a state that begins the next pass.
+    """
+    start: dict[str, Any] = {name: obj.state_dict() for name, obj in sources.stateful}
+    reuses_iterator = (
+        loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None
+    )
+    for name, generator in sources.generators:
+        if generator is loader.generator and not reuses_iterator:
+            generator = torch.Generator().set_state(generator.get_state())
+            torch.empty((), dtype=torch.int64).random_(generator=generator)
+        start[name] = generator.get_state()
+    return start
+
+
+def fingerprint(loader: Any) -> dict[str, Any]:
+    """What a state must share with ``loader`` to resume it (and a few facts for the reader).
+
+    Args:
+        loader: A ``loaderkit.DataLoader``.
+
+    Returns:
+        Plain data: dataset length, batch size, ``drop_last``, seed, ``sample_seeding``, the
+        sampler classes, the world size and rank of a distributed sampler, the batches per
+        pass and ``in_order``.
+
+    Examples:
+        >>> from loaderkit import DataLoader
+        >>> fingerprint(DataLoader(list(range(10)), batch_size=4))["batches_per_pass"]
+        3
+    """
+    dataset_length: int | None = None
+    if not isinstance(loader.dataset, IterableDataset):
+        try:
+            dataset_length = len(loader.dataset)
+        except TypeError:
+            dataset_length = None
+    sharding = next(
+        (
+            obj
+            for obj in (loader.sampler, loader.batch_sampler)
+            if isinstance(getattr(obj, "num_replicas", None), int)
+        ),
+        None,
+    )
+    user_batches = loader.batch_sampler is not None and loader.batch_size is None
+    return {
+        "dataset_length": dataset_length,
+        "batch_size": loader.batch_size,
+        "drop_last": loader.drop_last,
+        "seed": loader.seed,
+        "sample_seeding": loader.sample_seeding,
+        "sampler": _qualname(loader.sampler),
+        "batch_sampler": _qualname(loader.batch_sampler) if user_batches else None,
+        "num_replicas": getattr(sharding, "num_replicas", None),
+        "rank": getattr(sharding, "rank", None),
+        "batches_per_pass": loader._batches_per_pass(),
+        "in_order": loader.in_order,
+    }
+
+
+def _qualname(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 # --------------------------------------------------------------------------- the state
