@@ -67,6 +67,16 @@ def test_non_native_byte_order_falls_back_to_per_sample_arrays(tmp_path: Path) -
     assert not isinstance(samples, RowBatch)
     assert [s.tolist() for s in samples] == [[2.0, 3.0], [6.0, 7.0]]
 
+    class Plus(HDF5SessionDataset):
+        def transform(self, sample: Any, index: int) -> Any:
+            return sample + 100
+
+    plus = Plus([path], key="x")  # transformed once, by the item and the batch paths alike
+    assert plus[1].tolist() == [102.0, 103.0]
+    assert [s.tolist() for s in plus.__getitems__([1, 3])] == [[102.0, 103.0], [106.0, 107.0]]
+    seeded = plus.getitems_seeded([1], lambda i: None)
+    assert [s.tolist() for s in seeded] == [[102.0, 103.0]]
+
 
 def test_in_a_worker_the_batch_is_allocated_in_shared_memory(tmp_path: Path) -> None:
     ds = HDF5SessionDataset(write_sessions(tmp_path, [30, 30]), key="betas")

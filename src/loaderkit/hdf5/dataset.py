@@ -731,39 +731,45 @@ class HDF5SessionDataset(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         i = self._check_index(index)
+        if self._item_fast:
+            sample = self._read_one(i)
+            return self.transform(sample, i) if self._transforms else sample
+        key = int(self._key[i])
+        pos = key >> _ROW_BITS
+        row = key & _ROW_MASK
+        with self._cache.lock:
+            try:
+                return self.read(self._ids[pos], row)
+            except Exception as exc:
+                self._cache.discard(pos)
+                _add_note(exc, self._context(pos, row, i))
+                raise
+
+    def _read_one(self, i: int) -> Any:
+        """Sample ``i`` as stored (default reads, before ``transform``); ``i`` is checked."""
         key = int(self._key[i])
         pos = key >> _ROW_BITS
         row = key & _ROW_MASK
         cache = self._cache
         with cache.lock:
-            if self._item_fast:
-                try:
-                    handle = cache.get(pos)
-                except Exception as exc:
-                    _add_note(exc, self._context(pos, row, i))
-                    raise
-                try:
-                    raw = handle.raw
-                    if handle.rows is not None:
-                        sample = handle.rows[row].copy()  # out of the map: never a view of it
-                    elif raw is None:
-                        sample = cast(Any, handle.dataset)[row]  # None only once closed
-                    else:
-                        sample = np.empty(self._row_shape, self._row_dtype)
-                        pread(raw, row * self._row_bytes, sample, self._row_bytes)
-                        if not self._row_shape:
-                            sample = sample[()]
-                except MemoryError:
-                    raise
-                except Exception as exc:
-                    raise self._read_error(exc, pos, f"row {row}", i) from exc
-                return self.transform(sample, i) if self._transforms else sample
             try:
-                return self.read(self._ids[pos], row)
+                handle = cache.get(pos)
             except Exception as exc:
-                cache.discard(pos)
                 _add_note(exc, self._context(pos, row, i))
                 raise
+            try:
+                raw = handle.raw
+                if handle.rows is not None:
+                    return handle.rows[row].copy()  # out of the map: never a view of it
+                if raw is None:
+                    return cast(Any, handle.dataset)[row]  # None only once closed
+                sample = np.empty(self._row_shape, self._row_dtype)
+                pread(raw, row * self._row_bytes, sample, self._row_bytes)
+                return sample if self._row_shape else sample[()]
+            except MemoryError:
+                raise
+            except Exception as exc:
+                raise self._read_error(exc, pos, f"row {row}", i) from exc
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Read a batch of samples at once (torch's fetcher calls this with a batch).
@@ -808,7 +814,7 @@ class HDF5SessionDataset(Dataset):
     def _read_batch(self, idx: np.ndarray, keys: np.ndarray) -> list[Any]:
         """Read the rows of ``keys`` (default reads) into one batch tensor: a ``RowBatch``."""
         if self._batch_dtype is None:  # no torch dtype for these rows: per-sample arrays
-            return [HDF5SessionDataset.__getitem__(self, i) for i in idx.tolist()]
+            return [self._read_one(i) for i in idx.tolist()]
         assert self._row_dtype is not None
         tensor, out = batch_buffer(idx.size, self._row_shape, self._row_dtype)
         with self._cache.lock:

@@ -1,12 +1,12 @@
 """Read strategies of ``HDF5SessionDataset``: which one a class gets, and the batched readers.
 
 A dataset reads in one of three ``ReadMode``s, fixed by what its class overrides
-(``read_mode``): ``FAST`` (the default ``read``: coalesced slab reads into one batch buffer,
-``os.preadv`` on contiguous data), ``ROWS`` (``read_rows`` overridden: coalesced runs through
-that hook) or ``ITEM`` (``read`` or ``__getitem__`` overridden: one ``self[i]`` per item).
-``plan_runs`` groups a batch's packed keys into runs of consecutive rows; ``read_each``,
-``read_runs`` and ``read_runs_hook`` read them. The per-item fast path stays inline in
-``HDF5SessionDataset.__getitem__`` (no extra call per sample).
+(``read_mode``): ``FAST`` (the default ``read``: coalesced slab reads straight into the batch
+tensor, ``os.preadv`` or a memory map on contiguous data; ``transform`` may follow per sample),
+``ROWS`` (``read_rows`` overridden: coalesced runs through that hook) or ``ITEM`` (``read`` or
+``__getitem__`` overridden: one ``self[i]`` per item). ``plan_runs`` groups a batch's packed
+keys into runs of consecutive rows; ``read_mapped``, ``read_each``, ``read_runs`` and
+``read_runs_hook`` read them. The per-item fast path is ``HDF5SessionDataset._read_one``.
 """
 
 from __future__ import annotations
