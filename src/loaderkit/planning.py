@@ -28,7 +28,7 @@ from torch.utils.data.datapipes.datapipe import (
     _MapDataPipeSerializationWrapper,
 )
 
-from loaderkit.budgets import FileBudget, check_open_file_budget, check_shared_memory
+from loaderkit.budgets import check_open_file_budget, check_shared_memory
 from loaderkit.collate import collate
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, warn
@@ -217,12 +217,26 @@ def _check_picklable(
         )
 
 
-def _fit_file_budget(dataset: Any, res: Resolution, platform: PlatformInfo) -> FileBudget | None:
-    """``max_open_files`` of an HDF5 dataset left unset, fitted to this loader's processes."""
+def _file_budget(
+    dataset: Any, res: Resolution, platform: PlatformInfo
+) -> tuple[PlanEntry | None, int | None]:
+    """The plan entry for an HDF5 dataset's ``max_open_files``, and the value to apply.
+
+    Unset: the budget fitted to this loader's processes (applied). Explicit: kept, and the entry
+    shows what unset would have given.
+    """
     num_workers = res.values["num_workers"]
     if not isinstance(dataset, HDF5SessionDataset) or not isinstance(num_workers, int):
-        return None
-    return dataset.file_budget(max(0, num_workers), platform.open_files_soft, platform.memory_bytes)
+        return None, None
+    budget = dataset.file_budget(
+        max(0, num_workers), platform.open_files_soft, platform.memory_bytes
+    )
+    requested = dataset.max_open_files_requested
+    if requested is None:
+        entry = PlanEntry("max_open_files", UNSET, budget.files, f"fits: {budget.reason}")
+        return entry, budget.files
+    reason = f"as given (unset would give {budget.files}: {budget.reason})"
+    return PlanEntry("max_open_files", requested, requested, reason), None
 
 
 def _check_resources(
@@ -296,31 +310,18 @@ def plan_loader(
     res = resolve(request, facts, platform, dist)
 
     found = _Findings(warnings=list(res.warnings), entries=list(res.entries))
-    budget = _fit_file_budget(dataset, res, platform)
-    if budget is not None:
-        requested = dataset.max_open_files_requested
-        if requested is None:
-            found.entries.append(
-                PlanEntry("max_open_files", UNSET, budget.files, f"fits: {budget.reason}")
-            )
-            facts = replace(facts, max_open_files=budget.files)
-        else:
-            found.entries.append(
-                PlanEntry(
-                    "max_open_files",
-                    requested,
-                    requested,
-                    f"as given (unset would give {budget.files}: {budget.reason})",
-                )
-            )
-            budget = None
+    budget_entry, open_files = _file_budget(dataset, res, platform)
+    if budget_entry is not None:
+        found.entries.append(budget_entry)
+    if open_files is not None:
+        facts = replace(facts, max_open_files=open_files)
     _check_picklable(dataset, request, res, found)
     _check_resources(dataset, request, res, platform, facts, found)
     for message in found.warnings:
         warn(message)
 
-    if budget is not None:
-        dataset.set_open_files(budget.files)  # before the block sampler reads it (its window)
+    if open_files is not None:
+        dataset.set_open_files(open_files)  # before the block sampler reads it (its window)
     built = _build_sampler(dataset, request, res)
     if res.make_generator:
         assert seed is not None
