@@ -527,3 +527,31 @@ def test_a_used_loader_can_go_back_to_an_earlier_state(persistent: bool) -> None
         loader.load_state_dict(state)
         assert [flat(b) for b in loader] == rest
         assert [flat(b) for b in loader] == after
+
+
+class RestartsOnIter:
+    """A batch sampler whose __iter__ restarts and returns itself (Lightning's predict wrapper)."""
+
+    def __init__(self, batches: list[list[int]]) -> None:
+        self.batches = batches
+        self._iterator: Any = None
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> RestartsOnIter:
+        self._iterator = iter(self.batches)
+        return self
+
+    def __next__(self) -> list[int]:
+        return next(self._iterator)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_batch_sampler_that_restarts_in_iter_is_iterated_once(workers: int) -> None:
+    batches = [[0, 1], [2, 3], [4]]
+    loader = DataLoader(list(range(5)), batch_sampler=RestartsOnIter(batches), num_workers=workers)
+    assert [b.tolist() for b in loader] == batches
+    loader.load_state_dict({**loader.state_dict(), "batches_yielded": 1})
+    assert [b.tolist() for b in loader] == batches[1:]
+    loader.close()

@@ -252,7 +252,10 @@ class PassIndices:
         if first is _END:
             return
         yield first
-        yield from iterator
+        # next(), not ``yield from``: that calls iter() again, and some iterators reset there
+        # (Lightning's _IndexBatchSamplerWrapper, whose __iter__ restarts and returns itself)
+        while (item := next(iterator, _END)) is not _END:
+            yield item
 
 
 # --------------------------------------------------------------------------- a loader's parts
