@@ -56,6 +56,8 @@ def test_leak_check_tolerances() -> None:
     blob = []
     with LeakCheck(rss_tolerance=1 << 40, settle_s=0) as check:
         blob.append(bytearray(32 << 20))
+        # a fresh zeroed allocation may be mapped but untouched (no RSS): touch every page
+        blob[-1][::4096] = b"x" * len(blob[-1][::4096])
     assert check.report is not None and check.report.rss_growth > 0
     with pytest.warns(LoaderkitWarning, match="RSS"):
         with LeakCheck(rss_tolerance=1 << 20, settle_s=0):
