@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -52,17 +53,23 @@ def test_leak_check_raises_about_a_stray_process() -> None:
     child.wait()
 
 
+def _fresh_memory(nbytes: int) -> mmap.mmap:
+    """Memory that is new to the process, every page touched (heap memory may be reused)."""
+    block = mmap.mmap(-1, nbytes)
+    block[::4096] = b"x" * len(range(0, nbytes, 4096))
+    return block
+
+
 def test_leak_check_tolerances() -> None:
     blob = []
     with LeakCheck(rss_tolerance=1 << 40, settle_s=0) as check:
-        blob.append(bytearray(32 << 20))
-        # a fresh zeroed allocation may be mapped but untouched (no RSS): touch every page
-        blob[-1][::4096] = b"x" * len(blob[-1][::4096])
+        blob.append(_fresh_memory(32 << 20))
     assert check.report is not None and check.report.rss_growth > 0
     with pytest.warns(LoaderkitWarning, match="RSS"):
         with LeakCheck(rss_tolerance=1 << 20, settle_s=0):
-            blob.append(bytearray(32 << 20))
-            blob[-1][::4096] = b"x" * len(blob[-1][::4096])
+            blob.append(_fresh_memory(32 << 20))
+    for block in blob:
+        block.close()
 
 
 def test_closed_loaders_leak_nothing() -> None:
