@@ -78,7 +78,6 @@ import argparse
 import contextlib
 import ctypes
 import gc
-import json
 import os
 import shutil
 import statistics
@@ -97,9 +96,11 @@ import torch
 from torch.utils.data import Dataset, RandomSampler
 
 try:
+    import _cli
     from _workloads import Workload, make_workload
 except ImportError:  # imported as a module from elsewhere (tests)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _cli
     from _workloads import Workload, make_workload
 
 import loaderkit
@@ -633,9 +634,7 @@ def _worker_list(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller files, 0 and 2 workers")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser = _cli.parser(__doc__, "smaller files, 0 and 2 workers")
     parser.add_argument(
         "--workers", type=_worker_list, help="comma-separated worker counts (default 4,8,12)"
     )
@@ -672,9 +671,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         open_per_item_batches=prefix,
     )
     data = run(params)
-    print(format_table(data))
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=2))
+    _cli.emit(data, format_table(data), args.json)
     return data
 
 

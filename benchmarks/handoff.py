@@ -21,10 +21,9 @@ The ratio column shows each row against ``main process only``. On a GPU host, co
 
 from __future__ import annotations
 
-import argparse
-import json
 import queue
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -34,8 +33,14 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+try:
+    import _cli
+except ImportError:  # imported as a module from elsewhere (tests)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _cli
+
 from loaderkit import DataLoader
-from loaderkit.collate import RowBatch, batch_buffer
+from loaderkit.collate import RowBatch, batch_buffer, collate
 
 SHAPE = (1, 96, 96)
 
@@ -91,14 +96,12 @@ def run(quick: bool) -> dict[str, Any]:
     """Measure every row; return samples/s and ratios."""
     batch, batches = (64, 40) if quick else (256, 60)
     repeats = 3 if quick else 5
-    from loaderkit.collate import collate
-
     rows = {
         "main process only": (0, False),
         "worker hand-off": (1, False),
         "worker hand-off + one more copy": (1, True),
     }
-    loaders = {
+    loaders: dict[str, DataLoader[Any]] = {
         name: DataLoader(
             FilledBatches(batch * batches),
             batch_size=batch,
@@ -149,14 +152,10 @@ def format_table(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller batches, fewer repeats")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser = _cli.parser(__doc__, "smaller batches, fewer repeats")
     args = parser.parse_args(argv)
     data = run(args.quick)
-    print(format_table(data))
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=2))
+    _cli.emit(data, format_table(data), args.json)
     return data
 
 

@@ -19,8 +19,6 @@ uninterrupted run.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -32,9 +30,11 @@ from typing import Any
 import torch
 
 try:
+    import _cli
     from _workloads import WORKLOADS, make_workload
 except ImportError:  # imported as a module from elsewhere (tests)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _cli
     from _workloads import WORKLOADS, make_workload
 
 from loaderkit import DataLoader, HDF5SessionDataset
@@ -133,14 +133,10 @@ def format_table(data: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller files, fewer repeats")
-    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser = _cli.parser(__doc__, "smaller files, fewer repeats")
     args = parser.parse_args(argv)
     data = run(args.quick)
-    print(format_table(data))
-    if args.json:
-        Path(args.json).write_text(json.dumps(data, indent=2))
+    _cli.emit(data, format_table(data), args.json)
     return data
 
 
