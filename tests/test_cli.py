@@ -111,8 +111,9 @@ def test_doctor_checks_on_fake_platforms() -> None:
     tight = by_name(
         usable_cpus=64,
         cpu_count=64,
-        open_files_soft=256,
+        open_files_soft=128,
         open_files_hard=4096,
+        open_fds=10,
         local_world_size=None,
         is_windows=False,
     )

@@ -1,5 +1,8 @@
 """Resource budgets: will a loader fit the machine's open-file limit and shared memory?
 
+Descriptors are budgeted per process (``RLIMIT_NOFILE`` is each process's own): the main
+process and each worker are checked separately against the soft limit.
+
 Pure arithmetic over numbers the caller gathered (worker count, files per process, limits from
 ``PlatformInfo``): the loader's planning turns a verdict into an error or a warning, and
 ``loaderkit doctor`` reports it with advice. Nothing here reads the machine.
@@ -10,28 +13,120 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 __all__ = [
+    "FDS_FORK_INHERITED_PER_WORKER",
+    "FDS_MAIN_MARGIN",
     "FDS_MAIN_PROCESS",
     "FDS_PER_WORKER",
+    "FDS_SPAWNED_INTERPRETER",
     "FILE_MEMORY_SHARE",
     "FILE_OVERHEAD_BYTES",
     "BudgetVerdict",
     "FileBudget",
+    "LoaderFds",
     "check_open_file_budget",
     "check_shared_memory",
     "fit_open_files",
+    "loader_fds",
 ]
 
-#: Descriptors one worker process needs besides the dataset's files: its index queue and result
-#: queue pipes, the shared-memory segments of batches in flight, the interpreter's own files.
+#: Descriptors one worker costs, counted in the worker (its index and result queue pipes, the
+#: shared-memory batches it has sent and not yet seen released, the resource sharer's socket)
+#: and again in the main process (its ends of the queues, the process sentinel, and one
+#: descriptor per shared tensor received and not yet consumed: torch keeps each mapped).
 FDS_PER_WORKER = 16
-#: Descriptors the main process needs besides the dataset's files (queues, pipes, logs, ...).
+#: Descriptors the main process is assumed to hold of its own when they were not measured.
 FDS_MAIN_PROCESS = 64
+#: Added to a measured count of the main process's descriptors: files, sockets and logs the
+#: program opens after the loader is built.
+FDS_MAIN_MARGIN = 16
+#: Descriptors a forked worker inherits for each worker started before it or with it (queue
+#: pipes and sentinels the main process holds when it forks).
+FDS_FORK_INHERITED_PER_WORKER = 4
+#: Descriptors of a fresh interpreter with torch imported (a spawn or forkserver worker
+#: before it opens anything: measured 8 to 10).
+FDS_SPAWNED_INTERPRETER = 16
 #: Share of memory the open files of one loader (all its processes together) may hold: chunk
 #: caches and HDF5's per-file state.
 FILE_MEMORY_SHARE = 1 / 16
 #: Memory an open HDF5 file holds besides its chunk cache (measured about 0.1 MiB for
 #: contiguous and 0.6 MiB for gzip-chunked session files, rounded up).
 FILE_OVERHEAD_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class LoaderFds:
+    """Descriptors each process of a loader holds besides the dataset's files.
+
+    Every process has its own ``RLIMIT_NOFILE``: the main process and each worker are budgeted
+    separately, never summed.
+
+    Attributes:
+        main: The main process: its own descriptors plus ``FDS_PER_WORKER`` per worker.
+        worker: Each worker (0 without workers): a fresh interpreter under spawn/forkserver,
+            or, under fork, what it inherits from the main process, plus its own queues.
+        main_detail: How ``main`` adds up, for messages.
+        worker_detail: How ``worker`` adds up, for messages.
+    """
+
+    main: int
+    worker: int
+    main_detail: str
+    worker_detail: str
+
+    @property
+    def most(self) -> int:
+        """The larger of ``main`` and ``worker``: the process that binds the budget."""
+        return max(self.main, self.worker)
+
+
+def loader_fds(
+    num_workers: int, *, main_fds: int | None = None, start_method: str = "fork"
+) -> LoaderFds:
+    """Descriptors the main process and each worker hold besides the dataset's files.
+
+    Args:
+        num_workers: Worker processes of the loader (0: the main process only).
+        main_fds: Descriptors the main process holds now (``PlatformInfo.open_fds``);
+            ``None``: ``FDS_MAIN_PROCESS`` is assumed.
+        start_method: How workers start: ``"fork"`` workers inherit the main process's
+            descriptors, ``"spawn"``/``"forkserver"`` workers start from a fresh interpreter.
+
+    Returns:
+        The ``LoaderFds``.
+
+    Examples:
+        >>> fds = loader_fds(2, main_fds=10)
+        >>> fds.main, fds.worker  # 10 + 16 margin + 2 x 16; 26 inherited + 2 x 4 + 16
+        (58, 50)
+        >>> loader_fds(2, main_fds=10, start_method="spawn").worker
+        32
+        >>> loader_fds(0).worker
+        0
+    """
+    workers = max(0, num_workers)
+    if main_fds is None:
+        own, own_text = FDS_MAIN_PROCESS, f"{FDS_MAIN_PROCESS} assumed for the program itself"
+    else:
+        own = main_fds + FDS_MAIN_MARGIN
+        own_text = f"{main_fds} open now + {FDS_MAIN_MARGIN} margin"
+    main = own + workers * FDS_PER_WORKER
+    main_text = own_text + (
+        f" + {workers} workers x {FDS_PER_WORKER} (queues, shared batches)" if workers else ""
+    )
+    if workers == 0:
+        return LoaderFds(main, 0, main_text, "no workers")
+    if start_method == "fork":
+        inherited = own + workers * FDS_FORK_INHERITED_PER_WORKER
+        worker = inherited + FDS_PER_WORKER
+        worker_text = (
+            f"{inherited} inherited from the main process by fork + {FDS_PER_WORKER} of its own"
+        )
+    else:
+        worker = FDS_SPAWNED_INTERPRETER + FDS_PER_WORKER
+        worker_text = (
+            f"{FDS_SPAWNED_INTERPRETER} for a fresh interpreter + {FDS_PER_WORKER} of its own"
+        )
+    return LoaderFds(main, worker, main_text, worker_text)
 
 
 @dataclass(frozen=True)
@@ -54,18 +149,23 @@ def fit_open_files(
     file_bytes: int,
     memory_bytes: int | None,
     fds_per_file: int = 1,
+    *,
+    main_fds: int | None = None,
+    start_method: str = "fork",
 ) -> FileBudget:
     """Files per process that fit the descriptor limit and memory: all sessions when they fit.
 
     Every process of the loader (the main one and each worker) may keep ``files`` files open.
     Two bounds apply, and the default takes every session unless one of them is lower:
 
-    * descriptors: ``processes x files x fds_per_file`` plus the queues and shared batches of
-      the workers
-      (``FDS_PER_WORKER`` each) and ``FDS_MAIN_PROCESS`` stay within *half* the soft
-      ``RLIMIT_NOFILE`` (where ``check_open_file_budget`` starts warning);
-    * memory: ``processes x files x file_bytes`` (chunk cache plus ``FILE_OVERHEAD_BYTES`` per
-      open file) stays within ``FILE_MEMORY_SHARE`` of memory.
+    * descriptors, per process (each has its own soft ``RLIMIT_NOFILE``): the descriptors the
+      busiest process holds besides the files (``loader_fds``) plus ``files x fds_per_file``
+      stay within *half* the soft limit (where ``check_open_file_budget`` starts warning);
+      when not even one file fits in half, what is left of the whole limit is used, down to
+      1 file (``check_open_file_budget`` refuses what cannot run at all);
+    * memory, for all processes together: ``processes x files x file_bytes`` (chunk cache
+      plus ``FILE_OVERHEAD_BYTES`` per open file) stays within ``FILE_MEMORY_SHARE`` of
+      memory.
 
     Fewer files than sessions means files are closed and reopened as batches move between
     sessions, which costs far more than the descriptors: a budget that fits is preferred to a
@@ -78,6 +178,8 @@ def fit_open_files(
         file_bytes: Memory one open file may hold.
         memory_bytes: Memory of the machine or container (``None``: unknown).
         fds_per_file: Descriptors one open file holds (2 when its rows are memory-mapped).
+        main_fds: Descriptors the main process holds now (``PlatformInfo.open_fds``).
+        start_method: How workers start (see ``loader_fds``).
 
     Returns:
         The ``FileBudget``.
@@ -85,23 +187,33 @@ def fit_open_files(
     Examples:
         >>> fit_open_files(16, 8, 1024, 9 << 20, 24 << 30).files
         16
-        >>> budget = fit_open_files(100, 8, 1024, 2 << 20, 24 << 30)
-        >>> budget.files, budget.reason.split(":")[0]
-        (35, '35 of 100 sessions per process')
+        >>> budget = fit_open_files(1000, 8, 1024, 2 << 20, None, main_fds=20)
+        >>> budget.files, budget.reason.split(":")[0]  # 512 - (20 + 16 + 8 x 16)
+        (348, '348 of 1000 sessions per process')
+        >>> fit_open_files(40, 2, 64, 1 << 20, None, main_fds=8).files  # 64 - 56: whole limit
+        8
     """
     processes = num_workers + 1
     sessions = max(1, sessions)
+    fds_per_file = max(1, fds_per_file)
     mib = 1 << 20
     bounds: list[tuple[int, str]] = []
     if soft_limit is not None:
-        other = num_workers * FDS_PER_WORKER + FDS_MAIN_PROCESS
-        by_fds = max(1, (soft_limit // 2 - other) // (processes * fds_per_file))
+        fds = loader_fds(num_workers, main_fds=main_fds, start_method=start_method)
+        other = fds.most
+        busiest = "the main process" if fds.main >= fds.worker else "each worker"
         per_file = f" x {fds_per_file} descriptors" if fds_per_file != 1 else ""
+        in_half = (soft_limit // 2 - other) // fds_per_file
+        if in_half >= 1:
+            by_fds, room = in_half, f"{soft_limit // 2} (half the soft limit {soft_limit})"
+        else:
+            by_fds = max(1, (soft_limit - other) // fds_per_file)
+            room = f"{soft_limit} (the whole soft limit: half of it does not fit one file)"
         bounds.append(
             (
                 by_fds,
-                f"{processes} processes x {{files}} files{per_file} + {other} other descriptors "
-                f"<= {soft_limit // 2} (half the soft limit {soft_limit})",
+                f"per process, {busiest} holds {other} other descriptors + {{files}} "
+                f"files{per_file} <= {room}",
             )
         )
     if memory_bytes is not None and file_bytes > 0:
@@ -126,7 +238,14 @@ def fit_open_files(
 
 @dataclass(frozen=True)
 class BudgetVerdict:
-    """Outcome of a resource check: ``level`` is ``"ok"``, ``"warn"`` or ``"error"``."""
+    """Outcome of a resource check: ``level`` is ``"ok"``, ``"warn"`` or ``"error"``.
+
+    Attributes:
+        level: ``"ok"``, ``"warn"`` or ``"error"``.
+        message: What was compared, and the fix when not ``"ok"``.
+        needed: What the busiest process (descriptors) or ``/dev/shm`` (bytes) needs.
+        limit: What it is compared with.
+    """
 
     level: str
     message: str
@@ -134,53 +253,118 @@ class BudgetVerdict:
     limit: int | None = None
 
 
-def check_open_file_budget(
-    num_workers: int, max_open_files: int | None, soft_limit: int | None, *, binding: bool = True
-) -> BudgetVerdict:
-    """Compare the descriptors a loader will hold with the soft ``RLIMIT_NOFILE``.
+def _raise_limit_to(needed: int) -> int:
+    """A soft limit with room: the power of two at or above twice ``needed`` (at least 1024)."""
+    target = 1024
+    while target < 2 * needed:
+        target *= 2
+    return target
 
-    The budget is ``(num_workers + 1) x max_open_files`` (the main process and every worker
-    may each hold the dataset's files) plus ``FDS_PER_WORKER`` per worker (queues, pipes,
-    shared-memory batches in flight, whose descriptors the main process receives too) plus
-    ``FDS_MAIN_PROCESS``. The limit is per process, but workers inherit it and the main
-    process receives a descriptor for every shared batch, so the sum is the safe measure. Above
-    half the limit: ``"warn"``; above the limit: ``"error"``, or ``"warn"`` when not
-    ``binding``: a dataset that does not declare ``max_open_files`` never opted into this
-    accounting, and torch itself only warns about too many workers.
+
+def check_open_file_budget(
+    num_workers: int,
+    max_open_files: int | None,
+    soft_limit: int | None,
+    *,
+    binding: bool = True,
+    fds_per_file: int = 1,
+    main_fds: int | None = None,
+    start_method: str = "fork",
+    hard_limit: int | None = None,
+    fitted: bool = False,
+) -> BudgetVerdict:
+    """Compare the descriptors each process of a loader will hold with its soft limit.
+
+    ``RLIMIT_NOFILE`` is per process: the main process and each worker are checked on their
+    own. Each may hold ``max_open_files x fds_per_file`` descriptors for the dataset's files
+    plus what ``loader_fds`` counts (the main process: its own descriptors and
+    ``FDS_PER_WORKER`` per worker; a worker: its interpreter, or what it inherited by fork,
+    and its queues). Above half the limit: ``"warn"``; above the limit: ``"error"``, or
+    ``"warn"`` when not ``binding``: a dataset that does not declare ``max_open_files`` never
+    opted into this accounting, and torch itself only warns about too many workers.
+
+    Args:
+        num_workers: Worker processes (0: the main process only).
+        max_open_files: Files each process may keep open (``None``: none declared).
+        soft_limit: Soft ``RLIMIT_NOFILE`` (``None``: unlimited).
+        binding: Over the limit is an error (else a warning).
+        fds_per_file: Descriptors one open file holds (2 when memory-mapped).
+        main_fds: Descriptors the main process holds now (``PlatformInfo.open_fds``).
+        start_method: How workers start (see ``loader_fds``).
+        hard_limit: Hard ``RLIMIT_NOFILE``, for the advice (``None``: unlimited or unknown).
+        fitted: ``max_open_files`` was fitted by loaderkit (the advice then does not ask the
+            user to lower it).
+
+    Returns:
+        The ``BudgetVerdict``; ``needed`` is the busiest process's count.
 
     Examples:
-        >>> check_open_file_budget(4, 8, 1024).level
+        >>> check_open_file_budget(4, 8, 1024, main_fds=10).level
         'ok'
-        >>> check_open_file_budget(16, 64, 1024).level
+        >>> check_open_file_budget(16, 300, 1024, main_fds=10).level  # 282 + 300 > 512
+        'warn'
+        >>> check_open_file_budget(16, 800, 1024, main_fds=10).level
         'error'
-        >>> check_open_file_budget(16, 64, 1024, binding=False).level
+        >>> check_open_file_budget(16, 800, 1024, main_fds=10, binding=False).level
         'warn'
     """
     if soft_limit is None:
         return BudgetVerdict("ok", "no open-file limit")
-    files = max_open_files or 0
-    needed = (num_workers + 1) * files + num_workers * FDS_PER_WORKER + FDS_MAIN_PROCESS
+    fds = loader_fds(num_workers, main_fds=main_fds, start_method=start_method)
+    files = (max_open_files or 0) * max(1, fds_per_file)
+    per_file = f" x {fds_per_file}" if fds_per_file != 1 else ""
+    file_text = f" + max_open_files={max_open_files or 0}{per_file}"
+    main_need = fds.main + files
+    worker_need = fds.worker + files if num_workers > 0 else 0
+    needed = max(main_need, worker_need)
     detail = (
-        f"the loader may hold about {needed} file descriptors ((num_workers={num_workers} + 1) "
-        f"x max_open_files={files} + {num_workers} x {FDS_PER_WORKER} for worker queues and "
-        f"shared batches + {FDS_MAIN_PROCESS} for the main process) against a soft limit of "
-        f"{soft_limit} (`ulimit -n`)"
+        f"each process has its own limit of {soft_limit} descriptors (soft `ulimit -n`): the "
+        f"main process may hold about {main_need} ({fds.main_detail}{file_text})"
     )
-    fixes = (
-        "lower max_open_files on the dataset, use fewer workers, or raise the limit "
-        "(`ulimit -n 65536` in the shell, or resource.setrlimit(resource.RLIMIT_NOFILE, ...) up "
-        "to the hard limit)"
-    )
+    if num_workers > 0:
+        detail += f" and each worker about {worker_need} ({fds.worker_detail}{file_text})"
+    fixes: list[str] = []
+    fits = (soft_limit - fds.most) // max(1, fds_per_file)
+    if not fitted and max_open_files and fits >= 1 and fits < max_open_files:
+        fixes.append(
+            f"set max_open_files <= {fits} on the dataset (or leave it unset: loaderkit fits it)"
+        )
+    if num_workers > 0:
+        for workers in range(num_workers - 1, -1, -1):
+            fewer = loader_fds(workers, main_fds=main_fds, start_method=start_method)
+            if fewer.most + files <= soft_limit:
+                fixes.append(f"use num_workers <= {workers}")
+                break
+    target = _raise_limit_to(needed)
+    if hard_limit is not None and target > hard_limit:
+        target = hard_limit
+    if target > needed:
+        fixes.append(
+            f"raise the soft limit to {target} (`ulimit -n {target}` in the shell that starts "
+            "Python, or resource.setrlimit(resource.RLIMIT_NOFILE, "
+            f"({target}, hard)) before building the loader)"
+        )
+    else:
+        fixes.append(
+            f"ask for a higher hard limit (it is {hard_limit}; the busiest process needs "
+            f"about {needed})"
+        )
+    fix_text = "; or ".join(fixes)
     if needed > soft_limit:
+        what = (
+            "even max_open_files=1 per process does not fit"
+            if fitted
+            else "'Too many open files' is likely"
+        )
         return BudgetVerdict(
             "error" if binding else "warn",
-            f"{detail}: 'Too many open files' is likely. Fix: {fixes}.",
+            f"{detail}: {what}. Fix: {fix_text}.",
             needed,
             soft_limit,
         )
     if needed > soft_limit // 2:
         return BudgetVerdict(
-            "warn", f"{detail}: over half the limit. Consider: {fixes}.", needed, soft_limit
+            "warn", f"{detail}: over half the limit. Consider: {fix_text}.", needed, soft_limit
         )
     return BudgetVerdict("ok", detail, needed, soft_limit)
 

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from loaderkit.budgets import FDS_MAIN_PROCESS, FDS_PER_WORKER, check_open_file_budget
+from loaderkit.budgets import check_open_file_budget, loader_fds
 from loaderkit.platform import PlatformInfo
 from loaderkit.policy import recommended_num_workers as _recommended
 
@@ -142,25 +142,29 @@ def _shared_memory(p: PlatformInfo) -> Check:
 
 def _open_files(p: PlatformInfo, max_open_files: int) -> Check:
     workers = _recommended(p, force_zero_workers_on_windows=False)
-    ranks = p.local_world_size or 1
-    verdict = check_open_file_budget(workers, max_open_files, p.open_files_soft)
+    verdict = check_open_file_budget(
+        workers,
+        max_open_files,
+        p.open_files_soft,
+        main_fds=p.open_fds,
+        start_method=p.start_method,
+        hard_limit=p.open_files_hard,
+    )
     if verdict.needed is None:
         return Check("open files", PASS, "no open-file limit", "nothing to budget")
-    per_node = verdict.needed * ranks
+    fds = loader_fds(workers, main_fds=p.open_fds, start_method=p.start_method)
     finding = (
-        f"ulimit -n {p.open_files_soft} (hard {p.open_files_hard}); planned per loader: "
-        f"({workers} workers + 1) x max_open_files={max_open_files} + {workers} x "
-        f"{FDS_PER_WORKER} + {FDS_MAIN_PROCESS} = {verdict.needed}"
-        + (f"; x {ranks} ranks = {per_node} per node" if ranks > 1 else "")
+        f"ulimit -n {p.open_files_soft} per process (hard {p.open_files_hard}); planned with "
+        f"{workers} workers and max_open_files={max_open_files}: main process "
+        f"{fds.main + max_open_files}"
+        + (f", each worker {fds.worker + max_open_files}" if workers else "")
+        + " descriptors"
     )
     status = {"ok": PASS, "warn": WARN, "error": FAIL}[verdict.level]
-    advice = (
-        "enough headroom"
-        if status == PASS
-        else "lower max_open_files or num_workers, or raise the limit (ulimit -n 65536; hard limit "
-        f"{p.open_files_hard})"
-    )
-    return Check("open files", status, finding, advice)
+    advice = "enough headroom" if status == PASS else verdict.message.split("Fix: ")[-1]
+    if status != PASS and "Consider: " in advice:
+        advice = advice.split("Consider: ")[-1]
+    return Check("open files", status, finding, advice.rstrip("."))
 
 
 def _cuda(p: PlatformInfo) -> Check:

@@ -28,7 +28,7 @@ from torch.utils.data.datapipes.datapipe import (
     _MapDataPipeSerializationWrapper,
 )
 
-from loaderkit.budgets import check_open_file_budget, check_shared_memory
+from loaderkit.budgets import check_open_file_budget, check_shared_memory, fit_open_files
 from loaderkit.collate import collate
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, warn
@@ -222,14 +222,21 @@ def _file_budget(
 ) -> tuple[PlanEntry | None, int | None]:
     """The plan entry for an HDF5 dataset's ``max_open_files``, and the value to apply.
 
-    Unset: the budget fitted to this loader's processes (applied). Explicit: kept, and the entry
-    shows what unset would have given.
+    Unset: the budget fitted to this loader's processes, each against its own descriptor limit
+    (applied). Explicit: kept, and the entry shows what unset would have given.
     """
     num_workers = res.values["num_workers"]
     if not isinstance(dataset, HDF5SessionDataset) or not isinstance(num_workers, int):
         return None, None
-    budget = dataset.file_budget(
-        max(0, num_workers), platform.open_files_soft, platform.memory_bytes
+    budget = fit_open_files(
+        len(dataset.files),
+        max(0, num_workers),
+        platform.open_files_soft,
+        dataset.file_memory_bytes,
+        platform.memory_bytes,
+        dataset.fds_per_file,
+        main_fds=platform.open_fds,
+        start_method=res.start_method,
     )
     requested = dataset.max_open_files_requested
     if requested is None:
@@ -246,17 +253,27 @@ def _check_resources(
     platform: PlatformInfo,
     facts: DatasetFacts,
     found: _Findings,
+    *,
+    fitted: bool = False,
 ) -> None:
-    """Open-file budget and ``/dev/shm`` size for the resolved worker count."""
+    """Open-file budget (per process) and ``/dev/shm`` size for the resolved worker count."""
     num_workers = res.values["num_workers"]
     if not isinstance(num_workers, int) or num_workers < 0:
         return
     fds_per_file = getattr(dataset, "fds_per_file", 1)
+    files = facts.max_open_files
+    if files is not None and isinstance(dataset, HDF5SessionDataset):
+        files = min(files, max(1, len(dataset.files)))  # never more open than there are
     budget = check_open_file_budget(
         num_workers,
-        None if facts.max_open_files is None else facts.max_open_files * fds_per_file,
+        files,
         platform.open_files_soft,
-        binding=facts.max_open_files is not None,
+        binding=files is not None,
+        fds_per_file=fds_per_file if isinstance(fds_per_file, int) else 1,
+        main_fds=platform.open_fds,
+        start_method=res.start_method,
+        hard_limit=platform.open_files_hard,
+        fitted=fitted,
     )
     if budget.level == "error":
         raise ConfigError(budget.message)
@@ -316,7 +333,7 @@ def plan_loader(
     if open_files is not None:
         facts = replace(facts, max_open_files=open_files)
     _check_picklable(dataset, request, res, found)
-    _check_resources(dataset, request, res, platform, facts, found)
+    _check_resources(dataset, request, res, platform, facts, found, fitted=open_files is not None)
     for message in found.warnings:
         warn(message)
 

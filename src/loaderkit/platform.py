@@ -30,6 +30,7 @@ __all__ = [
     "default_start_method",
     "detect_platform",
     "memory_bytes",
+    "open_descriptors",
     "open_file_limits",
     "resolve_start_method",
 ]
@@ -68,6 +69,9 @@ class PlatformInfo:
             ``False`` by default, so hand-made ``PlatformInfo`` objects keep their meaning.
         memory_bytes: Memory this process may use: the machine's physical memory, or the
             container's cgroup limit when lower; ``None`` when unknown (the default).
+        open_fds: Descriptors this process held when detected (its own share of its
+            ``RLIMIT_NOFILE``, which every process has separately); ``None`` when unknown (the
+            default: the budgets then assume ``loaderkit.budgets.FDS_MAIN_PROCESS``).
 
     Examples:
         >>> info = detect_platform()
@@ -94,6 +98,7 @@ class PlatformInfo:
     local_world_size: int | None = None
     cuda_bad_fork: bool = False
     memory_bytes: int | None = None
+    open_fds: int | None = None
 
     @property
     def cuda_usable(self) -> bool:
@@ -229,6 +234,29 @@ def open_file_limits() -> tuple[int | None, int | None]:
     return norm(soft), norm(hard)
 
 
+def open_descriptors() -> int | None:
+    """How many file descriptors this process holds now (``None`` where it cannot be read).
+
+    Read from ``/proc/self/fd`` (Linux) or ``/dev/fd`` (macOS, BSD), else from ``psutil``.
+
+    Examples:
+        >>> (open_descriptors() or 3) >= 3
+        True
+    """
+    for folder in ("/proc/self/fd", "/dev/fd"):
+        try:
+            entries = os.listdir(folder)
+        except OSError:
+            continue
+        return max(0, len(entries) - 1)  # listing the folder opened one of them
+    try:
+        import psutil
+
+        return int(psutil.Process().num_fds())
+    except Exception:  # pragma: no cover - Windows has no descriptor count; never fail
+        return None
+
+
 #: cgroup files holding a container's memory limit (v2, then v1).
 _CGROUP_MEMORY_LIMITS = (
     "/sys/fs/cgroup/memory.max",
@@ -314,4 +342,5 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
         local_world_size=launcher_int("LOCAL_WORLD_SIZE"),
         cuda_bad_fork=_cuda_bad_fork(),
         memory_bytes=memory_bytes(),
+        open_fds=open_descriptors(),
     )
