@@ -12,8 +12,10 @@ from loaderkit.errors import (
     LoaderkitError,
     LoaderkitWarning,
     PerformanceHint,
+    RaggedBatchError,
     ResourceLeakError,
 )
+from loaderkit.collate import Padded, pad_collate
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.loader import DataLoader
@@ -45,16 +47,19 @@ __all__ = [
     "LeakCheck",
     "LoaderkitError",
     "LoaderkitWarning",
+    "Padded",
     "PerformanceHint",
     "Plan",
     "PlanEntry",
     "PlatformInfo",
+    "RaggedBatchError",
     "ResourceLeakError",
     "__version__",
     "check_determinism",
     "create_dataloader",
     "detect_platform",
     "make_generator",
+    "pad_collate",
     "recommended_num_workers",
     "seed_everything",
     "seed_worker",

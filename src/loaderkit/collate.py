@@ -17,14 +17,25 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
-__all__ = ["RowBatch", "batch_buffer", "collate", "share_batches", "torch_dtype"]
+from loaderkit.errors import RaggedBatchError
+
+__all__ = [
+    "Padded",
+    "RowBatch",
+    "batch_buffer",
+    "collate",
+    "pad_collate",
+    "share_batches",
+    "torch_dtype",
+]
 
 #: Whether this worker process allocates batch buffers in shared memory (``share_batches``).
 _SHARED_BATCHES = False
@@ -49,10 +60,14 @@ def share_batches(enabled: bool) -> None:
 
 
 class RowBatch(list[Any]):
-    """Per-sample views of one batch tensor, read in place; ``collate`` returns the tensor.
+    """Per-sample views of a batch read in place; ``collate`` returns the batch it was read into.
 
     Attributes:
-        tensor: The whole batch, ``(len(self), *sample_shape)``.
+        tensor: What ``collate`` returns: the whole batch tensor ``(len(self), *sample_shape)``
+            for numeric rows, a dict of per-field (or per-key) batches for compound rows and
+            several keys, a list of ``str`` for strings; ``None`` when the rows cannot be
+            stacked (ragged rows: ``collate`` raises ``RaggedBatchError``).
+        ragged: For ragged rows, what to call them in the error (``"'spikes' of <dataset>"``).
 
     Examples:
         >>> tensor, rows = batch_buffer(2, (3,), np.dtype("f4"))
@@ -62,9 +77,80 @@ class RowBatch(list[Any]):
         (2, [1.0, 1.0, 1.0], True)
     """
 
-    def __init__(self, tensor: torch.Tensor, rows: np.ndarray) -> None:
+    def __init__(self, tensor: Any, rows: Any, *, ragged: str | None = None) -> None:
         super().__init__(rows)
         self.tensor = tensor
+        self.ragged = ragged
+
+
+class Padded(NamedTuple):
+    """A batch of variable-length samples padded to the longest: what ``pad_collate`` returns.
+
+    Attributes:
+        values: ``(batch, longest, ...)``, the samples padded at the end of their first axis.
+        lengths: ``(batch,)`` int64, each sample's own length.
+
+    Examples:
+        >>> Padded(torch.zeros(2, 3), torch.tensor([3, 1])).lengths.tolist()
+        [3, 1]
+    """
+
+    values: torch.Tensor
+    lengths: torch.Tensor
+
+
+def _as_tensor(sample: Any) -> torch.Tensor | None:
+    if isinstance(sample, torch.Tensor):
+        return sample
+    if isinstance(sample, np.ndarray) and torch_dtype(sample.dtype.newbyteorder("=")) is not None:
+        return torch.from_numpy(np.ascontiguousarray(sample, sample.dtype.newbyteorder("=")))
+    return None
+
+
+def pad_collate(batch: Any, padding_value: float = 0) -> Any:
+    """``default_collate`` that pads samples of different lengths instead of failing.
+
+    Wherever the samples at one place of the structure (the samples themselves, a dict
+    field, a tuple element) are tensors or arrays whose first axis differs in length, they
+    become a ``Padded(values, lengths)``: padded at the end with ``padding_value``, with each
+    sample's length (other axes must agree). Everything else is collated by
+    ``default_collate``. Padding is chosen over ``torch.nested`` tensors because a padded
+    batch works with every operation, ``pin_memory``, ``to_device`` and ``DevicePrefetcher``,
+    and masks or packing (``torch.nn.utils.rnn.pack_padded_sequence``) follow from ``lengths``.
+
+    Args:
+        batch: A list of samples (what a dataset's ``__getitems__`` or indexing returns).
+        padding_value: The value written past each sample's end.
+
+    Returns:
+        The collated batch.
+
+    Examples:
+        >>> out = pad_collate([torch.tensor([1, 2, 3]), torch.tensor([4])])
+        >>> out.values.tolist(), out.lengths.tolist()
+        ([[1, 2, 3], [4, 0, 0]], [3, 1])
+        >>> pad_collate([{"x": torch.ones(2), "y": 1}, {"x": torch.ones(1), "y": 2}])["y"]
+        tensor([1, 2])
+    """
+    samples = list(batch)
+    if not samples:
+        return default_collate(samples)
+    first = samples[0]
+    if isinstance(first, Mapping) and not isinstance(first, (str, bytes)):
+        return {key: pad_collate([s[key] for s in samples], padding_value) for key in first}
+    if isinstance(first, tuple) and not hasattr(first, "_fields"):
+        return [pad_collate(list(column), padding_value) for column in zip(*samples, strict=True)]
+    tensors = [_as_tensor(s) for s in samples]
+    if all(t is not None and t.dim() >= 1 for t in tensors):
+        shapes = {tuple(t.shape) for t in tensors if t is not None}
+        if len(shapes) > 1:
+            parts = [cast(torch.Tensor, t) for t in tensors]
+            values = torch.nn.utils.rnn.pad_sequence(
+                parts, batch_first=True, padding_value=padding_value
+            )
+            lengths = torch.tensor([t.shape[0] for t in parts], dtype=torch.int64)
+            return Padded(values, lengths)
+    return default_collate(samples)
 
 
 @functools.lru_cache(maxsize=64)
@@ -126,7 +212,7 @@ def batch_buffer(
 
 
 def collate(batch: Any) -> Any:
-    """``default_collate``, except that a ``RowBatch`` is already its own batch tensor.
+    """``default_collate``, except that a ``RowBatch`` is already its own batch.
 
     loaderkit fills this in as ``collate_fn`` when you leave it unset and the dataset reads
     batches natively (the plan says so); for any other input it is ``default_collate``.
@@ -137,10 +223,20 @@ def collate(batch: Any) -> Any:
     Returns:
         The collated batch.
 
+    Raises:
+        RaggedBatchError: The batch holds variable-length rows, which cannot be stacked.
+
     Examples:
         >>> collate([(1, 2.0), (3, 4.0)])
         [tensor([1, 3]), tensor([2., 4.], dtype=torch.float64)]
     """
     if type(batch) is RowBatch:
+        if batch.tensor is None:
+            raise RaggedBatchError(
+                f"rows of {batch.ragged or 'this dataset'} are ragged (variable-length): "
+                "samples of different lengths cannot be stacked into one tensor. Pass "
+                "collate_fn=loaderkit.pad_collate (padded values plus lengths), a transform "
+                "that crops or pads every sample to one length, or batch_size=None."
+            )
         return batch.tensor
     return default_collate(batch)

@@ -9,6 +9,7 @@ expects, so ``except ValueError`` / ``except TypeError`` / ``except OSError`` ke
     │   ├── ConfigError          (also ValueError)  an argument that cannot work
     │   │   └── ArgumentTypeError (also TypeError)  ... because it has the wrong type
     │   ├── HDF5FileError        (also OSError)     an HDF5 file that cannot be opened or read
+    │   ├── RaggedBatchError     (also RuntimeError) rows of different lengths in one batch
     │   └── ResourceLeakError                      LeakCheck(raise_on_leak=True) found growth
     UserWarning
     └── LoaderkitWarning                            works, but not the way you probably want
@@ -38,6 +39,7 @@ __all__ = [
     "LoaderkitError",
     "LoaderkitWarning",
     "PerformanceHint",
+    "RaggedBatchError",
     "ResourceLeakError",
     "check_int",
     "warn",
@@ -88,6 +90,19 @@ class HDF5FileError(LoaderkitError, OSError):
 
     Examples:
         >>> isinstance(HDF5FileError("session 3 (/data/s3.h5): not an HDF5 file"), OSError)
+        True
+    """
+
+
+class RaggedBatchError(LoaderkitError, RuntimeError):
+    """Samples of different lengths (variable-length HDF5 rows) cannot be stacked into a batch.
+
+    The message names the dataset and the ways out (``collate_fn=loaderkit.pad_collate``, a
+    ``transform`` that crops or pads, or ``batch_size=None``). A ``RuntimeError`` too, as
+    torch's own ``stack expects each tensor to be equal size`` is.
+
+    Examples:
+        >>> isinstance(RaggedBatchError("rows of 'spikes' are ragged"), RuntimeError)
         True
     """
 

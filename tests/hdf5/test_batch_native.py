@@ -13,6 +13,7 @@ from torch.utils.data import default_collate
 
 from loaderkit import DataLoader, HDF5SessionDataset, worker_rng
 from loaderkit.collate import RowBatch, collate
+from loaderkit.hdf5.reader import SessionReader
 from tests.hdf5.helpers import Scaled, ScaledRows, expected, write_sessions
 
 ORDERS = {
@@ -57,15 +58,16 @@ def test_scalar_rows_and_integer_dtypes(tmp_path: Path) -> None:
     assert next(iter(loader)).tolist() == [0, 1, 2, 3, 4]
 
 
-def test_non_native_byte_order_falls_back_to_per_sample_arrays(tmp_path: Path) -> None:
+def test_non_native_byte_order_keeps_the_batched_path(tmp_path: Path) -> None:
     path = tmp_path / "be.h5"
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=np.arange(12, dtype=">f4").reshape(6, 2))
     ds = HDF5SessionDataset([path], key="x")
-    assert ds.read_path[0] == "per-sample"
+    assert ds.read_path[0] == "batch-native"
     samples = ds.__getitems__([1, 3])
-    assert not isinstance(samples, RowBatch)
+    assert isinstance(samples, RowBatch) and samples.tensor.dtype == torch.float32
     assert [s.tolist() for s in samples] == [[2.0, 3.0], [6.0, 7.0]]
+    assert all(s.dtype.isnative for s in samples) and ds[1].dtype.isnative
 
     class Plus(HDF5SessionDataset):
         def transform(self, sample: Any, index: int) -> Any:
@@ -168,13 +170,13 @@ def test_sample_seeding_keeps_batched_reads_and_matches_per_sample_seeding(
 ) -> None:
     paths = write_sessions(tmp_path, [13, 9, 11])
     calls: list[int] = []
-    original = HDF5SessionDataset._read_batch
+    original = SessionReader.read_batch
 
-    def counting(self: HDF5SessionDataset, idx: np.ndarray, keys: np.ndarray) -> Any:
+    def counting(self: SessionReader, idx: np.ndarray, keys: np.ndarray) -> Any:
         calls.append(idx.size)
         return original(self, idx, keys)
 
-    monkeypatch.setattr(HDF5SessionDataset, "_read_batch", counting)
+    monkeypatch.setattr(SessionReader, "read_batch", counting)
     batched = _epochs(Noisy, paths, 0)
     assert len(calls) == len(batched) and sum(calls) == 2 * 33  # one read per batch
     # bit-identical to the per-sample path and across worker counts (fork inherits the patch)

@@ -23,7 +23,7 @@ from loaderkit.hdf5 import (
     SampleIndex,
     default_chunk_cache,
 )
-from loaderkit.hdf5.dataset import _hint
+from loaderkit.hdf5.diagnose import open_failure
 from tests.hdf5.helpers import (
     EveryOther,
     FailingRead,
@@ -190,12 +190,19 @@ def test_row_shape_and_dtype_mismatch(tmp_path: Path) -> None:
     assert [x.shape for x in ds.__getitems__([0, 3])] == [(3, 4), (5,)]
 
 
-def test_hints() -> None:
-    assert "hdf5plugin" in _hint(
-        OSError("Can't read data (required filter 'blosc' is not registered)")
-    )
-    assert "locking" in _hint(OSError("unable to lock file, errno = 11"))
-    assert _hint(ValueError("other")) == ""
+def test_hints_are_checked_not_guessed(tmp_path: Path) -> None:
+    # a path full of trigger words: hints come from checks of the file, never from text
+    root = tmp_path / "block_design_lock_filter_signature"
+    root.mkdir()
+    empty = root / "empty.h5"
+    empty.write_bytes(b"")
+    assert open_failure(str(empty)) == ("the file is empty (0 bytes)", None)
+    text = root / "notes.h5"
+    text.write_bytes(b"not hdf5 at all" * 100)
+    hint, error = open_failure(str(text))
+    assert "no HDF5 signature" in hint and error is None
+    (good,) = write_sessions(root, [3])
+    assert open_failure(str(good)) == ("", None)  # nothing established: no hint
 
 
 # ---------------------------------------------------------------- options

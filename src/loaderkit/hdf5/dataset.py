@@ -1,12 +1,11 @@
 """``HDF5SessionDataset``: one map-style dataset over many per-session HDF5 files.
 
 This module holds the dataset class itself: its hooks (``read``, ``read_rows``,
-``build_index``), accessors, lifecycle and pickling. The index (dataset index -> session, row)
-is built once, in the process that constructs the dataset, from the files' shapes
-(``loaderkit.hdf5.index``), and files are opened lazily, read-only, in the process that reads,
-through a bounded per-process LRU (``loaderkit.hdf5.handles``). Layout checks, chunk-cache
-sizing and error hints live in ``loaderkit.hdf5.layout``; batched reads (``__getitems__``) in
-``loaderkit.hdf5.reading``; raw ``os.preadv`` I/O in ``loaderkit.hdf5.rawio``.
+``build_index``, ``transform``), accessors, lifecycle and pickling. What the files hold is read
+once, in the process that constructs the dataset (``loaderkit.hdf5.keys``: keys, layouts, types,
+filters, identities); the sample index is packed by ``loaderkit.hdf5.index``; files are opened
+lazily, read-only, in the process that reads, and read by ``loaderkit.hdf5.reader.SessionReader``
+(per-process handle cache, batched reads, the checks that a file did not change).
 """
 
 from __future__ import annotations
@@ -16,17 +15,16 @@ import operator
 import os
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import h5py
 import numpy as np
-import torch
 from torch.utils.data import Dataset
 
 from loaderkit.budgets import FILE_OVERHEAD_BYTES, FileBudget, fit_open_files
-from loaderkit.collate import RowBatch, batch_buffer, torch_dtype
 from loaderkit.errors import ConfigError, HDF5FileError, warn
-from loaderkit.hdf5.handles import CacheInfo, Handle, HandleCache
+from loaderkit.hdf5.diagnose import open_failure
+from loaderkit.hdf5.handles import CacheInfo
 from loaderkit.hdf5.index import (
     _ROW_BITS,
     _ROW_MASK,
@@ -38,32 +36,28 @@ from loaderkit.hdf5.index import (
     pack_index,
     unpack_index,
 )
+from loaderkit.hdf5.keys import (
+    check_aligned,
+    check_rows,
+    inspect_session,
+    parse_keys,
+    row_types,
+    sample_type,
+)
 from loaderkit.hdf5.layout import (
     SessionLayout,
-    _add_note,
     _dataset_names,
-    _hint,
+    add_note,
     advise,
-    check_same_rows,
     default_chunk_cache,
-    describe_layout,
     open_kwargs,
 )
-from loaderkit.hdf5.rawio import map_rows, pread, preadv_possible, raw_location
-from loaderkit.hdf5.reading import (
-    ReadMode,
-    overrides,
-    plan_runs,
-    read_each,
-    read_mapped,
-    read_mode,
-    read_runs,
-    read_runs_hook,
-    uses_default_read,
-)
+from loaderkit.hdf5.reader import KeySpec, SessionReader, SessionRecord
+from loaderkit.hdf5.reading import ReadMode, overrides, plan_runs, read_mode, read_runs_hook
+from loaderkit.hdf5.types import Kind, RowType
 from loaderkit.platform import memory_bytes, open_file_limits
 
-try:  # Registers blosc/lz4/zstd/bitshuffle filters in every process that reads (rule 17).
+try:  # Registers Blosc, LZ4, Zstd, bzip2, bitshuffle, ZFP... in every process that reads.
     import hdf5plugin
 except ImportError:  # pragma: no cover - depends on the environment
     hdf5plugin = None
@@ -98,10 +92,21 @@ class HDF5SessionDataset(Dataset):
     never pickled (spawn/forkserver workers get paths and the index) and never shared with a
     forked child (the child closes its inherited copies and opens its own).
 
+    What a sample holds follows the HDF5 type (docs/hdf5.md, "Types"): numbers of any byte
+    order become native numpy arrays, compound rows a dict of fields, strings ``str``,
+    variable-length arrays a 1-D tensor; types with no torch dtype are refused here.
+
     Args:
         files: Mapping session id -> path, or a sequence of paths (ids ``0..n-1``).
-        key: Name of the HDF5 dataset the default ``read`` returns rows of. ``None``
-            picks the only dataset of the first file (error if there are several).
+        key: The HDF5 dataset the default ``read`` returns rows of: a path (links are
+            followed), a tuple/list of paths (a sample is a dict path -> row, rows aligned), or
+            a mapping name -> path (a dict name -> row). A path naming a *group* makes every
+            dataset in it one sample (in h5py's order). ``None`` picks the only dataset of the
+            first file (error if there are several).
+        fields: Only these fields of a compound (table) dataset are read (``None``: all).
+        sample_axis: The axis of ``key`` that indexes samples (default 0; ``-1`` for files
+            from MATLAB/Fortran pipelines read as ``dset[..., i]``). Batched reads still read
+            runs of consecutive samples as one slab.
         max_open_files: Most files open at once per process (least recently used closed first).
             ``None`` (default): every session when that fits the machine, fewer otherwise
             (``file_budget``): on its own, for this process's descriptor limit and memory; a
@@ -114,15 +119,19 @@ class HDF5SessionDataset(Dataset):
             open file instead of ``os.preadv`` (a memory copy from the page cache, no system
             call per read; see docs/hdf5.md for when it pays). Costs: each open file holds a
             second descriptor, mapped pages count in every reading process's RSS (as shared
-            file pages the kernel can reclaim), every process faults each page in once, and a
-            file truncated while mapped ends the reading process with ``SIGBUS`` instead of an
-            error. Off by default.
+            file pages the kernel can reclaim), and every process faults each page in once.
+            The file is checked before every copy, so a file truncated between reads is an
+            ``HDF5FileError``; one truncated *during* a copy still ends the reading process
+            with ``SIGBUS`` (the loader's error then names memory-mapped reads). Off by default.
 
     Raises:
         ConfigError: ``max_open_files < 1``, a ``mode`` other than ``"r"``, ``key=None`` with
-            several datasets, or row shapes/dtypes that differ between sessions.
+            several datasets, row shapes/dtypes that differ between sessions, keys whose rows
+            do not align, or a type no torch dtype holds (long double, 128-bit float, time,
+            reference, opaque).
         FileNotFoundError: A file is missing (the message names the session and path).
-        HDF5FileError: A file is not readable HDF5 (an ``OSError``).
+        HDF5FileError: A file is not readable HDF5 (an ``OSError``), or a compression filter
+            the data needs is not available (the message names it and its package).
         KeyError: ``key`` is missing from a file (the message lists the datasets present).
 
     Example:
@@ -131,17 +140,23 @@ class HDF5SessionDataset(Dataset):
         >>> paths = [os.path.join(root, f"s{i}.h5") for i in range(2)]
         >>> for p in paths:
         ...     with h5py.File(p, "w") as f:
-        ...         _ = f.create_dataset("betas", data=np.zeros((3, 4), "f4"))
+        ...         _ = f.create_dataset("betas", data=np.zeros((3, 4), ">f4"))
+        ...         _ = f.create_dataset("labels", data=np.arange(3))
         >>> with HDF5SessionDataset(paths, key="betas") as ds:
-        ...     len(ds), ds.locate(4), ds[4].shape
-        (6, (1, 1), (4,))
+        ...     len(ds), ds.locate(4), ds[4].shape, ds[4].dtype.isnative
+        (6, (1, 1), (4,), True)
+        >>> with HDF5SessionDataset(paths, key=("betas", "labels")) as ds:
+        ...     sorted(ds[4]), int(ds[4]["labels"])
+        (['betas', 'labels'], 1)
     """
 
     def __init__(
         self,
         files: Mapping[Hashable, str | os.PathLike[str]] | Sequence[str | os.PathLike[str]],
         *,
-        key: str | None = None,
+        key: str | Sequence[str] | Mapping[str, str] | None = None,
+        fields: Sequence[str] | None = None,
+        sample_axis: int = 0,
         max_open_files: int | None = None,
         h5py_options: Mapping[str, Any] | None = None,
         memory_map: bool = False,
@@ -150,6 +165,8 @@ class HDF5SessionDataset(Dataset):
             self._check_max_open_files(max_open_files)
         self.files: dict[Hashable, Path] = self._normalize_files(files)
         self.key = key
+        self.fields = None if fields is None else tuple(fields)
+        self.sample_axis = sample_axis
         #: The value passed (``None``: fitted to the machine, see ``file_budget``).
         self.max_open_files_requested = max_open_files
         #: Files open at once per process, as used now.
@@ -159,35 +176,30 @@ class HDF5SessionDataset(Dataset):
         self._ids: list[Hashable] = list(self.files)
         self._paths: list[str] = [os.fspath(p) for p in self.files.values()]
         self._position: dict[Hashable, int] = {sid: i for i, sid in enumerate(self._ids)}
-        self._item_fast = uses_default_read(type(self), HDF5SessionDataset)
+        self._item_fast = not _overrides(type(self), "read")
         self._mode = read_mode(type(self), HDF5SessionDataset)
-        self._transforms = overrides(type(self), HDF5SessionDataset, "transform")
+        self._transforms = _overrides(type(self), "transform")
         for sid, path in self.files.items():
             if not path.exists():
                 raise FileNotFoundError(
                     f"session {sid!r}: file {path} does not exist. Check the path (and that the "
                     "file system is mounted) or remove the session from `files`."
                 )
-        self._layouts: list[SessionLayout | None] = self._inspect_files()
-        self._open_kwargs: list[dict[str, Any]] = [
-            open_kwargs(layout, self.h5py_options, default_read=self._item_fast)
-            for layout in self._layouts
-        ]
-        self._direct_ok = False
-        self._row_shape: tuple[int, ...] = ()
-        self._row_dtype: np.dtype | None = None
-        self._batch_dtype: torch.dtype | None = None
-        self._row_bytes = 0
-        self._chunked = False
-        self._contiguous = False
-        self._cache = self._new_cache()
+        self._reader = self._inspect_files()
         try:
-            index = self.build_index()
+            try:
+                index = self.build_index()
+            except Exception as exc:
+                add_note(
+                    exc,
+                    f"loaderkit: in {type(self).__name__}.build_index() (process "
+                    f"{os.getpid()}, {len(self._ids)} sessions)",
+                )
+                raise
             self._key = self._index_key(index)
             self._key.setflags(write=False)
         finally:
-            self._cache.close()  # never leave a file open in the constructing process
-        self._set_row_info()
+            self._reader.cache.close()  # never leave a file open in the constructing process
         if max_open_files is None:
             soft, _ = open_file_limits()
             self.set_open_files(self.file_budget(0, soft, memory_bytes()).files)
@@ -206,8 +218,10 @@ class HDF5SessionDataset(Dataset):
             9437184
         """
         cache = 0
-        if self._chunked:
-            cache = max(int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in self._open_kwargs)
+        if self._reader.chunked:
+            cache = max(
+                int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in self._reader.open_kwargs
+            )
         return cache + FILE_OVERHEAD_BYTES
 
     def file_budget(
@@ -247,7 +261,7 @@ class HDF5SessionDataset(Dataset):
 
         Python's ``mmap`` keeps a duplicate of the file's descriptor while the map is open.
         """
-        return 2 if self.memory_map and self._contiguous else 1
+        return 2 if self.memory_map and self._reader.contiguous else 1
 
     def set_open_files(self, files: int) -> None:
         """Keep at most ``files`` files open per process from now on (the loader's budget).
@@ -263,7 +277,7 @@ class HDF5SessionDataset(Dataset):
         """
         self._check_max_open_files(files)
         self.max_open_files = files
-        self._cache.max_open = files
+        self._reader.cache.max_open = files
 
     # ------------------------------------------------------------------ construction helpers
 
@@ -337,28 +351,78 @@ class HDF5SessionDataset(Dataset):
                 f"h5py_options {self.h5py_options!r} rejected by h5py.File: {exc}"
             ) from exc
         except Exception as exc:
+            locking = self.h5py_options.get("locking", True) is not False
+            hint, os_error = open_failure(path, locking=locking)
             raise HDF5FileError(
-                f"session {sid!r}: cannot open {path} as HDF5 ({exc}).{_hint(exc)}"
-            ) from exc
+                *((os_error.errno,) if os_error is not None and os_error.errno else ()),
+                f"session {sid!r}: cannot open {path} as HDF5: {hint or 'HDF5 refused it'} "
+                f"(HDF5: {exc}).",
+            ) from (os_error or exc)
 
-    def _inspect_files(self) -> list[SessionLayout | None]:
-        """Validate every file and describe the ``key`` dataset in it (main process only)."""
-        if self.key is None:
-            self.key = self._autodetect_key()
-        layouts: list[SessionLayout | None] = []
-        for pos in range(len(self._ids)):
+    def _inspect_files(self) -> SessionReader:
+        """Read what every file holds (main process only) and build the reader over it."""
+        specs = parse_keys(self.key, self.sample_axis)
+        if specs is None:
+            found = self._autodetect_key()
+            specs = [] if found is None else parse_keys(found, self.sample_axis) or []
+            self.key = found
+        records: list[SessionRecord] = []
+        resolved: list[KeySpec] = list(specs)
+        uneven = [False] * len(specs)
+        for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
             with self._open_for_inspection(pos) as f:
-                layouts.append(
-                    None
-                    if self.key is None
-                    else describe_layout(f, self.key, self._ids[pos], self._paths[pos])
+                record, resolved, odd = inspect_session(f, specs, sid, path)
+            records.append(record)
+            uneven = [a or b for a, b in zip(uneven, odd, strict=True)]
+        files = list(zip(self._ids, self._paths, strict=True))
+        check_aligned(records, resolved, files)
+        types: list[RowType] = []
+        if self._item_fast:
+            check_rows(records, resolved, files)
+            types = row_types(records, resolved, self.fields, files, self._open_for_inspection)
+        for k, spec in enumerate(resolved):  # group keys: one row shape in every session
+            shapes = {rec.layouts[k].row_shape for rec in records if rec.layouts[k].rows}
+            uneven[k] = uneven[k] or (spec.members and len(shapes) > 1)
+            for pos, rec in enumerate(records):
+                advise(rec.layouts[k], self._ids[pos], spec.path)
+        first = [rec.layouts[0] if rec.layouts else None for rec in records]
+        return SessionReader(
+            ids=self._ids,
+            paths=self._paths,
+            canonical=self._canonical(records),
+            specs=resolved,
+            types=types,
+            records=records,
+            open_kwargs=[
+                open_kwargs(lay, self.h5py_options, default_read=self._item_fast) for lay in first
+            ],
+            max_open=self.max_open_files,
+            memory_map=self.memory_map,
+            fast=self._item_fast,
+            single=isinstance(self.key, str),
+            label=f"{type(self).__name__} over {len(self._ids)} session(s)",
+            uneven=[k for k, odd in enumerate(uneven) if odd],
+        )
+
+    def _canonical(self, records: Sequence[SessionRecord]) -> list[int]:
+        """Per session, the first session with the same file (path, symlink or hard link)."""
+        seen: dict[tuple[int, int], int] = {}
+        canonical = []
+        for pos, rec in enumerate(records):
+            ident = rec.identity
+            if ident is None:
+                canonical.append(pos)
+                continue
+            first = seen.setdefault((ident.device, ident.inode), pos)
+            if first != pos:
+                warn(
+                    f"sessions {self._ids[first]!r} ({self._paths[first]}) and "
+                    f"{self._ids[pos]!r} ({self._paths[pos]}) are the same file (same device "
+                    "and inode: a repeated path, a symlink or a hard link): its samples appear "
+                    "once per session. Remove one of them unless you mean to repeat the file."
                 )
-        if not _overrides(type(self), "read"):
-            check_same_rows(layouts, self.key, self._ids, self._paths)
-        for pos, layout in enumerate(layouts):
-            if layout is not None:
-                advise(layout, self._ids[pos], self.key)
-        return layouts
+            canonical.append(first)
+        return canonical
 
     def _autodetect_key(self) -> str | None:
         with self._open_for_inspection(0) as f:
@@ -369,41 +433,25 @@ class HDF5SessionDataset(Dataset):
             return None  # the subclass reads and indexes on its own
         raise ConfigError(
             f"key=None but session {self._ids[0]!r} ({self._paths[0]}) holds "
-            f"{len(names)} datasets {names[:25]}; pass key='<name of the per-sample dataset>'."
+            f"{len(names)} datasets {names[:25]}; pass key='<name of the per-sample dataset>', "
+            "several as key=('a', 'b'), or a group whose datasets are the samples."
         )
 
     def _index_key(self, index: Any) -> np.ndarray:
-        layouts = self._layouts
-        check_rows = self._item_fast and all(lay is not None for lay in layouts)
+        records = self._reader.records
+        check_rows = self._item_fast and all(rec.layouts for rec in records)
         return pack_index(
             index,
             self._ids,
-            row_counts=[cast(SessionLayout, lay).rows for lay in layouts] if check_rows else None,
+            row_counts=[rec.layouts[0].rows for rec in records] if check_rows else None,
             paths=self._paths,
-            key=self.key,
+            key=self._key_name,
         )
 
-    def _set_row_info(self) -> None:
-        ref = next((lay for lay in self._layouts if lay is not None and lay.rows), None)
-        if ref is None:
-            ref = next((lay for lay in self._layouts if lay is not None), None)
-        if ref is None:
-            return
-        self._row_shape = ref.row_shape
-        self._row_dtype = ref.dtype
-        self._row_bytes = int(np.prod(ref.row_shape, dtype=np.int64)) * ref.dtype.itemsize
-        self._batch_dtype = torch_dtype(ref.dtype)
-        self._direct_ok = ref.dtype.kind in "biufc" and ref.dtype.fields is None
-        self._chunked = any(lay is not None and lay.chunk_rows is not None for lay in self._layouts)
-        # Likely read with preadv (decided per file at open, see rawio.raw_location).
-        self._contiguous = (
-            self._direct_ok
-            and preadv_possible(self.h5py_options)
-            and all(lay is not None and lay.chunk_rows is None for lay in self._layouts)
-        )
-
-    def _new_cache(self) -> HandleCache:
-        return HandleCache(self._open, self.max_open_files, self._paths.__getitem__)
+    @property
+    def _key_name(self) -> str | None:
+        specs = self._reader.specs
+        return specs[0].path if len(specs) == 1 else None if not specs else str(self.key)
 
     # ------------------------------------------------------------------ hooks
 
@@ -428,7 +476,9 @@ class HDF5SessionDataset(Dataset):
             raise ConfigError(
                 "the default build_index() needs key=: it counts the rows of that dataset."
             )
-        counts = np.array([0 if lay is None else lay.rows for lay in self._layouts], np.int64)
+        counts = np.array(
+            [rec.layouts[0].rows if rec.layouts else 0 for rec in self._reader.records], np.int64
+        )
         return default_index(self._ids, counts)
 
     def read(self, session: Hashable, row: int) -> Any:
@@ -451,8 +501,7 @@ class HDF5SessionDataset(Dataset):
             ...     def read(self, session, row):
             ...         return self.h5dataset(session)[row].astype("float32") / 300
         """
-        dset = self.h5dataset(session)
-        return dset[row]
+        return self._reader.read_one(-1, self._pos_of(session), row)
 
     def read_rows(self, session: Hashable, start: int, stop: int) -> Sequence[Any]:
         """Return samples for rows ``start..stop-1`` of ``session`` (batched-read opt-in).
@@ -478,42 +527,6 @@ class HDF5SessionDataset(Dataset):
         return [self.read(session, row) for row in range(start, stop)]
 
     # ------------------------------------------------------------------ files and handles
-
-    def _open(self, pos: int) -> Handle:
-        sid, path = self._ids[pos], self._paths[pos]
-        try:
-            f = h5py.File(path, "r", **self._open_kwargs[pos])
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(
-                f"session {sid!r}: file {path} no longer exists (opened in process "
-                f"{os.getpid()}): {exc}"
-            ) from exc
-        except Exception as exc:
-            if isinstance(exc, MemoryError):
-                raise
-            raise HDF5FileError(
-                f"session {sid!r}: cannot open {path} in process {os.getpid()} ({exc}).{_hint(exc)}"
-            ) from exc
-        if self.key is None:
-            return Handle(f, None)
-        try:
-            dset = f[self.key]
-            if not isinstance(dset, h5py.Dataset):
-                raise KeyError(f"{self.key!r} is not a dataset")
-        except Exception as exc:
-            try:
-                f.close()
-            except Exception:
-                logger.debug("closing %s after a failed lookup failed", path, exc_info=True)
-            raise HDF5FileError(
-                f"session {sid!r}: dataset {self.key!r} cannot be read from {path} in process "
-                f"{os.getpid()} ({exc}); was the file replaced or corrupted?"
-            ) from exc
-        raw = raw_location(f, dset) if self._item_fast else None
-        mapped = None
-        if raw is not None and self.memory_map:
-            mapped = map_rows(raw, dset.shape, dset.dtype)
-        return Handle(f, dset, raw, mapped)
 
     def _pos_of(self, session: Hashable) -> int:
         try:
@@ -541,40 +554,45 @@ class HDF5SessionDataset(Dataset):
             '/data/betas_session01.hdf5'
         """
         pos = self._pos_of(session)
-        with self._cache.lock:
-            return self._cache.get(pos).file
+        with self.lock:
+            return self._reader.handle(pos, 0, -1).file
 
-    def h5dataset(self, session: Hashable) -> h5py.Dataset:
+    def h5dataset(self, session: Hashable, key: str | None = None) -> h5py.Dataset:
         """Return the cached ``h5py.Dataset`` of ``key`` in ``session``'s file.
 
         Cheaper than ``file(session)[key]`` (no name lookup per call).
 
         Args:
             session: Session id.
+            key: Which key, by its name (default: the first).
 
         Returns:
-            The open ``h5py.Dataset``.
+            The open ``h5py.Dataset`` (the ``h5py.Group`` for a group key).
 
         Example:
             >>> ds.h5dataset(0)[3].shape  # doctest: +SKIP
             (64, 64)
         """
         pos = self._pos_of(session)
-        with self._cache.lock:
-            dset = self._cache.get(pos).dataset
-        if dset is None:
+        specs = self._reader.specs
+        if not specs:
             raise ConfigError("h5dataset() needs key=; use file(session)[name] instead.")
-        return dset
+        names = [spec.name for spec in specs]
+        if key is not None and key not in names:
+            raise KeyError(f"h5dataset(): no key {key!r}; keys: {names}")
+        k = 0 if key is None else names.index(key)
+        with self.lock:
+            return self._reader.handle(pos, 0, -1).datasets[k]
 
     @property
     def lock(self) -> Any:
         """The re-entrant lock guarding this process's handle cache."""
-        return self._cache.lock
+        return self._reader.cache.lock
 
     @property
     def open_files(self) -> int:
         """Number of files this dataset holds open in the current process."""
-        return len(self._cache)
+        return len(self._reader.cache)
 
     def cache_info(self) -> CacheInfo:
         """Handle-cache statistics of the current process.
@@ -587,28 +605,48 @@ class HDF5SessionDataset(Dataset):
             >>> ds.cache_info().opens  # doctest: +SKIP
             8
         """
-        return self._cache.info()
+        return self._reader.cache.info()
 
     def layout(self, session: Hashable) -> SessionLayout | None:
-        """Return the layout of ``key`` in ``session`` (``None`` when there is no key).
+        """Return the layout of (the first) ``key`` in ``session`` (``None`` without a key).
 
         Example:
             >>> ds.layout(0).chunk_rows  # doctest: +SKIP
             8
         """
-        return self._layouts[self._pos_of(session)]
+        layouts = self._reader.records[self._pos_of(session)].layouts
+        return layouts[0] if layouts else None
+
+    @property
+    def sample_type(self) -> RowType | None:
+        """How a sample is typed (``None`` when ``read`` is overridden); see docs/hdf5.md.
+
+        Example:
+            >>> ds.sample_type.kind  # doctest: +SKIP
+            <Kind.NUMBER: 'number'>
+        """
+        reader = self._reader
+        return sample_type(reader.types, reader.specs) if reader.types else None
 
     @property
     def sample_nbytes(self) -> int | None:
         """Bytes of one sample as the default ``read`` returns it (``None`` when overridden).
 
+        Counts fixed-size data (numbers, compound rows); ``None`` for variable-length rows.
+
         Example:
             >>> ds.sample_nbytes  # doctest: +SKIP
             16384
         """
-        if not self._item_fast or self._row_dtype is None:
+        reader = self._reader
+        if not reader.types or any(
+            rt.kind in (Kind.TEXT, Kind.RAGGED)
+            or rt.ragged_field() is not None
+            or rt.mem_dtype.hasobject
+            for rt in reader.types
+        ):
             return None
-        return self._row_bytes
+        return sum(reader.row_bytes)
 
     @property
     def session_ids(self) -> tuple[Hashable, ...]:
@@ -634,9 +672,9 @@ class HDF5SessionDataset(Dataset):
         Example:
             >>> ds.close()  # doctest: +SKIP
         """
-        cache = self.__dict__.get("_cache")
-        if cache is not None:
-            cache.close()
+        reader = self.__dict__.get("_reader")
+        if reader is not None and reader.__dict__.get("cache") is not None:
+            reader.cache.close()
 
     def __enter__(self) -> HDF5SessionDataset:
         return self
@@ -654,7 +692,6 @@ class HDF5SessionDataset(Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_cache"] = None
         state["_key"] = encode_index(state["_key"])
         return state
 
@@ -662,8 +699,7 @@ class HDF5SessionDataset(Dataset):
         self.__dict__.update(state)
         self._key = decode_index(state["_key"])
         self._mode = read_mode(type(self), HDF5SessionDataset)
-        self._transforms = overrides(type(self), HDF5SessionDataset, "transform")
-        self._cache = self._new_cache()
+        self._transforms = _overrides(type(self), "transform")
 
     # ------------------------------------------------------------------ reading
 
@@ -714,73 +750,54 @@ class HDF5SessionDataset(Dataset):
         key = int(self._key[self._check_index(index)])
         return self._ids[key >> _ROW_BITS], key & _ROW_MASK
 
-    def _context(self, pos: int, row: int, index: int) -> str:
-        return (
-            f"loaderkit: dataset index {index} -> session {self._ids[pos]!r}, row {row}, "
-            f"file {self._paths[pos]} (key {self.key!r}, process {os.getpid()})"
-        )
-
-    def _read_error(self, exc: Exception, pos: int, rows: str, index: int) -> Exception:
-        self._cache.discard(pos)
-        return HDF5FileError(
-            f"reading {rows} of {self.key!r} from session {self._ids[pos]!r} "
-            f"({self._paths[pos]}) for dataset index {index} failed in process {os.getpid()}: "
-            f"{exc}. The handle was closed; was the file modified, truncated or deleted while "
-            f"being read?{_hint(exc)}"
-        )
-
     def __getitem__(self, index: int) -> Any:
         i = self._check_index(index)
-        if self._item_fast:
-            sample = self._read_one(i)
-            return self.transform(sample, i) if self._transforms else sample
         key = int(self._key[i])
-        pos = key >> _ROW_BITS
-        row = key & _ROW_MASK
-        with self._cache.lock:
-            try:
-                return self.read(self._ids[pos], row)
-            except Exception as exc:
-                self._cache.discard(pos)
-                _add_note(exc, self._context(pos, row, i))
-                raise
+        pos, row = key >> _ROW_BITS, key & _ROW_MASK
+        reader = self._reader
+        with reader.cache.lock:
+            if self._item_fast:
+                sample = reader.read_one(i, pos, row)
+            else:
+                try:
+                    sample = self.read(self._ids[pos], row)
+                except Exception as exc:
+                    reader.cache.discard(reader.canonical[pos])
+                    reader.note(exc, pos, row, i)
+                    raise
+        return self._transform(sample, i, pos, row) if self._transforms else sample
 
-    def _read_one(self, i: int) -> Any:
-        """Sample ``i`` as stored (default reads, before ``transform``); ``i`` is checked."""
-        key = int(self._key[i])
-        pos = key >> _ROW_BITS
-        row = key & _ROW_MASK
-        cache = self._cache
-        with cache.lock:
-            try:
-                handle = cache.get(pos)
-            except Exception as exc:
-                _add_note(exc, self._context(pos, row, i))
-                raise
-            try:
-                raw = handle.raw
-                if handle.rows is not None:
-                    return handle.rows[row].copy()  # out of the map: never a view of it
-                if raw is None:
-                    return cast(Any, handle.dataset)[row]  # None only once closed
-                sample = np.empty(self._row_shape, self._row_dtype)
-                pread(raw, row * self._row_bytes, sample, self._row_bytes)
-                return sample if self._row_shape else sample[()]
-            except MemoryError:
-                raise
-            except Exception as exc:
-                raise self._read_error(exc, pos, f"row {row}", i) from exc
+    def _transform(self, sample: Any, index: int, pos: int, row: int) -> Any:
+        """``transform`` with the error context every other hook gets."""
+        try:
+            return self.transform(sample, index)
+        except Exception as exc:
+            add_note(
+                exc, f"in {type(self).__name__}.transform: " + self._reader.context(pos, row, index)
+            )
+            raise
+
+    def _transform_all(
+        self, batch: Sequence[Any], idx: np.ndarray, keys: np.ndarray, seed_sample: Any = None
+    ) -> list[Any]:
+        out = []
+        for sample, i, key in zip(batch, idx.tolist(), keys.tolist(), strict=True):
+            if seed_sample is not None:
+                seed_sample(i)
+            out.append(self._transform(sample, i, key >> _ROW_BITS, key & _ROW_MASK))
+        return out
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Read a batch of samples at once (torch's fetcher calls this with a batch).
 
         With the default reads (*batch-native*), indices are grouped by session, consecutive
-        rows are read as one slab, and every row lands straight in one batch tensor allocated
-        as ``default_collate`` would (in shared memory inside a worker). The result is a
-        ``loaderkit.collate.RowBatch``: a list of per-sample numpy views of that tensor, in
-        request order, so any ``collate_fn`` sees what per-item reads give, while
+        rows are read as one slab, and every key's rows land straight in one batch buffer
+        allocated as ``default_collate`` would (in shared memory inside a worker). The result
+        is a ``loaderkit.collate.RowBatch``: a list of the samples, in request order (views of
+        the buffer), so any ``collate_fn`` sees what per-item reads give, while
         ``loaderkit.collate.collate`` (filled in by the loader when ``collate_fn`` is unset)
-        returns the tensor itself: no split, no re-stack, no copy. ``transform``, when
+        returns the batch it was read into: a tensor, or a dict of per-field batches for
+        compound rows and several keys; no split, no re-stack. ``transform``, when
         overridden, is applied to each row after the batched read. When a subclass overrides
         ``read`` or ``__getitem__`` (and not ``read_rows``), ``self[i]`` is called once per
         item.
@@ -802,30 +819,14 @@ class HDF5SessionDataset(Dataset):
         if idx.size == 0:
             return []
         if mode is ReadMode.ROWS:
-            with self._cache.lock:
-                order, starts = plan_runs(keys, sort=self._chunked, always=True)
-                return read_runs_hook(self, idx, keys, order, starts)
-        batch = self._read_batch(idx, keys)
+            with self.lock:
+                order, starts = plan_runs(keys, sort=self._reader.chunked, always=True)
+                batch = read_runs_hook(self._reader, self.read_rows, idx, keys, order, starts)
+        else:
+            batch = self._reader.read_batch(idx, keys)
         if self._transforms:
-            transform = self.transform
-            return [transform(row, i) for row, i in zip(batch, idx.tolist(), strict=True)]
+            return self._transform_all(batch, idx, keys)
         return batch
-
-    def _read_batch(self, idx: np.ndarray, keys: np.ndarray) -> list[Any]:
-        """Read the rows of ``keys`` (default reads) into one batch tensor: a ``RowBatch``."""
-        if self._batch_dtype is None:  # no torch dtype for these rows: per-sample arrays
-            return [self._read_one(i) for i in idx.tolist()]
-        assert self._row_dtype is not None
-        tensor, out = batch_buffer(idx.size, self._row_shape, self._row_dtype)
-        with self._cache.lock:
-            if self._contiguous and self.memory_map and read_mapped(self, idx, keys, out):
-                return RowBatch(tensor, out)
-            order, starts = plan_runs(keys, sort=self._chunked, always=self._contiguous)
-            if starts is None:
-                read_each(self, idx, keys, out)
-            else:
-                read_runs(self, idx, keys, order, starts, out)
-        return RowBatch(tensor, out)
 
     def transform(self, sample: Any, index: int) -> Any:
         """Per-sample hook applied after reading (default: none). Override it for augmentation.
@@ -876,14 +877,10 @@ class HDF5SessionDataset(Dataset):
         idx, keys = lookup(self._key, indices)
         if idx.size == 0:
             return []
-        batch = self._read_batch(idx, keys)
+        batch = self._reader.read_batch(idx, keys)
         if not self._transforms:
             return batch  # nothing random happens: nothing to seed
-        transform, samples = self.transform, []
-        for row, i in zip(batch, idx.tolist(), strict=True):
-            seed_sample(i)
-            samples.append(transform(row, i))
-        return samples
+        return self._transform_all(batch, idx, keys, seed_sample)
 
     @property
     def read_path(self) -> tuple[str, str]:
@@ -902,16 +899,20 @@ class HDF5SessionDataset(Dataset):
             )
         if self._mode is ReadMode.ROWS:
             return "runs", f"{name} overrides read_rows: one call per run of consecutive rows"
-        if self._batch_dtype is None:
-            return "per-sample", f"rows of dtype {self._row_dtype} have no torch dtype"
         if self._transforms:
             return (
                 "batch-native",
                 "rows read into one batch buffer, then transform per sample "
                 "(default_collate stacks the results)",
             )
+        kind = self.sample_type
+        what = (
+            "one batch tensor"
+            if kind is None or kind.kind is Kind.NUMBER
+            else ("one buffer per key, split into per-field batches")
+        )
         return (
             "batch-native",
-            "rows read straight into one batch tensor (in shared memory in a worker); "
+            f"rows read straight into {what} (in shared memory in a worker); "
             "collation returns it as is",
         )

@@ -26,7 +26,7 @@ import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, NamedTuple
 
 import h5py
@@ -68,50 +68,65 @@ class CacheInfo(NamedTuple):
 
 
 class Handle:
-    """An open file and, when the dataset has a key, its ``h5py.Dataset`` object.
+    """An open file and, per key, its ``h5py.Dataset`` and fast-read state.
 
     Attributes:
         file: The open ``h5py.File`` (read-only).
-        dataset: ``file[key]`` looked up once, or ``None`` without a key.
-        raw: ``(fd, offset)`` of the dataset's bytes when it is stored contiguously and
-            unfiltered in a plain (sec2) file with the in-memory byte layout, so rows can be read
-            with ``os.preadv`` into the destination; ``None`` otherwise.
-        rows: A read-only memory map of those bytes as an array of the dataset's shape (copy
-            out of it; never hand out views), or ``None``.
+        datasets: ``file[key]`` of every key, looked up once (empty without a key).
+        raws: Per key, ``(fd, offset)`` of the dataset's bytes when it is stored contiguously
+            and unfiltered in a plain (sec2) file, so rows can be read with ``os.preadv`` into
+            the destination (and swapped to native order); ``None`` otherwise.
+        maps: Per key, a read-only memory map of those bytes as an array of the dataset's
+            shape and file dtype (copy out of it; never hand out views), or ``None``.
+        fd: HDF5's file descriptor (sec2 driver), or ``None``.
+        identity: The file's ``Identity`` when it was opened (``None``: not known).
+        members: Per key that names a group of per-sample datasets, those looked up so far.
 
     Example:
         >>> Handle.__slots__
-        ('_map', 'dataset', 'file', 'raw', 'rows')
+        ('_mapped', 'datasets', 'fd', 'file', 'identity', 'maps', 'members', 'raws')
     """
 
-    __slots__ = ("_map", "dataset", "file", "raw", "rows")
+    __slots__ = ("_mapped", "datasets", "fd", "file", "identity", "maps", "members", "raws")
 
     def __init__(
         self,
         file: h5py.File,
-        dataset: h5py.Dataset | None,
-        raw: tuple[int, int] | None = None,
-        mapped: tuple[mmap.mmap, np.ndarray] | None = None,
+        datasets: Sequence[Any] = (),
+        raws: Sequence[tuple[int, int] | None] = (),
+        mapped: Sequence[tuple[mmap.mmap, np.ndarray] | None] = (),
+        *,
+        fd: int | None = None,
+        identity: Any = None,
     ) -> None:
         self.file = file
-        self.dataset = dataset
-        self.raw = raw
-        self._map: mmap.mmap | None = None
-        self.rows: np.ndarray | None = None
-        if mapped is not None:
-            self._map, self.rows = mapped
+        self.datasets: list[Any] = list(datasets)
+        self.raws: list[tuple[int, int] | None] = list(raws) or [None] * len(self.datasets)
+        self._mapped: list[mmap.mmap] = [m[0] for m in mapped if m is not None]
+        self.maps: list[np.ndarray | None] = [None if m is None else m[1] for m in mapped] or [
+            None
+        ] * len(self.datasets)
+        self.fd = fd
+        self.identity = identity
+        self.members: dict[tuple[int, str], h5py.Dataset] = {}
+
+    @property
+    def dataset(self) -> Any:
+        """The first key's dataset (``None`` without a key or once closed)."""
+        return self.datasets[0] if self.datasets else None
 
     def close(self) -> None:
-        """Close the map and the file (and every object opened through it); never raises."""
-        self.dataset = None
-        self.raw = None
-        self.rows = None
-        if self._map is not None:
+        """Close the maps and the file (and every object opened through it); never raises."""
+        self.datasets = []
+        self.raws = []
+        self.maps = []
+        self.members = {}
+        for mapped in self._mapped:
             try:
-                self._map.close()
+                mapped.close()
             except BufferError:  # a view still refers to it: unmapped when that view goes
                 logger.debug("a memory map is still referenced; left to garbage collection")
-            self._map = None
+        self._mapped = []
         try:
             self.file.close()
         except Exception:  # closing must not fail (interpreter shutdown, broken file)
@@ -216,7 +231,8 @@ class HandleCache:
 
     def _warn_inherited(self, key: Hashable) -> None:
         path = self._path_of(key)
-        if foreign_file_ids(path):
+        own = {entry.file.id.id for entry in self._entries.values() if entry.file.id}
+        if [fid for fid in foreign_file_ids(path) if fid.id not in own]:
             warn(
                 f"{os.fspath(path)!s} was already open in the parent process when this worker "
                 "was forked (opened outside this dataset, e.g. by your own h5py.File or another "

@@ -3,7 +3,7 @@
 ``SessionLayout`` describes the dataset read in one session file (shape, dtype, chunking,
 filters); ``describe_layout`` builds it, ``check_same_rows`` validates layouts across sessions,
 ``default_chunk_cache`` chooses HDF5's chunk-cache settings from it, and ``advise`` warns about
-layouts that read slowly. ``_hint`` turns well-known HDF5 failures into a remedy.
+layouts that read slowly.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from loaderkit.errors import ConfigError, PerformanceHint, warn
 
 __all__ = [
     "SessionLayout",
+    "add_note",
     "advise",
     "check_same_rows",
+    "dataset_at",
     "default_chunk_cache",
     "describe_layout",
     "open_kwargs",
@@ -127,30 +129,10 @@ def open_kwargs(
     return kwargs
 
 
-def _add_note(exc: BaseException, note: str) -> None:
+def add_note(exc: BaseException, note: str) -> None:
+    """Add ``note`` to ``exc`` where Python supports notes (3.11+)."""
     if sys.version_info >= (3, 11):
         exc.add_note(note)
-
-
-def _hint(exc: BaseException) -> str:
-    """Remedy for well-known HDF5 failures, or an empty string."""
-    text = str(exc).lower()
-    if "filter" in text and ("not registered" in text or "can't open directory" in text):
-        return (
-            " The file uses a compression filter that is not available in this process: "
-            "`pip install hdf5plugin` (loaderkit imports it automatically) or set "
-            "HDF5_PLUGIN_PATH."
-        )
-    errno_ = getattr(exc, "errno", None)
-    if "lock" in text or errno_ in (11, 37, 524):
-        return (
-            " File locking failed (common on NFS/Lustre/GPFS, read-only mounts or with a "
-            "writer present): pass h5py_options={'locking': False} for files that do not change "
-            "while you read them, or set HDF5_USE_FILE_LOCKING=FALSE."
-        )
-    if "signature" in text or "not an hdf5" in text:
-        return " The file is not an HDF5 file (or is truncated or corrupted)."
-    return ""
 
 
 def _dataset_names(f: h5py.File, limit: int = 25) -> list[str]:
@@ -166,7 +148,9 @@ def _dataset_names(f: h5py.File, limit: int = 25) -> list[str]:
     return names
 
 
-def describe_layout(f: h5py.File, key: str, session: Hashable, path: str) -> SessionLayout:
+def describe_layout(
+    f: h5py.File, key: str, session: Hashable, path: str, *, axis: int = 0
+) -> SessionLayout:
     """Describe dataset ``key`` of the open file ``f`` (session ``session`` at ``path``).
 
     Args:
@@ -174,13 +158,15 @@ def describe_layout(f: h5py.File, key: str, session: Hashable, path: str) -> Ses
         key: Name of the per-sample dataset.
         session: Session id (for messages).
         path: File path (for messages).
+        axis: The axis samples lie along (``sample_axis``, already made non-negative).
 
     Returns:
-        The layout.
+        The layout. Its ``dtype`` is the one h5py reads (``object`` when numpy has none: the
+        type is refused later, with its HDF5 name, where default reads need it).
 
     Raises:
         KeyError: ``key`` is missing or a group (the message lists the datasets present).
-        ConfigError: The dataset is scalar.
+        ConfigError: The dataset is scalar, or has no axis ``axis``.
 
     Example:
         >>> import h5py, numpy as np, tempfile, os
@@ -190,29 +176,28 @@ def describe_layout(f: h5py.File, key: str, session: Hashable, path: str) -> Ses
         ...     describe_layout(f, "x", 0, path)[:2]
         (6, (3,))
     """
-    try:
-        obj = f[key]
-    except KeyError:
-        raise KeyError(
-            f"session {session!r}: {path} has no dataset {key!r}; datasets present: "
-            f"{_dataset_names(f)}. Pass the right key=."
-        ) from None
-    if not isinstance(obj, h5py.Dataset):
-        raise KeyError(
-            f"session {session!r}: {key!r} in {path} is a group, not a dataset; datasets "
-            f"present: {_dataset_names(f)}."
-        )
-    if obj.shape is None or len(obj.shape) == 0:
+    obj = dataset_at(f, key, session, path)
+    shape = obj.shape
+    if shape is None or len(shape) == 0:
         raise ConfigError(
-            f"session {session!r}: dataset {key!r} in {path} is scalar (shape {obj.shape}); "
+            f"session {session!r}: dataset {key!r} in {path} is scalar (shape {shape}); "
             "the first axis must index samples."
         )
+    if axis >= len(shape):
+        raise ConfigError(
+            f"sample_axis={axis}: dataset {key!r} in {path} (session {session!r}) has only "
+            f"{len(shape)} axes (shape {shape}). Pass the axis that indexes samples."
+        )
     chunks = obj.chunks
-    dtype = obj.dtype
-    row_shape = tuple(int(n) for n in obj.shape[1:])
+    try:
+        dtype = obj.dtype
+        itemsize = dtype.itemsize
+    except (TypeError, ValueError):  # a type numpy cannot hold: refused by default reads
+        dtype, itemsize = np.dtype(object), obj.id.get_type().get_size()
+    row_shape = tuple(int(n) for k, n in enumerate(shape) if k != axis)
     chunk_bytes = None
     if chunks is not None:
-        chunk_bytes = int(np.prod(chunks, dtype=np.int64)) * dtype.itemsize
+        chunk_bytes = int(np.prod(chunks, dtype=np.int64)) * itemsize
     dcpl = obj.id.get_create_plist()
     compression = tuple(
         name.decode() if isinstance(name, bytes) else str(name)
@@ -224,13 +209,39 @@ def describe_layout(f: h5py.File, key: str, session: Hashable, path: str) -> Ses
         if "shuffle" not in name and "fletcher" not in name
     )
     return SessionLayout(
-        rows=int(obj.shape[0]),
+        rows=int(shape[axis]),
         row_shape=row_shape,
         dtype=dtype,
-        chunk_rows=None if chunks is None else int(chunks[0]),
+        chunk_rows=None if chunks is None else int(chunks[axis]),
         chunk_bytes=chunk_bytes,
         compression=compression,
     )
+
+
+def dataset_at(f: h5py.File, key: str, session: Hashable, path: str) -> h5py.Dataset:
+    """``f[key]`` as a dataset (links followed), or a ``KeyError`` listing the datasets present.
+
+    Example:
+        >>> import h5py, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "k.h5")
+        >>> with h5py.File(path, "w") as f:
+        ...     _ = f.create_dataset("x", data=np.zeros(3))
+        ...     dataset_at(f, "x", 0, path).shape
+        (3,)
+    """
+    try:
+        obj = f[key]
+    except KeyError:
+        raise KeyError(
+            f"session {session!r}: {path} has no dataset {key!r} (or a link to it is broken); "
+            f"datasets present: {_dataset_names(f)}. Pass the right key=."
+        ) from None
+    if not isinstance(obj, h5py.Dataset):
+        raise KeyError(
+            f"session {session!r}: {key!r} in {path} is a group, not a dataset; datasets "
+            f"present: {_dataset_names(f)}."
+        )
+    return obj
 
 
 def check_same_rows(

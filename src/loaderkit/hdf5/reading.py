@@ -1,44 +1,35 @@
-"""Read strategies of ``HDF5SessionDataset``: which one a class gets, and the batched readers.
+"""Read strategies of ``HDF5SessionDataset``: which one a class gets, and how a batch is cut.
 
 A dataset reads in one of three ``ReadMode``s, fixed by what its class overrides
-(``read_mode``): ``FAST`` (the default ``read``: coalesced slab reads straight into the batch
-tensor, ``os.preadv`` or a memory map on contiguous data; ``transform`` may follow per sample),
-``ROWS`` (``read_rows`` overridden: coalesced runs through that hook) or ``ITEM`` (``read`` or
-``__getitem__`` overridden: one ``self[i]`` per item). ``plan_runs`` groups a batch's packed
-keys into runs of consecutive rows; ``read_mapped``, ``read_each``, ``read_runs`` and
-``read_runs_hook`` read them. The per-item fast path is ``HDF5SessionDataset._read_one``.
+(``read_mode``): ``FAST`` (the default ``read``: ``loaderkit.hdf5.reader.SessionReader`` reads
+coalesced slabs straight into the batch buffers; ``transform`` may follow per sample), ``ROWS``
+(``read_rows`` overridden: coalesced runs through that hook, ``read_runs_hook``) or ``ITEM``
+(``read`` or ``__getitem__`` overridden: one ``self[i]`` per item). ``plan_runs`` groups a
+batch's packed keys into runs of consecutive rows.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Hashable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from loaderkit.errors import ConfigError
-from loaderkit.hdf5.handles import HandleCache
 from loaderkit.hdf5.index import _ROW_BITS, _ROW_MASK
-from loaderkit.hdf5.layout import _add_note
-from loaderkit.hdf5.rawio import pread, read_direct
+
+if TYPE_CHECKING:
+    from loaderkit.hdf5.reader import SessionReader
 
 __all__ = [
     "ReadMode",
     "overrides",
     "plan_runs",
-    "read_each",
-    "read_mapped",
     "read_mode",
-    "read_runs",
     "read_runs_hook",
     "uses_default_read",
 ]
-
-#: Slabs at least this large are read straight into the batch buffer (``H5Dread`` into the
-#: destination); smaller ones go through h5py's Cython fast path and one copy, which has less
-#: per-call overhead. Measured with ``benchmarks/hdf5_read.py`` (see docs/hdf5.md).
-_DIRECT_READ_BYTES = 256 * 1024
 
 
 class ReadMode(enum.Enum):
@@ -116,23 +107,6 @@ def read_mode(cls: type, base: type) -> ReadMode:
     return ReadMode.FAST
 
 
-class _Source(Protocol):
-    """What the batched readers use of ``HDF5SessionDataset``."""
-
-    _cache: HandleCache
-    _ids: list[Hashable]
-    _row_shape: tuple[int, ...]
-    _row_dtype: np.dtype | None
-    _row_bytes: int
-    _direct_ok: bool
-
-    def _context(self, pos: int, row: int, index: int) -> str: ...
-
-    def _read_error(self, exc: Exception, pos: int, rows: str, index: int) -> Exception: ...
-
-    def read_rows(self, session: Hashable, start: int, stop: int) -> Sequence[Any]: ...
-
-
 def plan_runs(
     keys: np.ndarray, *, sort: bool, always: bool
 ) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -170,169 +144,19 @@ def plan_runs(
     return None, None
 
 
-def read_each(ds: _Source, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
-    """One read per sample into ``out[j]`` (nothing to coalesce); caller holds the lock.
-
-    Args:
-        ds: The dataset.
-        idx: Dataset indices of the batch (for messages).
-        keys: Their packed keys.
-        out: The batch buffer, ``(len(keys), *row_shape)``, filled in request order.
-    """
-    cache = ds._cache
-    last = -1
-    dset: Any = None
-    for j, key in enumerate(keys.tolist()):
-        pos, row = key >> _ROW_BITS, key & _ROW_MASK
-        if pos != last:
-            try:
-                dset = cache.get(pos).dataset
-            except Exception as exc:
-                _add_note(exc, ds._context(pos, row, int(idx[j])))
-                raise
-            last = pos
-        try:
-            out[j] = dset[row]
-        except MemoryError:
-            raise
-        except Exception as exc:
-            raise ds._read_error(exc, pos, f"row {row}", int(idx[j])) from exc
-
-
-def read_runs(
-    ds: _Source,
-    idx: np.ndarray,
-    keys: np.ndarray,
-    order: np.ndarray | None,
-    starts: np.ndarray,
-    out: np.ndarray,
-) -> None:
-    """Coalesced slab reads into the batch buffer ``out``, in request order.
-
-    Runs in request order (``order is None``) are read straight into their rows of ``out``
-    (a copy out of the memory map or ``preadv`` on contiguous data, ``H5Dread`` into the
-    destination for large slabs). Runs
-    read in sorted order (chunked data: each chunk decompressed once) go through one sorted
-    buffer and are scattered into ``out`` with one copy. The caller holds the handle lock.
-
-    Args:
-        ds: The dataset.
-        idx: Dataset indices of the batch (for messages).
-        keys: Their packed keys.
-        order: Read order from ``plan_runs``.
-        starts: Run starts from ``plan_runs``.
-        out: The batch buffer, ``(len(keys), *row_shape)``.
-    """
-    n = idx.size
-    row_bytes = ds._row_bytes
-    buf = out if order is None else np.empty_like(out)
-    run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
-    bounds = starts.tolist()
-    bounds.append(n)
-    cache = ds._cache
-    direct = ds._direct_ok
-    last = -1
-    dset: Any = None
-    raw: tuple[int, int] | None = None
-    mapped: np.ndarray | None = None
-    for r, key in enumerate(run_keys):
-        pos, a = key >> _ROW_BITS, key & _ROW_MASK
-        k, k2 = bounds[r], bounds[r + 1]
-        length = k2 - k
-        if pos != last:
-            mapped = None  # let go of the last map: opening this file may close that one
-            try:
-                handle = cache.get(pos)
-            except Exception as exc:
-                j = k if order is None else int(order[k])
-                _add_note(exc, ds._context(pos, a, int(idx[j])))
-                raise
-            dset, raw, mapped = handle.dataset, handle.raw, handle.rows
-            last = pos
-        try:
-            target = buf[k:k2]
-            if mapped is not None:
-                if a + length > mapped.shape[0]:
-                    raise IndexError(f"the file has {mapped.shape[0]} rows")
-                target[:] = mapped[a : a + length]
-            elif raw is not None:
-                pread(raw, a * row_bytes, target, length * row_bytes)
-            elif direct and length * row_bytes >= _DIRECT_READ_BYTES:
-                read_direct(dset, a, length, target)
-            elif length == 1:
-                target[0] = dset[a]
-            else:
-                target[:] = dset[a : a + length]
-        except MemoryError:
-            raise
-        except Exception as exc:
-            j = k if order is None else int(order[k])
-            what = f"rows {a}..{a + length - 1}"
-            raise ds._read_error(exc, pos, what, int(idx[j])) from exc
-    if order is not None:
-        out[order] = buf
-
-
-def read_mapped(ds: _Source, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> bool:
-    """Gather a batch from memory-mapped sessions with one ``np.take`` per session segment.
-
-    A segment is a stretch of the batch (in request order) whose rows all come from one
-    session: block-shuffled batches have a few, so the batch is copied at memory speed with a
-    handful of C calls and no per-run bookkeeping. Returns ``False`` (nothing read) when the
-    batch has many segments (uniform shuffling: ``read_runs`` copies row by row) or a session
-    is not mapped. The caller holds the handle lock.
-
-    Args:
-        ds: The dataset.
-        idx: Dataset indices of the batch (for messages).
-        keys: Their packed keys.
-        out: The batch buffer, ``(len(keys), *row_shape)``, filled in request order.
-
-    Returns:
-        Whether the batch was read.
-    """
-    n = keys.shape[0]
-    pos = keys >> _ROW_BITS
-    cuts = np.flatnonzero(pos[1:] != pos[:-1]) + 1
-    if (cuts.size + 1) * 4 > n:
-        return False
-    rows = keys & _ROW_MASK
-    starts = np.concatenate(([0], cuts))
-    highest = np.maximum.reduceat(rows, starts).tolist()
-    bounds = starts.tolist()
-    bounds.append(n)
-    sessions = pos[starts].tolist()
-    get = ds._cache.get
-    mapped: np.ndarray | None = None
-    for s, p in enumerate(sessions):
-        k, k2 = bounds[s], bounds[s + 1]
-        mapped = None  # let go of the last map: opening this file may close that one
-        try:
-            mapped = get(p).rows
-        except Exception as exc:
-            _add_note(exc, ds._context(p, int(rows[k]), int(idx[k])))
-            raise
-        if mapped is None:
-            return False  # not mapped (any more): read_runs reads the whole batch again
-        if highest[s] >= mapped.shape[0]:
-            problem = IndexError(f"row {highest[s]} is past the {mapped.shape[0]} rows of the file")
-            raise ds._read_error(problem, p, f"row {highest[s]}", int(idx[k]))
-        # mode="clip" after the check above: numpy buffers ``out`` for mode="raise"
-        np.take(mapped, rows[k:k2], axis=0, out=out[k:k2], mode="clip")
-    return True
-
-
 def read_runs_hook(
-    ds: _Source,
+    reader: SessionReader,
+    read_rows: Callable[[Hashable, int, int], Sequence[Any]],
     idx: np.ndarray,
     keys: np.ndarray,
     order: np.ndarray | None,
     starts: np.ndarray | None,
 ) -> list[Any]:
-    """Coalesced reads through the subclass's ``read_rows``; caller holds the handle lock.
+    """Coalesced reads through a subclass's ``read_rows``; caller holds the handle lock.
 
     Args:
-        ds: The dataset.
+        reader: The dataset's reader (sessions, handles, error context).
+        read_rows: The subclass's hook.
         idx: Dataset indices of the batch (for messages).
         keys: Their packed keys.
         order: Read order from ``plan_runs``.
@@ -352,20 +176,20 @@ def read_runs_hook(
     bounds.append(n)
     result: list[Any] = [None] * n
     targets = list(range(n)) if order is None else order.tolist()
-    ids = ds._ids
+    ids = reader.ids
     for r, key in enumerate(run_keys):
         pos, a = key >> _ROW_BITS, key & _ROW_MASK
         k, k2 = bounds[r], bounds[r + 1]
         try:
-            samples = ds.read_rows(ids[pos], a, a + (k2 - k))
+            samples = read_rows(ids[pos], a, a + (k2 - k))
             if len(samples) != k2 - k:
                 raise ConfigError(
-                    f"{type(ds).__name__}.read_rows({ids[pos]!r}, {a}, "
-                    f"{a + k2 - k}) returned {len(samples)} samples, expected {k2 - k}."
+                    f"read_rows({ids[pos]!r}, {a}, {a + k2 - k}) returned {len(samples)} "
+                    f"samples, expected {k2 - k}."
                 )
         except Exception as exc:
-            ds._cache.discard(pos)
-            _add_note(exc, ds._context(pos, a, int(idx[targets[k]])))
+            reader.cache.discard(reader.canonical[pos])
+            reader.note(exc, pos, a, int(idx[targets[k]]))
             raise
         for t, sample in zip(targets[k:k2], samples, strict=True):
             result[t] = sample

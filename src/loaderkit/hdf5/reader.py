@@ -1,0 +1,649 @@
+"""``SessionReader``: reads rows of one or several keys from session files, and checks them.
+
+The reader owns what reading needs: the per-process handle cache, how each key is stored
+(``KeySpec``) and typed (``RowType``), what every session file held when the index was built
+(``SessionRecord``), and the error context. ``HDF5SessionDataset`` keeps its hooks, accessors
+and pickling, and hands its default reads here:
+
+* ``read_one`` — one sample (per-item reads);
+* ``read_batch`` — a batch grouped into runs of consecutive rows (``reading.plan_runs``),
+  every key read into one buffer: ``os.preadv`` or a memory map for contiguous numbers (swapped
+  to native order in place), HDF5 otherwise (which converts byte order, enums and compounds
+  itself), then split into samples and the collated batch (``loaderkit.collate.RowBatch``).
+
+Never silently wrong: a file is compared with its ``SessionRecord`` when it is (re)opened, and
+with its identity at open (one ``fstat``) after every read and before every copy out of a
+memory map, so a file rewritten, shrunk or truncated under the dataset is an
+``HDF5FileError`` naming what changed, never another dataset's bytes or zero rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import h5py
+import numpy as np
+from h5py import h5s
+
+from loaderkit.collate import RowBatch, batch_buffer
+from loaderkit.errors import HDF5FileError
+from loaderkit.hdf5.diagnose import Identity, changes, identity_of, open_failure
+from loaderkit.hdf5.filters import pipeline
+from loaderkit.hdf5.handles import Handle, HandleCache
+from loaderkit.hdf5.index import _ROW_BITS, _ROW_MASK
+from loaderkit.hdf5.layout import SessionLayout, add_note, dataset_at
+from loaderkit.hdf5.rawio import map_rows, pread, raw_location, read_direct
+from loaderkit.hdf5.reading import plan_runs
+from loaderkit.hdf5.types import Kind, RowType
+
+__all__ = ["KeySpec", "SessionReader", "SessionRecord"]
+
+logger = logging.getLogger(__name__)
+
+#: Slabs at least this large are read straight into the batch buffer (``H5Dread`` into the
+#: destination); smaller ones go through h5py's Cython fast path and one copy, which has less
+#: per-call overhead. Measured with ``benchmarks/hdf5_read.py`` (see docs/hdf5.md).
+_DIRECT_READ_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class KeySpec:
+    """One dataset a sample is read from.
+
+    Attributes:
+        name: The name in a sample's dict (several keys), or the key itself.
+        path: The dataset's path in the file (links are followed), or the group's path when
+            ``members`` is set.
+        axis: The axis samples lie along (``sample_axis``, non-negative).
+        members: The path names a group whose datasets are the samples, one each.
+
+    Example:
+        >>> KeySpec("x", "data/x").axis
+        0
+    """
+
+    name: str
+    path: str
+    axis: int = 0
+    members: bool = False
+
+
+class SessionRecord(NamedTuple):
+    """What a session file held when the index was built: checked at every (re)open.
+
+    Attributes:
+        identity: The file's ``Identity`` then.
+        layouts: Per key: rows, row shape and dtype (``SessionLayout``).
+        members: Per key: the names of a group's per-sample datasets (``None``: not a group).
+
+    Example:
+        >>> SessionRecord(None, (), ()).layouts
+        ()
+    """
+
+    identity: Identity | None
+    layouts: tuple[SessionLayout, ...]
+    members: tuple[tuple[str, ...] | None, ...]
+
+
+def _axis_selection(axis: int, start: int, stop: int | None) -> tuple[Any, ...]:
+    """The selection of rows ``start..stop-1`` (or row ``start`` when ``stop`` is ``None``)."""
+    row: Any = start if stop is None else slice(start, stop)
+    return (slice(None),) * axis + (row,)
+
+
+def _read_slab(dset: h5py.Dataset, axis: int, start: int, length: int, dtype: np.dtype) -> Any:
+    """Rows ``start..start+length-1`` along ``axis`` read into ``dtype`` (HDF5 converts).
+
+    Returns the slab in the file's axis order (``moveaxis`` brings the sample axis first).
+    """
+    shape = dset.shape
+    count = tuple(length if k == axis else n for k, n in enumerate(shape))
+    offset = tuple(start if k == axis else 0 for k in range(len(shape)))
+    out = np.empty(count, dtype)
+    fspace = dset.id.get_space()
+    fspace.select_hyperslab(offset, count)
+    dset.id.read(h5s.create_simple(count), fspace, out, dxpl=dset._dxpl)
+    return out
+
+
+class SessionReader:
+    """Default reads of ``HDF5SessionDataset``: keys, types, records, handles and checks.
+
+    Args:
+        ids: Session ids, in position order.
+        paths: Their file paths.
+        canonical: Per position, the position whose handle it uses (the same file listed
+            twice shares one handle).
+        specs: The keys read (empty: the subclass reads on its own).
+        types: Per key, the ``RowType`` (empty when the subclass overrides ``read``).
+        records: Per position, the ``SessionRecord``.
+        open_kwargs: Per position, the ``h5py.File`` keyword arguments.
+        max_open: Most files open at once in each process.
+        memory_map: Read contiguous numbers out of memory maps.
+        fast: Default reads are used (raw access allowed, types known).
+        single: A sample is one key's row, not a dict of keys.
+        label: What to call the dataset in messages (its class name).
+        uneven: Group keys whose per-sample datasets differ in shape (never stacked).
+
+    Example:
+        >>> SessionReader.read_one.__name__
+        'read_one'
+    """
+
+    def __init__(
+        self,
+        *,
+        ids: Sequence[Hashable],
+        paths: Sequence[str],
+        canonical: Sequence[int],
+        specs: Sequence[KeySpec],
+        types: Sequence[RowType],
+        records: Sequence[SessionRecord],
+        open_kwargs: Sequence[dict[str, Any]],
+        max_open: int,
+        memory_map: bool,
+        fast: bool,
+        single: bool,
+        label: str,
+        uneven: Sequence[int] = (),
+    ) -> None:
+        self.ids = list(ids)
+        self.paths = list(paths)
+        self.canonical = list(canonical)
+        self.specs = tuple(specs)
+        self.types = tuple(types)
+        self.records = list(records)
+        self.open_kwargs = list(open_kwargs)
+        self.memory_map = memory_map
+        self.fast = fast
+        self.single = single
+        self.label = label
+        self.uneven = frozenset(uneven)
+        self.swmr = any(bool(kw.get("swmr")) for kw in self.open_kwargs)
+        self.locking = all(kw.get("locking", True) is not False for kw in self.open_kwargs)
+        layouts = [lay for rec in self.records for lay in rec.layouts[:1]]
+        self.chunked = any(lay.chunk_rows is not None for lay in layouts)
+        number = bool(self.types) and all(rt.kind is Kind.NUMBER for rt in self.types)
+        self.contiguous = (
+            fast
+            and number
+            and all(spec.axis == 0 and not spec.members for spec in self.specs)
+            and all(
+                lay.chunk_rows is None for rec in self.records for lay in rec.layouts if lay.rows
+            )
+        )
+        self.row_bytes = [
+            int(np.prod(rt.row_shape, dtype=np.int64)) * rt.mem_dtype.itemsize for rt in self.types
+        ]
+        self.cache = HandleCache(self._open, max_open, self.paths.__getitem__)
+
+    # ------------------------------------------------------------------ pickling
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["cache"] = self.cache.max_open  # handles never travel: only the bound
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.cache = HandleCache(self._open, int(state["cache"]), self.paths.__getitem__)
+
+    # ------------------------------------------------------------------ messages
+
+    def context(self, pos: int, row: int, index: int) -> str:
+        """The note added to errors: dataset index, session, row, file, key and process."""
+        keys = self.specs[0].name if len(self.specs) == 1 else [s.name for s in self.specs]
+        return (
+            f"loaderkit: dataset index {index} -> session {self.ids[pos]!r}, row {row}, "
+            f"file {self.paths[pos]} (key {keys!r}, process {os.getpid()})"
+        )
+
+    def note(self, exc: BaseException, pos: int, row: int, index: int) -> None:
+        """Add ``context`` to ``exc`` (Python >= 3.11), once."""
+        add_note(exc, self.context(pos, row, index))
+
+    def read_error(
+        self, exc: Exception, pos: int, rows: str, index: int, key: int = 0
+    ) -> Exception:
+        """An ``HDF5FileError`` for a failed read, with the cause when a check establishes it.
+
+        The handle is closed. Checks, in order: did the file change since it was opened
+        (``fstat``); does the dataset carry a Fletcher-32 checksum and which of the rows'
+        chunks fail on their own (damaged bytes). Otherwise HDF5's own message stands alone.
+        """
+        if isinstance(exc, HDF5FileError):
+            self.cache.discard(self.canonical[pos])
+            return exc
+        cause = self._read_cause(pos, key, rows)
+        self.cache.discard(self.canonical[pos])
+        name = self.specs[key].name if self.specs else None
+        return HDF5FileError(
+            f"reading {rows} of {name!r} from session {self.ids[pos]!r} ({self.paths[pos]}) "
+            f"for dataset index {index} failed in process {os.getpid()}: {cause or exc}"
+            f"{' (HDF5: ' + str(exc) + ')' if cause else ''}. The handle was closed."
+        )
+
+    def _read_cause(self, pos: int, key: int, rows: str) -> str:
+        entry = self.cache._entries.get(self.canonical[pos])
+        if entry is not None and entry.identity is not None:
+            try:
+                now = identity_of(self.paths[pos])
+            except OSError as exc:
+                return f"the file is gone or unreadable now ({exc})"
+            changed = changes(entry.identity, now)
+            if changed:
+                return f"the file changed while it was open: {', '.join(changed)}"
+        if entry is None or key >= len(entry.datasets):
+            return ""
+        dset = entry.datasets[key]
+        try:
+            if not any(flt.id == 3 for flt in pipeline(dset)):
+                return ""
+        except Exception:
+            return ""
+        damaged = self._damaged_chunks(dset, self.specs[key].axis, rows)
+        if not damaged:
+            return ""
+        spans = ", ".join(f"rows {a}..{b - 1}" for a, b in damaged)
+        return (
+            f"Fletcher-32 checksum mismatch: the chunk(s) holding {spans} are damaged "
+            "(the file's bytes differ from what was written). Restore the file from a good "
+            "copy; the other rows read correctly"
+        )
+
+    @staticmethod
+    def _damaged_chunks(dset: h5py.Dataset, axis: int, rows: str) -> list[tuple[int, int]]:
+        """Row spans of the chunks that fail to read on their own, among ``rows``."""
+        try:
+            numbers = [int(t) for t in rows.replace("rows", "").replace("row", "").split("..")]
+        except ValueError:
+            return []
+        first, last = numbers[0], numbers[-1]
+        chunk = dset.chunks[axis] if dset.chunks else 1
+        bad = []
+        start = first // chunk * chunk
+        while start <= last:
+            stop = min(start + chunk, dset.shape[axis])
+            try:
+                dset[_axis_selection(axis, start, stop)]
+            except OSError:
+                bad.append((start, stop))
+            start = stop
+        return bad
+
+    # ------------------------------------------------------------------ files
+
+    def _open(self, pos: int) -> Handle:
+        """Open session ``pos``'s file and check it against its record (the cache's opener)."""
+        sid, path = self.ids[pos], self.paths[pos]
+        try:
+            f = h5py.File(path, "r", **self.open_kwargs[pos])
+        except MemoryError:
+            raise
+        except Exception as exc:
+            hint, os_error = open_failure(path, locking=self.locking)
+            if isinstance(os_error, FileNotFoundError):
+                raise FileNotFoundError(
+                    os_error.errno,
+                    f"session {sid!r}: file {path} no longer exists (opened in process "
+                    f"{os.getpid()})",
+                ) from exc
+            error = HDF5FileError(
+                *((os_error.errno,) if os_error is not None and os_error.errno else ()),
+                f"session {sid!r}: cannot open {path} in process {os.getpid()}: "
+                f"{hint or 'HDF5 refused it'} (HDF5: {exc}).",
+            )
+            raise error from (os_error or exc)
+        try:
+            return self._handle(f, pos)
+        except BaseException:
+            try:
+                f.close()
+            except Exception:
+                logger.debug("closing %s after a failed open failed", path, exc_info=True)
+            raise
+
+    def _handle(self, f: h5py.File, pos: int) -> Handle:
+        fd = f.id.get_vfd_handle() if f.driver == "sec2" else None
+        fd = fd if isinstance(fd, int) and fd >= 0 else None
+        identity = identity_of(fd if fd is not None else self.paths[pos])
+        self._check_record(f, pos, identity)
+        datasets, raws, mapped = [], [], []
+        for k, spec in enumerate(self.specs):
+            obj: Any = f[spec.path]
+            if spec.members:
+                datasets.append(obj)
+                raws.append(None)
+                mapped.append(None)
+                continue
+            raw = None
+            if self.fast and spec.axis == 0 and self.types[k].raw_ok and fd is not None:
+                raw = raw_location(f, obj)
+            datasets.append(obj)
+            raws.append(raw)
+            mapped.append(
+                map_rows(raw, obj.shape, obj.dtype) if raw is not None and self.memory_map else None
+            )
+        return Handle(f, datasets, raws, mapped, fd=fd, identity=identity)
+
+    def _check_record(self, f: h5py.File, pos: int, identity: Identity) -> None:
+        """Raise ``HDF5FileError`` when the file is not what the index was built from."""
+        record = self.records[pos]
+        if record.identity is None:
+            return
+        changed = [] if self.swmr else changes(record.identity, identity)
+        found = []
+        for spec, layout, members in zip(self.specs, record.layouts, record.members, strict=True):
+            try:
+                obj = f[spec.path]
+            except Exception:
+                found.append(f"{spec.path!r} is missing")
+                continue
+            if spec.members:
+                now = tuple(obj.keys()) if isinstance(obj, h5py.Group) else ()
+                if now != members:
+                    found.append(
+                        f"{spec.path!r} holds {len(now)} datasets, was {len(members or ())}"
+                    )
+                continue
+            if not isinstance(obj, h5py.Dataset) or obj.ndim <= spec.axis:
+                found.append(f"{spec.path!r} is no longer a dataset of {spec.axis + 1}+ axes")
+                continue
+            shape = obj.shape
+            rows = int(shape[spec.axis])
+            row_shape = tuple(int(n) for k, n in enumerate(shape) if k != spec.axis)
+            if rows < layout.rows or (rows != layout.rows and not self.swmr):
+                found.append(f"rows of {spec.path!r} {layout.rows} -> {rows}")
+            if row_shape != layout.row_shape:
+                found.append(f"row shape of {spec.path!r} {layout.row_shape} -> {row_shape}")
+            try:
+                dtype = obj.dtype
+            except (TypeError, ValueError):
+                dtype = np.dtype(object)
+            if dtype != layout.dtype:
+                found.append(f"dtype of {spec.path!r} {layout.dtype} -> {dtype}")
+        if found or changed:
+            raise HDF5FileError(
+                f"session {self.ids[pos]!r}: {self.paths[pos]} changed after the dataset was "
+                f"built ({'; '.join(found + changed)}), so its index no longer matches the file. "
+                "Create the dataset again after rewriting files (never rewrite session files "
+                "while a dataset over them is in use)."
+            )
+
+    def handle(self, pos: int, row: int, index: int) -> Handle:
+        """The open handle of session ``pos`` (caller holds the lock); errors get the context."""
+        try:
+            return self.cache.get(self.canonical[pos])
+        except Exception as exc:
+            self.note(exc, pos, row, index)
+            raise
+
+    def verify(self, handle: Handle, pos: int, what: str, index: int) -> None:
+        """Raise ``HDF5FileError`` if the open file changed since it was opened (one ``fstat``).
+
+        A chunked file truncated while open reads back zero rows without an error from HDF5;
+        a file rewritten in place reads back other data. Both show in the file's identity.
+        """
+        if handle.identity is None or self.swmr:
+            return
+        try:
+            now = identity_of(handle.fd if handle.fd is not None else self.paths[pos])
+        except OSError as exc:
+            now_text = f"it cannot be examined any more ({exc})"
+        else:
+            if now == handle.identity:
+                return
+            now_text = ", ".join(changes(handle.identity, now))
+        self.cache.discard(self.canonical[pos])
+        raise HDF5FileError(
+            f"session {self.ids[pos]!r}: {self.paths[pos]} changed while it was being read "
+            f"({now_text}); {what} for dataset index {index} may hold other data or zeros and "
+            "was not returned. Never rewrite or truncate session files while a dataset over "
+            "them is in use; create the dataset again afterwards."
+        )
+
+    # ------------------------------------------------------------------ one sample
+
+    def read_one(self, index: int, pos: int, row: int) -> Any:
+        """Sample ``index`` (session ``pos``, ``row``) as the default ``read`` returns it.
+
+        The caller holds the lock.
+        """
+        handle = self.handle(pos, row, index)
+        values = []
+        try:
+            for k in range(len(self.specs)):
+                values.append(self._one(handle, k, pos, row, index))
+            self.verify(handle, pos, f"row {row}", index)
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise self.read_error(exc, pos, f"row {row}", index, len(values)) from exc
+        if self.single:
+            return values[0]
+        return {spec.name: value for spec, value in zip(self.specs, values, strict=True)}
+
+    def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
+        rt, spec = self.types[k], self.specs[k]
+        if spec.members:
+            return rt.sample(self._member(handle, k, pos, row))
+        mapped, raw = handle.maps[k], handle.raws[k]
+        if mapped is not None or raw is not None:
+            sample = np.empty(rt.row_shape, rt.mem_dtype)
+            if mapped is not None:
+                self.verify(handle, pos, f"row {row}", index)  # never fault on a truncated map
+                sample[...] = mapped[row]  # converts byte order; a copy, never a view
+            else:
+                pread(raw, row * self.row_bytes[k], sample, self.row_bytes[k])  # type: ignore[arg-type]
+                if rt.swap:
+                    sample.byteswap(inplace=True)
+            return sample if rt.row_shape else sample[()]
+        dset = handle.datasets[k]
+        if rt.kind is Kind.NUMBER:
+            value = dset[_axis_selection(spec.axis, row, None)] if spec.axis else dset[row]
+            if isinstance(value, np.ndarray):
+                return value.astype(rt.mem_dtype, copy=False)
+            return np.asarray(value).astype(rt.mem_dtype)[()]
+        if rt.kind is Kind.STRUCT:
+            slab = _read_slab(dset, spec.axis, row, 1, rt.mem_dtype)
+            return rt.sample(np.moveaxis(slab, spec.axis, 0)[0])
+        value = dset[_axis_selection(spec.axis, row, None)] if spec.axis else dset[row]
+        return rt.sample(value)
+
+    def _member(self, handle: Handle, k: int, pos: int, row: int) -> Any:
+        """The whole dataset that is sample ``row`` of a group key, read into its mem dtype."""
+        names = self.records[pos].members[k]
+        assert names is not None
+        name = names[row]
+        dset = handle.members.get((k, name))
+        if dset is None:
+            dset = dataset_at(handle.datasets[k], name, self.ids[pos], self.paths[pos])
+            handle.members[(k, name)] = dset
+        rt = self.types[k]
+        if rt.kind in (Kind.NUMBER, Kind.STRUCT):
+            out = np.empty(dset.shape, rt.mem_dtype)
+            if out.size:
+                dset.read_direct(out)
+            return out if out.ndim or rt.kind is Kind.STRUCT else out[()]
+        return dset[()]
+
+    # ------------------------------------------------------------------ batches
+
+    def read_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
+        """Read the samples of ``keys`` (dataset indices ``idx``), every key into one buffer.
+
+        Returns:
+            A ``RowBatch``: the samples in request order, and the collated batch.
+        """
+        n = idx.size
+        with self.cache.lock:
+            order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
+            if starts is None:
+                starts = np.arange(n)
+            parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
+        if self.single:
+            samples, collated = parts[0]
+            return RowBatch(collated, samples, ragged=self._ragged(0))
+        names = [spec.name for spec in self.specs]
+        columns = zip(*(part[0] for part in parts), strict=True)
+        rows = [dict(zip(names, values, strict=True)) for values in columns]
+        batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
+        ragged = next((self._ragged(k) for k, part in enumerate(parts) if part[1] is None), None)
+        return RowBatch(None if ragged else batch, rows, ragged=ragged)
+
+    def _ragged(self, k: int) -> str | None:
+        inner = "" if k in self.uneven else self.types[k].ragged_field()
+        if inner is None:
+            return None
+        name = self.specs[k].name
+        where = f"{name!r}" + (f" (field {inner!r})" if inner else "")
+        return f"{where} in {self.label}"
+
+    def _read_key(
+        self,
+        k: int,
+        idx: np.ndarray,
+        keys: np.ndarray,
+        order: np.ndarray | None,
+        starts: np.ndarray,
+    ) -> tuple[list[Any], Any]:
+        rt = self.types[k]
+        n = idx.size
+        if rt.kind is Kind.NUMBER and not self.specs[k].members:
+            tensor, out = batch_buffer(n, rt.row_shape, rt.mem_dtype)
+            if not (self.memory_map and self.contiguous and self._mapped(k, idx, keys, out)):
+                self._fill(k, idx, keys, order, starts, out)
+            return list(out), tensor
+        if k in self.uneven:
+            out = np.empty(n, object)
+        else:
+            out = np.empty((n, *rt.row_shape), rt.mem_dtype)
+        self._fill(k, idx, keys, order, starts, out)
+        if k in self.uneven:  # per-sample datasets of differing shapes: never stacked
+            return [rt.sample(v) for v in out], None
+        return rt.batch(out, batch_buffer)
+
+    def _mapped(self, k: int, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> bool:
+        """Gather a batch from memory maps with one ``np.take`` per session segment.
+
+        A segment is a stretch of the batch (request order) whose rows come from one session:
+        block-shuffled batches have a few, so the batch is copied at memory speed with a
+        handful of C calls. Returns ``False`` (nothing read) for batches of many segments
+        (uniform shuffling: ``_fill`` copies run by run) or a session that is not mapped.
+        The file is checked (``verify``) before every copy: a truncated file is an error,
+        not ``SIGBUS``. Caller holds the lock.
+        """
+        n = keys.shape[0]
+        pos = keys >> _ROW_BITS
+        cuts = np.flatnonzero(pos[1:] != pos[:-1]) + 1
+        if (cuts.size + 1) * 4 > n:
+            return False
+        rows = keys & _ROW_MASK
+        starts = np.concatenate(([0], cuts))
+        bounds = [*starts.tolist(), n]
+        swap = self.types[k].swap
+        for s, p in enumerate(pos[starts].tolist()):
+            k0, k1 = bounds[s], bounds[s + 1]
+            index = int(idx[k0])
+            handle = self.handle(p, int(rows[k0]), index)
+            mapped = handle.maps[k]
+            if mapped is None:
+                return False  # not mapped (any more): _fill reads the whole batch again
+            self._verify_run(handle, p, index)
+            segment = out[k0:k1]
+            # rows were checked against the file when it was opened (its record); mode="clip"
+            # because numpy buffers ``out`` for mode="raise"
+            np.take(mapped.view(segment.dtype), rows[k0:k1], axis=0, out=segment, mode="clip")
+            if swap:
+                segment.byteswap(inplace=True)
+        return True
+
+    def _fill(
+        self,
+        k: int,
+        idx: np.ndarray,
+        keys: np.ndarray,
+        order: np.ndarray | None,
+        starts: np.ndarray,
+        out: np.ndarray,
+    ) -> None:
+        """Read the runs of ``keys`` for key ``k`` into ``out`` (request order)."""
+        n = idx.size
+        buf = out if order is None else np.empty_like(out)
+        run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
+        bounds = starts.tolist()
+        bounds.append(n)
+        last = -1
+        handle: Handle | None = None
+        first_index = 0
+        for r, key in enumerate(run_keys):
+            pos, a = key >> _ROW_BITS, key & _ROW_MASK
+            k0, k1 = bounds[r], bounds[r + 1]
+            index = int(idx[k0 if order is None else int(order[k0])])
+            if pos != last:
+                if handle is not None:
+                    self._verify_run(handle, last, first_index)
+                handle = self.handle(pos, a, index)
+                last, first_index = pos, index
+            length = k1 - k0
+            try:
+                self._fill_run(handle, k, pos, a, length, buf[k0:k1], index)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                what = f"row {a}" if length == 1 else f"rows {a}..{a + length - 1}"
+                raise self.read_error(exc, pos, what, index, k) from exc
+        if handle is not None:
+            self._verify_run(handle, last, first_index)
+        if order is not None:
+            out[order] = buf
+
+    def _verify_run(self, handle: Handle, pos: int, index: int) -> None:
+        try:
+            self.verify(handle, pos, "rows", index)
+        except HDF5FileError as exc:
+            self.note(exc, pos, -1, index)
+            raise
+
+    def _fill_run(
+        self,
+        handle: Handle,
+        k: int,
+        pos: int,
+        a: int,
+        length: int,
+        target: np.ndarray,
+        index: int,
+    ) -> None:
+        rt, spec = self.types[k], self.specs[k]
+        if spec.members:
+            for j in range(length):
+                target[j] = self._member(handle, k, pos, a + j)
+            return
+        mapped, raw = handle.maps[k], handle.raws[k]
+        if mapped is not None:
+            self.verify(handle, pos, f"rows {a}..{a + length - 1}", index)
+            target[:] = mapped[a : a + length]  # converts byte order while copying
+            return
+        if raw is not None:
+            pread(raw, a * self.row_bytes[k], target, length * self.row_bytes[k])
+            if rt.swap:
+                target.byteswap(inplace=True)
+            return
+        dset = handle.datasets[k]
+        if spec.axis:
+            slab = _read_slab(dset, spec.axis, a, length, target.dtype)
+            target[:] = np.moveaxis(slab, spec.axis, 0)
+        elif rt.kind is Kind.STRUCT or (
+            rt.kind is Kind.NUMBER and length * self.row_bytes[k] >= _DIRECT_READ_BYTES
+        ):
+            read_direct(dset, a, length, target)  # HDF5 converts into the native buffer
+        elif length == 1:
+            target[0] = dset[a]
+        else:
+            target[:] = dset[a : a + length]

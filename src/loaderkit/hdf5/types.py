@@ -1,0 +1,416 @@
+"""HDF5 types as samples: what a row of each HDF5 type becomes, and the types refused.
+
+``row_type`` inspects one dataset (or one field of a compound) and returns a ``RowType``: the
+``Kind`` of its samples, the numpy dtype rows are read into (``mem_dtype``: native byte order,
+packed, only the selected fields) and how a row read into it becomes a sample. HDF5 converts
+byte order, enums and booleans itself when it reads into ``mem_dtype``; bytes read around
+HDF5 (``os.preadv``, memory maps) are swapped in place (``RowType.swap``).
+
+=============================  ==============================  ================================
+HDF5 type                      sample (``ds[i]``)              batch (``loaderkit.collate``)
+=============================  ==============================  ================================
+integer, float, complex,       numpy array (numpy scalar for   one tensor
+bool, enum, bitfield; any      1-D datasets), native order
+byte order
+compound                       ``dict`` field -> value (nested dict of batches per field
+                               dicts for nested compounds)
+fixed / variable-length        ``str`` (UTF-8; undecodable     list of ``str``
+string                         bytes kept as surrogates)
+variable-length array          1-D ``torch.Tensor``            ``RaggedBatchError``; use
+                                                               ``loaderkit.pad_collate``
+time, reference, opaque,       refused at construction         --
+long double, 128-bit float     (``ConfigError``)
+=============================  ==============================  ================================
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import h5py
+import numpy as np
+import torch
+from h5py import h5t
+from torch.utils.data import default_collate
+
+from loaderkit.collate import torch_dtype
+from loaderkit.errors import ConfigError
+
+__all__ = [
+    "Kind",
+    "RowType",
+    "decode_text",
+    "row_type",
+    "struct_of",
+    "type_name",
+    "vlen_bytes_unswapped",
+    "where",
+]
+
+#: Allocates ``(tensor, array)`` sharing one buffer of ``(n, *shape)`` and a dtype.
+Allocator = Callable[[int, tuple[int, ...], np.dtype], tuple[torch.Tensor, np.ndarray]]
+
+
+def _numpy_buffer(
+    n: int, shape: tuple[int, ...], dtype: np.dtype
+) -> tuple[torch.Tensor, np.ndarray]:
+    array = np.empty((n, *shape), dtype)
+    return torch.from_numpy(array), array
+
+
+#: HDF5 type classes and how they are called in messages.
+_CLASS_NAMES = {
+    h5t.INTEGER: "integer",
+    h5t.FLOAT: "float",
+    h5t.TIME: "time",
+    h5t.STRING: "string",
+    h5t.BITFIELD: "bitfield",
+    h5t.OPAQUE: "opaque",
+    h5t.COMPOUND: "compound",
+    h5t.REFERENCE: "reference",
+    h5t.ENUM: "enum",
+    h5t.VLEN: "variable-length",
+    h5t.ARRAY: "array",
+}
+
+_WAY_OUT = (
+    "Override read(session, row) (or read_rows) to convert these rows yourself, e.g. "
+    "self.h5dataset(session)[row] with your own decoding"
+)
+
+
+class Kind(enum.Enum):
+    """What a row holds.
+
+    Attributes:
+        NUMBER: Numbers with a torch dtype: arrays, batched into one tensor.
+        STRUCT: Compound rows (or several keys): a dict per sample, a dict of batches.
+        TEXT: Strings: ``str`` per sample, a list of ``str`` per batch.
+        RAGGED: Variable-length arrays: a 1-D tensor per sample, no stacked batch.
+
+    Example:
+        >>> Kind.NUMBER.value
+        'number'
+    """
+
+    NUMBER = "number"
+    STRUCT = "struct"
+    TEXT = "text"
+    RAGGED = "ragged"
+
+
+@dataclass(frozen=True)
+class RowType:
+    """How rows of one dataset (or one compound field) are read and turned into samples.
+
+    Attributes:
+        kind: What a row holds.
+        mem_dtype: The numpy dtype rows are read into (native order, packed, selected fields;
+            ``object`` for variable-length data).
+        row_shape: Shape of one row (the field's sub-array shape for compound fields).
+        torch_dtype: The torch dtype of ``NUMBER`` rows (``None`` otherwise).
+        swap: Bytes read around HDF5 are in the other byte order and must be swapped.
+        fields: ``STRUCT`` only: ``(name, RowType)`` per field, in order.
+        element: ``RAGGED`` only: the native dtype of the elements.
+
+    Example:
+        >>> rt = RowType(Kind.NUMBER, np.dtype("f4"), (2,), torch.float32)
+        >>> rt.kind.name, rt.mem_dtype.str
+        ('NUMBER', '<f4')
+    """
+
+    kind: Kind
+    mem_dtype: np.dtype
+    row_shape: tuple[int, ...]
+    torch_dtype: torch.dtype | None = None
+    swap: bool = False
+    fields: tuple[tuple[str, RowType], ...] = field(default=())
+    element: np.dtype | None = None
+
+    @property
+    def raw_ok(self) -> bool:
+        """Whether rows may be read as raw bytes (``os.preadv``, memory maps) and swapped."""
+        return self.kind is Kind.NUMBER
+
+    def sample(self, value: Any) -> Any:
+        """Turn one row as read into ``mem_dtype`` into a sample.
+
+        Args:
+            value: A row: an array of ``row_shape`` (a numpy scalar or ``numpy.void`` for
+                1-D datasets), or an object for variable-length data.
+
+        Returns:
+            The sample (see the module's table).
+
+        Example:
+            >>> RowType(Kind.TEXT, np.dtype("S4"), ()).sample(np.bytes_(b"ab"))
+            'ab'
+        """
+        if self.kind is Kind.NUMBER:
+            return value
+        if self.kind is Kind.TEXT:
+            if self.row_shape:
+                return [decode_text(v) for v in np.asarray(value).reshape(-1).tolist()]
+            return decode_text(value)
+        if self.kind is Kind.RAGGED:
+            if self.row_shape:
+                return [self._tensor(v) for v in np.asarray(value).reshape(-1).tolist()]
+            return self._tensor(value)
+        return {name: sub.sample(value[name]) for name, sub in self.fields}
+
+    def _tensor(self, value: Any) -> torch.Tensor:
+        element = self.element if self.element is not None else np.dtype("f8")
+        array = np.asarray(value)
+        if self.swap and array.dtype == element and vlen_bytes_unswapped():
+            array = array.view(element.newbyteorder())  # the file's bytes, as h5py left them
+        return torch.from_numpy(np.array(array, dtype=element, copy=True).reshape(-1))
+
+    def batch(self, values: np.ndarray, alloc: Allocator = _numpy_buffer) -> tuple[list[Any], Any]:
+        """Samples and the collated batch of rows read into one ``mem_dtype`` buffer.
+
+        Args:
+            values: The rows, ``(n, *row_shape)`` of ``mem_dtype``.
+            alloc: Allocates a batch tensor and its numpy view (``collate.batch_buffer``
+                puts it in shared memory inside a worker).
+
+        Returns:
+            ``(samples, collated)``: one sample per row, and what ``default_collate`` would
+            make of them (``None`` when they cannot be stacked: ragged rows).
+
+        Example:
+            >>> rt = RowType(Kind.TEXT, np.dtype("S2"), ())
+            >>> rt.batch(np.array([b"a", b"bc"]))
+            (['a', 'bc'], ['a', 'bc'])
+        """
+        if self.kind is Kind.NUMBER:
+            tensor, array = alloc(values.shape[0], tuple(values.shape[1:]), self.mem_dtype)
+            array[...] = values
+            return list(array), tensor
+        if self.kind is Kind.TEXT:
+            samples = [self.sample(v) for v in values]
+            return samples, default_collate(samples) if self.row_shape else list(samples)
+        if self.kind is Kind.RAGGED:
+            return [self.sample(v) for v in values], None
+        n = values.shape[0]
+        parts = {name: sub.batch(values[name], alloc) for name, sub in self.fields}
+        samples = [{name: part[0][k] for name, part in parts.items()} for k in range(n)]
+        collated: dict[str, Any] | None = {name: part[1] for name, part in parts.items()}
+        if collated is not None and any(v is None for v in collated.values()):
+            collated = None
+        return samples, collated
+
+    def ragged_field(self) -> str | None:
+        """The first field path holding ragged rows (``""`` for the rows themselves), or ``None``.
+
+        Example:
+            >>> RowType(Kind.RAGGED, np.dtype(object), ()).ragged_field()
+            ''
+        """
+        if self.kind is Kind.RAGGED:
+            return ""
+        for name, sub in self.fields:
+            inner = sub.ragged_field()
+            if inner is not None:
+                return f"{name}/{inner}" if inner else name
+        return None
+
+
+@functools.cache
+def vlen_bytes_unswapped() -> bool:
+    """Whether h5py hands out elements of big-endian variable-length arrays unswapped.
+
+    h5py 3.16 returns them labelled with the native dtype but holding the file's bytes; a
+    probe on an in-memory file tells, once per process, so a fixed h5py is read as it is.
+
+    Example:
+        >>> isinstance(vlen_bytes_unswapped(), bool)
+        True
+    """
+    other = ">i4" if np.little_endian else "<i4"
+    with h5py.File("loaderkit-vlen-probe.h5", "w", driver="core", backing_store=False) as f:
+        d = f.create_dataset("v", shape=(1,), dtype=h5py.vlen_dtype(np.dtype(other)))
+        d[0] = np.array([1], other)
+        got = np.asarray(d[0])
+    return bool(got.dtype.isnative and int(got[0]) != 1)
+
+
+def decode_text(value: Any) -> str:
+    r"""A string as HDF5 stored it, decoded: ``bytes`` as UTF-8 (bad bytes kept as surrogates).
+
+    ASCII is a subset of UTF-8; bytes that are not valid UTF-8 (Latin-1 text in old files)
+    decode with ``surrogateescape``, so ``s.encode("utf-8", "surrogateescape")`` gives them back.
+
+    Example:
+        >>> decode_text(b"caf\\xc3\\xa9"), decode_text("x")
+        ('café', 'x')
+    """
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "surrogateescape")
+    if isinstance(value, str):
+        return value
+    if isinstance(value, np.bytes_):
+        return bytes(value).decode("utf-8", "surrogateescape")
+    return str(value)
+
+
+def type_name(tid: Any) -> str:
+    """A short, readable name of an HDF5 type (class, size, byte order).
+
+    Example:
+        >>> type_name(h5t.STD_I32BE)
+        'integer (4 bytes, big-endian)'
+    """
+    try:
+        cls = tid.get_class()
+        size = tid.get_size()
+    except Exception:  # an exotic type h5py cannot describe
+        return "unknown type"
+    name = _CLASS_NAMES.get(cls, f"class {cls}")
+    order = ""
+    if cls in (h5t.INTEGER, h5t.FLOAT, h5t.TIME, h5t.BITFIELD):
+        try:
+            order = ", big-endian" if tid.get_order() == h5t.ORDER_BE else ", little-endian"
+        except Exception:
+            order = ""
+    return f"{name} ({size} bytes{order})"
+
+
+def _refuse(what: str, hdf5_type: str, why: str) -> ConfigError:
+    return ConfigError(
+        f"{what} holds HDF5 {hdf5_type} values, which {why}; no torch dtype holds them. "
+        f"{_WAY_OUT}, or store them as a supported type (see docs/hdf5.md, 'Types')."
+    )
+
+
+def row_type(
+    dset: h5py.Dataset,
+    *,
+    fields: Sequence[str] | None = None,
+    row_shape: tuple[int, ...],
+    where: str,
+) -> RowType:
+    """The ``RowType`` of ``dset``'s rows (only ``fields`` of a compound, when given).
+
+    Args:
+        dset: The dataset.
+        fields: Compound fields to read (``None``: all).
+        row_shape: Shape of one row (the dataset's shape without its sample axis).
+        where: What to call the dataset in messages ("dataset 'x' of session 0 (path)").
+
+    Returns:
+        The row type.
+
+    Raises:
+        ConfigError: A type with no torch equivalent (long double, 128-bit float, time,
+            reference, opaque), or ``fields`` that are not fields of a compound.
+
+    Example:
+        >>> import h5py, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "t.h5")
+        >>> with h5py.File(path, "w") as f:
+        ...     d = f.create_dataset("x", data=np.zeros((2, 3), ">i4"))
+        ...     rt = row_type(d, row_shape=(3,), where="x")
+        >>> rt.kind.name, rt.mem_dtype.str, rt.swap
+        ('NUMBER', '<i4', True)
+    """
+    tid = dset.id.get_type()
+    try:
+        dtype = dset.dtype
+    except (TypeError, ValueError) as exc:  # time types, floats numpy cannot hold
+        raise _refuse(where, type_name(tid), f"numpy cannot represent ({exc})") from None
+    rt = _of(dtype, tid, row_shape, where)
+    if fields is None:
+        return rt
+    if rt.kind is not Kind.STRUCT:
+        raise ConfigError(
+            f"fields={list(fields)!r} given, but {where} is not a compound (table) dataset: "
+            f"its rows are {dtype}. Drop fields=, or point key= at a compound dataset."
+        )
+    present = dict(rt.fields)
+    missing = [name for name in fields if name not in present]
+    if missing or not fields:
+        raise ConfigError(
+            f"fields={list(fields)!r}: {where} has fields {list(present)}; "
+            f"{'missing: ' + str(missing) if missing else 'name at least one'}."
+        )
+    return _struct([(name, present[name]) for name in fields], row_shape)
+
+
+def _member_type(tid: Any, index: int) -> Any:
+    try:
+        return tid.get_member_type(index)
+    except Exception:
+        return None
+
+
+def _of(dtype: np.dtype, tid: Any, row_shape: tuple[int, ...], where: str) -> RowType:
+    """Row type of ``dtype`` (numpy, as h5py reads it) with HDF5 type ``tid``."""
+    if dtype.subdtype is not None:  # an HDF5 array type: its shape joins the row's
+        base, shape = dtype.subdtype
+        inner = tid.get_super() if tid is not None and tid.get_class() == h5t.ARRAY else None
+        return _of(base, inner, (*row_shape, *shape), where)
+    if dtype.fields is not None:
+        names = list(dtype.names or ())
+        subs = []
+        for k, name in enumerate(names):
+            ftype = dtype.fields[name][0]
+            ftid = _member_type(tid, k) if tid is not None else None
+            subs.append((name, _of(ftype, ftid, (), f"field {name!r} of {where}")))
+        return _struct(subs, row_shape)
+    string = h5py.check_string_dtype(dtype)
+    if string is not None:
+        return RowType(
+            Kind.TEXT, dtype if string.length is None else np.dtype(dtype.str), row_shape
+        )
+    if h5py.check_ref_dtype(dtype) is not None:
+        raise _refuse(where, "reference", "point at other HDF5 objects")
+    vlen = h5py.check_vlen_dtype(dtype)
+    if vlen is not None:
+        base = np.dtype(vlen)
+        if base.fields is not None or torch_dtype(base.newbyteorder("=")) is None:
+            raise _refuse(where, f"variable-length arrays of {base}", "torch cannot hold")
+        native = base.newbyteorder("=")
+        return RowType(Kind.RAGGED, dtype, row_shape, swap=not base.isnative, element=native)
+    cls = tid.get_class() if tid is not None else None
+    if cls == h5t.TIME:
+        raise _refuse(where, type_name(tid), "have no numpy or torch equivalent")
+    if cls == h5t.OPAQUE or dtype.kind == "V":
+        raise _refuse(where, "opaque", "are untyped bytes")
+    native = np.dtype(dtype.str).newbyteorder("=") if dtype.kind != "b" else np.dtype(bool)
+    kind = torch_dtype(native)
+    if kind is None or (dtype.kind == "f" and dtype.itemsize > 8):
+        why = "are wider than torch's float64" if dtype.kind == "f" else "torch cannot hold"
+        raise _refuse(where, f"{type_name(tid) if tid is not None else dtype} ({dtype})", why)
+    return RowType(Kind.NUMBER, native, row_shape, kind, swap=not dtype.isnative)
+
+
+def _struct(subs: Sequence[tuple[str, RowType]], row_shape: tuple[int, ...]) -> RowType:
+    mem = np.dtype([(name, sub.mem_dtype, sub.row_shape) for name, sub in subs])
+    return RowType(Kind.STRUCT, mem, row_shape, fields=tuple(subs))
+
+
+def struct_of(parts: Sequence[tuple[str, RowType]]) -> RowType:
+    """A ``STRUCT`` row type whose fields are whole keys (``key=("a", "b")``).
+
+    Its ``mem_dtype`` is unused: every key is read into its own buffer.
+
+    Example:
+        >>> a = RowType(Kind.NUMBER, np.dtype("f4"), (2,), torch.float32)
+        >>> [name for name, _ in struct_of([("a", a)]).fields]
+        ['a']
+    """
+    return RowType(Kind.STRUCT, np.dtype(object), (), fields=tuple(parts))
+
+
+def where(key: str, session: Hashable, path: str) -> str:
+    """How messages name a dataset: ``dataset 'key' of session 0 (path)``.
+
+    Example:
+        >>> where("x", 0, "/a.h5")
+        "dataset 'x' of session 0 (/a.h5)"
+    """
+    return f"dataset {key!r} of session {session!r} ({path})"
