@@ -45,7 +45,8 @@ def raw_location(f: h5py.File, dset: h5py.Dataset) -> tuple[int, int] | None:
 
     That is the case for data stored contiguously (not chunked, compact or external), without
     filters, fully allocated, in a plain file opened with the default ``sec2`` driver, whose file
-    type is exactly the numpy dtype h5py returns: the bytes on disk are then the C-order array.
+    type is exactly the numpy dtype h5py returns (numbers of either byte order, or compound
+    records of fixed-size fields): the bytes on disk are then the C-order array.
 
     Args:
         f: The open file.
@@ -70,7 +71,8 @@ def raw_location(f: h5py.File, dset: h5py.Dataset) -> tuple[int, int] | None:
         if dcpl.get_layout() != h5d.CONTIGUOUS or dcpl.get_nfilters() or dcpl.get_external_count():
             return None
         dtype = dset.dtype
-        if dtype.kind not in "biufc" or dtype.fields is not None or dtype.subdtype is not None:
+        record = dtype.fields is not None and not dtype.hasobject  # compound of fixed fields
+        if (dtype.kind not in "biufc" and not record) or dtype.subdtype is not None:
             return None
         if dset.id.get_type() != h5t.py_create(dtype):
             return None

@@ -178,7 +178,7 @@ class SessionReader:
             )
         )
         self.row_bytes = [
-            int(np.prod(rt.row_shape, dtype=np.int64)) * rt.mem_dtype.itemsize for rt in self.types
+            int(np.prod(rt.row_shape, dtype=np.int64)) * rt.read_dtype.itemsize for rt in self.types
         ]
         self.cache = HandleCache(self._open, max_open, self.paths.__getitem__)
 
@@ -434,7 +434,7 @@ class SessionReader:
             return rt.sample(self._member(handle, k, pos, row))
         mapped, raw = handle.maps[k], handle.raws[k]
         if mapped is not None or raw is not None:
-            sample = np.empty(rt.row_shape, rt.mem_dtype)
+            sample = np.empty(rt.row_shape, rt.read_dtype)
             if mapped is not None:
                 self.verify(handle, pos, f"row {row}", index)  # never fault on a truncated map
                 sample[...] = mapped[row]  # converts byte order; a copy, never a view
@@ -442,6 +442,8 @@ class SessionReader:
                 pread(raw, row * self.row_bytes[k], sample, self.row_bytes[k])  # type: ignore[arg-type]
                 if rt.swap:
                     sample.byteswap(inplace=True)
+            if rt.kind is Kind.STRUCT:
+                return rt.sample(sample[()] if not rt.row_shape else sample)
             return sample if rt.row_shape else sample[()]
         dset = handle.datasets[k]
         if rt.kind is Kind.NUMBER:
@@ -450,7 +452,7 @@ class SessionReader:
                 return value.astype(rt.mem_dtype, copy=False)
             return np.asarray(value).astype(rt.mem_dtype)[()]
         if rt.kind is Kind.STRUCT:
-            slab = _read_slab(dset, spec.axis, row, 1, rt.mem_dtype)
+            slab = _read_slab(dset, spec.axis, row, 1, rt.read_dtype)
             return rt.sample(np.moveaxis(slab, spec.axis, 0)[0])
         value = dset[_axis_selection(spec.axis, row, None)] if spec.axis else dset[row]
         return rt.sample(value)
@@ -466,7 +468,7 @@ class SessionReader:
             handle.members[(k, name)] = dset
         rt = self.types[k]
         if rt.kind in (Kind.NUMBER, Kind.STRUCT):
-            out = np.empty(dset.shape, rt.mem_dtype)
+            out = np.empty(dset.shape, rt.read_dtype)
             if out.size:
                 dset.read_direct(out)
             return out if out.ndim or rt.kind is Kind.STRUCT else out[()]
@@ -522,7 +524,7 @@ class SessionReader:
         if k in self.uneven:
             out = np.empty(n, object)
         else:
-            out = np.empty((n, *rt.row_shape), rt.mem_dtype)
+            out = np.empty((n, *rt.row_shape), rt.read_dtype)
         self._fill(k, idx, keys, order, starts, out)
         if k in self.uneven:  # per-sample datasets of differing shapes: never stacked
             return [rt.sample(v) for v in out], None

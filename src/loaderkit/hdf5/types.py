@@ -25,6 +25,7 @@ long double, 128-bit float     (``ConfigError``)
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 from collections.abc import Callable, Hashable, Sequence
@@ -116,6 +117,10 @@ class RowType:
         swap: Bytes read around HDF5 are in the other byte order and must be swapped.
         fields: ``STRUCT`` only: ``(name, RowType)`` per field, in order.
         element: ``RAGGED`` only: the native dtype of the elements.
+        record: ``STRUCT`` only: the file's own record dtype (byte order and offsets as
+            stored) when whole records are read as they are and converted field by field in
+            numpy, which is far cheaper than HDF5's compound conversion; ``None`` when HDF5
+            converts (variable-length fields, or ``fields=`` to read only some fields).
 
     Example:
         >>> rt = RowType(Kind.NUMBER, np.dtype("f4"), (2,), torch.float32)
@@ -130,11 +135,17 @@ class RowType:
     swap: bool = False
     fields: tuple[tuple[str, RowType], ...] = field(default=())
     element: np.dtype | None = None
+    record: np.dtype | None = None
 
     @property
     def raw_ok(self) -> bool:
-        """Whether rows may be read as raw bytes (``os.preadv``, memory maps) and swapped."""
-        return self.kind is Kind.NUMBER
+        """Whether rows may be read as raw bytes (``os.preadv``, memory maps)."""
+        return self.kind is Kind.NUMBER or self.record is not None
+
+    @property
+    def read_dtype(self) -> np.dtype:
+        """The dtype rows are read into: the file's record, or ``mem_dtype``."""
+        return self.record if self.record is not None else self.mem_dtype
 
     def sample(self, value: Any) -> Any:
         """Turn one row as read into ``mem_dtype`` into a sample.
@@ -151,6 +162,8 @@ class RowType:
             'ab'
         """
         if self.kind is Kind.NUMBER:
+            if isinstance(value, np.ndarray) and value.dtype != self.mem_dtype:
+                return value.astype(self.mem_dtype)  # a field of a record read as stored
             return value
         if self.kind is Kind.TEXT:
             if self.row_shape:
@@ -324,6 +337,8 @@ def row_type(
         raise _refuse(where, type_name(tid), f"numpy cannot represent ({exc})") from None
     rt = _of(dtype, tid, row_shape, where)
     if fields is None:
+        if rt.kind is Kind.STRUCT and not dtype.hasobject and dtype.fields is not None:
+            return dataclasses.replace(rt, record=dtype)
         return rt
     if rt.kind is not Kind.STRUCT:
         raise ConfigError(
