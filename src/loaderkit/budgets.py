@@ -313,12 +313,12 @@ def check_open_file_budget(
     fds = loader_fds(num_workers, main_fds=main_fds, start_method=start_method)
     files = (max_open_files or 0) * max(1, fds_per_file)
     per_file = f" x {fds_per_file}" if fds_per_file != 1 else ""
-    file_text = f" + max_open_files={max_open_files or 0}{per_file}"
+    file_text = f" + max_open_files={max_open_files}{per_file}" if max_open_files else ""
     main_need = fds.main + files
     worker_need = fds.worker + files if num_workers > 0 else 0
     needed = max(main_need, worker_need)
     detail = (
-        f"each process has its own limit of {soft_limit} descriptors (soft `ulimit -n`): the "
+        f"each process has its own limit of {soft_limit} file descriptors (soft `ulimit -n`): the "
         f"main process may hold about {main_need} ({fds.main_detail}{file_text})"
     )
     if num_workers > 0:
