@@ -16,6 +16,7 @@ Warnings are emitted here (as ``LoaderkitWarning``), errors raised as
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -104,9 +105,65 @@ def _sample_nbytes(dataset: Any) -> int | None:
     known = getattr(dataset, "sample_nbytes", None)
     if isinstance(known, int):
         return known
-    if isinstance(dataset, TensorDataset) and dataset.tensors:
+    if isinstance(dataset, TensorDataset) and dataset.tensors and len(dataset.tensors[0]):
         return int(sum(t[0].numel() * t.element_size() for t in dataset.tensors if t.dim()))
     return None
+
+
+#: Sampler choices loaderkit builds itself (the caller's and torch's defaults are left as is).
+_BUILT_SAMPLERS = (SamplerChoice.BLOCK, SamplerChoice.DISTRIBUTED, SamplerChoice.EXACT_SHARD)
+
+
+def _dataset_size(dataset: Any) -> int | None:
+    """``len(dataset)`` for a map-style dataset, ``None`` when it has no length."""
+    if isinstance(dataset, IterableDataset):
+        return None
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def _check_not_empty(dataset: Any, request: LoaderRequest, res: Resolution) -> None:
+    """Refuse a dataset with no samples when loaderkit builds or fills its shuffling sampler.
+
+    torch's ``RandomSampler`` refuses an empty dataset with a ``ValueError``; the samplers
+    loaderkit builds (``shuffle="block"``, distributed shards) would silently give 0 batches a
+    pass. ``shuffle=False``/``None`` with no sampler stays torch's (0 batches, no error).
+    """
+    choice = res.sampler_choice
+    shuffled = (
+        choice == SamplerChoice.DEFAULT
+        and res.values.get("shuffle") is True
+        and request.sampler is None
+        and request.batch_sampler is None
+    )
+    if choice not in _BUILT_SAMPLERS and not shuffled:
+        return
+    if _dataset_size(dataset) != 0:
+        return
+    name = type(dataset).__name__
+    files = getattr(dataset, "files", None)
+    if isinstance(files, Mapping) and files:
+        paths = [str(path) for path in list(files.values())[:3]]
+        more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+        why = (
+            f"every one of its {len(files)} session file(s) has 0 rows (or build_index() "
+            f"returned no entries): {', '.join(paths)}{more}"
+        )
+    else:
+        why = "len(dataset) is 0"
+    sampler = {
+        SamplerChoice.BLOCK: "shuffle='block' (BlockShuffleSampler)",
+        SamplerChoice.DISTRIBUTED: "a DistributedSampler (distributed training)",
+        SamplerChoice.EXACT_SHARD: "a ShardSampler (distributed evaluation)",
+    }.get(choice, "shuffle=True (RandomSampler)")
+    raise ConfigError(
+        f"the dataset {name} has no samples: {why}. A loader with {sampler} would yield 0 "
+        "batches every epoch (torch's RandomSampler refuses it: num_samples should be a "
+        "positive integer value, but got num_samples=0). Fix: check the files and the key, "
+        "or that a filter did not drop every row."
+    )
 
 
 def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> dict[str, Any]:
@@ -325,6 +382,7 @@ def plan_loader(
     dist = dist_info()
     facts = dataset_facts(dataset)
     res = resolve(request, facts, platform, dist)
+    _check_not_empty(dataset, request, res)
 
     found = _Findings(warnings=list(res.warnings), entries=list(res.entries))
     budget_entry, open_files = _file_budget(dataset, res, platform)
