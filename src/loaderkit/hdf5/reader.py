@@ -7,9 +7,10 @@ and pickling, and hands its default reads here:
 
 * ``read_one`` — one sample (per-item reads);
 * ``read_batch`` — a batch grouped into runs of consecutive rows (``reading.plan_runs``),
-  every key read into one buffer: ``os.preadv`` or a memory map for contiguous numbers (swapped
-  to native order in place), HDF5 otherwise (which converts byte order, enums and compounds
-  itself), then split into samples and the collated batch (``loaderkit.collate.RowBatch``).
+  every key read into one buffer: ``os.preadv`` or a memory map for contiguous numbers (other
+  byte orders into a reused scratch buffer, converted while copied), HDF5 otherwise (which
+  converts byte order, enums and compounds itself), then split into samples and the collated
+  batch (``loaderkit.collate.RowBatch``).
 
 Never silently wrong: a file is compared with its ``SessionRecord`` when it is (re)opened, and
 with its identity at open (one ``fstat``) after every read and before every copy out of a
@@ -181,12 +182,14 @@ class SessionReader:
             int(np.prod(rt.row_shape, dtype=np.int64)) * rt.read_dtype.itemsize for rt in self.types
         ]
         self.cache = HandleCache(self._open, max_open, self.paths.__getitem__)
+        self._spare: np.ndarray | None = None
 
     # ------------------------------------------------------------------ pickling
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["cache"] = self.cache.max_open  # handles never travel: only the bound
+        state["_spare"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -437,11 +440,11 @@ class SessionReader:
             sample = np.empty(rt.row_shape, rt.read_dtype)
             if mapped is not None:
                 self.verify(handle, pos, f"row {row}", index)  # never fault on a truncated map
-                sample[...] = mapped[row]  # converts byte order; a copy, never a view
+                sample[...] = mapped[row]  # a copy, never a view of the map
             else:
                 pread(raw, row * self.row_bytes[k], sample, self.row_bytes[k])  # type: ignore[arg-type]
-                if rt.swap:
-                    sample.byteswap(inplace=True)
+            if rt.swap:
+                sample = sample.astype(rt.mem_dtype)
             if rt.kind is Kind.STRUCT:
                 return rt.sample(sample[()] if not rt.row_shape else sample)
             return sample if rt.row_shape else sample[()]
@@ -498,6 +501,18 @@ class SessionReader:
         ragged = next((self._ragged(k) for k, part in enumerate(parts) if part[1] is None), None)
         return RowBatch(None if ragged else batch, rows, ragged=ragged)
 
+    def _scratch(self, n: int, rt: RowType) -> np.ndarray:
+        """A reused buffer of ``n`` rows as stored (``read_dtype``); never handed out.
+
+        Rows that need converting (another byte order, records split into fields) are read
+        here and copied out, so the batch costs no fresh allocation and page faults twice.
+        """
+        shape = (n, *rt.row_shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * rt.read_dtype.itemsize
+        if self._spare is None or self._spare.nbytes < nbytes:
+            self._spare = np.empty(max(nbytes, 1 << 16), np.uint8)
+        return self._spare[:nbytes].view(rt.read_dtype).reshape(shape)
+
     def _ragged(self, k: int) -> str | None:
         inner = "" if k in self.uneven else self.types[k].ragged_field()
         if inner is None:
@@ -518,11 +533,16 @@ class SessionReader:
         n = idx.size
         if rt.kind is Kind.NUMBER and not self.specs[k].members:
             tensor, out = batch_buffer(n, rt.row_shape, rt.mem_dtype)
-            if not (self.memory_map and self.contiguous and self._mapped(k, idx, keys, out)):
-                self._fill(k, idx, keys, order, starts, out)
+            stored = self._scratch(n, rt) if rt.swap else out
+            if not (self.memory_map and self.contiguous and self._mapped(k, idx, keys, stored)):
+                self._fill(k, idx, keys, order, starts, stored)
+            if stored is not out:
+                np.copyto(out, stored)  # to native byte order while copying
             return list(out), tensor
         if k in self.uneven:
             out = np.empty(n, object)
+        elif rt.record is not None:  # split into fresh per-field batches: the records are scratch
+            out = self._scratch(n, rt)
         else:
             out = np.empty((n, *rt.row_shape), rt.read_dtype)
         self._fill(k, idx, keys, order, starts, out)
@@ -548,7 +568,6 @@ class SessionReader:
         rows = keys & _ROW_MASK
         starts = np.concatenate(([0], cuts))
         bounds = [*starts.tolist(), n]
-        swap = self.types[k].swap
         for s, p in enumerate(pos[starts].tolist()):
             k0, k1 = bounds[s], bounds[s + 1]
             index = int(idx[k0])
@@ -560,9 +579,7 @@ class SessionReader:
             segment = out[k0:k1]
             # rows were checked against the file when it was opened (its record); mode="clip"
             # because numpy buffers ``out`` for mode="raise"
-            np.take(mapped.view(segment.dtype), rows[k0:k1], axis=0, out=segment, mode="clip")
-            if swap:
-                segment.byteswap(inplace=True)
+            np.take(mapped, rows[k0:k1], axis=0, out=segment, mode="clip")
         return True
 
     def _fill(
@@ -634,8 +651,6 @@ class SessionReader:
             return
         if raw is not None:
             pread(raw, a * self.row_bytes[k], target, length * self.row_bytes[k])
-            if rt.swap:
-                target.byteswap(inplace=True)
             return
         dset = handle.datasets[k]
         if spec.axis:
