@@ -15,6 +15,14 @@ directory, then measures each strategy on the same files and the same index orde
 - ``memory-limit``: one ``np.take`` per batch from in-memory arrays of all rows into a batch
   tensor, same batches as ``loaderkit-block`` (the ceiling).
 
+Then the **types** rows (real files hold more than native float32): the same bytes per row
+stored as native float32, big-endian float32 (``>f4``, as older instruments and Fortran/IDL
+tools write), a compound record (a PyTables/pandas-style table row: an image sub-array field
+and scalar fields) and the same compound big-endian; each read batched (``__getitems__`` +
+``loaderkit.collate``, block order) and per item (``ds[i]`` + ``default_collate``). Targets:
+every batched row >= 0.8x the native batched read of the same bytes, and >= 5x its own
+per-item read. ``--types-only`` runs just these rows.
+
 Every strategy delivers each batch as a training loop receives it: one tensor, collated as
 torch's fetcher does (``default_collate`` of the samples; ``loaderkit.collate`` for
 loaderkit's batched reads, which return the tensor they read into).
@@ -395,6 +403,7 @@ def run_benchmark(
     workloads: Sequence[str] | None = None,
     strategies: Sequence[str] = STRATEGIES,
     block_size: int | None = None,
+    types: bool = True,
 ) -> dict[str, Any]:
     """Run the benchmark and return its results (what ``--json`` writes).
 
@@ -405,8 +414,9 @@ def run_benchmark(
         workloads: Names from ``WORKLOADS`` (default: all).
         strategies: Strategy names (default: all).
         block_size: ``BlockShuffleSampler`` block size (default: the sampler's default).
+        types: Also run the types rows (big-endian and compound beside native).
     """
-    names = list(workloads or WORKLOADS)
+    names = list(WORKLOADS if workloads is None else workloads)
     results: dict[str, Any] = {
         "quick": quick,
         "repeats": repeats,
@@ -428,14 +438,132 @@ def run_benchmark(
                     block_size=block_size,
                 )
             )
+        if types:
+            tdir = Path(tmp) / "types"
+            tdir.mkdir()
+            results["types"] = run_types(quick=quick, repeats=repeats, root=tdir)
     results["targets"] = evaluate_targets(results)
     return results
+
+
+#: (name, how the row's bytes are stored) for the types rows; every row is TYPE_ROW_BYTES long.
+TYPE_ROW_BYTES = 16 * 1024
+TYPE_ROWS = ("native-f4", "big-endian-f4", "compound", "compound-big-endian")
+#: (timed items, warm-up batches), full and quick.
+TYPE_SIZES = ((4096, 4), (1024, 2))
+
+
+def _record(order: str) -> np.dtype:
+    """A table row of TYPE_ROW_BYTES: an image sub-array, a label, a time and flags."""
+    image = (TYPE_ROW_BYTES - 8 - 8 - 16) // 4
+    return np.dtype(
+        [
+            ("image", f"{order}f4", (image,)),
+            ("label", f"{order}i8"),
+            ("time", f"{order}f8"),
+            ("flags", f"{order}i4", (4,)),
+        ]
+    )
+
+
+def _write_types(root: Path, sessions: int, rows: int) -> list[Path]:
+    rng = np.random.default_rng(7)
+    paths = []
+    for s in range(sessions):
+        values = rng.standard_normal((rows, TYPE_ROW_BYTES // 4)).astype("f4")
+        record = np.zeros(rows, _record("<"))
+        record["image"] = values[:, : record["image"].shape[1]]
+        record["label"] = np.arange(rows) + s * rows
+        record["time"] = np.arange(rows) * 0.5
+        path = root / f"types{s:02d}.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("native-f4", data=values)
+            f.create_dataset("big-endian-f4", data=values.astype(">f4"))
+            f.create_dataset("compound", data=record)
+            f.create_dataset("compound-big-endian", data=record.astype(_record(">")))
+        paths.append(path)
+    return paths
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+
+
+def run_types(*, quick: bool, repeats: int, root: str | Path) -> dict[str, Any]:
+    """Big-endian and compound rows beside native ones, batched and per item (same bytes)."""
+    timed_items, warm = TYPE_SIZES[1 if quick else 0]
+    sessions, rows = 4, max(64, (timed_items + warm * BATCH) // 4 + BATCH)
+    paths = _write_types(Path(root), sessions, rows)
+    rates: dict[str, dict[str, list[float]]] = {k: {"batch": [], "item": []} for k in TYPE_ROWS}
+    checked = 0
+    for rep in range(repeats):
+        for key in TYPE_ROWS[rep % 4 :] + TYPE_ROWS[: rep % 4]:
+            with HDF5SessionDataset(paths, key=key) as ds:
+                order = BlockShuffleSampler(ds, seed=1234).indices()
+                batches = _batches(order)
+                warm_b = batches[:warm]
+                timed = batches[warm : warm + max(1, timed_items // BATCH)]
+                item_timed = timed[: max(1, len(timed) // 4)]
+                for b in warm_b:
+                    collate(ds.__getitems__(b))
+                    default_collate([ds[i] for i in b])
+                if rep == 0:  # untimed: the batched and per-item paths agree
+                    for b in timed[:2]:
+                        assert _same(
+                            collate(ds.__getitems__(b)), default_collate([ds[i] for i in b])
+                        )
+                        checked += len(b)
+                for mode, bs in (("batch", timed), ("item", item_timed)):
+                    gc.collect()
+                    gc.disable()
+                    try:
+                        t0 = time.perf_counter()
+                        for b in bs:
+                            if mode == "batch":
+                                out = collate(ds.__getitems__(b))
+                            else:
+                                out = default_collate([ds[i] for i in b])
+                            del out
+                        elapsed = time.perf_counter() - t0
+                    finally:
+                        gc.enable()
+                    rates[key][mode].append(sum(len(b) for b in bs) / elapsed)
+    result: dict[str, Any] = {"row_bytes": TYPE_ROW_BYTES, "checked": checked, "rows": {}}
+    native = statistics.median(rates["native-f4"]["batch"])
+    for key in TYPE_ROWS:
+        batch = statistics.median(rates[key]["batch"])
+        item = statistics.median(rates[key]["item"])
+        result["rows"][key] = {
+            "batch_items_per_s": batch,
+            "item_items_per_s": item,
+            "batch_vs_native": batch / native,
+            "batch_vs_item": batch / item,
+        }
+    result["targets"] = [
+        check
+        for key in TYPE_ROWS[1:]
+        for check in (
+            {
+                "target": f"types: {key} batched >= 0.8x native-f4 batched (same bytes)",
+                "ratio": result["rows"][key]["batch_vs_native"],
+                "passed": result["rows"][key]["batch_vs_native"] >= 0.8,
+            },
+            {
+                "target": f"types: {key} batched >= 5x its per-item read",
+                "ratio": result["rows"][key]["batch_vs_item"],
+                "passed": result["rows"][key]["batch_vs_item"] >= 5,
+            },
+        )
+    ]
+    return result
 
 
 def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Check the issue-6 targets against ``results`` (those whose strategies were run)."""
     by_name = {w["workload"]: w["strategies"] for w in results["workloads"]}
-    checks = []
+    checks = list(results.get("types", {}).get("targets", []))
     for wname, strategy, ref, minimum in TARGETS:
         strategies = by_name.get(wname, {})
         if strategy not in strategies or ref not in strategies:
@@ -493,6 +621,23 @@ def format_table(results: dict[str, Any]) -> str:
                 f"{'' if vs_mem is None else f'{vs_mem:.2f}'} | "
                 f"{res['max_open_files_seen']}{bound} | {res['checked']} {ok} |"
             )
+    types = results.get("types")
+    if types:
+        lines += [
+            "",
+            f"types: {types['row_bytes']} bytes per row, block order, values checked: "
+            f"{types['checked']}",
+            "",
+            "| row stored as | batched items/s | per-item items/s | batched vs native | "
+            "batched vs per-item |",
+            "|---|---|---|---|---|",
+        ]
+        for key, row in types["rows"].items():
+            lines.append(
+                f"| {key} | {_fmt_rate(row['batch_items_per_s'])} | "
+                f"{_fmt_rate(row['item_items_per_s'])} | {row['batch_vs_native']:.2f}x | "
+                f"{row['batch_vs_item']:.1f}x |"
+            )
     lines += ["", "| target | measured | result |", "|---|---|---|"]
     for t in results["targets"]:
         measured = "" if t["ratio"] is None else f"{t['ratio']:.2f}x"
@@ -510,11 +655,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--workload", action="append", choices=list(WORKLOADS), help="only these workloads"
     )
+    parser.add_argument(
+        "--types-only", action="store_true", help="only the big-endian and compound rows"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be >= 1")
     results = run_benchmark(
-        quick=args.quick, root=args.root, repeats=args.repeats, workloads=args.workload
+        quick=args.quick,
+        root=args.root,
+        repeats=args.repeats,
+        workloads=[] if args.types_only else args.workload,
     )
     print(format_table(results))
     if args.json:
