@@ -18,6 +18,10 @@ through ``loaderkit.planning.plan_loader``, and adds:
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import fields
@@ -31,6 +35,12 @@ from torch.utils.data.dataloader import (
     _SingleProcessDataLoaderIter,
 )
 
+from loaderkit.deaths import (
+    WorkerDeath,
+    death_message,
+    deaths_in_message,
+    is_worker_death_error,
+)
 from loaderkit.errors import ConfigError, check_int, warn
 from loaderkit.hooks import call_hook
 from loaderkit.plan import Plan
@@ -57,6 +67,8 @@ logger = logging.getLogger("loaderkit")
 
 #: Seconds to wait for a worker after asking it to stop, then after terminating it.
 _KILL_GRACE_S = 1.0
+#: Seconds to wait for a dead worker to be seen dead after its queue failed.
+_DEATH_GRACE_S = 2.0
 
 
 _T_co = TypeVar("_T_co", covariant=True)
@@ -626,6 +638,65 @@ def _release_process(worker: Any) -> None:
 # --------------------------------------------------------------------------- iterators
 
 
+class CollateWithContext:
+    """The caller's ``collate_fn`` as loaderkit's iterators run it: failures say where.
+
+    An exception raised by ``collate_fn`` (the caller's, torch's ``default_collate`` or
+    loaderkit's) keeps its type and gains a note naming the batch's size, the process and the
+    worker. Installed on the iterator, before its workers start, never on the loader:
+    ``loader.collate_fn`` stays the object the caller passed (frameworks rebuild loaders from
+    it). Picklable when the wrapped function is (spawn sends it to each worker).
+
+    Attributes:
+        fn: The wrapped collate function.
+    """
+
+    def __init__(self, fn: Callable[[Any], Any]) -> None:
+        self.fn = fn
+
+    def __call__(self, batch: Any) -> Any:
+        try:
+            return self.fn(batch)
+        except Exception as exc:
+            _note_collate_failure(exc, self.fn, batch)
+            raise
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (CollateWithContext, (self.fn,))
+
+
+def _note_collate_failure(exc: BaseException, fn: Any, batch: Any) -> None:
+    """Add loaderkit's note to an exception raised by ``collate_fn`` (Python 3.11+)."""
+    if not hasattr(exc, "add_note"):  # pragma: no cover - Python 3.10
+        return
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None)
+    size = f"a batch of {len(batch)} samples" if hasattr(batch, "__len__") else "a sample"
+    info = torch.utils.data.get_worker_info()
+    where = (
+        f"worker {info.id} of {info.num_workers} (pid {os.getpid()})"
+        if info is not None
+        else f"the main process (pid {os.getpid()}, num_workers=0)"
+    )
+    exc.add_note(
+        f"loaderkit: collate_fn {module + '.' if module else ''}{name} failed on {size} in "
+        f"{where}; rerun with num_workers=0 to debug it in the main process"
+    )
+
+
+class _CollateContext(_BaseDataLoaderIter):
+    """Runs ``collate_fn`` inside ``CollateWithContext``, set before any worker starts.
+
+    Placed right above torch's base iterator in the method order, so torch's worker-process
+    iterator hands the wrapped function to the workers it starts in its ``__init__``.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__(loader)
+        if self._collate_fn is not None and not isinstance(self._collate_fn, CollateWithContext):
+            self._collate_fn = CollateWithContext(self._collate_fn)
+
+
 class _CountingIterator(_BaseDataLoaderIter):
     """Counts the batches handed to the caller into the loader's current ``PassRecord``."""
 
@@ -644,12 +715,112 @@ class _CountingIterator(_BaseDataLoaderIter):
         return data
 
 
-class _SingleProcessIter(_CountingIterator, _SingleProcessDataLoaderIter):
+class _SingleProcessIter(_CountingIterator, _SingleProcessDataLoaderIter, _CollateContext):
     """torch's single-process iterator, counting what the caller received."""
 
 
-class _MultiProcessingIter(_CountingIterator, _MultiProcessingDataLoaderIter):
-    """torch's worker-process iterator, counting what the caller received."""
+class _MultiProcessingIter(_CountingIterator, _MultiProcessingDataLoaderIter, _CollateContext):
+    """torch's worker-process iterator, counting what the caller received.
+
+    A worker that dies always surfaces as one ``RuntimeError`` naming its pid and signal
+    (``loaderkit.deaths``), whichever of torch's channels noticed first: the ``SIGCHLD``
+    handler, the liveness check, or a result-queue read that fails half-way
+    (``ConnectionResetError``, ``EOFError``), which names no pid at all.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__(loader)
+        for worker in self._workers:
+            if worker.pid is not None:
+                _LIVE_WORKERS[worker.pid] = self
+        _wrap_sigchld_handler()
+
+    def _next_data(self) -> Any:
+        try:
+            return super()._next_data()
+        except (ConnectionError, EOFError, OSError, RuntimeError) as error:
+            translated = self._death_error(error, _DEATH_GRACE_S)
+            if translated is None:
+                raise
+            raise translated from error
+
+    def _death_error(self, error: BaseException, wait: float) -> RuntimeError | None:
+        """The error naming the dead workers, when ``error`` is how a death was noticed."""
+        if not is_worker_death_error(error):
+            return None
+        deaths = self._dead_workers(wait)
+        if not deaths:
+            return None
+        return RuntimeError(death_message(deaths, self._dataset))
+
+    def _dead_workers(self, wait: float, *, mark: bool = True) -> list[WorkerDeath]:
+        """Workers that have ended, waiting up to ``wait`` seconds for the kernel to say so.
+
+        A killed worker's pipes close a moment before it can be reaped, so the queue's error
+        may come first. ``mark``: tell torch they are gone (not from a signal handler, which
+        may have interrupted a queue operation).
+        """
+        deadline = time.monotonic() + wait
+        while True:
+            deaths = [
+                WorkerDeath(worker_id, worker.pid, worker.exitcode)
+                for worker_id, worker in enumerate(self._workers)
+                if worker.exitcode is not None
+                and (worker.exitcode != 0 or self._workers_status[worker_id])
+            ]
+            if deaths or time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        for death in deaths if mark else ():
+            if death.worker_id is not None and self._workers_status[death.worker_id]:
+                self._mark_worker_as_unavailable(death.worker_id)
+        return deaths
+
+
+#: Live worker-process iterators by worker pid (for errors raised by the SIGCHLD handler).
+_LIVE_WORKERS: weakref.WeakValueDictionary[int, _MultiProcessingIter] = (
+    weakref.WeakValueDictionary()
+)
+
+
+def _translate_death(error: RuntimeError) -> RuntimeError | None:
+    """The error for torch's SIGCHLD report: the signal's name, the cause, the files."""
+    if not is_worker_death_error(error):
+        return None
+    named = deaths_in_message(str(error))
+    for death in named:
+        iterator = _LIVE_WORKERS.get(death.pid) if death.pid is not None else None
+        if iterator is not None:
+            translated = iterator._death_error(error, 0.0)
+            if translated is not None:
+                return translated
+    return None  # another loader's worker (torch's own DataLoader): torch's error as it is
+
+
+def _wrap_sigchld_handler() -> None:
+    """Wrap torch's SIGCHLD handler so its error names the signal like every other path.
+
+    torch installs one handler per process that raises "DataLoader worker (pid N) is killed
+    by signal: Killed." wherever the main thread is; the wrapper re-raises it as loaderkit's
+    error (same type, chained). Main thread only, as signal handlers must be.
+    """
+    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGCHLD)
+    if not callable(current) or getattr(current, "_loaderkit_wrapper", False):
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        try:
+            current(signum, frame)
+        except RuntimeError as error:
+            translated = _translate_death(error)
+            if translated is None:
+                raise
+            raise translated from error
+
+    handler._loaderkit_wrapper = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGCHLD, handler)
 
 
 # --------------------------------------------------------------------------- sample seeding
