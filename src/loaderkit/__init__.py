@@ -5,6 +5,7 @@ here): every torch argument keeps its meaning, unset ones get safe and fast valu
 decision is recorded in ``loader.plan``.
 """
 
+from loaderkit.collate import Padded, pad_collate
 from loaderkit.errors import (
     ArgumentTypeError,
     ConfigError,
@@ -15,7 +16,6 @@ from loaderkit.errors import (
     RaggedBatchError,
     ResourceLeakError,
 )
-from loaderkit.collate import Padded, pad_collate
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.loader import DataLoader

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -60,7 +60,12 @@ def share_batches(enabled: bool) -> None:
 
 
 class RowBatch(list[Any]):
-    """Per-sample views of a batch read in place; ``collate`` returns the batch it was read into.
+    """The samples of a batch read in place; ``collate`` returns the batch it was read into.
+
+    A real ``list`` of samples for any ``collate_fn``. For dict samples (compound rows,
+    several keys) the samples are built only when something looks at them (the first
+    ``len``, index, iteration, ``sort``...): ``collate`` never does, so batched reads make no
+    per-sample Python objects. Pickling gives a plain list.
 
     Attributes:
         tensor: What ``collate`` returns: the whole batch tensor ``(len(self), *sample_shape)``
@@ -75,12 +80,63 @@ class RowBatch(list[Any]):
         >>> batch = RowBatch(tensor, rows)
         >>> len(batch), batch[0].tolist(), collate(batch) is tensor
         (2, [1.0, 1.0, 1.0], True)
+        >>> lazy = RowBatch({"x": tensor}, lambda: [{"x": row} for row in rows])
+        >>> collate(lazy) is lazy.tensor, len(lazy), sorted(lazy[0])
+        (True, 2, ['x'])
     """
 
-    def __init__(self, tensor: Any, rows: Any, *, ragged: str | None = None) -> None:
-        super().__init__(rows)
+    def __init__(
+        self,
+        tensor: Any,
+        rows: Iterable[Any] | Callable[[], Iterable[Any]],
+        *,
+        ragged: str | None = None,
+    ) -> None:
         self.tensor = tensor
         self.ragged = ragged
+        self._build: Callable[[], Iterable[Any]] | None = None
+        if callable(rows):
+            super().__init__()
+            self._build = rows
+        else:
+            super().__init__(rows)
+
+    def _materialize(self) -> None:
+        build = self.__dict__.get("_build")
+        if build is not None:
+            self._build = None
+            list.extend(self, build())
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        self._materialize()
+        return (list, (list(list.__iter__(self)),))
+
+    def __repr__(self) -> str:
+        self._materialize()
+        return list.__repr__(self)
+
+
+def _materializing(name: str) -> Callable[..., Any]:
+    method = getattr(list, name)
+
+    def wrapper(self: RowBatch, *args: Any, **kwargs: Any) -> Any:
+        self._materialize()
+        return method(self, *args, **kwargs)
+
+    wrapper.__name__ = name
+    wrapper.__doc__ = method.__doc__
+    return wrapper
+
+
+for _name in (
+    "__len__", "__getitem__", "__iter__", "__reversed__", "__contains__", "__eq__", "__ne__",
+    "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__mul__", "__rmul__", "__iadd__",
+    "__imul__", "__setitem__", "__delitem__", "__bool__", "append", "extend", "insert", "pop",
+    "remove", "index", "count", "sort", "reverse", "copy", "clear",
+):  # fmt: skip
+    if hasattr(list, _name):
+        setattr(RowBatch, _name, _materializing(_name))
+RowBatch.__hash__ = None
 
 
 class Padded(NamedTuple):

@@ -57,11 +57,6 @@ from loaderkit.hdf5.reading import ReadMode, overrides, plan_runs, read_mode, re
 from loaderkit.hdf5.types import Kind, RowType
 from loaderkit.platform import memory_bytes, open_file_limits
 
-try:  # Registers Blosc, LZ4, Zstd, bzip2, bitshuffle, ZFP... in every process that reads.
-    import hdf5plugin
-except ImportError:  # pragma: no cover - depends on the environment
-    hdf5plugin = None
-
 __all__ = [
     "HDF5FileError",
     "HDF5SessionDataset",
@@ -71,6 +66,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+try:  # Registers Blosc, LZ4, Zstd, bzip2, bitshuffle, ZFP... in every process that reads.
+    import hdf5plugin  # noqa: F401
+except ImportError:  # pragma: no cover - depends on the environment
+    logger.debug("hdf5plugin is not installed: only HDF5's built-in filters are available")
 
 #: ``max_open_files`` while a dataset is being built with ``max_open_files=None`` (the index is
 #: built with it; the fitted budget replaces it before the first read).

@@ -20,6 +20,7 @@ memory map, so a file rewritten, shrunk or truncated under the dataset is an
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Hashable, Sequence
@@ -39,7 +40,7 @@ from loaderkit.hdf5.index import _ROW_BITS, _ROW_MASK
 from loaderkit.hdf5.layout import SessionLayout, add_note, dataset_at
 from loaderkit.hdf5.rawio import map_rows, pread, raw_location, read_direct
 from loaderkit.hdf5.reading import plan_runs
-from loaderkit.hdf5.types import Kind, RowType
+from loaderkit.hdf5.types import Kind, RowType, Samples, _dicts
 
 __all__ = ["KeySpec", "SessionReader", "SessionRecord"]
 
@@ -316,7 +317,9 @@ class SessionReader:
         fd = fd if isinstance(fd, int) and fd >= 0 else None
         identity = identity_of(fd if fd is not None else self.paths[pos])
         self._check_record(f, pos, identity)
-        datasets, raws, mapped = [], [], []
+        datasets: list[Any] = []
+        raws: list[tuple[int, int] | None] = []
+        mapped: list[tuple[Any, np.ndarray] | None] = []
         for k, spec in enumerate(self.specs):
             obj: Any = f[spec.path]
             if spec.members:
@@ -493,12 +496,13 @@ class SessionReader:
             parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
         if self.single:
             samples, collated = parts[0]
-            return RowBatch(collated, samples, ragged=self._ragged(0))
+            kind = self.types[0].kind
+            rows = samples() if kind is Kind.NUMBER else samples  # dicts: built when asked for
+            return RowBatch(collated, rows, ragged=self._ragged(0))
         names = [spec.name for spec in self.specs]
-        columns = zip(*(part[0] for part in parts), strict=True)
-        rows = [dict(zip(names, values, strict=True)) for values in columns]
         batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
         ragged = next((self._ragged(k) for k, part in enumerate(parts) if part[1] is None), None)
+        rows = functools.partial(_dicts, names, [part[0] for part in parts])
         return RowBatch(None if ragged else batch, rows, ragged=ragged)
 
     def _scratch(self, n: int, rt: RowType) -> np.ndarray:
@@ -528,7 +532,7 @@ class SessionReader:
         keys: np.ndarray,
         order: np.ndarray | None,
         starts: np.ndarray,
-    ) -> tuple[list[Any], Any]:
+    ) -> tuple[Samples, Any]:
         rt = self.types[k]
         n = idx.size
         if rt.kind is Kind.NUMBER and not self.specs[k].members:
@@ -538,7 +542,7 @@ class SessionReader:
                 self._fill(k, idx, keys, order, starts, stored)
             if stored is not out:
                 np.copyto(out, stored)  # to native byte order while copying
-            return list(out), tensor
+            return functools.partial(list, out), tensor
         if k in self.uneven:
             out = np.empty(n, object)
         elif rt.record is not None:  # split into fresh per-field batches: the records are scratch
@@ -547,7 +551,7 @@ class SessionReader:
             out = np.empty((n, *rt.row_shape), rt.read_dtype)
         self._fill(k, idx, keys, order, starts, out)
         if k in self.uneven:  # per-sample datasets of differing shapes: never stacked
-            return [rt.sample(v) for v in out], None
+            return functools.partial(list, [rt.sample(v) for v in out]), None
         return rt.batch(out, batch_buffer)
 
     def _mapped(self, k: int, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> bool:
@@ -609,6 +613,7 @@ class SessionReader:
                     self._verify_run(handle, last, first_index)
                 handle = self.handle(pos, a, index)
                 last, first_index = pos, index
+            assert handle is not None
             length = k1 - k0
             try:
                 self._fill_run(handle, k, pos, a, length, buf[k0:k1], index)

@@ -57,6 +57,16 @@ __all__ = [
 Allocator = Callable[[int, tuple[int, ...], np.dtype], tuple[torch.Tensor, np.ndarray]]
 
 
+#: Builds the samples of a batch when they are asked for.
+Samples = Callable[[], list[Any]]
+
+
+def _dicts(names: Sequence[str], columns: Sequence[Samples]) -> list[dict[str, Any]]:
+    """One dict per row from per-field sample builders."""
+    rows = zip(*(column() for column in columns), strict=True)
+    return [dict(zip(names, row, strict=True)) for row in rows]
+
+
 def _numpy_buffer(
     n: int, shape: tuple[int, ...], dtype: np.dtype
 ) -> tuple[torch.Tensor, np.ndarray]:
@@ -191,36 +201,39 @@ class RowType:
             array = array.view(element.newbyteorder())  # the file's bytes, as h5py left them
         return torch.from_numpy(np.array(array, dtype=element, copy=True).reshape(-1))
 
-    def batch(self, values: np.ndarray, alloc: Allocator = _numpy_buffer) -> tuple[list[Any], Any]:
-        """Samples and the collated batch of rows read into one ``mem_dtype`` buffer.
+    def batch(self, values: np.ndarray, alloc: Allocator = _numpy_buffer) -> tuple[Samples, Any]:
+        """Samples and the collated batch of rows read into one buffer.
 
         Args:
-            values: The rows, ``(n, *row_shape)`` of ``mem_dtype``.
+            values: The rows, ``(n, *row_shape)`` of ``read_dtype`` (or ``mem_dtype``).
             alloc: Allocates a batch tensor and its numpy view (``collate.batch_buffer``
                 puts it in shared memory inside a worker).
 
         Returns:
-            ``(samples, collated)``: one sample per row, and what ``default_collate`` would
-            make of them (``None`` when they cannot be stacked: ragged rows).
+            ``(samples, collated)``: a function that builds one sample per row (dict samples
+            are built only when asked for), and what ``default_collate`` would make of them
+            (``None`` when they cannot be stacked: ragged rows).
 
         Example:
             >>> rt = RowType(Kind.TEXT, np.dtype("S2"), ())
-            >>> rt.batch(np.array([b"a", b"bc"]))
+            >>> samples, collated = rt.batch(np.array([b"a", b"bc"]))
+            >>> samples(), collated
             (['a', 'bc'], ['a', 'bc'])
         """
         if self.kind is Kind.NUMBER:
             tensor, array = alloc(values.shape[0], tuple(values.shape[1:]), self.mem_dtype)
-            array[...] = values
-            return list(array), tensor
+            np.copyto(array, values)  # to native byte order while copying
+            return functools.partial(list, array), tensor
         if self.kind is Kind.TEXT:
-            samples = [self.sample(v) for v in values]
-            return samples, default_collate(samples) if self.row_shape else list(samples)
+            texts = [self.sample(v) for v in values]
+            return functools.partial(list, texts), (
+                default_collate(texts) if self.row_shape else list(texts)
+            )
         if self.kind is Kind.RAGGED:
-            return [self.sample(v) for v in values], None
+            return functools.partial(list, [self.sample(v) for v in values]), None
         names = [name for name, _ in self.fields]
         parts = [sub.batch(values[name], alloc) for name, sub in self.fields]
-        columns = zip(*(part[0] for part in parts), strict=True)
-        samples = [dict(zip(names, row, strict=True)) for row in columns]
+        samples = functools.partial(_dicts, names, [part[0] for part in parts])
         if any(part[1] is None for part in parts):
             return samples, None
         return samples, {name: part[1] for name, part in zip(names, parts, strict=True)}
