@@ -8,6 +8,9 @@ maps and HDF5 itself) in the main process and in real workers.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -193,3 +196,46 @@ def test_the_same_file_twice_warns_naming_both_sessions_and_shares_one_handle(
         loader = create_dataloader(ds, batch_size=4, num_workers=2)
         assert sum(len(b) for b in loader) == 12
         loader.close()
+
+
+def test_an_exception_in_build_index_names_the_class_and_process(tmp_path: Path) -> None:
+    paths = write_sessions(tmp_path, [3])
+
+    class BadIndex(HDF5SessionDataset):
+        def build_index(self) -> Any:
+            raise RuntimeError("trial map missing")
+
+    with pytest.raises(RuntimeError, match="trial map missing") as info:
+        BadIndex(paths, key="betas")
+    notes = "\n".join(getattr(info.value, "__notes__", []))
+    assert "BadIndex.build_index()" in notes and str(os.getpid()) in notes
+
+
+_PERMISSION_CHECK = """
+import sys
+from loaderkit import HDF5FileError, HDF5SessionDataset
+try:
+    HDF5SessionDataset([sys.argv[1]], key="betas")
+except HDF5FileError as exc:
+    assert exc.errno == 13, exc.errno
+    assert isinstance(exc.__cause__, PermissionError), repr(exc.__cause__)
+    assert "permission denied" in str(exc) and "locking" not in str(exc), str(exc)
+    print("ok")
+"""
+
+
+def test_a_permission_error_keeps_its_errno(tmp_path: Path) -> None:
+    (path,) = write_sessions(tmp_path, [3])
+    path.chmod(0)
+    command = [sys.executable, "-c", _PERMISSION_CHECK, str(path)]
+    if os.geteuid() == 0:  # root reads any file: drop the capabilities that let it
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: no permission error to provoke")
+        caps = "-dac_override,-dac_read_search"
+        command = [setpriv, "--bounding-set", caps, "--inh-caps", caps, *command]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    finally:
+        path.chmod(0o644)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
