@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -512,7 +513,7 @@ class SessionReader:
         here and copied out, so the batch costs no fresh allocation and page faults twice.
         """
         shape = (n, *rt.row_shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * rt.read_dtype.itemsize
+        nbytes = math.prod(shape) * rt.read_dtype.itemsize
         if self._spare is None or self._spare.nbytes < nbytes:
             self._spare = np.empty(max(nbytes, 1 << 16), np.uint8)
         return self._spare[:nbytes].view(rt.read_dtype).reshape(shape)

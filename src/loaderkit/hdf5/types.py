@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import math
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -59,6 +60,37 @@ Allocator = Callable[[int, tuple[int, ...], np.dtype], tuple[torch.Tensor, np.nd
 
 #: Builds the samples of a batch when they are asked for.
 Samples = Callable[[], list[Any]]
+
+
+def _one_buffer(
+    fields: Sequence[tuple[str, RowType]], values: np.ndarray, alloc: Allocator
+) -> dict[str, tuple[Samples, torch.Tensor]]:
+    """The numeric fields of a batch of records, copied into one allocation (one tensor each).
+
+    One buffer instead of one per field: one allocation (one shared-memory segment inside a
+    worker) per batch, each field a tensor view of it at an aligned offset.
+    """
+    numeric = [(name, sub) for name, sub in fields if sub.kind is Kind.NUMBER]
+    if len(numeric) < 2:
+        return {}
+    n = values.shape[0]
+    offsets, total = [], 0
+    for _, sub in numeric:
+        offsets.append(total)
+        nbytes = n * math.prod(sub.row_shape) * sub.mem_dtype.itemsize
+        total += -(-nbytes // 64) * 64  # every field starts 64-byte aligned
+    flat, raw = alloc(1, (max(total, 1),), np.dtype(np.uint8))
+    flat, raw = flat.reshape(-1), raw.reshape(-1)
+    out: dict[str, tuple[Samples, torch.Tensor]] = {}
+    for (name, sub), offset in zip(numeric, offsets, strict=True):
+        shape = (n, *sub.row_shape)
+        nbytes = n * math.prod(sub.row_shape) * sub.mem_dtype.itemsize
+        array = raw[offset : offset + nbytes].view(sub.mem_dtype).reshape(shape)
+        np.copyto(array, values[name])  # to native byte order while copying
+        assert sub.torch_dtype is not None
+        tensor = flat[offset : offset + nbytes].view(sub.torch_dtype).reshape(shape)
+        out[name] = (functools.partial(list, array), tensor)
+    return out
 
 
 def _dicts(names: Sequence[str], columns: Sequence[Samples]) -> list[dict[str, Any]]:
@@ -232,7 +264,8 @@ class RowType:
         if self.kind is Kind.RAGGED:
             return functools.partial(list, [self.sample(v) for v in values]), None
         names = [name for name, _ in self.fields]
-        parts = [sub.batch(values[name], alloc) for name, sub in self.fields]
+        shared = _one_buffer(self.fields, values, alloc)  # numeric fields: one allocation
+        parts = [shared.get(name) or sub.batch(values[name], alloc) for name, sub in self.fields]
         samples = functools.partial(_dicts, names, [part[0] for part in parts])
         if any(part[1] is None for part in parts):
             return samples, None
