@@ -81,13 +81,29 @@ class Handle:
         fd: HDF5's file descriptor (sec2 driver), or ``None``.
         identity: The file's ``Identity`` when it was opened (``None``: not known).
         members: Per key that names a group of per-sample datasets, those looked up so far.
+        position: The session position it was opened for.
+        watch: Reads through it must be followed by a check of the file (chunked data: HDF5
+            reads chunks past a new end of the file as zeros).
+        dirty: Read since it was last checked.
 
     Example:
-        >>> Handle.__slots__
-        ('_mapped', 'datasets', 'fd', 'file', 'identity', 'maps', 'members', 'raws')
+        >>> Handle.__slots__[:4]
+        ('_mapped', 'datasets', 'dirty', 'fd')
     """
 
-    __slots__ = ("_mapped", "datasets", "fd", "file", "identity", "maps", "members", "raws")
+    __slots__ = (
+        "_mapped",
+        "datasets",
+        "dirty",
+        "fd",
+        "file",
+        "identity",
+        "maps",
+        "members",
+        "position",
+        "raws",
+        "watch",
+    )
 
     def __init__(
         self,
@@ -109,6 +125,9 @@ class Handle:
         self.fd = fd
         self.identity = identity
         self.members: dict[tuple[int, str], h5py.Dataset] = {}
+        self.position = -1
+        self.watch = False
+        self.dirty = False
 
     @property
     def dataset(self) -> Any:
@@ -170,6 +189,8 @@ class HandleCache:
             everything it opened when it raises.
         max_open: Most files open at once (>= 1).
         path_of: Maps a key to its path, used to detect handles inherited from a parent process.
+        on_evict: Called with a handle about to be closed to make room (it may raise; the
+            handle is closed either way).
 
     Example:
         >>> import h5py, tempfile, os
@@ -188,8 +209,10 @@ class HandleCache:
         opener: Callable[[Any], Handle],
         max_open: int,
         path_of: Callable[[Any], str | os.PathLike[str]],
+        on_evict: Callable[[Handle], None] | None = None,
     ) -> None:
         self._opener = opener
+        self._on_evict = on_evict
         self._path_of = path_of
         self.max_open = max_open
         self.lock = threading.RLock()
@@ -219,8 +242,12 @@ class HandleCache:
             self.misses += 1
             while len(self._entries) >= self.max_open:
                 _, old = self._entries.popitem(last=False)
-                old.close()
                 self.evictions += 1
+                try:
+                    if self._on_evict is not None:
+                        self._on_evict(old)
+                finally:
+                    old.close()
             if _FORKED and key not in self._checked:
                 self._checked.add(key)
                 self._warn_inherited(key)

@@ -183,8 +183,11 @@ class SessionReader:
         self.row_bytes = [
             int(np.prod(rt.row_shape, dtype=np.int64)) * rt.read_dtype.itemsize for rt in self.types
         ]
-        self.cache = HandleCache(self._open, max_open, self.paths.__getitem__)
+        self.cache = HandleCache(
+            self._open, max_open, self.paths.__getitem__, on_evict=self._evicted
+        )
         self._spare: np.ndarray | None = None
+        self._ragged_names = [self._ragged(k) for k in range(len(self.types))]
 
     # ------------------------------------------------------------------ pickling
 
@@ -196,7 +199,9 @@ class SessionReader:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.cache = HandleCache(self._open, int(state["cache"]), self.paths.__getitem__)
+        self.cache = HandleCache(
+            self._open, int(state["cache"]), self.paths.__getitem__, on_evict=self._evicted
+        )
 
     # ------------------------------------------------------------------ messages
 
@@ -336,7 +341,13 @@ class SessionReader:
             mapped.append(
                 map_rows(raw, obj.shape, obj.dtype) if raw is not None and self.memory_map else None
             )
-        return Handle(f, datasets, raws, mapped, fd=fd, identity=identity)
+        handle = Handle(f, datasets, raws, mapped, fd=fd, identity=identity)
+        handle.position = pos
+        handle.watch = any(  # HDF5 reads chunks past a new end of file as zeros
+            raw is None and (spec.members or layout.chunk_rows is not None)
+            for spec, layout, raw in zip(self.specs, self.records[pos].layouts, raws, strict=True)
+        )
+        return handle
 
     def _check_record(self, f: h5py.File, pos: int, identity: Identity) -> None:
         """Raise ``HDF5FileError`` when the file is not what the index was built from."""
@@ -393,26 +404,40 @@ class SessionReader:
     def verify(self, handle: Handle, pos: int, what: str, index: int) -> None:
         """Raise ``HDF5FileError`` if the open file changed since it was opened (one ``fstat``).
 
-        A chunked file truncated while open reads back zero rows without an error from HDF5;
-        a file rewritten in place reads back other data. Both show in the file's identity.
+        A chunked file truncated while open reads back zero rows without an error from HDF5,
+        and a memory-mapped one ends the process with ``SIGBUS``: both show in the file's
+        size (and a rewrite in its modification time). Contiguous rows read with ``preadv`` or
+        HDF5 need no check: a read past the end of the file is an error of its own.
         """
-        if handle.identity is None or self.swmr:
+        handle.dirty = False
+        ident = handle.identity
+        if ident is None or self.swmr:
             return
         try:
-            now = identity_of(handle.fd if handle.fd is not None else self.paths[pos])
+            st = os.fstat(handle.fd) if handle.fd is not None else os.stat(self.paths[pos])
         except OSError as exc:
             now_text = f"it cannot be examined any more ({exc})"
         else:
-            if now == handle.identity:
+            if st.st_size == ident.size and st.st_mtime_ns == ident.mtime_ns:
                 return
-            now_text = ", ".join(changes(handle.identity, now))
+            now = Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            now_text = ", ".join(changes(ident, now))
         self.cache.discard(self.canonical[pos])
-        raise HDF5FileError(
+        error = HDF5FileError(
             f"session {self.ids[pos]!r}: {self.paths[pos]} changed while it was being read "
             f"({now_text}); {what} for dataset index {index} may hold other data or zeros and "
             "was not returned. Never rewrite or truncate session files while a dataset over "
             "them is in use; create the dataset again afterwards."
         )
+        if index >= 0:
+            self.note(error, pos, -1, index)
+        raise error
+
+    def _evicted(self, handle: Handle) -> None:
+        """Check a handle read in this batch before the cache closes it (``on_evict``)."""
+        if handle.dirty:
+            pos = handle.position
+            self.verify(handle, pos, "rows", -1)
 
     # ------------------------------------------------------------------ one sample
 
@@ -422,36 +447,40 @@ class SessionReader:
         The caller holds the lock.
         """
         handle = self.handle(pos, row, index)
-        values = []
         try:
-            for k in range(len(self.specs)):
-                values.append(self._one(handle, k, pos, row, index))
-            self.verify(handle, pos, f"row {row}", index)
+            if self.single:
+                value = self._one(handle, 0, pos, row, index)
+            else:
+                value = {
+                    spec.name: self._one(handle, k, pos, row, index)
+                    for k, spec in enumerate(self.specs)
+                }
+            if handle.watch:
+                self.verify(handle, pos, f"row {row}", index)
         except MemoryError:
             raise
         except Exception as exc:
-            raise self.read_error(exc, pos, f"row {row}", index, len(values)) from exc
-        if self.single:
-            return values[0]
-        return {spec.name: value for spec, value in zip(self.specs, values, strict=True)}
+            raise self.read_error(exc, pos, f"row {row}", index) from exc
+        return value
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
-        rt, spec = self.types[k], self.specs[k]
-        if spec.members:
-            return rt.sample(self._member(handle, k, pos, row))
-        mapped, raw = handle.maps[k], handle.raws[k]
-        if mapped is not None or raw is not None:
+        rt = self.types[k]
+        raw, mapped = handle.raws[k], handle.maps[k]
+        if raw is not None:
             sample = np.empty(rt.row_shape, rt.read_dtype)
             if mapped is not None:
                 self.verify(handle, pos, f"row {row}", index)  # never fault on a truncated map
                 sample[...] = mapped[row]  # a copy, never a view of the map
             else:
-                pread(raw, row * self.row_bytes[k], sample, self.row_bytes[k])  # type: ignore[arg-type]
-            if rt.swap:
-                sample = sample.astype(rt.mem_dtype)
+                pread(raw, row * self.row_bytes[k], sample, self.row_bytes[k])
             if rt.kind is Kind.STRUCT:
                 return rt.sample(sample[()] if not rt.row_shape else sample)
+            if rt.swap:
+                sample = sample.astype(rt.mem_dtype)
             return sample if rt.row_shape else sample[()]
+        spec = self.specs[k]
+        if spec.members:
+            return rt.sample(self._member(handle, k, pos, row))
         dset = handle.datasets[k]
         if rt.kind is Kind.NUMBER:
             value = dset[_axis_selection(spec.axis, row, None)] if spec.axis else dset[row]
@@ -494,15 +523,15 @@ class SessionReader:
             order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
             if starts is None:
                 starts = np.arange(n)
+            if self.single:
+                samples, collated = self._read_key(0, idx, keys, order, starts)
+                # numbers: the row views now; dicts: built only when something asks for them
+                rows = samples() if self.types[0].kind is Kind.NUMBER else samples
+                return RowBatch(collated, rows, ragged=self._ragged_names[0])
             parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
-        if self.single:
-            samples, collated = parts[0]
-            kind = self.types[0].kind
-            rows = samples() if kind is Kind.NUMBER else samples  # dicts: built when asked for
-            return RowBatch(collated, rows, ragged=self._ragged(0))
         names = [spec.name for spec in self.specs]
         batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
-        ragged = next((self._ragged(k) for k, part in enumerate(parts) if part[1] is None), None)
+        ragged = next((self._ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None)
         rows = functools.partial(_dicts, names, [part[0] for part in parts])
         return RowBatch(None if ragged else batch, rows, ragged=ragged)
 
@@ -573,14 +602,16 @@ class SessionReader:
         rows = keys & _ROW_MASK
         starts = np.concatenate(([0], cuts))
         bounds = [*starts.tolist(), n]
+        checked: set[int] = set()
         for s, p in enumerate(pos[starts].tolist()):
             k0, k1 = bounds[s], bounds[s + 1]
-            index = int(idx[k0])
-            handle = self.handle(p, int(rows[k0]), index)
+            handle = self.handle(p, int(rows[k0]), int(idx[k0]))
             mapped = handle.maps[k]
             if mapped is None:
                 return False  # not mapped (any more): _fill reads the whole batch again
-            self._verify_run(handle, p, index)
+            if p not in checked:  # never fault on a truncated map: once per file and batch
+                self.verify(handle, p, "rows", int(idx[k0]))
+                checked.add(p)
             segment = out[k0:k1]
             # rows were checked against the file when it was opened (its record); mode="clip"
             # because numpy buffers ``out`` for mode="raise"
@@ -602,38 +633,43 @@ class SessionReader:
         run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
         bounds = starts.tolist()
         bounds.append(n)
+        where = idx.tolist() if order is None else idx[order].tolist()  # index of each slot
+        watched: list[tuple[int, Handle]] = []
+        mapped_checked: set[int] = set()
         last = -1
         handle: Handle | None = None
-        first_index = 0
+        raw: tuple[int, int] | None = None
+        row_bytes = self.row_bytes[k]
         for r, key in enumerate(run_keys):
             pos, a = key >> _ROW_BITS, key & _ROW_MASK
             k0, k1 = bounds[r], bounds[r + 1]
-            index = int(idx[k0 if order is None else int(order[k0])])
             if pos != last:
-                if handle is not None:
-                    self._verify_run(handle, last, first_index)
-                handle = self.handle(pos, a, index)
-                last, first_index = pos, index
+                handle = self.handle(pos, a, where[k0])
+                raw = handle.raws[k] if handle.maps[k] is None else None
+                if handle.maps[k] is not None and pos not in mapped_checked:
+                    self.verify(handle, pos, "rows", where[k0])  # never fault on a truncated map
+                    mapped_checked.add(pos)
+                if handle.watch and not handle.dirty:
+                    handle.dirty = True
+                    watched.append((pos, handle))
+                last = pos
             assert handle is not None
             length = k1 - k0
             try:
-                self._fill_run(handle, k, pos, a, length, buf[k0:k1], index)
+                if raw is not None:  # contiguous rows: one preadv, no HDF5 call
+                    pread(raw, a * row_bytes, buf[k0:k1], length * row_bytes)
+                else:
+                    self._fill_run(handle, k, pos, a, length, buf[k0:k1], where[k0])
             except MemoryError:
                 raise
             except Exception as exc:
                 what = f"row {a}" if length == 1 else f"rows {a}..{a + length - 1}"
-                raise self.read_error(exc, pos, what, index, k) from exc
-        if handle is not None:
-            self._verify_run(handle, last, first_index)
+                raise self.read_error(exc, pos, what, where[k0], k) from exc
+        for pos, touched in watched:  # the rows read are real rows, not zeros past a new end
+            if touched.dirty:
+                self.verify(touched, pos, "rows", where[0])
         if order is not None:
             out[order] = buf
-
-    def _verify_run(self, handle: Handle, pos: int, index: int) -> None:
-        try:
-            self.verify(handle, pos, "rows", index)
-        except HDF5FileError as exc:
-            self.note(exc, pos, -1, index)
-            raise
 
     def _fill_run(
         self,
@@ -651,8 +687,7 @@ class SessionReader:
                 target[j] = self._member(handle, k, pos, a + j)
             return
         mapped, raw = handle.maps[k], handle.raws[k]
-        if mapped is not None:
-            self.verify(handle, pos, f"rows {a}..{a + length - 1}", index)
+        if mapped is not None:  # checked by _fill before the first copy from this file
             target[:] = mapped[a : a + length]  # converts byte order while copying
             return
         if raw is not None:
