@@ -119,6 +119,7 @@ _CLASS_NAMES = {
     h5t.ENUM: "enum",
     h5t.VLEN: "variable-length",
     h5t.ARRAY: "array",
+    getattr(h5t, "COMPLEX", 11): "complex",  # HDF5 2.0's own complex class
 }
 
 _WAY_OUT = (
@@ -338,13 +339,20 @@ def type_name(tid: Any) -> str:
     except Exception:  # an exotic type h5py cannot describe
         return "unknown type"
     name = _CLASS_NAMES.get(cls, f"class {cls}")
-    order = ""
+    detail = ""
+    if cls == h5t.FLOAT:
+        try:  # long double (80-bit precision in 16 bytes) and IEEE quad (113) differ here
+            precision, mantissa = tid.get_precision(), tid.get_fields()[4]
+            if precision != size * 8 or size > 8:
+                detail = f", {precision}-bit precision, {mantissa}-bit mantissa"
+        except Exception:
+            detail = ""
     if cls in (h5t.INTEGER, h5t.FLOAT, h5t.TIME, h5t.BITFIELD):
         try:
-            order = ", big-endian" if tid.get_order() == h5t.ORDER_BE else ", little-endian"
+            detail += ", big-endian" if tid.get_order() == h5t.ORDER_BE else ", little-endian"
         except Exception:
-            order = ""
-    return f"{name} ({size} bytes{order})"
+            detail += ""
+    return f"{name} ({size} bytes{detail})"
 
 
 def _refuse(what: str, hdf5_type: str, why: str) -> ConfigError:
