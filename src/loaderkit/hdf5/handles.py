@@ -197,7 +197,7 @@ class HandleCache:
         >>> path = os.path.join(tempfile.mkdtemp(), "a.h5")
         >>> with h5py.File(path, "w") as f:
         ...     _ = f.create_dataset("x", data=[1, 2, 3])
-        >>> cache = HandleCache(lambda k: Handle(h5py.File(path, "r"), None), max_open=1,
+        >>> cache = HandleCache(lambda k: Handle(h5py.File(path, "r")), max_open=1,
         ...                     path_of=lambda k: path)
         >>> cache.get(0).file.mode
         'r'

@@ -17,11 +17,19 @@ Each epoch:
    block is drawn uniformly from the remaining blocks of the active sessions; a finished session
    is replaced by the next one. Rows inside a block stay in file order.
 
+With ``batch_size`` (elastic order, what ``shuffle="block"`` with a ``seed`` builds) step 1 is
+different: steps 1 and 2 run once for the whole dataset, as on a single rank, and rank ``r``
+reads ``[r * batch_size, (r + 1) * batch_size)`` of every global batch of
+``num_replicas * batch_size`` rows (``loaderkit.samplers.global_batch_positions``). A rank's
+part of a global batch is contiguous in that order, so it is still a few runs of consecutive
+rows, and the global batches are the same on any number of ranks.
+
 ``block_size=1`` with ``window`` >= number of sessions is exactly a uniform shuffle.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,6 +39,7 @@ from torch.utils.data import DistributedSampler
 
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, check_int
+from loaderkit.samplers import global_batch_count, global_batch_positions
 from loaderkit.seeding import validate_seed
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "BlockShuffleSampler"]
@@ -84,6 +93,12 @@ class BlockShuffleSampler(DistributedSampler[int]):
         partition: ``"block"`` deals blocks to ranks at random every epoch; ``"session"`` gives
             each rank whole sessions (balanced by rows; at most ``num_replicas - 1`` sessions are
             split between two ranks), fixed for a given seed, so each rank opens fewer files.
+        batch_size: Samples per rank per step. When given, the order is elastic: one order of
+            the whole dataset, cut into global batches of ``num_replicas * batch_size`` rows,
+            rank ``r`` reading part ``r`` of each (the global batches do not depend on
+            ``num_replicas``; ``drop_last`` then drops the last, partial global batch, and
+            without it that batch is split evenly between the ranks). Needs
+            ``partition="block"``. With one replica the order is the same with or without it.
 
     Example:
         >>> sampler = BlockShuffleSampler(ds, seed=0)  # doctest: +SKIP
@@ -104,6 +119,7 @@ class BlockShuffleSampler(DistributedSampler[int]):
         rank: int | None = None,
         drop_last: bool = False,
         partition: str = "block",
+        batch_size: int | None = None,
     ) -> None:
         if not hasattr(dataset, "index_arrays") or not hasattr(dataset, "layout"):
             raise TypeError(
@@ -112,6 +128,12 @@ class BlockShuffleSampler(DistributedSampler[int]):
             )
         if partition not in _PARTITIONS:
             raise ConfigError(f"partition must be one of {_PARTITIONS}, got {partition!r}.")
+        if batch_size is not None and partition != "block":
+            raise ConfigError(
+                "batch_size (an elastic order cut into global batches) needs "
+                f"partition='block', got partition={partition!r}: whole sessions per rank "
+                "depend on the number of ranks."
+            )
         if num_replicas is None or rank is None:
             info = dist_info()
             num_replicas = info.world_size if num_replicas is None else num_replicas
@@ -170,7 +192,14 @@ class BlockShuffleSampler(DistributedSampler[int]):
             self.window = max(1, min(cap, present))
         else:
             self.window = check_int("window", window, minimum=1)
-        if self.drop_last:
+        self.batch_size = (
+            None if batch_size is None else check_int("batch_size", batch_size, minimum=1)
+        )
+        if self.batch_size is not None:
+            self._per_rank = global_batch_count(
+                n, self.batch_size, self.num_replicas, self.rank, self.drop_last
+            )
+        elif self.drop_last:
             self._per_rank = n // self.num_replicas
         else:
             self._per_rank = -(-n // self.num_replicas)
@@ -211,7 +240,35 @@ class BlockShuffleSampler(DistributedSampler[int]):
     @property
     def total_size(self) -> int:  # type: ignore[override]
         """Samples all ranks yield per epoch, padding included (``DistributedSampler``'s)."""
-        return self._per_rank * self.num_replicas
+        if self.batch_size is None:
+            return self._per_rank * self.num_replicas
+        n = self._num_samples_total
+        return sum(
+            global_batch_count(n, self.batch_size, self.num_replicas, r, self.drop_last)
+            for r in range(self.num_replicas)
+        )
+
+    @property
+    def elastic(self) -> bool:
+        """True when the order is elastic (``batch_size`` given): global batches shared by ranks."""
+        return self.batch_size is not None
+
+    def order_key(self) -> dict[str, Any]:
+        """What, besides ``seed`` and the dataset, decides the elastic order (resume checks it).
+
+        The block layout (rows per block of every session, as a digest) and the ``window``.
+
+        Example:
+            >>> sampler.order_key()  # doctest: +SKIP
+            {'kind': 'block', 'block_rows': '5f0c...', 'window': 4}
+        """
+        digest = hashlib.sha256(np.ascontiguousarray(self._block_rows).tobytes()).hexdigest()
+        return {"kind": "block", "block_rows": digest[:16], "window": self.window}
+
+    @property
+    def global_batch_size(self) -> int | None:
+        """``num_replicas * batch_size`` in the elastic order, else ``None``."""
+        return None if self.batch_size is None else self.batch_size * self.num_replicas
 
     def _rng(self, *stream: int) -> np.random.Generator:
         return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=stream))
@@ -300,6 +357,22 @@ class BlockShuffleSampler(DistributedSampler[int]):
                     next_session += 1
         return out
 
+    def global_indices(self) -> np.ndarray:
+        """The whole epoch's order, as one rank alone would read it (the same on every rank).
+
+        What the elastic order (``batch_size``) cuts into global batches; with one replica
+        and no ``batch_size`` it is also what ``indices()`` returns.
+
+        Example:
+            >>> sampler.global_indices()[:4]  # doctest: +SKIP
+            array([4816, 4817, 4818, 4819])
+        """
+        units = self._unit_start.shape[0]
+        seq = self._rng(1, self.epoch).permutation(units)
+        order = self._window_order(self._unit_sess[seq], self._rng(2, self.epoch, 0))
+        picked = seq[order]
+        return self._order[_ranges(self._unit_start[picked], self._unit_len[picked])]
+
     def indices(self) -> np.ndarray:
         """Return this rank's indices for the current epoch as an array (what ``iter`` yields).
 
@@ -307,6 +380,15 @@ class BlockShuffleSampler(DistributedSampler[int]):
             >>> sampler.indices()[:4]  # doctest: +SKIP
             array([4816, 4817, 4818, 4819])
         """
+        if self.batch_size is not None:
+            positions = global_batch_positions(
+                self._num_samples_total,
+                self.batch_size,
+                self.num_replicas,
+                self.rank,
+                self.drop_last,
+            )
+            return self.global_indices()[positions]
         starts, lengths, sess = self._rank_units()
         order = self._window_order(sess, self._rng(2, self.epoch, self.rank))
         return self._order[_ranges(starts[order], lengths[order])]

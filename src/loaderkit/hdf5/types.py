@@ -314,7 +314,7 @@ def decode_text(value: Any) -> str:
     decode with ``surrogateescape``, so ``s.encode("utf-8", "surrogateescape")`` gives them back.
 
     Example:
-        >>> decode_text(b"caf\\xc3\\xa9"), decode_text("x")
+        >>> decode_text(b"caf\xc3\xa9"), decode_text("x")
         ('café', 'x')
     """
     if isinstance(value, bytes):
