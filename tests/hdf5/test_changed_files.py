@@ -239,3 +239,24 @@ def test_a_permission_error_keeps_its_errno(tmp_path: Path) -> None:
     finally:
         path.chmod(0o644)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_a_virtual_dataset_with_a_missing_source_is_an_error_not_fill_values(
+    tmp_path: Path,
+) -> None:
+    for i in range(2):
+        with h5py.File(tmp_path / f"src{i}.h5", "w") as f:
+            f["x"] = np.arange(4) + 10 * i
+    layout = h5py.VirtualLayout(shape=(8,), dtype="i8")
+    for i in range(2):
+        layout[i * 4 : (i + 1) * 4] = h5py.VirtualSource(f"src{i}.h5", "x", shape=(4,))
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_virtual_dataset("v", layout, fillvalue=-1)
+    ds = HDF5SessionDataset([tmp_path / "v.h5"], key="v")
+    assert [int(ds[i]) for i in range(8)] == [0, 1, 2, 3, 10, 11, 12, 13]
+    ds.close()
+    (tmp_path / "src1.h5").unlink()
+    with pytest.raises(HDF5FileError, match=r"source files \['src1.h5'\]"):
+        ds[5]  # reopened: the source is gone
+    with pytest.raises(HDF5FileError, match=r"virtual dataset whose source files \['src1.h5'\]"):
+        HDF5SessionDataset([tmp_path / "v.h5"], key="v")

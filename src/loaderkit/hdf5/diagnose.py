@@ -10,9 +10,16 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-__all__ = ["Identity", "changes", "identity_of", "open_failure", "signature_found"]
+__all__ = [
+    "Identity",
+    "changes",
+    "identity_of",
+    "missing_sources",
+    "open_failure",
+    "signature_found",
+]
 
 #: HDF5's file signature; it sits at offset 0, 512, 1024, 2048, ... (after a user block).
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -167,3 +174,39 @@ def open_failure(path: str, *, locking: bool = True) -> tuple[str, OSError | Non
         if problem:
             return problem, None
     return "", None
+
+
+def missing_sources(dset: Any, path: str) -> list[str]:
+    """Source files of a virtual dataset that do not exist (HDF5 would read fill values).
+
+    Relative source names are looked up beside the virtual dataset's file (and under
+    ``HDF5_VDS_PREFIX`` when set); names with ``%`` patterns are not checked.
+
+    Args:
+        dset: An ``h5py.Dataset``.
+        path: The file holding it.
+
+    Returns:
+        The missing source files (empty for other datasets).
+
+    Example:
+        >>> import h5py, numpy as np, tempfile
+        >>> with h5py.File(os.path.join(tempfile.mkdtemp(), "p.h5"), "w") as f:
+        ...     missing_sources(f.create_dataset("x", data=np.zeros(2)), f.filename)
+        []
+    """
+    if not getattr(dset, "is_virtual", False):
+        return []
+    roots = [os.path.dirname(os.path.abspath(path))]
+    prefix = os.environ.get("HDF5_VDS_PREFIX")
+    if prefix:
+        roots.insert(0, prefix)
+    missing = []
+    for source in dset.virtual_sources():
+        name = source.file_name
+        if name == "." or "%" in name:
+            continue
+        candidates = [name] if os.path.isabs(name) else [os.path.join(r, name) for r in roots]
+        if not any(os.path.exists(c) for c in candidates) and name not in missing:
+            missing.append(name)
+    return missing

@@ -16,14 +16,22 @@ from typing import Any
 import h5py
 import numpy as np
 
-from loaderkit.errors import ConfigError, check_int
-from loaderkit.hdf5.diagnose import identity_of
+from loaderkit.errors import ConfigError, HDF5FileError, check_int
+from loaderkit.hdf5.diagnose import identity_of, missing_sources
 from loaderkit.hdf5.filters import check_filters
 from loaderkit.hdf5.layout import SessionLayout, check_same_rows, dataset_at, describe_layout
 from loaderkit.hdf5.reader import KeySpec, SessionRecord
 from loaderkit.hdf5.types import RowType, row_type, struct_of, where
 
-__all__ = ["check_aligned", "inspect_session", "parse_keys", "row_types"]
+__all__ = [
+    "check_aligned",
+    "check_rows",
+    "check_sources",
+    "inspect_session",
+    "parse_keys",
+    "row_types",
+    "sample_type",
+]
 
 
 def parse_keys(key: Any, sample_axis: Any) -> list[KeySpec] | None:
@@ -126,10 +134,28 @@ def inspect_session(
         axis = _axis(spec, len(dset.shape or ()), session, path)
         layouts.append(describe_layout(f, spec.path, session, path, axis=axis))
         check_filters(dset, key=spec.path, session=session, path=path)
+        check_sources(dset, spec.path, session, path)
         members.append(None)
         resolved.append(KeySpec(spec.name, spec.path, axis))
         uneven.append(False)
     return SessionRecord(identity, tuple(layouts), tuple(members)), resolved, uneven
+
+
+def check_sources(dset: h5py.Dataset, key: str, session: Hashable, path: str) -> None:
+    """``HDF5FileError`` when a virtual dataset's source files are missing.
+
+    HDF5 reads the rows of a missing source as the fill value, without an error.
+
+    Raises:
+        HDF5FileError: Names the key, the session, the file and the missing sources.
+    """
+    missing = missing_sources(dset, path)
+    if missing:
+        raise HDF5FileError(
+            f"session {session!r}: {key!r} in {path} is a virtual dataset whose source files "
+            f"{missing} do not exist; HDF5 would read their rows as the fill value. Put the "
+            "source files beside the virtual dataset's file (or set HDF5_VDS_PREFIX)."
+        )
 
 
 def _group_layout(

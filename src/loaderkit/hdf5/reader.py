@@ -34,7 +34,13 @@ from h5py import h5s
 
 from loaderkit.collate import RowBatch, batch_buffer
 from loaderkit.errors import HDF5FileError
-from loaderkit.hdf5.diagnose import Identity, changes, identity_of, open_failure
+from loaderkit.hdf5.diagnose import (
+    Identity,
+    changes,
+    identity_of,
+    missing_sources,
+    open_failure,
+)
 from loaderkit.hdf5.filters import pipeline
 from loaderkit.hdf5.handles import Handle, HandleCache
 from loaderkit.hdf5.index import _ROW_BITS, _ROW_MASK
@@ -372,6 +378,9 @@ class SessionReader:
             if not isinstance(obj, h5py.Dataset) or obj.ndim <= spec.axis:
                 found.append(f"{spec.path!r} is no longer a dataset of {spec.axis + 1}+ axes")
                 continue
+            gone = missing_sources(obj, self.paths[pos])
+            if gone:
+                found.append(f"source files {gone} of the virtual dataset {spec.path!r} are gone")
             shape = obj.shape
             rows = int(shape[spec.axis])
             row_shape = tuple(int(n) for k, n in enumerate(shape) if k != spec.axis)
