@@ -145,8 +145,21 @@ def test_handoff(tmp_path: Path) -> None:
     rows = data["results"]
     assert set(rows) == {
         "main process only",
-        "worker hand-off",
-        "worker hand-off + one more copy",
+        "torch hand-off",
+        "torch hand-off + one more copy",
+        "loaderkit slots",
+        "loaderkit slots + one more copy",
     }
     assert rows["main process only"]["ratio"] == 1.0
     assert all(r["samples_per_s"] > 0 and r["us_per_batch"] > 0 for r in rows.values())
+    hdf5 = data["hdf5"]
+    assert set(hdf5["results"]) == {
+        "main process only",
+        "torch path, 1 worker",
+        "slots, 1 worker",
+        "torch path, 2 workers",
+        "slots, 2 workers",
+    }
+    kept = hdf5["kept_every_batch"]
+    assert kept["changed"] == 0 and kept["pooled"] > 0
+    assert kept["pooled"] + kept["fallback"] == kept["batches"]

@@ -38,13 +38,14 @@ def _training_epochs(rank: int, world: int, n: int, seed: int | None) -> dict[st
     }
 
 
-def test_training_uses_a_shuffled_distributed_sampler(tmp_path) -> None:
+def test_training_with_a_seed_uses_the_elastic_sampler(tmp_path) -> None:
     ranks = run_distributed(_training_epochs, 2, tmp_path, 10, 7)
     again = run_distributed(_training_epochs, 2, tmp_path, 10, 7)
     assert ranks == again  # the same across runs
     for r in ranks:
-        assert r["sampler"] == "DistributedSampler"
+        assert r["sampler"] == "ElasticSampler"  # tests/test_elastic.py: across world sizes
         assert "rank" in r["reason"] and "seed" in r["reason"]
+        assert "global batches" in r["reason"]
         assert r["len"] == 3
     for epoch in range(3):
         a, b = ranks[0]["epochs"][epoch], ranks[1]["epochs"][epoch]
@@ -56,6 +57,7 @@ def test_training_uses_a_shuffled_distributed_sampler(tmp_path) -> None:
 
 def test_training_pads_like_distributed_sampler_when_uneven(tmp_path) -> None:
     ranks = run_distributed(_training_epochs, 3, tmp_path, 10, None)
+    assert {r["sampler"] for r in ranks} == {"DistributedSampler"}  # no seed: torch's
     counts = Counter(i for r in ranks for i in r["epochs"][0])
     assert set(counts) == set(range(10))
     assert sum(counts.values()) == 12  # padded to 3 x 4: ranks must step together under DDP

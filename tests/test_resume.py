@@ -369,9 +369,7 @@ def _dist_resume(rank: int, world_size: int, training: bool, k: int) -> dict[str
     }
 
 
-@pytest.mark.parametrize(
-    ("training", "kind"), [(True, "DistributedSampler"), (False, "ShardSampler")]
-)
+@pytest.mark.parametrize(("training", "kind"), [(True, "ElasticSampler"), (False, "ShardSampler")])
 def test_distributed_samplers_resume_per_rank(tmp_path: Path, training: bool, kind: str) -> None:
     results = run_distributed(_dist_resume, 2, tmp_path, training, 2)
     assert [r["kind"] for r in results] == [kind, kind]
@@ -444,7 +442,7 @@ def test_state_is_plain_data_with_a_version() -> None:
 
 MISMATCHES: list[tuple[dict[str, Any], str]] = [
     ({"n": 30}, "dataset length is 29 in the state and 30 here"),
-    ({"batch_size": 5}, "batch_size is 4 in the state and 5 here"),
+    ({"batch_size": 5, "seed": None}, "batch_size is 4 in the state and 5 here"),
     ({"seed": 12}, "seed is 11 in the state and 12 here"),
     ({"shuffle": "block"}, ""),  # not an HDF5 dataset: refused at construction
     ({"training": False}, "sampler is 'torch.utils.data.sampler.RandomSampler' in the state"),
@@ -463,6 +461,22 @@ def test_a_state_that_does_not_fit_is_refused(change: dict[str, Any], message: s
     with pytest.raises(ConfigError, match=message) as raised:
         other.load_state_dict(state)
     assert "num_workers may differ" in str(raised.value)
+
+
+def test_another_batch_size_resumes_where_the_samples_fill_whole_batches() -> None:
+    """A seeded training order is one order cut into batches (tests/test_elastic.py for ranks):
+    another batch size resumes when the samples read fill whole batches of it."""
+    with augment_loader() as loader:
+        reference = [s for b in loader for s in zip(*flat(b), strict=True)]
+    with augment_loader() as loader:
+        iterator = iter(loader)
+        next(iterator), next(iterator)  # 8 samples
+        state = roundtrip(loader.state_dict())
+    with augment_loader(batch_size=8) as wider:
+        wider.load_state_dict(state)
+        assert [s for b in wider for s in zip(*flat(b), strict=True)] == reference[8:]
+    with pytest.raises(ConfigError, match=r"global batch of 4 .* global batch is 5"):
+        augment_loader(batch_size=5).load_state_dict(state)
 
 
 def test_malformed_states_are_refused() -> None:

@@ -370,25 +370,58 @@ def check_open_file_budget(
 
 
 def check_shared_memory(
-    num_workers: int, prefetch_factor: int | None, batch_bytes: int | None, shm_bytes: int | None
+    num_workers: int,
+    prefetch_factor: int | None,
+    batch_bytes: int | None,
+    shm_bytes: int | None,
+    *,
+    pool_slots: int = 0,
+    memory_bytes: int | None = None,
 ) -> BudgetVerdict:
-    """Compare the batches in flight with the size of ``/dev/shm``.
+    """Compare the batches in flight with the size of ``/dev/shm``, and the slot pool with RAM.
 
     Workers hand batches to the main process through shared memory; up to
     ``prefetch_factor x num_workers`` batches are in flight at once. A too-small ``/dev/shm``
-    (Docker's default is 64 MB) kills workers with a bus error.
+    (Docker's default is 64 MB) kills workers with a bus error. With loaderkit's slot pool
+    (``pool_slots`` per worker, ``loaderkit.worker``) the batches live in anonymous shared
+    memory that ``/dev/shm``'s size does not limit; ``/dev/shm`` then only holds batches that
+    found no free slot (at most as many as without the pool), and the pool itself,
+    ``num_workers x pool_slots`` batches, is memory the loader keeps: it warns above a quarter
+    of ``memory_bytes``.
 
     Examples:
         >>> check_shared_memory(8, 2, 64 * 2**20, 64 * 2**20).level
         'warn'
+        >>> check_shared_memory(2, 2, 2**20, 2**30, pool_slots=5).message.startswith("slot pool")
+        True
     """
-    if num_workers <= 0 or not batch_bytes or not shm_bytes:
+    if num_workers <= 0 or not batch_bytes:
         return BudgetVerdict("ok", "nothing to check")
-    in_flight = (prefetch_factor or 2) * num_workers * batch_bytes
     mib = 2**20
+    pool = num_workers * pool_slots * batch_bytes
+    pool_text = (
+        f"slot pool {num_workers} x {pool_slots} x ~{batch_bytes / mib:.1f} MiB = "
+        f"{pool / mib:.0f} MiB of anonymous shared memory (outside /dev/shm); "
+        if pool
+        else ""
+    )
+    if pool and memory_bytes and pool > memory_bytes // 4:
+        return BudgetVerdict(
+            "warn",
+            f"{pool_text}that is more than a quarter of this machine's "
+            f"{memory_bytes / mib:.0f} MiB. Fix: lower num_workers, prefetch_factor or "
+            "batch_size.",
+            pool,
+            memory_bytes,
+        )
+    if not shm_bytes:
+        return BudgetVerdict("ok", pool_text.rstrip("; ") or "nothing to check")
+    in_flight = (prefetch_factor or 2) * num_workers * batch_bytes
     message = (
-        f"up to {prefetch_factor or 2} x {num_workers} batches of ~{batch_bytes / mib:.1f} MiB "
-        f"= {in_flight / mib:.0f} MiB can sit in /dev/shm, which holds {shm_bytes / mib:.0f} MiB"
+        f"{pool_text}up to {prefetch_factor or 2} x {num_workers} batches of "
+        f"~{batch_bytes / mib:.1f} MiB = {in_flight / mib:.0f} MiB can sit in /dev/shm"
+        f"{' (batches that find no free slot)' if pool else ''}, which holds "
+        f"{shm_bytes / mib:.0f} MiB"
     )
     if in_flight > shm_bytes // 2:
         return BudgetVerdict(

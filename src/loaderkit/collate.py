@@ -25,7 +25,9 @@ import torch
 from torch.utils.data import get_worker_info
 from torch.utils.data._utils.collate import default_collate
 
+from loaderkit import worker
 from loaderkit.errors import RaggedBatchError
+from loaderkit.worker import share_batches
 
 __all__ = [
     "Padded",
@@ -36,27 +38,6 @@ __all__ = [
     "share_batches",
     "torch_dtype",
 ]
-
-#: Whether this worker process allocates batch buffers in shared memory (``share_batches``).
-_SHARED_BATCHES = False
-
-
-def share_batches(enabled: bool) -> None:
-    """Make this worker allocate batch buffers in shared memory (or stop doing so).
-
-    A loaderkit loader whose ``collate_fn`` is ``collate`` turns it on in each of its workers
-    (through its ``worker_init_fn``): the buffer is then the batch torch sends to the main
-    process, already in shared memory. Anywhere else (torch's own DataLoader, another
-    ``collate_fn``) the buffer is only read from, so a private allocation is cheaper.
-
-    Args:
-        enabled: Allocate in shared memory inside a worker.
-
-    Examples:
-        >>> share_batches(False)
-    """
-    global _SHARED_BATCHES
-    _SHARED_BATCHES = bool(enabled)
 
 
 class RowBatch(list[Any]):
@@ -232,8 +213,10 @@ def batch_buffer(
 ) -> tuple[torch.Tensor, np.ndarray]:
     """A batch tensor allocated as ``default_collate`` allocates one, and a numpy view of it.
 
-    Inside a worker of a loader that keeps the batch as read (``share_batches``) the storage is
-    created in shared memory, so the batch reaches the main process without a copy (torch moves
+    Inside a worker of a loaderkit loader with the slot pool (``loaderkit.worker``) it lies in
+    the worker's batch slot, so the batch reaches the main process without a copy and without a
+    new shared-memory segment. Inside a worker of a loader that keeps the batch as read
+    (``share_batches``) without the pool, the storage is created in shared memory (torch moves
     any other tensor into shared memory first). Otherwise it is a numpy allocation shared with
     torch (huge pages for large batches).
 
@@ -256,7 +239,13 @@ def batch_buffer(
     kind = torch_dtype(dtype)
     if kind is None:
         raise TypeError(f"no torch dtype holds {dtype} as it is")
-    if _SHARED_BATCHES and get_worker_info() is not None:
+    in_worker = get_worker_info() is not None
+    block = worker.allocate(n * math.prod(shape) * dtype.itemsize) if in_worker else None
+    if block is not None:
+        # the worker's batch slot (loaderkit's hand-off): no new shared memory per batch
+        array = block.view(dtype).reshape(n, *shape)
+        return torch.from_numpy(array), array
+    if in_worker and worker.shared_batches():
         numel = n * math.prod(shape)
         storage = torch.empty(0, dtype=kind)._typed_storage()._new_shared(numel, device="cpu")
         tensor = torch.empty(0, dtype=kind).new(storage).resize_(n, *shape)

@@ -28,6 +28,7 @@ from dataclasses import fields
 from typing import Any, ClassVar, Literal, TypeVar
 
 import torch.utils.data
+from torch._utils import ExceptionWrapper
 from torch.utils.data import Dataset, IterableDataset, Sampler
 from torch.utils.data.dataloader import (
     _BaseDataLoaderIter,
@@ -42,6 +43,7 @@ from loaderkit.deaths import (
     is_worker_death_error,
 )
 from loaderkit.errors import ConfigError, check_int, warn
+from loaderkit.handoff import HandoffCounts, HandoffStats, PinBackend, Received, Receiver
 from loaderkit.hooks import call_hook
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
@@ -60,6 +62,7 @@ from loaderkit.resume import (
     order_sources,
 )
 from loaderkit.seeding import SampleSeeder, WorkerInit, epoch_seed
+from loaderkit.worker import HandoffCollate, HandoffConfig
 
 __all__ = ["DataLoader", "loaders_built_since"]
 
@@ -126,7 +129,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         pin_memory: ``None`` (unset) → True exactly when CUDA is available and usable in this
             process (not in a child forked after CUDA was initialised) (*pin-memory policy*);
             explicit values are kept.
-        drop_last: As in torch (also passed to a ``DistributedSampler`` loaderkit builds).
+        drop_last: As in torch (also passed to the distributed sampler loaderkit builds; with a
+            ``seed`` it drops the last, partial global batch on every rank).
         timeout: As in torch (dropped to 0 when the Windows policy removes the workers).
         worker_init_fn: As in torch. loaderkit's ``seed_worker`` always runs
             first (distinct, reproducible streams per worker and rank), then this function.
@@ -151,9 +155,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ``num_workers`` (map-style datasets; samples are then read one by one).
         force_zero_workers_on_windows: The Windows zero-worker policy (default on).
         distributed: ``"auto"``: under an initialized ``torch.distributed`` group with world
-            size > 1 and no user sampler, shard the data (training: ``DistributedSampler``;
-            ``training=False``: an exact shard with no padded duplicates). ``True`` requires a
-            process group; ``False`` never shards.
+            size > 1 and no user sampler, shard the data (training with a ``seed``: an
+            ``ElasticSampler``, whose global batches do not depend on the world size; without
+            one: ``DistributedSampler``; ``training=False``: an exact shard with no padded
+            duplicates). ``True`` requires a process group; ``False`` never shards.
         platform: A ``PlatformInfo`` to plan for instead of detecting this
             machine (tests; "what would happen on Windows?").
 
@@ -236,6 +241,8 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._defer_sharding = setup.defers_sharding
         self._owns_generator = setup.owns_generator
         self._sample_seeder: SampleSeeder | None = setup.sample_seeder
+        self._handoff_slots = setup.handoff_slots
+        self._handoff_counts = HandoffCounts()
         self._next_epoch = 0
         self._epoch: int | None = None
         self._epoch_requested = False  # loader.set_epoch() called since the last pass
@@ -529,6 +536,22 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
 
     # ------------------------------------------------------------------ plan
 
+    def handoff_stats(self) -> HandoffStats:
+        """How this loader's batches crossed from its workers to the loop, counted so far.
+
+        ``path`` is ``"slots"`` when the workers hand batches over in loaderkit's long-lived
+        slots (``loader.plan["handoff"]`` says why or why not), and counts say how many
+        batches were pooled, copied into a slot, or took torch's path because the loop held
+        every slot (``fallback``: such batches are new shared memory, never a reused slot).
+
+        Examples:
+            >>> stats = DataLoader(list(range(4)), num_workers=0).handoff_stats()
+            >>> stats.path, stats.batches
+            ('torch', 0)
+        """
+        slots = self._handoff_slots if self.num_workers > 0 else 0
+        return self._handoff_counts.snapshot("slots" if slots else "torch", slots)
+
     def describe(self) -> str:
         """The resolved plan as text: setting, requested, used, reason.
 
@@ -598,6 +621,9 @@ def _release_iterator(iterator: _MultiProcessingDataLoaderIter) -> None:
     task_info = getattr(iterator, "_task_info", None)
     if isinstance(task_info, dict):  # out-of-order batches held for later
         task_info.clear()
+    receiver = getattr(iterator, "_receiver", None)
+    if isinstance(receiver, Receiver):  # slots: batches the caller holds keep their memory
+        receiver.close()
     for worker in getattr(iterator, "_workers", ()):
         _release_process(worker)
 
@@ -697,6 +723,29 @@ class _CollateContext(_BaseDataLoaderIter):
             self._collate_fn = CollateWithContext(self._collate_fn)
 
 
+class _HandoffSetup(_BaseDataLoaderIter):
+    """Installs loaderkit's slot hand-off (``loaderkit.worker``) before the workers start.
+
+    Placed between torch's worker-process iterator and ``_CollateContext`` in the method
+    order: the workers receive ``HandoffCollate(CollateWithContext(collate_fn))``, and this
+    process a ``Receiver`` that maps their slots.
+    """
+
+    _receiver: Receiver | None = None
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__(loader)
+        slots = getattr(loader, "_handoff_slots", 0)
+        counts = getattr(loader, "_handoff_counts", None)
+        self._handoff_counts = counts
+        if slots and isinstance(counts, HandoffCounts) and self._num_workers > 0:
+            pin = PinBackend if self._pin_memory and PinBackend.available() else None
+            self._receiver = Receiver(counts, pin)
+            self._collate_fn = HandoffCollate(
+                self._collate_fn, HandoffConfig(self._receiver.token, slots)
+            )
+
+
 class _CountingIterator(_BaseDataLoaderIter):
     """Counts the batches handed to the caller into the loader's current ``PassRecord``."""
 
@@ -719,7 +768,9 @@ class _SingleProcessIter(_CountingIterator, _SingleProcessDataLoaderIter, _Colla
     """torch's single-process iterator, counting what the caller received."""
 
 
-class _MultiProcessingIter(_CountingIterator, _MultiProcessingDataLoaderIter, _CollateContext):
+class _MultiProcessingIter(
+    _CountingIterator, _MultiProcessingDataLoaderIter, _HandoffSetup, _CollateContext
+):
     """torch's worker-process iterator, counting what the caller received.
 
     A worker that dies always surfaces as one ``RuntimeError`` naming its pid and signal
@@ -735,7 +786,32 @@ class _MultiProcessingIter(_CountingIterator, _MultiProcessingDataLoaderIter, _C
                 _LIVE_WORKERS[worker.pid] = self
         _wrap_sigchld_handler()
 
+    def _process_data(self, data: Any, worker_idx: int) -> Any:
+        if isinstance(data, Received):  # a batch in a slot (pinned ones arrive as tensors)
+            data = data.materialize()
+        counts = self._handoff_counts
+        if counts is not None and not isinstance(data, ExceptionWrapper):
+            counts.batches += 1
+        return super()._process_data(data, worker_idx)
+
+    def _reset(self, loader: Any, first_iter: bool = False) -> None:
+        receiver = self._receiver
+        if receiver is not None:
+            receiver.poll()  # before the workers get the new pass's first indices
+        super()._reset(loader, first_iter)
+
+    def _shutdown_workers(self) -> None:
+        try:
+            super()._shutdown_workers()
+        finally:
+            receiver = self._receiver
+            if receiver is not None:
+                receiver.close()
+
     def _next_data(self) -> Any:
+        receiver = self._receiver
+        if receiver is not None:
+            receiver.poll()  # slots of batches the loop has let go of
         try:
             return super()._next_data()
         except (ConnectionError, EOFError, OSError, RuntimeError) as error:

@@ -46,7 +46,7 @@ from loaderkit.policy import (
     unpicklable_is_error,
 )
 from loaderkit.preflight import check_pickle
-from loaderkit.samplers import ShardedBatchSampler, ShardSampler
+from loaderkit.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
 from loaderkit.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
 
 __all__ = ["LARGE_PICKLE_BYTES", "LoaderSetup", "dataset_facts", "plan_loader"]
@@ -71,6 +71,7 @@ class LoaderSetup:
             reseeded from ``(seed, epoch)`` at every pass).
         sample_seeder: Set when ``sample_seeding=True``.
         defers_sharding: ``distributed="auto"`` left sharding to ``accelerator.prepare``.
+        handoff_slots: Batch slots per worker of loaderkit's hand-off (0: torch's path).
     """
 
     torch_kwargs: dict[str, Any]
@@ -80,6 +81,7 @@ class LoaderSetup:
     owns_generator: bool
     sample_seeder: SampleSeeder | None
     defers_sharding: bool = False
+    handoff_slots: int = 0
 
 
 def dataset_facts(dataset: Any) -> DatasetFacts:
@@ -111,7 +113,12 @@ def _sample_nbytes(dataset: Any) -> int | None:
 
 
 #: Sampler choices loaderkit builds itself (the caller's and torch's defaults are left as is).
-_BUILT_SAMPLERS = (SamplerChoice.BLOCK, SamplerChoice.DISTRIBUTED, SamplerChoice.EXACT_SHARD)
+_BUILT_SAMPLERS = (
+    SamplerChoice.BLOCK,
+    SamplerChoice.DISTRIBUTED,
+    SamplerChoice.ELASTIC,
+    SamplerChoice.EXACT_SHARD,
+)
 
 
 def _dataset_size(dataset: Any) -> int | None:
@@ -156,6 +163,7 @@ def _check_not_empty(dataset: Any, request: LoaderRequest, res: Resolution) -> N
     sampler = {
         SamplerChoice.BLOCK: "shuffle='block' (BlockShuffleSampler)",
         SamplerChoice.DISTRIBUTED: "a DistributedSampler (distributed training)",
+        SamplerChoice.ELASTIC: "an ElasticSampler (distributed training with a seed)",
         SamplerChoice.EXACT_SHARD: "a ShardSampler (distributed evaluation)",
     }.get(choice, "shuffle=True (RandomSampler)")
     raise ConfigError(
@@ -170,13 +178,28 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> dic
     """Instantiate the sampler the resolution chose: ``{"sampler": ...}``, or ``{}``."""
     dist = res.dist
     choice = res.sampler_choice
+    batch_size = res.values.get("batch_size") or 1  # None (no batching): one sample a step
     if choice == SamplerChoice.BLOCK:
         kwargs: dict[str, Any] = {"seed": res.sampler_seed}
         if not res.defers_sharding and (dist.is_distributed or request.distributed is True):
             kwargs.update(num_replicas=dist.world_size, rank=dist.rank, drop_last=request.drop_last)
         else:
             kwargs.update(num_replicas=1, rank=0)
+        if request.seed is not None:  # elastic: global batches independent of the world size
+            kwargs["batch_size"] = batch_size
         return {"sampler": BlockShuffleSampler(dataset, **kwargs)}
+    if choice == SamplerChoice.ELASTIC:
+        return {
+            "sampler": ElasticSampler(
+                dataset,
+                batch_size=batch_size,
+                num_replicas=dist.world_size,
+                rank=dist.rank,
+                shuffle=res.sampler_shuffle,
+                seed=res.sampler_seed or 0,
+                drop_last=request.drop_last,
+            )
+        }
     if choice == SamplerChoice.DISTRIBUTED:
         sampler: Any = DistributedSampler(
             dataset,
@@ -343,6 +366,8 @@ def _check_resources(
         res.values.get("prefetch_factor"),
         sample * batch_size if sample else None,
         platform.shm_bytes,
+        pool_slots=res.handoff_slots,
+        memory_bytes=platform.memory_bytes,
     )
     if shm.level == "warn":
         found.warnings.append(shm.message)
@@ -432,4 +457,5 @@ def plan_loader(
         owns_generator=res.make_generator,
         sample_seeder=seeder,
         defers_sharding=res.defers_sharding,
+        handoff_slots=res.handoff_slots,
     )

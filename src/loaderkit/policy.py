@@ -128,7 +128,8 @@ class SamplerChoice:
 
     USER = "user"  # the caller's sampler / batch_sampler, untouched
     DEFAULT = "default"  # torch's own Sequential/RandomSampler (from `shuffle`)
-    DISTRIBUTED = "distributed"  # torch DistributedSampler (training)
+    DISTRIBUTED = "distributed"  # torch DistributedSampler (training without a seed)
+    ELASTIC = "elastic"  # loaderkit.samplers.ElasticSampler (training with a seed)
     EXACT_SHARD = "exact_shard"  # every sample exactly once across ranks (evaluation)
     SHARD_BATCHES = "shard_batches"  # a user batch_sampler split between ranks
     BLOCK = "block"  # loaderkit.BlockShuffleSampler (shuffle="block")
@@ -187,6 +188,8 @@ class Resolution:
         start_method: The start method workers will use.
         defers_sharding: True when ``distributed="auto"`` leaves sharding to Accelerate's
             ``accelerator.prepare`` (the loader warns if it is iterated unprepared).
+        handoff_slots: Batch slots per worker of loaderkit's hand-off (``loaderkit.worker``);
+            0 when batches take torch's path.
     """
 
     values: Mapping[str, Any]
@@ -199,6 +202,7 @@ class Resolution:
     dist: DistInfo = field(default_factory=lambda: DistInfo(initialized=False))
     start_method: str = "fork"
     defers_sharding: bool = False
+    handoff_slots: int = 0
 
 
 @dataclass
@@ -215,6 +219,7 @@ class _Draft:
     dist: DistInfo = field(default_factory=lambda: DistInfo(initialized=False))
     start_method: str = "fork"
     defers_sharding: bool = False
+    handoff_slots: int = 0
 
     def record(self, name: str, requested: Any, value: Any, reason: str) -> None:
         """Append a plan entry."""
@@ -523,7 +528,12 @@ def _resolve_block(
     res.values["shuffle"] = None
     res.defers_sharding = defer
     reason = "shuffle='block': shuffled blocks of contiguous rows (sequential reads)"
-    if sharding:
+    if sharding and request.seed is not None:
+        reason += (
+            f"; {_where(dist)}, elastic: one block order of the whole dataset, this rank reads "
+            "a contiguous part of each global batch"
+        )
+    elif sharding:
         reason += f"; {_where(dist)}, disjoint blocks per rank"
     elif defer:
         reason += f"; {_where(dist)}: the same order on every rank, accelerator.prepare shards it"
@@ -585,7 +595,11 @@ def _resolve_user_sharding(request: LoaderRequest, dist: DistInfo, res: _Draft) 
 def _resolve_shards(
     request: LoaderRequest, dist: DistInfo, shuffle: ShuffleValue, res: _Draft
 ) -> None:
-    """Shards loaderkit builds: exact for evaluation, ``DistributedSampler`` for training."""
+    """Shards loaderkit builds: exact for evaluation, elastic or torch's for training.
+
+    Training with a ``seed`` gets ``ElasticSampler`` (global batches independent of the world
+    size), without one torch's ``DistributedSampler``.
+    """
     where = _where(dist)
     res.sampler_seed = request.seed if request.seed is not None else 0
     res.values["shuffle"] = None
@@ -600,8 +614,21 @@ def _resolve_shards(
             "ranks (no padded duplicates)",
         )
         return
+    if request.seed is not None:
+        res.sampler_choice = SamplerChoice.ELASTIC
+        res.record(
+            "sampler",
+            request.sampler,
+            "ElasticSampler",
+            f"{where}, seed: one order of the whole dataset from (seed, epoch), cut into global "
+            f"batches of world_size x batch_size; this rank reads part {dist.rank} of each, so "
+            "the global batches do not depend on the world size (drop_last="
+            f"{request.drop_last}: the last partial global batch is "
+            f"{'dropped' if request.drop_last else 'split evenly between the ranks'})",
+        )
+        return
     res.sampler_choice = SamplerChoice.DISTRIBUTED
-    seed_reason = "seed" if request.seed is not None else "seed=0 (DistributedSampler's default)"
+    seed_reason = "seed=0 (DistributedSampler's default)"
     res.record(
         "sampler",
         request.sampler,
@@ -843,7 +870,59 @@ def resolve(
             f"{facts.type_name} defines __getitems__: each batch is read with one call",
         )
     _resolve_collate(request, facts, res)
+    workers = res.values.get("num_workers")
+    if isinstance(workers, int) and workers > 0:
+        handoff = resolve_handoff(
+            platform, res.values.get("prefetch_factor"), pin_memory=bool(pin.value)
+        )
+        res.handoff_slots = handoff.value
+        path = f"slot pool ({handoff.value} per worker)" if handoff.value else "torch"
+        res.record("handoff", UNSET, path, handoff.reason)
     return res.freeze()
+
+
+#: Batches a loop usually holds while asking for the next one (the current and the previous:
+#: ``for batch in loader`` rebinds ``batch`` only after the next one arrived), plus one spare.
+HANDOFF_HELD = 3
+
+
+def resolve_handoff(
+    platform: PlatformInfo, prefetch_factor: int | None, *, pin_memory: bool = False
+) -> Decision[int]:
+    """How batches cross from workers: slots per worker of loaderkit's pool, or 0 (torch's).
+
+    Each worker gets ``prefetch_factor`` slots for the batches in flight plus
+    ``HANDOFF_HELD`` for those the loop still holds; a batch that finds no free slot takes
+    torch's path (counted in ``loader.handoff_stats()``), so no batch is ever overwritten.
+
+    Examples:
+        >>> from dataclasses import replace
+        >>> from loaderkit.platform import detect_platform
+        >>> linux = replace(detect_platform(), os_name="Linux", is_windows=False)
+        >>> resolve_handoff(linux, 2).value
+        5
+        >>> resolve_handoff(replace(linux, os_name="Darwin"), 2).value
+        0
+    """
+    if platform.os_name != "Linux":
+        return Decision(
+            0,
+            f"{platform.os_name}: anonymous shared memory (memfd) is Linux-only, so each batch "
+            "is a new shared-memory segment (torch's path)",
+        )
+    slots = (prefetch_factor or 2) + HANDOFF_HELD
+    pinned = (
+        "; pinned once (cudaHostRegister) so pinning copies nothing"
+        if pin_memory and platform.cuda_available
+        else ""
+    )
+    return Decision(
+        slots,
+        f"each worker fills {slots} long-lived batch slots ({prefetch_factor or 2} in flight + "
+        f"{HANDOFF_HELD} held by the loop) in anonymous shared memory, mapped once here: a "
+        "batch crosses as a slot number, not a new segment; a slot is reused only once no "
+        f"tensor of its batch is alive, else the batch takes torch's path{pinned}",
+    )
 
 
 def _resolve_collate(request: LoaderRequest, facts: DatasetFacts, res: _Draft) -> None:

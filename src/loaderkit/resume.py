@@ -11,8 +11,14 @@ freshly built loader start at that batch. Three pieces live here:
   captured when the sampler starts and restored around the resumed sampler's start;
 * ``PassIndices``: the index sampler torch's iterators read; on a resumed pass it skips the
   batches the caller already had *at the index level* (no read, decode or transform);
-* ``order_sources``, ``next_pass_start`` and ``fingerprint``: what a state records about a
-  loader (read from its attributes).
+* ``order_sources``, ``next_pass_start``, ``elastic_order`` and ``fingerprint``: what a state
+  records about a loader (read from its attributes).
+
+An *elastic* order (``loaderkit.samplers.ElasticSampler``, an elastic ``BlockShuffleSampler``,
+or the single-process loader they equal: a seeded shuffle or sequential order) depends only on
+``(seed, epoch, dataset)`` and is cut into global batches of ``world size x batch_size``; a
+state from one resumes another world size with the same global batch, and one with another
+global batch where the samples already read fill whole global batches of the new size.
 
 The state itself is plain data (ints, strings, bools, ``None``, lists, dicts and ``uint8``
 tensors) that ``torch.load(..., weights_only=True)`` reads back. ``check_state`` refuses a
@@ -34,11 +40,13 @@ from loaderkit.errors import ConfigError
 __all__ = [
     "STATE_FORMAT",
     "STATE_VERSION",
+    "ElasticOrder",
     "OrderSources",
     "PassIndices",
     "PassRecord",
     "ResumePoint",
     "check_state",
+    "elastic_order",
     "fingerprint",
     "next_pass_start",
     "order_is_seeded",
@@ -63,6 +71,9 @@ _MUST_MATCH = {
     "num_replicas": "world size (num_replicas of the distributed sampler)",
     "batches_per_pass": "batches per pass",
 }
+
+#: Keys an elastic order lets differ (the world size and the per-rank split of a global batch).
+_ELASTIC_MAY_DIFFER = frozenset({"batch_size", "sampler", "num_replicas", "batches_per_pass"})
 
 
 @dataclass
@@ -332,6 +343,62 @@ def next_pass_start(loader: Any, sources: OrderSources) -> dict[str, Any]:
     return start
 
 
+@dataclass(frozen=True)
+class ElasticOrder:
+    """A loader's order when it is one global order cut into global batches.
+
+    Attributes:
+        key: What decides the order besides ``seed`` and the dataset (plain data, e.g.
+            ``{"kind": "shuffle"}``).
+        global_batch_size: Samples all ranks read together per step.
+    """
+
+    key: dict[str, Any]
+    global_batch_size: int
+
+
+def elastic_order(loader: Any) -> ElasticOrder | None:
+    """The elastic order of ``loader``, or ``None`` when its order depends on the world size.
+
+    Elastic: a sampler with ``order_key()`` and an int ``global_batch_size``
+    (``ElasticSampler``, ``BlockShuffleSampler(batch_size=...)``), or, in a single process,
+    the order they reproduce: a ``RandomSampler`` over the generator loaderkit created from
+    ``seed``, or a ``SequentialSampler`` of a training loader with a ``seed``, batched by
+    torch's own ``BatchSampler`` (a user batch sampler is not elastic).
+
+    Args:
+        loader: A ``loaderkit.DataLoader``.
+
+    Returns:
+        The ``ElasticOrder`` or ``None``.
+
+    Examples:
+        >>> from loaderkit import DataLoader
+        >>> elastic_order(DataLoader(list(range(8)), batch_size=4, training=True, seed=1))
+        ElasticOrder(key={'kind': 'shuffle'}, global_batch_size=4)
+        >>> elastic_order(DataLoader(list(range(8)), batch_size=4, shuffle=True)) is None
+        True
+    """
+    if loader.seed is None or isinstance(loader.dataset, IterableDataset):
+        return None
+    if loader.batch_size is None and loader.batch_sampler is not None:
+        return None  # a user batch sampler decides the batches
+    sampler = loader.sampler
+    size = getattr(sampler, "global_batch_size", None)
+    order_key = getattr(sampler, "order_key", None)
+    if callable(order_key) and isinstance(size, int) and not isinstance(size, bool):
+        return ElasticOrder(dict(order_key()), size)
+    batch = loader.batch_size or 1
+    if isinstance(sampler, RandomSampler):
+        owned = loader._owns_generator and sampler.generator is loader.generator
+        if owned and not sampler.replacement and sampler._num_samples is None:
+            return ElasticOrder({"kind": "shuffle"}, batch)
+        return None
+    if isinstance(sampler, SequentialSampler) and loader.training is not False:
+        return ElasticOrder({"kind": "sequential"}, batch)
+    return None
+
+
 def fingerprint(loader: Any) -> dict[str, Any]:
     """What a state must share with ``loader`` to resume it (and a few facts for the reader).
 
@@ -341,7 +408,8 @@ def fingerprint(loader: Any) -> dict[str, Any]:
     Returns:
         Plain data: dataset length, batch size, ``drop_last``, seed, ``sample_seeding``, the
         sampler classes, the world size and rank of a distributed sampler, the batches per
-        pass and ``in_order``.
+        pass, ``in_order``, and for an elastic order its key and global batch size
+        (``order``, ``global_batch_size``; ``None`` otherwise).
 
     Examples:
         >>> from loaderkit import DataLoader
@@ -363,6 +431,7 @@ def fingerprint(loader: Any) -> dict[str, Any]:
         None,
     )
     user_batches = loader.batch_sampler is not None and loader.batch_size is None
+    elastic = elastic_order(loader)
     return {
         "dataset_length": dataset_length,
         "batch_size": loader.batch_size,
@@ -375,6 +444,8 @@ def fingerprint(loader: Any) -> dict[str, Any]:
         "rank": getattr(sharding, "rank", None),
         "batches_per_pass": loader._batches_per_pass(),
         "in_order": loader.in_order,
+        "order": None if elastic is None else elastic.key,
+        "global_batch_size": None if elastic is None else elastic.global_batch_size,
     }
 
 
@@ -395,6 +466,12 @@ def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
         state: What ``DataLoader.state_dict()`` returned (possibly through ``torch.save`` /
             ``torch.load``).
         fingerprint: The loader's own fingerprint (``DataLoader.state_dict()["loader"]``).
+
+    Both sides elastic with the same order (``fingerprint``'s ``order``): the world size,
+    ``batch_size`` and sampler class may differ. With the same global batch the position is
+    kept (every rank resumes right after the last global batch); with another one the samples
+    already read (``position x saved global batch``) must fill whole global batches of this
+    loader, else ``ConfigError`` naming both global batch sizes.
 
     Returns:
         The epoch, the batches to skip and the order-defining state to restore.
@@ -426,10 +503,12 @@ def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
             f"{STATE_VERSION}: upgrade loaderkit to resume from it"
         )
     saved = state.get("loader", {})
+    elastic = saved.get("order") is not None and saved.get("order") == fingerprint.get("order")
     problems = [
         f"{label} is {saved.get(key)!r} in the state and {fingerprint.get(key)!r} here"
         for key, label in _MUST_MATCH.items()
         if key in saved and key in fingerprint and saved[key] != fingerprint[key]
+        if not (elastic and key in _ELASTIC_MAY_DIFFER)
     ]
     if problems:
         raise ConfigError(
@@ -437,13 +516,16 @@ def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
             + "; ".join(problems)
             + ". A state resumes the loader it was taken from: build the loader with the same "
             "dataset, batch_size, drop_last, seed, sample_seeding, sampler and world size "
-            "(num_workers may differ)."
+            "(num_workers may differ; with a seed and loaderkit's own training sampler the "
+            "world size may differ too, for the same global batch)."
         )
     epoch, position = state.get("epoch"), state.get("batches_yielded")
     for name, value in (("epoch", epoch), ("batches_yielded", position)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(f"the loader state's {name} must be an int >= 0, got {value!r}")
     assert isinstance(epoch, int) and isinstance(position, int)
+    if elastic:
+        position = _elastic_position(position, epoch, saved, fingerprint)
     total = fingerprint.get("batches_per_pass")
     if isinstance(total, int) and position > total:
         raise ConfigError(
@@ -452,6 +534,31 @@ def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
         )
     start = state.get("start") or {}
     return ResumePoint(epoch=epoch, skip=position, start=dict(start))
+
+
+def _global_batch(fingerprint: Mapping[str, Any]) -> str:
+    size, replicas = fingerprint.get("global_batch_size"), fingerprint.get("num_replicas") or 1
+    return f"{size} (batch_size {fingerprint.get('batch_size')} x {replicas} rank(s))"
+
+
+def _elastic_position(
+    position: int, epoch: int, saved: Mapping[str, Any], here: Mapping[str, Any]
+) -> int:
+    """Batches of this loader to skip for a state of the same elastic order."""
+    before, now = saved.get("global_batch_size"), here.get("global_batch_size")
+    if not isinstance(before, int) or not isinstance(now, int) or before == now:
+        return position
+    samples = position * before
+    if samples % now:
+        raise ConfigError(
+            f"the loader state is at global batch {position} of epoch {epoch} with a global "
+            f"batch of {_global_batch(saved)} samples; this loader's global batch is "
+            f"{_global_batch(here)}, and the {samples} samples already read are not a whole "
+            f"number of its global batches. Resume with a global batch of {before} samples "
+            f"(world size x batch_size), or one that divides {samples}, or from a state taken "
+            "between epochs."
+        )
+    return samples // now
 
 
 def _describe(value: Any) -> str:

@@ -31,10 +31,10 @@ import numpy as np
 import torch
 import torch.utils.data
 
-from loaderkit.collate import share_batches
 from loaderkit.distributed import process_rank_and_world
 from loaderkit.errors import check_int
 from loaderkit.hooks import call_hook
+from loaderkit.worker import share_batches
 
 __all__ = [
     "SEED_MAX",
@@ -241,7 +241,7 @@ class WorkerInit:
         user_fn: The caller's ``worker_init_fn`` (runs after seeding), or ``None``.
         shared_batches: The loader's ``collate_fn`` returns natively read batches as they are
             (``loaderkit.collate.collate``): the worker then allocates them in shared memory
-            (``loaderkit.collate.share_batches``).
+            (``loaderkit.worker.share_batches``).
     """
 
     rank: int = 0

@@ -76,9 +76,18 @@ def test_prepared_loaders_see_every_sample_every_epoch(tmp_path: Path, mode: str
 
 def test_distributed_true_gives_loaderkit_shards_without_prepare(tmp_path: Path) -> None:
     ranks = run_accelerate(tmp_path, "own_shards")
+    from loaderkit import create_dataloader
+    from tests.frameworks.lit import IndexDataset
+
+    with create_dataloader(IndexDataset(N), batch_size=8, training=True, seed=3) as single:
+        reference = [[int(i) for b in single for i in b[0]] for _ in range(2)]
     for epoch in range(2):
         counts = covered([r["train"][epoch] for r in ranks])
-        assert sum(counts.values()) == N + 1  # DistributedSampler pads one sample
+        assert sum(counts.values()) == N + 1  # the last sample, read by both ranks
+        # Elastic: 2 ranks x 4 give the global batches of one process with batches of 8.
+        shards = [r["train"][epoch] for r in ranks]
+        steps = [shards[0][k : k + 4] + shards[1][k : k + 4] for k in range(0, (N - 1) // 2, 4)]
+        assert [i for step in steps for i in step] == reference[epoch][: N - 1]
     counts = covered([r["eval"] for r in ranks])
     assert max(counts.values()) == 1  # exact evaluation shards
     assert sorted(ranks[0]["gathered"]) == list(range(N))

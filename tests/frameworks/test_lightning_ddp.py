@@ -58,6 +58,27 @@ def exact(ranks: list[dict[str, Any]], key: str, n: int) -> None:
     assert max(counts.values()) == 1, f"{key}: duplicated {[i for i, c in counts.items() if c > 1]}"
 
 
+def single_process_order(n: int, batch_size: int, seed: int, epochs: int) -> list[list[list[int]]]:
+    """The batches of a single-process loader (the elastic reference), per epoch."""
+    from loaderkit import create_dataloader
+    from tests.frameworks.lit import IndexDataset
+
+    with create_dataloader(
+        IndexDataset(n), batch_size=batch_size, training=True, seed=seed
+    ) as loader:
+        return [[[int(i) for i in b[0]] for b in loader] for _ in range(epochs)]
+
+
+def global_batches(ranks: list[dict[str, Any]], key: str, batch_size: int) -> list[list[int]]:
+    """What both ranks trained on at each step, in rank order."""
+    shards = [r["seen"][key] for r in ranks]
+    steps = len(shards[0]) // batch_size + (len(shards[0]) % batch_size > 0)
+    return [
+        [i for shard in shards for i in shard[k * batch_size : (k + 1) * batch_size]]
+        for k in range(steps)
+    ]
+
+
 def train_shards(
     ranks: list[dict[str, Any]], n: int, epoch: int, padding: int | None = None
 ) -> list[list[int]]:
@@ -77,11 +98,19 @@ def test_ddp_hooks_train_shards_and_exact_evaluation(tmp_path: Path, n: int, uds
     ranks = run_ddp(tmp_path, "hooks", n, uds)
     for r in ranks:
         assert "error" not in r, r["error"]
-        assert r["used_train"]["sampler"] == "DistributedSampler"
+        assert r["used_train"]["sampler"] == "ElasticSampler"  # kept: a DistributedSampler
         assert r["used_val"]["sampler"] == "ShardSampler"  # not re-wrapped by Lightning
         assert r["used_predict"]["type"] == "DataLoader"  # rebuilt, still loaderkit's
     orders = [train_shards(ranks, n, epoch) for epoch in range(2)]
     assert orders[0] != orders[1]  # a new order every epoch
+    # Elastic: the global batches of 2 ranks x 4 are those of one process with batches of 8
+    # (full ones; n=41 ends with one sample, which both ranks read to step together).
+    reference = single_process_order(n, 8, 7, 2)
+    for epoch in range(2):
+        trained = global_batches(ranks, f"fit:train:{epoch}", 4)
+        assert trained[: n // 8] == reference[epoch][: n // 8]
+        tail = {i for b in reference[epoch][n // 8 :] for i in b}
+        assert {i for b in trained[n // 8 :] for i in b} == tail
     if n == 41 and uds:  # same seed, same orders
         again = run_ddp(tmp_path, "hooks", n, uds)
         assert [r["seen"] for r in ranks] == [r["seen"] for r in again]
@@ -152,7 +181,7 @@ def test_fabric_setup_dataloaders_keeps_loaderkit_samplers(tmp_path: Path) -> No
     n = 41
     ranks = launch("tests.frameworks.fabric_run", tmp_path, str(n))
     for r in ranks:
-        assert r["train_sampler"] == "DistributedSampler"
+        assert r["train_sampler"] == "ElasticSampler"  # a DistributedSampler: kept by Fabric
         assert r["eval_sampler"] == "ShardSampler"  # not re-wrapped by Fabric
     train = Counter(i for r in ranks for i in r["train"])
     assert sorted(train) == list(range(n)) and sum(train.values()) == n + 1  # one padded

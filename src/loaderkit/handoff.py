@@ -1,0 +1,370 @@
+"""The main process's side of the worker hand-off: slots mapped once, lent out per batch.
+
+Each worker of a loader with the slot pool (``loaderkit.worker``) sends its batches as
+``SlotBatch`` messages. Unpickling one here (``receive``, in whichever thread reads torch's
+result queue) maps the slot the first time, as one torch shared storage (so batches are
+``is_shared()`` as torch's are), and marks it lent. The batch handed to the caller is made of
+tensors over that storage; every tensor, view and slice of the batch holds it. ``poll`` (run by
+the iterator at every ``next``) sets a lent slot ``FREE`` again only when nothing but this
+module refers to its storage: no tensor (the storage's use count) and no Python reference to the
+storage object itself (its reference count). So a slot is reused only once nothing can see the
+batch any more. With
+``pin_memory=True`` torch's pin-memory thread asks the message to pin itself: when the segment
+was registered with CUDA (``cudaHostRegister``, once, when mapped) the batch is already pinned
+and is returned as it is; otherwise it is copied into pinned memory, and the slot is free as
+soon as the copy is done.
+
+``HandoffStats`` (``loader.handoff_stats()``) counts what took which path.
+
+Examples:
+    >>> counts = HandoffCounts()
+    >>> receiver = Receiver(counts)
+    >>> receiver.token in _RECEIVERS
+    True
+    >>> receiver.close(); receiver.token in _RECEIVERS
+    False
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import secrets
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
+
+from loaderkit.worker import FREE, HEADER, Leaf, _itemsize, rebuild
+
+__all__ = [
+    "HandoffCounts",
+    "HandoffStats",
+    "PinBackend",
+    "Received",
+    "Receiver",
+    "receive",
+    "receive_fallback",
+]
+
+logger = logging.getLogger("loaderkit")
+
+#: Receivers of live iterators by token (a message names its receiver by token).
+_RECEIVERS: dict[int, Receiver] = {}
+_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class HandoffStats:
+    """How a loader's batches crossed from its workers, counted since it was built.
+
+    Attributes:
+        path: ``"slots"`` (loaderkit's slot pool) or ``"torch"`` (torch's per-batch shared
+            memory: no workers, or the pool is off; ``loader.plan["handoff"]`` says why).
+        batches: Batches received from workers.
+        pooled: Batches that crossed in a slot (no new shared memory).
+        copied: Of those, batches whose tensors were made outside the slot and copied in (a
+            ``collate_fn`` other than torch's or loaderkit's, or the first batch, which sizes
+            the slots).
+        fallback: Tensor batches that took torch's path because no slot was free: the loop
+            held on to more batches than the pool has (none was ever overwritten).
+        other: Batches with no tensor (or tensors the pool does not carry: sparse, on a device,
+            requiring grad), sent by torch as they are.
+        slots: Slots per worker (0 with torch's path).
+        slot_bytes: Size of the largest slot mapped so far.
+        pinned: Slots registered as pinned memory (CUDA hosts with ``pin_memory=True``).
+
+    Examples:
+        >>> HandoffStats("slots", 10, 9, 1, 1, 0, 5, 1 << 20, False).other
+        0
+    """
+
+    path: str
+    batches: int
+    pooled: int
+    copied: int
+    fallback: int
+    other: int
+    slots: int
+    slot_bytes: int
+    pinned: bool
+
+
+class HandoffCounts:
+    """The running counts behind ``HandoffStats`` (one per loader, shared by its iterators).
+
+    Examples:
+        >>> HandoffCounts().snapshot("torch", 0).batches
+        0
+    """
+
+    def __init__(self) -> None:
+        self.batches = 0
+        self.pooled = 0
+        self.copied = 0
+        self.fallback = 0
+        self.slot_bytes = 0
+        self.pinned = False
+
+    def snapshot(self, path: str, slots: int) -> HandoffStats:
+        """The counts now, as a frozen ``HandoffStats``."""
+        other = max(0, self.batches - self.pooled - self.fallback)
+        return HandoffStats(
+            path,
+            self.batches,
+            self.pooled,
+            self.copied,
+            self.fallback,
+            other,
+            slots,
+            self.slot_bytes,
+            self.pinned,
+        )
+
+
+class PinBackend:
+    """The CUDA calls that pin a mapped segment, in one place (tests substitute a fake).
+
+    Examples:
+        >>> isinstance(PinBackend.available(), bool)
+        True
+    """
+
+    @staticmethod
+    def available() -> bool:
+        """Whether CUDA can pin memory in this process."""
+        return torch.cuda.is_available()
+
+    @staticmethod
+    def register(address: int, size: int) -> bool:
+        """``cudaHostRegister`` the memory; False when CUDA refuses (the copy path stays)."""
+        cudart = torch.cuda.cudart()
+        status = cudart.cudaHostRegister(address, size, 0)
+        return int(status) == 0
+
+    @staticmethod
+    def unregister(address: int) -> None:
+        """``cudaHostUnregister`` memory ``register`` pinned."""
+        torch.cuda.cudart().cudaHostUnregister(address)
+
+
+def _unregister(backend: Any, address: int) -> None:
+    try:
+        backend.unregister(address)
+    except Exception:  # pragma: no cover - CUDA already torn down at exit
+        logger.debug("loaderkit: cudaHostUnregister failed", exc_info=True)
+
+
+#: References to a slot's storage object while it is idle: the ``_Mapped`` attribute, the
+#: local name in ``poll`` and ``sys.getrefcount``'s own argument.
+_IDLE_REFS = 3
+
+
+class _Mapped:
+    """One slot of one worker, mapped in this process once (a torch shared storage)."""
+
+    def __init__(self, fd: int, size: int, generation: int, pin: Any | None = None) -> None:
+        self.storage = torch.UntypedStorage._new_shared_fd_cpu(fd, size)  # type: ignore[attr-defined]
+        self.size = size
+        self.generation = generation
+        self.address = int(self.storage.data_ptr())
+        self.state = ctypes.c_uint8.from_address(self.address)  # no reference to the storage
+        self.pin = None
+        if pin is not None:
+            try:
+                if pin.register(self.address, size):
+                    self.pin = pin
+            except Exception:
+                logger.debug("loaderkit: cudaHostRegister failed", exc_info=True)
+
+    @property
+    def pinned(self) -> bool:
+        return self.pin is not None
+
+    def idle(self) -> bool:
+        """Nothing outside this module refers to the slot's memory."""
+        storage = self.storage
+        return _use_count(storage._cdata) == 1 and sys.getrefcount(storage) <= _IDLE_REFS
+
+    def free(self) -> None:
+        self.state.value = FREE
+
+    def release(self) -> None:
+        """Unpin (the storage goes with this object; only call once idle)."""
+        if self.pin is not None:
+            _unregister(self.pin, self.address)
+            self.pin = None
+
+
+def _use_count(cdata: int) -> int:
+    return int(torch._C._storage_Use_Count(cdata))
+
+
+#: Slots of closed receivers still held by the caller (unpinned and dropped once idle).
+_HELD: list[_Mapped] = []
+
+
+def _sweep_held() -> None:
+    with _LOCK:
+        held = list(_HELD)
+    for mapped in held:
+        if mapped.idle():
+            mapped.release()
+            with _LOCK:
+                if mapped in _HELD:
+                    _HELD.remove(mapped)
+
+
+class Received:
+    """A batch in a lent slot, before it becomes tensors (what torch's queue yields).
+
+    Attributes:
+        storage: The slot's storage (held: the slot stays lent while this object lives).
+        structure: The batch, with ``Leaf`` where each tensor goes.
+        pinned: The slot's memory is pinned.
+    """
+
+    __slots__ = ("pinned", "storage", "structure")
+
+    def __init__(self, storage: torch.UntypedStorage | None, structure: Any, pinned: bool) -> None:
+        self.storage = storage
+        self.structure = structure
+        self.pinned = pinned
+
+    def materialize(self) -> Any:
+        """The batch: tensors over the slot (they keep it lent while any of them lives)."""
+        storage, self.storage = self.storage, None
+        if storage is None:
+            raise RuntimeError("loaderkit: this batch was already handed out or its loader closed")
+
+        def tensor(leaf: Leaf) -> torch.Tensor:
+            size = _itemsize(leaf.dtype)
+            out = torch.empty(0, dtype=leaf.dtype)
+            offset = (HEADER + leaf.offset) // size
+            return out.set_(storage, offset, leaf.shape, _strides(leaf.shape))
+
+        return rebuild(self.structure, tensor)
+
+    def pin_memory(self, device: Any = None) -> Any:
+        """What torch's pin-memory thread gets: pinned slots as they are, else a pinned copy."""
+        batch = self.materialize()
+        if self.pinned:
+            return batch
+        return torch_pin_memory(batch, device)  # the slot is idle once the copy is made
+
+
+def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    step = 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+class Receiver:
+    """Maps the slots of one iterator's workers, lends them out and frees them when idle.
+
+    Args:
+        counts: Where to count (the loader's ``HandoffCounts``).
+        pin: A ``PinBackend`` when slots should be pinned once mapped (CUDA hosts with
+            ``pin_memory=True``), else ``None``.
+    """
+
+    def __init__(self, counts: HandoffCounts, pin: Any | None = None) -> None:
+        self.counts = counts
+        self.pin = pin
+        self.token = secrets.randbits(62)
+        self.slots: dict[tuple[int, int], _Mapped] = {}
+        self.lent: dict[tuple[int, int, int], _Mapped] = {}
+        with _LOCK:
+            _RECEIVERS[self.token] = self
+
+    def receive(
+        self,
+        worker_id: int,
+        generation: int,
+        slot: int,
+        structure: Any,
+        copied: bool,
+        segment: tuple[Any, int] | None,
+    ) -> Received:
+        """Map the slot if it is new, lend it out, and return the batch before materializing."""
+        key = (worker_id, slot)
+        if segment is not None:
+            carrier, size = segment
+            fd = carrier.detach()
+            try:
+                mapped = _Mapped(fd, size, generation, self.pin)
+            finally:
+                os.close(fd)
+            self.slots[key] = mapped
+            self.counts.slot_bytes = max(self.counts.slot_bytes, size - HEADER)
+            self.counts.pinned = self.counts.pinned or mapped.pinned
+        known = self.slots.get(key)
+        if known is None or known.generation != generation:
+            raise RuntimeError(
+                f"loaderkit: worker {worker_id} sent slot {slot} of a segment this process "
+                "never mapped (a message was lost); please report this"
+            )
+        self.lent[(worker_id, slot, generation)] = known
+        self.counts.pooled += 1
+        self.counts.copied += bool(copied)
+        return Received(known.storage, structure, known.pinned)
+
+    def poll(self) -> int:
+        """Free every lent slot nothing refers to any more; return how many were freed."""
+        freed = 0
+        for key, mapped in list(self.lent.items()):
+            if mapped.idle():
+                del self.lent[key]
+                mapped.free()
+                freed += 1
+                if self.slots.get(key[:2]) is not mapped:  # replaced by a bigger slot
+                    mapped.release()
+        return freed
+
+    def close(self) -> None:
+        """Forget the slots: idle ones are unpinned now, held ones once the caller lets go."""
+        with _LOCK:
+            _RECEIVERS.pop(self.token, None)
+        mappings = {id(m): m for m in [*self.slots.values(), *self.lent.values()]}
+        self.slots.clear()
+        self.lent.clear()
+        for mapped in mappings.values():
+            if mapped.pin is None:
+                continue
+            if mapped.idle():
+                mapped.release()
+            else:
+                with _LOCK:
+                    _HELD.append(mapped)
+        _sweep_held()
+
+
+def receive(
+    token: int,
+    worker_id: int,
+    generation: int,
+    slot: int,
+    structure: Any,
+    copied: bool,
+    segment: tuple[Any, int] | None,
+) -> Received:
+    """Unpickle a ``SlotBatch`` in the main process (a batch whose iterator is gone: no lease)."""
+    receiver = _RECEIVERS.get(token)
+    if receiver is None:
+        return Received(None, structure, False)
+    return receiver.receive(worker_id, generation, slot, structure, copied, segment)
+
+
+def receive_fallback(token: int, data: Any, reason: str) -> Any:
+    """Unpickle a ``FallbackBatch``: count it, return the batch as torch sent it."""
+    receiver = _RECEIVERS.get(token)
+    if receiver is not None:
+        receiver.counts.fallback += 1
+    return data
