@@ -331,3 +331,34 @@ def test_elastic_block_order_keeps_block_locality(tmp_path: Path) -> None:
     assert large and all(row["reads_ratio"] <= 1.1 for row in large), large
     assert all(row["chunks_ratio"] <= 1.1 for row in large if row["chunks_ratio"] is not None)
     assert all(row["reads_ratio"] <= 1.25 for row in rows), rows  # small files: more noise
+
+
+# ---------------------------------------------------------------- which loaders are elastic
+
+
+def test_policy_builds_the_elastic_sampler_for_seeded_training(make_platform: Any) -> None:
+    from loaderkit.distributed import DistInfo
+    from loaderkit.policy import DatasetFacts, LoaderRequest, resolve
+
+    dist = DistInfo(initialized=True, rank=1, world_size=2)
+    platform = make_platform()
+    seeded = resolve(LoaderRequest(training=True, seed=3), DatasetFacts(), platform, dist)
+    assert seeded.sampler_choice == "elastic" and seeded.sampler_shuffle is True
+    unseeded = resolve(LoaderRequest(training=True), DatasetFacts(), platform, dist)
+    assert unseeded.sampler_choice == "distributed"  # torch's DistributedSampler, as before
+    evaluation = resolve(LoaderRequest(training=False, seed=3), DatasetFacts(), platform, dist)
+    assert evaluation.sampler_choice == "exact_shard"  # evaluation keeps its exact shards
+
+
+def test_elastic_order_of_single_process_loaders() -> None:
+    from loaderkit.resume import elastic_order
+
+    def order(**kwargs: Any) -> Any:
+        found = elastic_order(DataLoader(Draws(), batch_size=4, **kwargs))
+        return None if found is None else (found.key["kind"], found.global_batch_size)
+
+    assert order(training=True, seed=1) == ("shuffle", 4)
+    assert order(shuffle=False, training=True, seed=1) == ("sequential", 4)
+    assert order(training=True) is None  # no seed
+    assert order(training=True, seed=1, generator=torch.Generator()) is None  # yours orders it
+    assert order(training=False, seed=1) is None  # evaluation

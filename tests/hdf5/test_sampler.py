@@ -194,3 +194,64 @@ def test_errors(ds: HDF5SessionDataset) -> None:
     assert (s.num_replicas, s.rank) == (1, 0)  # from dist_info() outside torch.distributed
     with pytest.raises(ConfigError, match="epoch"):
         s.set_epoch(-1)
+
+
+# ---------------------------------------------------------------- elastic order (batch_size)
+
+
+def _global_batches(ds: HDF5SessionDataset, world: int, epoch: int, drop_last: bool) -> list:
+    """What all ranks read at each step, in rank order, with a global batch of 12."""
+    per_rank = []
+    for rank in range(world):
+        sampler = BlockShuffleSampler(
+            ds,
+            seed=5,
+            block_size=4,
+            window=3,
+            num_replicas=world,
+            rank=rank,
+            batch_size=12 // world,
+            drop_last=drop_last,
+        )
+        sampler.set_epoch(epoch)
+        order = sampler.indices().tolist()
+        assert order == list(sampler) and len(order) == len(sampler)
+        per_rank.append([order[k : k + 12 // world] for k in range(0, len(order), 12 // world)])
+    assert len({len(batches) for batches in per_rank}) == 1  # every rank takes as many steps
+    return [[i for batches in per_rank for i in batches[k]] for k in range(len(per_rank[0]))]
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_elastic_global_batches_do_not_depend_on_the_ranks(
+    ds: HDF5SessionDataset, drop_last: bool
+) -> None:
+    n = len(ds)  # 318 rows: 26 global batches of 12 and a last one of 6
+    for epoch in range(2):
+        one = _global_batches(ds, 1, epoch, drop_last)
+        single = BlockShuffleSampler(ds, seed=5, block_size=4, window=3)  # no batch_size
+        single.set_epoch(epoch)
+        flat = [i for batch in one for i in batch]
+        if drop_last:
+            assert flat == single.indices().tolist()[: n // 12 * 12]
+        else:
+            assert flat == single.indices().tolist()  # one rank: the non-elastic order
+        for world in (2, 3, 4, 6):
+            assert _global_batches(ds, world, epoch, drop_last) == one, world
+
+
+def test_elastic_ranks_read_runs_of_their_global_batch(ds: HDF5SessionDataset) -> None:
+    sampler = BlockShuffleSampler(ds, seed=5, block_size=8, num_replicas=2, rank=1, batch_size=8)
+    order = sampler.indices().tolist()
+    batches = [order[k : k + 8] for k in range(0, len(order), 8)]
+    assert np.mean([len(runs(ds, b)) for b in batches]) < 2.5  # blocks of 8: 1 or 2 runs
+    assert sampler.global_batch_size == 16 and sampler.elastic
+    key = sampler.order_key()
+    assert key["kind"] == "block" and key["window"] == sampler.window
+
+
+def test_elastic_needs_the_block_partition(ds: HDF5SessionDataset) -> None:
+    with pytest.raises(ConfigError, match="partition='block'"):
+        BlockShuffleSampler(ds, seed=0, partition="session", batch_size=4)
+    with pytest.raises(ConfigError, match="batch_size"):
+        BlockShuffleSampler(ds, seed=0, batch_size=0)
+    assert BlockShuffleSampler(ds, seed=0).global_batch_size is None
