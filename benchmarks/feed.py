@@ -31,6 +31,9 @@ Rows of the table (one block per worker count; full run 4, 8, 12 workers, ``--qu
   the old fixed handle budget (with 16 sessions and uniform shuffling it evicts constantly).
 - ``loaderkit block``: the default dataset with ``shuffle="block"`` (locality-aware shuffling:
   runs of contiguous rows, batches still mixing sessions).
+- ``loaderkit block, torch's hand-off``: the same with loaderkit's worker hand-off switched off
+  (each batch a new shared-memory segment, torch's path), beside ``loaderkit block``, which
+  hands batches over in long-lived slots (``docs/handoff.md``).
 - ``loaderkit block + sample_seeding``: the same with ``sample_seeding=True`` (per-sample
   seeding, which reads samples one by one).
 - ``loaderkit default + DevicePrefetcher`` and ``loaderkit block + DevicePrefetcher``: those
@@ -113,6 +116,8 @@ LRU = "LRU of 5 handles"
 BASELINE = "never-closed cache"
 COMPUTE = "compute only"
 PREFETCHED = ("loaderkit default + DevicePrefetcher", "loaderkit block + DevicePrefetcher")
+#: ``loaderkit block`` with its worker hand-off switched to torch's path (no batch slots).
+TORCH_HANDOFF = "loaderkit block, torch's hand-off"
 LOADERS = (
     SEEDS_FIX,
     LRU,
@@ -120,6 +125,7 @@ LOADERS = (
     "loaderkit default",
     "loaderkit max_open_files=8",
     "loaderkit block",
+    TORCH_HANDOFF,
     "loaderkit block + sample_seeding",
     *PREFETCHED,
     COMPUTE,
@@ -356,6 +362,8 @@ def _build(name: str, paths: list[Path], params: Params, workers: int) -> tuple[
         num_workers=workers,
         persistent_workers=workers > 0,
     )
+    if name == TORCH_HANDOFF:
+        loader._handoff_slots = 0  # every batch a new shared-memory segment, as torch does
     if name in PREFETCHED:
         return loaderkit.DevicePrefetcher(loader, params.device), loader
     return loader, loader

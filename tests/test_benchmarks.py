@@ -82,6 +82,7 @@ def test_feed(tmp_path: Path) -> None:
         "loaderkit default",
         "loaderkit max_open_files=8",
         "loaderkit block",
+        "loaderkit block, torch's hand-off",
         "loaderkit block + sample_seeding",
         *prefetched,
         "compute only",
