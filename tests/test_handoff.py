@@ -387,3 +387,19 @@ def test_worker_pool_never_reuses_a_busy_slot() -> None:
     segment.set_state(1, FREE)
     assert pool.pack(torch.ones(4)).slot == 1
     assert HEADER % 4096 == 0
+
+
+def test_a_held_storage_keeps_its_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    _pickle_in_worker(monkeypatch)
+    receiver, received, pool = _one_batch(None)
+    batch = received.materialize()
+    assert batch["x"].is_shared()
+    storage = batch["x"].untyped_storage()
+    del batch, received
+    receiver.poll()
+    segment = pool.segment
+    assert segment is not None and segment.state(0) != FREE  # the storage is still visible
+    del storage
+    receiver.poll()
+    assert segment.state(0) == FREE
+    receiver.close()

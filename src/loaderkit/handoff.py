@@ -159,11 +159,6 @@ def _unregister(backend: Any, address: int) -> None:
         logger.debug("loaderkit: cudaHostUnregister failed", exc_info=True)
 
 
-#: References to a slot's storage object while it is idle: the ``_Mapped`` attribute, the
-#: local name in ``poll`` and ``sys.getrefcount``'s own argument.
-_IDLE_REFS = 3
-
-
 class _Mapped:
     """One slot of one worker, mapped in this process once (a torch shared storage)."""
 
@@ -173,6 +168,9 @@ class _Mapped:
         self.generation = generation
         self.address = int(self.storage.data_ptr())
         self.state = ctypes.c_uint8.from_address(self.address)  # no reference to the storage
+        # what sys.getrefcount says while only this object holds the storage (the exact count
+        # differs between Python versions, so it is measured, not assumed)
+        self.idle_refs = self._refs()
         self.pin = None
         if pin is not None:
             try:
@@ -185,10 +183,13 @@ class _Mapped:
     def pinned(self) -> bool:
         return self.pin is not None
 
-    def idle(self) -> bool:
-        """Nothing outside this module refers to the slot's memory."""
+    def _refs(self) -> int:
         storage = self.storage
-        return _use_count(storage._cdata) == 1 and sys.getrefcount(storage) <= _IDLE_REFS
+        return sys.getrefcount(storage)
+
+    def idle(self) -> bool:
+        """Nothing outside this module refers to the slot's memory: no tensor, no storage."""
+        return _use_count(self.storage._cdata) == 1 and self._refs() <= self.idle_refs
 
     def free(self) -> None:
         self.state.value = FREE
