@@ -36,6 +36,9 @@ _CACHE_CHUNKS = 8
 _CACHE_MIN_BYTES = 8 << 20  # HDF5 2.0's own default: never less cache than plain h5py
 _CACHE_ONE_ROW_BYTES = 1 << 20
 _CACHE_MAX_BYTES = 64 << 20
+#: Most hash slots: HDF5 allocates and walks the slot table at every dataset open (millions of
+#: slots for tiny chunks cost 15 ms per open and tens of MiB per open file).
+_MAX_SLOTS = 100_000
 
 
 class SessionLayout(NamedTuple):
@@ -77,7 +80,8 @@ def default_chunk_cache(layout: SessionLayout) -> dict[str, int]:
     memory per open file). Chunked data with several rows per chunk gets room for ``8`` chunks,
     at least HDF5 2.0's own default of 8 MiB (so random access is never slower than with a
     plain ``h5py.File``) and at most 64 MiB, and a prime number of hash slots about 100 times
-    the chunks that fit; the memory bound is ``workers x max_open_files x rdcc_nbytes``. With
+    the chunks that fit (at most about 100,000: the slot table is built at every open); the
+    memory bound is ``workers x max_open_files x rdcc_nbytes``. With
     one row per chunk no chunk is ever read twice by batched reads, so 1 MiB is enough (HDF5
     reads chunks larger than the cache straight through). Purely random per-item access to
     compressed data benefits from a cache that holds the whole dataset; pass ``rdcc_nbytes``
@@ -100,7 +104,7 @@ def default_chunk_cache(layout: SessionLayout) -> dict[str, int]:
     else:
         nbytes = min(max(_CACHE_CHUNKS * layout.chunk_bytes, _CACHE_MIN_BYTES), _CACHE_MAX_BYTES)
     chunks = max(1, nbytes // layout.chunk_bytes)
-    return {"rdcc_nbytes": int(nbytes), "rdcc_nslots": _next_prime(100 * chunks)}
+    return {"rdcc_nbytes": int(nbytes), "rdcc_nslots": _next_prime(min(100 * chunks, _MAX_SLOTS))}
 
 
 def open_kwargs(

@@ -328,12 +328,12 @@ class SessionReader:
         fd = f.id.get_vfd_handle() if f.driver == "sec2" else None
         fd = fd if isinstance(fd, int) and fd >= 0 else None
         identity = identity_of(fd if fd is not None else self.paths[pos])
-        self._check_record(f, pos, identity)
+        objects = [f.get(spec.path) for spec in self.specs]  # each looked up once per open
+        self._check_record(objects, pos, identity)
         datasets: list[Any] = []
         raws: list[tuple[int, int] | None] = []
         mapped: list[tuple[Any, np.ndarray] | None] = []
-        for k, spec in enumerate(self.specs):
-            obj: Any = f[spec.path]
+        for k, (spec, obj) in enumerate(zip(self.specs, objects, strict=True)):
             if spec.members:
                 datasets.append(obj)
                 raws.append(None)
@@ -355,17 +355,23 @@ class SessionReader:
         )
         return handle
 
-    def _check_record(self, f: h5py.File, pos: int, identity: Identity) -> None:
-        """Raise ``HDF5FileError`` when the file is not what the index was built from."""
+    def _check_record(self, objects: Sequence[Any], pos: int, identity: Identity) -> None:
+        """Raise ``HDF5FileError`` when the file is not what the index was built from.
+
+        Args:
+            objects: Per key, what the file holds at the key's path now (``None``: nothing).
+            pos: The session position.
+            identity: The file's identity now.
+        """
         record = self.records[pos]
         if record.identity is None:
             return
         changed = [] if self.swmr else changes(record.identity, identity)
         found = []
-        for spec, layout, members in zip(self.specs, record.layouts, record.members, strict=True):
-            try:
-                obj = f[spec.path]
-            except Exception:
+        for spec, layout, members, obj in zip(
+            self.specs, record.layouts, record.members, objects, strict=True
+        ):
+            if obj is None:
                 found.append(f"{spec.path!r} is missing")
                 continue
             if spec.members:
