@@ -461,7 +461,11 @@ class SessionReader:
 
         The caller holds the lock.
         """
-        handle = self.handle(pos, row, index)
+        try:
+            handle = self.cache.get(self.canonical[pos])
+        except Exception as exc:
+            self.note(exc, pos, row, index)
+            raise
         try:
             if self.single:
                 value = self._one(handle, 0, pos, row, index)
@@ -648,9 +652,13 @@ class SessionReader:
         run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
         bounds = starts.tolist()
         bounds.append(n)
-        where = idx.tolist() if order is None else idx[order].tolist()  # index of each slot
+
+        def index_at(slot: int) -> int:  # the dataset index read into ``buf[slot]``
+            return int(idx[slot] if order is None else idx[order[slot]])
+
         watched: list[tuple[int, Handle]] = []
         mapped_checked: set[int] = set()
+        get, canonical = self.cache.get, self.canonical
         last = -1
         handle: Handle | None = None
         raw: tuple[int, int] | None = None
@@ -659,11 +667,18 @@ class SessionReader:
             pos, a = key >> _ROW_BITS, key & _ROW_MASK
             k0, k1 = bounds[r], bounds[r + 1]
             if pos != last:
-                handle = self.handle(pos, a, where[k0])
-                raw = handle.raws[k] if handle.maps[k] is None else None
-                if handle.maps[k] is not None and pos not in mapped_checked:
-                    self.verify(handle, pos, "rows", where[k0])  # never fault on a truncated map
-                    mapped_checked.add(pos)
+                try:
+                    handle = get(canonical[pos])
+                except Exception as exc:
+                    self.note(exc, pos, a, index_at(k0))
+                    raise
+                if handle.maps[k] is None:
+                    raw = handle.raws[k]
+                else:
+                    raw = None
+                    if pos not in mapped_checked:  # never fault on a truncated map
+                        self.verify(handle, pos, "rows", index_at(k0))
+                        mapped_checked.add(pos)
                 if handle.watch and not handle.dirty:
                     handle.dirty = True
                     watched.append((pos, handle))
@@ -674,15 +689,15 @@ class SessionReader:
                 if raw is not None:  # contiguous rows: one preadv, no HDF5 call
                     pread(raw, a * row_bytes, buf[k0:k1], length * row_bytes)
                 else:
-                    self._fill_run(handle, k, pos, a, length, buf[k0:k1], where[k0])
+                    self._fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
             except MemoryError:
                 raise
             except Exception as exc:
                 what = f"row {a}" if length == 1 else f"rows {a}..{a + length - 1}"
-                raise self.read_error(exc, pos, what, where[k0], k) from exc
+                raise self.read_error(exc, pos, what, index_at(k0), k) from exc
         for pos, touched in watched:  # the rows read are real rows, not zeros past a new end
             if touched.dirty:
-                self.verify(touched, pos, "rows", where[0])
+                self.verify(touched, pos, "rows", index_at(0))
         if order is not None:
             out[order] = buf
 
