@@ -488,18 +488,7 @@ def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
 
 def _fill(structure: Any, values: Sequence[Any]) -> Any:
     """``structure`` with each ``_Hole`` replaced by ``values[hole.i]``."""
-    if isinstance(structure, _Hole):
-        return values[structure.i]
-    kind = type(structure)
-    if kind is dict:
-        return {key: _fill(value, values) for key, value in structure.items()}
-    if kind is list:
-        return [_fill(value, values) for value in structure]
-    if kind is tuple:
-        return tuple(_fill(value, values) for value in structure)
-    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
-        return kind._make(_fill(value, values) for value in structure)
-    return structure
+    return _walk(structure, _Hole, lambda hole: values[hole.i])
 
 
 def rebuild(structure: Any, make: Callable[[Leaf], Any]) -> Any:
@@ -509,17 +498,22 @@ def rebuild(structure: Any, make: Callable[[Leaf], Any]) -> Any:
         >>> rebuild({"x": [Leaf(0, torch.float32, (2,))]}, lambda leaf: leaf.shape)
         {'x': [(2,)]}
     """
-    if isinstance(structure, Leaf):
+    return _walk(structure, Leaf, make)
+
+
+def _walk(structure: Any, leaf: type, make: Callable[[Any], Any]) -> Any:
+    """``structure`` (dicts, lists, tuples, namedtuples) with each ``leaf`` replaced by ``make``."""
+    if isinstance(structure, leaf):
         return make(structure)
     kind = type(structure)
     if kind is dict:
-        return {key: rebuild(value, make) for key, value in structure.items()}
+        return {key: _walk(value, leaf, make) for key, value in structure.items()}
     if kind is list:
-        return [rebuild(value, make) for value in structure]
+        return [_walk(value, leaf, make) for value in structure]
     if kind is tuple:
-        return tuple(rebuild(value, make) for value in structure)
+        return tuple(_walk(value, leaf, make) for value in structure)
     if isinstance(structure, tuple) and hasattr(structure, "_fields"):
-        return kind._make(rebuild(value, make) for value in structure)
+        return kind._make(_walk(value, leaf, make) for value in structure)
     return structure
 
 
