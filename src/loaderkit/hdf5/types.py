@@ -67,29 +67,33 @@ def _one_buffer(
 ) -> dict[str, tuple[Samples, torch.Tensor]]:
     """The numeric fields of a batch of records, copied into one allocation (one tensor each).
 
-    One buffer instead of one per field: one allocation (one shared-memory segment inside a
-    worker) per batch, each field a tensor view of it at an aligned offset.
+    One buffer instead of one per field: one allocation (one shared-memory segment or batch
+    slot inside a worker) per batch, each field a tensor over it at a 64-byte aligned offset.
     """
     numeric = [(name, sub) for name, sub in fields if sub.kind is Kind.NUMBER]
     if len(numeric) < 2:
         return {}
     n = values.shape[0]
-    offsets, total = [], 0
-    for _, sub in numeric:
-        offsets.append(total)
-        nbytes = n * math.prod(sub.row_shape) * sub.mem_dtype.itemsize
-        total += -(-nbytes // 64) * 64  # every field starts 64-byte aligned
+    sizes = [n * math.prod(sub.row_shape) * sub.mem_dtype.itemsize for _, sub in numeric]
+    total = sum(-(-size // 64) * 64 for size in sizes)
     flat, raw = alloc(1, (max(total, 1),), np.dtype(np.uint8))
     flat, raw = flat.reshape(-1), raw.reshape(-1)
+    # torch's own shared storage (a worker without batch slots) needs tensor views of it;
+    # anywhere else a tensor over the numpy view is the same memory, made in one call
+    torch_views = flat.is_shared()
     out: dict[str, tuple[Samples, torch.Tensor]] = {}
-    for (name, sub), offset in zip(numeric, offsets, strict=True):
+    offset = 0
+    for (name, sub), size in zip(numeric, sizes, strict=True):
         shape = (n, *sub.row_shape)
-        nbytes = n * math.prod(sub.row_shape) * sub.mem_dtype.itemsize
-        array = raw[offset : offset + nbytes].view(sub.mem_dtype).reshape(shape)
+        array = np.ndarray(shape, sub.mem_dtype, buffer=raw, offset=offset)
         np.copyto(array, values[name])  # to native byte order while copying
-        assert sub.torch_dtype is not None
-        tensor = flat[offset : offset + nbytes].view(sub.torch_dtype).reshape(shape)
+        if torch_views:
+            assert sub.torch_dtype is not None
+            tensor = flat[offset : offset + size].view(sub.torch_dtype).reshape(shape)
+        else:
+            tensor = torch.from_numpy(array)
         out[name] = (functools.partial(list, array), tensor)
+        offset += -(-size // 64) * 64
     return out
 
 
