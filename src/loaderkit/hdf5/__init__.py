@@ -4,10 +4,14 @@
 fork-safe, thread-safe per-process cache of open files; ``BlockShuffleSampler`` shuffles
 blocks of consecutive rows so that batched reads stay sequential. See ``docs/hdf5.md``.
 
-Modules, each importing only those listed after it: ``dataset`` (the dataset class),
-``reading`` (batched read strategies), ``handles`` (per-process file cache), ``index`` (packed
-sample index), ``layout`` (per-session layout, chunk cache, hints), ``rawio`` (``os.preadv``
-reads); ``sampler`` stands apart (it reads the dataset's public accessors only).
+Modules: ``dataset`` (the dataset class: hooks, accessors, pickling), ``arguments`` (its
+constructor arguments), ``keys`` (what each file holds of the keys, read once), ``reader``
+(``SessionReader``: handles, default reads and the checks that a file did not change),
+``types`` (HDF5 type -> sample), ``reading`` (which read strategy, runs of rows), ``filters``
+(compression filters available?), ``diagnose`` (causes established by checks), ``handles``
+(per-process file cache), ``index`` (packed sample index), ``layout`` (per-session layout,
+chunk cache, hints), ``rawio`` (``os.preadv`` reads, maps); ``sampler`` stands apart (it reads
+the dataset's public accessors only).
 
 Example:
     >>> from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 
 from loaderkit.budgets import FILE_OVERHEAD_BYTES, FileBudget, fit_open_files
 from loaderkit.errors import ConfigError, HDF5FileError, warn
+from loaderkit.hdf5.arguments import check_max_open_files, check_options, normalize_files
 from loaderkit.hdf5.diagnose import open_failure
 from loaderkit.hdf5.handles import CacheInfo
 from loaderkit.hdf5.index import (
@@ -162,8 +163,8 @@ class HDF5SessionDataset(Dataset):
         memory_map: bool = False,
     ) -> None:
         if max_open_files is not None:
-            self._check_max_open_files(max_open_files)
-        self.files: dict[Hashable, Path] = self._normalize_files(files)
+            check_max_open_files(max_open_files)
+        self.files: dict[Hashable, Path] = normalize_files(files)
         self.key = key
         self.fields = None if fields is None else tuple(fields)
         self.sample_axis = sample_axis
@@ -171,7 +172,7 @@ class HDF5SessionDataset(Dataset):
         self.max_open_files_requested = max_open_files
         #: Files open at once per process, as used now.
         self.max_open_files = max_open_files or _STANDALONE_FILES
-        self.h5py_options: dict[str, Any] = self._check_options(h5py_options)
+        self.h5py_options: dict[str, Any] = check_options(h5py_options)
         self.memory_map = bool(memory_map)
         self._ids: list[Hashable] = list(self.files)
         self._paths: list[str] = [os.fspath(p) for p in self.files.values()]
@@ -275,68 +276,11 @@ class HDF5SessionDataset(Dataset):
         Raises:
             ConfigError: ``files`` is not an int >= 1.
         """
-        self._check_max_open_files(files)
+        check_max_open_files(files)
         self.max_open_files = files
         self._reader.cache.max_open = files
 
     # ------------------------------------------------------------------ construction helpers
-
-    @staticmethod
-    def _check_max_open_files(max_open_files: Any) -> None:
-        if isinstance(max_open_files, bool) or not isinstance(max_open_files, int):
-            raise ConfigError(
-                f"max_open_files must be an int >= 1, got {max_open_files!r}; it bounds the "
-                "HDF5 files each process keeps open."
-            )
-        if max_open_files < 1:
-            raise ConfigError(
-                f"max_open_files must be >= 1, got {max_open_files}: every read needs one open "
-                "file. Use a small number such as 8 (the default)."
-            )
-
-    @staticmethod
-    def _normalize_files(files: Any) -> dict[Hashable, Path]:
-        if isinstance(files, (str, bytes, os.PathLike)):
-            raise ConfigError(
-                "files must be a mapping session id -> path or a sequence of paths, got a single "
-                f"path {files!r}; wrap it in a list: files=[{files!r}]."
-            )
-        if isinstance(files, Mapping):
-            items = list(files.items())
-        elif isinstance(files, Sequence) or hasattr(files, "__iter__"):
-            items = list(enumerate(files))
-        else:
-            raise ConfigError(
-                f"files must be a mapping session id -> path or a sequence of paths, got "
-                f"{type(files).__name__}."
-            )
-        if not items:
-            raise ConfigError("files is empty: pass at least one session file.")
-        out: dict[Hashable, Path] = {}
-        for sid, path in items:
-            if not isinstance(path, (str, os.PathLike)):
-                raise ConfigError(
-                    f"session {sid!r}: expected a path (str or os.PathLike), got "
-                    f"{type(path).__name__}."
-                )
-            out[sid] = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
-        return out
-
-    @staticmethod
-    def _check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
-        opts = dict(options or {})
-        mode = opts.pop("mode", "r")
-        if mode != "r":
-            raise ConfigError(
-                f"h5py_options['mode']={mode!r}: HDF5SessionDataset always opens files "
-                "read-only ('r'); remove 'mode'."
-            )
-        if opts.get("driver") == "stdio":
-            warn(
-                "h5py_options['driver']='stdio' buffers reads in the C library and has returned "
-                "wrong rows after fork; use the default driver (sec2) unless you must."
-            )
-        return opts
 
     def _open_for_inspection(self, pos: int) -> h5py.File:
         sid, path = self._ids[pos], self._paths[pos]
