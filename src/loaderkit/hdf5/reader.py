@@ -224,27 +224,35 @@ class SessionReader:
         add_note(exc, self.context(pos, row, index))
 
     def read_error(
-        self, exc: Exception, pos: int, rows: str, index: int, key: int = 0
+        self, exc: Exception, pos: int, rows: range, index: int, key: int = 0
     ) -> Exception:
         """An ``HDF5FileError`` for a failed read, with the cause when a check establishes it.
 
         The handle is closed. Checks, in order: did the file change since it was opened
         (``fstat``); does the dataset carry a Fletcher-32 checksum and which of the rows'
         chunks fail on their own (damaged bytes). Otherwise HDF5's own message stands alone.
+
+        Args:
+            exc: What the read raised.
+            pos: The session position.
+            rows: The rows that were being read.
+            index: The dataset index of the first of them (for the message).
+            key: Which key was being read.
         """
         if isinstance(exc, HDF5FileError):
             self.cache.discard(self.canonical[pos])
             return exc
         cause = self._read_cause(pos, key, rows)
+        what = f"row {rows.start}" if len(rows) == 1 else f"rows {rows.start}..{rows[-1]}"
         self.cache.discard(self.canonical[pos])
         name = self.specs[key].name if self.specs else None
         return HDF5FileError(
-            f"reading {rows} of {name!r} from session {self.ids[pos]!r} ({self.paths[pos]}) "
+            f"reading {what} of {name!r} from session {self.ids[pos]!r} ({self.paths[pos]}) "
             f"for dataset index {index} failed in process {os.getpid()}: {cause or exc}"
             f"{' (HDF5: ' + str(exc) + ')' if cause else ''}. The handle was closed."
         )
 
-    def _read_cause(self, pos: int, key: int, rows: str) -> str:
+    def _read_cause(self, pos: int, key: int, rows: range) -> str:
         entry = self.cache._entries.get(self.canonical[pos])
         if entry is not None and entry.identity is not None:
             try:
@@ -273,13 +281,9 @@ class SessionReader:
         )
 
     @staticmethod
-    def _damaged_chunks(dset: h5py.Dataset, axis: int, rows: str) -> list[tuple[int, int]]:
+    def _damaged_chunks(dset: h5py.Dataset, axis: int, rows: range) -> list[tuple[int, int]]:
         """Row spans of the chunks that fail to read on their own, among ``rows``."""
-        try:
-            numbers = [int(t) for t in rows.replace("rows", "").replace("row", "").split("..")]
-        except ValueError:
-            return []
-        first, last = numbers[0], numbers[-1]
+        first, last = rows.start, rows[-1]
         chunk = dset.chunks[axis] if dset.chunks else 1
         bad = []
         start = first // chunk * chunk
@@ -479,7 +483,7 @@ class SessionReader:
         except MemoryError:
             raise
         except Exception as exc:
-            raise self.read_error(exc, pos, f"row {row}", index) from exc
+            raise self.read_error(exc, pos, range(row, row + 1), index) from exc
         return value
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
@@ -693,8 +697,7 @@ class SessionReader:
             except MemoryError:
                 raise
             except Exception as exc:
-                what = f"row {a}" if length == 1 else f"rows {a}..{a + length - 1}"
-                raise self.read_error(exc, pos, what, index_at(k0), k) from exc
+                raise self.read_error(exc, pos, range(a, a + length), index_at(k0), k) from exc
         for pos, touched in watched:  # the rows read are real rows, not zeros past a new end
             if touched.dirty:
                 self.verify(touched, pos, "rows", index_at(0))
