@@ -54,7 +54,14 @@ from loaderkit.hdf5.layout import (
     open_kwargs,
 )
 from loaderkit.hdf5.reader import KeySpec, SessionReader, SessionRecord
-from loaderkit.hdf5.reading import ReadMode, overrides, plan_runs, read_mode, read_runs_hook
+from loaderkit.hdf5.reading import (
+    ReadMode,
+    overrides,
+    plan_runs,
+    read_mode,
+    read_runs_hook,
+    uses_default_read,
+)
 from loaderkit.hdf5.types import Kind, RowType
 from loaderkit.platform import memory_bytes, open_file_limits
 
@@ -177,7 +184,7 @@ class HDF5SessionDataset(Dataset):
         self._ids: list[Hashable] = list(self.files)
         self._paths: list[str] = [os.fspath(p) for p in self.files.values()]
         self._position: dict[Hashable, int] = {sid: i for i, sid in enumerate(self._ids)}
-        self._item_fast = not _overrides(type(self), "read")
+        self._item_fast = uses_default_read(type(self), HDF5SessionDataset)
         self._mode = read_mode(type(self), HDF5SessionDataset)
         self._transforms = _overrides(type(self), "transform")
         for sid, path in self.files.items():

@@ -129,11 +129,6 @@ class Handle:
         self.watch = False
         self.dirty = False
 
-    @property
-    def dataset(self) -> Any:
-        """The first key's dataset (``None`` without a key or once closed)."""
-        return self.datasets[0] if self.datasets else None
-
     def close(self) -> None:
         """Close the maps and the file (and every object opened through it); never raises."""
         self.datasets = []
@@ -267,6 +262,11 @@ class HandleCache:
                 "instead of opening the file afresh. Close your HDF5 files before creating "
                 "multi-worker loaders, or use multiprocessing_context='spawn'/'forkserver'."
             )
+
+    def peek(self, key: Hashable) -> Handle | None:
+        """The open handle for ``key`` without opening or reordering anything (``None``)."""
+        with self.lock:
+            return self._entries.get(key)
 
     def discard(self, key: Hashable) -> None:
         """Close and forget the handle for ``key`` (after an error); no-op if not open."""

@@ -45,7 +45,7 @@ from loaderkit.hdf5.filters import pipeline
 from loaderkit.hdf5.handles import Handle, HandleCache
 from loaderkit.hdf5.index import _ROW_BITS, _ROW_MASK
 from loaderkit.hdf5.layout import SessionLayout, add_note, dataset_at
-from loaderkit.hdf5.rawio import map_rows, pread, raw_location, read_direct
+from loaderkit.hdf5.rawio import map_rows, pread, preadv_possible, raw_location, read_direct
 from loaderkit.hdf5.reading import plan_runs
 from loaderkit.hdf5.types import Kind, RowType, Samples, _dicts
 
@@ -178,9 +178,10 @@ class SessionReader:
         layouts = [lay for rec in self.records for lay in rec.layouts[:1]]
         self.chunked = any(lay.chunk_rows is not None for lay in layouts)
         number = bool(self.types) and all(rt.kind is Kind.NUMBER for rt in self.types)
-        self.contiguous = (
+        self.contiguous = (  # read with preadv (or maps): decided per file at open
             fast
             and number
+            and all(preadv_possible(kw) for kw in self.open_kwargs)
             and all(spec.axis == 0 and not spec.members for spec in self.specs)
             and all(
                 lay.chunk_rows is None for rec in self.records for lay in rec.layouts if lay.rows
@@ -253,7 +254,7 @@ class SessionReader:
         )
 
     def _read_cause(self, pos: int, key: int, rows: range) -> str:
-        entry = self.cache._entries.get(self.canonical[pos])
+        entry = self.cache.peek(self.canonical[pos])
         if entry is not None and entry.identity is not None:
             try:
                 now = identity_of(self.paths[pos])
