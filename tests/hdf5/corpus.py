@@ -238,9 +238,7 @@ def to_sample(value: Any, dtype: np.dtype) -> Any:
     dtype = np.dtype(dtype)
     if dtype.subdtype is not None:  # a sub-array field: value is already an array of the base
         return to_sample(np.asarray(value), dtype.subdtype[0])
-    if dtype.names:
-        if isinstance(value, np.ndarray) and value.shape != ():
-            raise NotImplementedError("compound rows of more than one element")
+    if dtype.names:  # rows of several records: each field an array (or nested list) of them
         return {name: to_sample(value[name], dtype.fields[name][0]) for name in dtype.names}
     if h5py.check_string_dtype(dtype) is not None or dtype.kind == "S":
         if isinstance(value, np.ndarray):
@@ -795,6 +793,25 @@ for _tag, _chunked in [
         "compound",
         _compound_writer(_tag, _chunked),
     )
+
+
+def _compound_rows_of_records(root: Path) -> Case:
+    """A 2-D compound dataset: each row holds 3 records (strings and a nested compound too)."""
+    name = "compound_2d_rows"
+    path = root / f"{name}.h5"
+    dtype = np.dtype(
+        [("a", "<f4", (2,)), ("b", ">i8"), ("c", "S4"), ("pos", [("x", ">f8"), ("y", "<i2")])]
+    )
+    data = np.zeros(ROWS * 3, dtype=dtype)
+    _fill_compound(data)
+    data = data.reshape(ROWS, 3)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("table", data=data)
+    truth = [to_sample(data[i], dtype) for i in range(ROWS)]
+    return _case(name, path, "table", "compound", truth=truth)
+
+
+_register("compound_2d_rows", "compound", _compound_rows_of_records)
 
 
 def _compound_two_sessions(root: Path) -> Case:

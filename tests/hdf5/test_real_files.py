@@ -29,6 +29,7 @@ from loaderkit import (
     LoaderkitError,
     create_dataloader,
 )
+from tests.conftest import fake_platform
 from tests.hdf5 import corpus
 from tests.hdf5.corpus import (
     SPECS,
@@ -138,6 +139,24 @@ def test_loader_batches_equal_default_collate_of_h5py_rows(
     ds = open_dataset(case)
     try:
         batches = load(create_dataloader(ds, batch_size=BATCH, num_workers=workers))
+    finally:
+        ds.close()
+    assert len(batches) == -(-len(want) // BATCH)
+    for b, batch in enumerate(batches):
+        assert_same(batch, expected_batch(want[b * BATCH : (b + 1) * BATCH]), f"batch {b}")
+
+
+@pytest.mark.parametrize("name", case_names("compound"))
+def test_records_cross_torchs_shared_memory_path_too(cases: dict[str, Case], name: str) -> None:
+    """Without the slot pool (not Linux), compound batches are torch shared-storage views."""
+    case = cases[name]
+    want = expected_samples(case)
+    ds = open_dataset(case)
+    darwin = fake_platform(os_name="Darwin")  # no memfd: batches take torch's path
+    try:
+        loader = create_dataloader(ds, batch_size=BATCH, num_workers=2, platform=darwin)
+        assert loader.plan["handoff"].value == "torch"
+        batches = load(loader)
     finally:
         ds.close()
     assert len(batches) == -(-len(want) // BATCH)

@@ -194,6 +194,7 @@ class SessionReader:
             self._open, max_open, self.paths.__getitem__, on_evict=self._evicted
         )
         self._spare: np.ndarray | None = None
+        self._scratches: dict[tuple[int, np.dtype, tuple[int, ...]], np.ndarray] = {}
         self._ragged_names = [self._ragged(k) for k in range(len(self.types))]
 
     # ------------------------------------------------------------------ pickling
@@ -202,6 +203,7 @@ class SessionReader:
         state = self.__dict__.copy()
         state["cache"] = self.cache.max_open  # handles never travel: only the bound
         state["_spare"] = None
+        state["_scratches"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -565,11 +567,19 @@ class SessionReader:
         Rows that need converting (another byte order, records split into fields) are read
         here and copied out, so the batch costs no fresh allocation and page faults twice.
         """
+        view = self._scratches.get((n, rt.read_dtype, rt.row_shape))
+        if view is not None:
+            return view
         shape = (n, *rt.row_shape)
         nbytes = math.prod(shape) * rt.read_dtype.itemsize
         if self._spare is None or self._spare.nbytes < nbytes:
             self._spare = np.empty(max(nbytes, 1 << 16), np.uint8)
-        return self._spare[:nbytes].view(rt.read_dtype).reshape(shape)
+            self._scratches.clear()  # views of the buffer replaced
+        if len(self._scratches) >= 16:  # batches of many sizes: keep the views bounded
+            self._scratches.clear()
+        view = self._spare[:nbytes].view(rt.read_dtype).reshape(shape)
+        self._scratches[n, rt.read_dtype, rt.row_shape] = view
+        return view
 
     def _ragged(self, k: int) -> str | None:
         inner = "" if k in self.uneven else self.types[k].ragged_field()
@@ -654,6 +664,9 @@ class SessionReader:
         """Read the runs of ``keys`` for key ``k`` into ``out`` (request order)."""
         n = idx.size
         buf = out if order is None else np.empty_like(out)
+        # os.preadv takes the rows as bytes: exporting a record dtype's buffer is slow
+        plain = buf.dtype.names is None or buf.dtype.hasobject  # objects: never read raw
+        rows = buf if plain else buf.view(np.uint8).reshape(n, -1)
         run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
         bounds = starts.tolist()
         bounds.append(n)
@@ -692,7 +705,7 @@ class SessionReader:
             length = k1 - k0
             try:
                 if raw is not None:  # contiguous rows: one preadv, no HDF5 call
-                    pread(raw, a * row_bytes, buf[k0:k1], length * row_bytes)
+                    pread(raw, a * row_bytes, rows[k0:k1], length * row_bytes)
                 else:
                     self._fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
             except MemoryError:

@@ -38,7 +38,7 @@ import h5py
 import numpy as np
 import torch
 from h5py import h5t
-from torch.utils.data import default_collate
+from torch.utils.data import default_collate, get_worker_info
 
 from loaderkit.collate import torch_dtype
 from loaderkit.errors import ConfigError
@@ -62,39 +62,76 @@ Allocator = Callable[[int, tuple[int, ...], np.dtype], tuple[torch.Tensor, np.nd
 Samples = Callable[[], list[Any]]
 
 
-def _one_buffer(
-    fields: Sequence[tuple[str, RowType]], values: np.ndarray, alloc: Allocator
-) -> dict[str, tuple[Samples, torch.Tensor]]:
-    """The numeric fields of a batch of records, copied into one allocation (one tensor each).
+class _Columns:
+    """Splits batches of records into one contiguous array per numeric field, in one allocation.
 
-    One buffer instead of one per field: one allocation (one shared-memory segment or batch
-    slot inside a worker) per batch, each field a tensor over it at a 64-byte aligned offset.
+    The fields lie one after another in one buffer (one allocation, one shared-memory segment
+    or batch slot inside a worker), each at a 64-byte aligned offset. Where each field goes is
+    worked out once per batch shape, as one numpy dtype whose fields are the whole per-field
+    arrays: a batch then costs one allocation and, per field, one view, one converting copy
+    and one tensor.
+
+    Args:
+        fields: ``(name, RowType)`` of the numeric fields, in order.
     """
-    numeric = [(name, sub) for name, sub in fields if sub.kind is Kind.NUMBER]
-    if len(numeric) < 2:
-        return {}
-    n = values.shape[0]
-    sizes = [n * math.prod(sub.row_shape) * sub.mem_dtype.itemsize for _, sub in numeric]
-    total = sum(-(-size // 64) * 64 for size in sizes)
-    flat, raw = alloc(1, (max(total, 1),), np.dtype(np.uint8))
-    flat, raw = flat.reshape(-1), raw.reshape(-1)
-    # torch's own shared storage (a worker without batch slots) needs tensor views of it;
-    # anywhere else a tensor over the numpy view is the same memory, made in one call
-    torch_views = flat.is_shared()
-    out: dict[str, tuple[Samples, torch.Tensor]] = {}
-    offset = 0
-    for (name, sub), size in zip(numeric, sizes, strict=True):
-        shape = (n, *sub.row_shape)
-        array = np.ndarray(shape, sub.mem_dtype, buffer=raw, offset=offset)
-        np.copyto(array, values[name])  # to native byte order while copying
-        if torch_views:
-            assert sub.torch_dtype is not None
-            tensor = flat[offset : offset + size].view(sub.torch_dtype).reshape(shape)
-        else:
-            tensor = torch.from_numpy(array)
-        out[name] = (functools.partial(list, array), tensor)
-        offset += -(-size // 64) * 64
-    return out
+
+    def __init__(self, fields: Sequence[tuple[str, RowType]]) -> None:
+        self.names = [name for name, _ in fields]
+        self._fields = [(sub.mem_dtype, sub.row_shape) for _, sub in fields]
+        self._kinds = [sub.torch_dtype or torch.uint8 for _, sub in fields]  # numbers: set
+        self._layouts: dict[tuple[int, ...], tuple[np.dtype, tuple[int, ...]]] = {}
+
+    def _layout(self, shape: tuple[int, ...]) -> tuple[np.dtype, tuple[int, ...]]:
+        """The dtype of one buffer holding every field of a batch of ``shape`` records."""
+        layout = self._layouts.get(shape)
+        if layout is None:
+            formats, offsets, offset = [], [], 0
+            for dtype, row_shape in self._fields:
+                full = (*shape, *row_shape)
+                formats.append((dtype, full))
+                offsets.append(offset)
+                offset += -(-math.prod(full) * dtype.itemsize // 64) * 64
+            names, total = self.names, max(offset, 1)
+            spec = {"names": names, "formats": formats, "offsets": offsets, "itemsize": total}
+            layout = self._layouts[shape] = (np.dtype(spec), (total,))  # type: ignore[call-overload]
+        return layout
+
+    def split(
+        self, values: np.ndarray, alloc: Allocator
+    ) -> dict[str, tuple[Samples, torch.Tensor]]:
+        """Copy the numeric fields of ``values`` (records) out, converted to native order.
+
+        Returns:
+            ``name -> (samples, tensor)`` per numeric field, in field order.
+        """
+        dtype, total = self._layout(values.shape)
+        flat, raw = alloc(1, total, _BYTE)
+        columns = np.ndarray((), dtype, buffer=raw)
+        # torch's own shared storage (a worker without batch slots) needs tensor views of it;
+        # anywhere else a tensor over the numpy view is the same memory, made in one call
+        torch_views = get_worker_info() is not None and flat.is_shared()
+        out: dict[str, tuple[Samples, torch.Tensor]] = {}
+        for name, kind in zip(self.names, self._kinds, strict=True):
+            array = columns[name]
+            array[...] = values[name]  # to native byte order while copying
+            if torch_views:
+                offset = dtype.fields[name][1]  # type: ignore[index]
+                view = flat.reshape(-1)[offset : offset + array.nbytes].view(kind)
+                tensor = view.reshape(array.shape)
+            else:
+                tensor = torch.from_numpy(array)
+            out[name] = (functools.partial(list, array), tensor)
+        return out
+
+
+_BYTE = np.dtype(np.uint8)
+
+
+def _nested(convert: Callable[[Any], Any], value: Any) -> Any:
+    """``convert`` applied to every element of nested lists (``tolist()`` of an array)."""
+    if isinstance(value, list):
+        return [_nested(convert, v) for v in value]
+    return convert(value)
 
 
 def _dicts(names: Sequence[str], columns: Sequence[Samples]) -> list[dict[str, Any]]:
@@ -169,6 +206,9 @@ class RowType:
             stored) when whole records are read as they are and converted field by field in
             numpy, which is far cheaper than HDF5's compound conversion; ``None`` when HDF5
             converts (variable-length fields, or ``fields=`` to read only some fields).
+        columns: ``STRUCT`` only: how batches split into per-field arrays (numeric fields).
+        parts: ``STRUCT`` only: ``fields`` as one row holds them (for the records of a
+            multi-dimensional dataset, each field's ``row_shape`` starts with ``row_shape``).
 
     Example:
         >>> rt = RowType(Kind.NUMBER, np.dtype("f4"), (2,), torch.float32)
@@ -184,6 +224,24 @@ class RowType:
     fields: tuple[tuple[str, RowType], ...] = field(default=())
     element: np.dtype | None = None
     record: np.dtype | None = None
+    columns: _Columns | None = field(default=None, init=False, repr=False, compare=False)
+    parts: tuple[tuple[str, RowType], ...] = field(
+        default=(), init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:  # a frozen dataclass: derived attributes set once, here
+        numeric = [(name, sub) for name, sub in self.fields if sub.kind is Kind.NUMBER]
+        if numeric:
+            object.__setattr__(self, "columns", _Columns(numeric))
+        # what one row holds of each field: records of a multi-dimensional dataset hold an
+        # array of each field per row (the field's rows take the record rows' shape first)
+        parts = tuple(
+            (name, dataclasses.replace(sub, row_shape=(*self.row_shape, *sub.row_shape)))
+            if self.row_shape
+            else (name, sub)
+            for name, sub in self.fields
+        )
+        object.__setattr__(self, "parts", parts)
 
     @property
     def raw_ok(self) -> bool:
@@ -218,18 +276,20 @@ class RowType:
             'ab'
         """
         if self.kind is Kind.NUMBER:
-            if isinstance(value, np.ndarray) and value.dtype != self.mem_dtype:
-                return value.astype(self.mem_dtype)  # a field of a record read as stored
+            if isinstance(value, np.ndarray) and (
+                value.dtype != self.mem_dtype or not value.flags.c_contiguous
+            ):  # a field of records read as stored: native order, contiguous (torch needs it)
+                return np.ascontiguousarray(value, self.mem_dtype)
             return value
         if self.kind is Kind.TEXT:
-            if self.row_shape:
-                return [decode_text(v) for v in np.asarray(value).reshape(-1).tolist()]
+            if self.row_shape:  # nested lists, as numpy's tolist() nests them
+                return _nested(decode_text, np.asarray(value).tolist())
             return decode_text(value)
         if self.kind is Kind.RAGGED:
             if self.row_shape:
-                return [self._tensor(v) for v in np.asarray(value).reshape(-1).tolist()]
+                return _nested(self._tensor, np.asarray(value).tolist())
             return self._tensor(value)
-        return {name: sub.sample(value[name]) for name, sub in self.fields}
+        return {name: sub.sample(value[name]) for name, sub in self.parts}
 
     def _tensor(self, value: Any) -> torch.Tensor:
         element = self.element if self.element is not None else np.dtype("f8")
@@ -268,13 +328,14 @@ class RowType:
             )
         if self.kind is Kind.RAGGED:
             return functools.partial(list, [self.sample(v) for v in values]), None
-        names = [name for name, _ in self.fields]
-        shared = _one_buffer(self.fields, values, alloc)  # numeric fields: one allocation
-        parts = [shared.get(name) or sub.batch(values[name], alloc) for name, sub in self.fields]
-        samples = functools.partial(_dicts, names, [part[0] for part in parts])
-        if any(part[1] is None for part in parts):
-            return samples, None
-        return samples, {name: part[1] for name, part in zip(names, parts, strict=True)}
+        parts = self.columns.split(values, alloc) if self.columns is not None else {}
+        if len(parts) < len(self.parts):  # text, ragged or nested fields: each on its own
+            parts = {
+                name: parts.get(name) or sub.batch(values[name], alloc) for name, sub in self.parts
+            }
+        samples = functools.partial(_dicts, list(parts), [part[0] for part in parts.values()])
+        collated = {name: part[1] for name, part in parts.items()}
+        return samples, None if any(c is None for c in collated.values()) else collated
 
     def ragged_field(self) -> str | None:
         """The first field path holding ragged rows (``""`` for the rows themselves), or ``None``.
