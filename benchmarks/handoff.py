@@ -26,7 +26,12 @@ against a copy taken when each batch arrived (``changed`` must be 0; ``fallback`
 those that found every slot held).
 
 The ratio columns show each row against ``main process only`` of its part, all measured in one
-run, interleaved, median of the repeats.
+run, interleaved, median of the repeats. Each timed pass follows an untimed pass of the same
+loader, so what the previous row left running does not land in it (after a main-process pass,
+torch's OpenMP threads spin on for milliseconds and took a CPU from the next row's worker).
+Loaders with workers run as loaderkit plans them: on a host with fewer CPUs than torch's threads
+plus the workers, torch's threads in this process are lowered for each pass
+(``loader.plan["main_threads"]``).
 """
 
 from __future__ import annotations
@@ -128,6 +133,10 @@ def _measure(
             _pass(loader, extra, use)  # warm-up: workers start, slots are made
         for _ in range(repeats):
             for name, (loader, extra) in loaders.items():
+                # an untimed pass first absorbs what the previous row left running: the
+                # OpenMP threads of a main-process pass spin on for milliseconds after its
+                # last parallel op, and torch's path frees its segments behind it
+                _pass(loader, extra, use)
                 times[name].append(_pass(loader, extra, use))
     finally:
         for loader, _ in loaders.values():

@@ -62,6 +62,7 @@ from loaderkit.resume import (
     order_sources,
 )
 from loaderkit.seeding import SampleSeeder, WorkerInit, epoch_seed
+from loaderkit.threads import ThreadLimit
 from loaderkit.worker import HandoffCollate, HandoffConfig
 
 __all__ = ["DataLoader", "loaders_built_since"]
@@ -242,6 +243,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._owns_generator = setup.owns_generator
         self._sample_seeder: SampleSeeder | None = setup.sample_seeder
         self._handoff_slots = setup.handoff_slots
+        self._main_threads = setup.main_threads
         self._handoff_counts = HandoffCounts()
         self._next_epoch = 0
         self._epoch: int | None = None
@@ -780,6 +782,8 @@ class _MultiProcessingIter(
     """
 
     def __init__(self, loader: Any) -> None:
+        # torch's threads here, lowered for each pass where the workers need the CPUs
+        self._threads = ThreadLimit(getattr(loader, "_main_threads", None))
         super().__init__(loader)
         for worker in self._workers:
             if worker.pid is not None:
@@ -798,12 +802,14 @@ class _MultiProcessingIter(
         receiver = self._receiver
         if receiver is not None:
             receiver.poll()  # before the workers get the new pass's first indices
+        self._threads.lower()
         super()._reset(loader, first_iter)
 
     def _shutdown_workers(self) -> None:
         try:
             super()._shutdown_workers()
         finally:
+            self._threads.restore()
             receiver = self._receiver
             if receiver is not None:
                 receiver.close()
@@ -814,6 +820,9 @@ class _MultiProcessingIter(
             receiver.poll()  # slots of batches the loop has let go of
         try:
             return super()._next_data()
+        except StopIteration:
+            self._threads.restore()  # the pass is over
+            raise
         except (ConnectionError, EOFError, OSError, RuntimeError) as error:
             translated = self._death_error(error, _DEATH_GRACE_S)
             if translated is None:

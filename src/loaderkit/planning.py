@@ -72,6 +72,7 @@ class LoaderSetup:
         sample_seeder: Set when ``sample_seeding=True``.
         defers_sharding: ``distributed="auto"`` left sharding to ``accelerator.prepare``.
         handoff_slots: Batch slots per worker of loaderkit's hand-off (0: torch's path).
+        main_threads: torch's threads in this process during a pass (``None``: untouched).
     """
 
     torch_kwargs: dict[str, Any]
@@ -82,6 +83,7 @@ class LoaderSetup:
     sample_seeder: SampleSeeder | None
     defers_sharding: bool = False
     handoff_slots: int = 0
+    main_threads: int | None = None
 
 
 def dataset_facts(dataset: Any) -> DatasetFacts:
@@ -458,4 +460,5 @@ def plan_loader(
         sample_seeder=seeder,
         defers_sharding=res.defers_sharding,
         handoff_slots=res.handoff_slots,
+        main_threads=res.main_threads,
     )

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from loaderkit.distributed import launcher_int
+from loaderkit.threads import torch_threads
 
 __all__ = [
     "PlatformInfo",
@@ -72,6 +73,11 @@ class PlatformInfo:
         open_fds: Descriptors this process held when detected (its own share of its
             ``RLIMIT_NOFILE``, which every process has separately); ``None`` when unknown (the
             default: the budgets then assume ``loaderkit.budgets.FDS_MAIN_PROCESS``).
+        torch_threads: torch's intra-op threads in this process (``torch.get_num_threads()``);
+            ``None`` when unknown (the default: torch's threads are then left alone).
+        torch_threads_chosen: The user chose that number (``OMP_NUM_THREADS`` or
+            ``MKL_NUM_THREADS`` set, or ``torch.set_num_threads`` called after loaderkit was
+            imported): loaderkit never changes it then.
 
     Examples:
         >>> info = detect_platform()
@@ -99,6 +105,8 @@ class PlatformInfo:
     cuda_bad_fork: bool = False
     memory_bytes: int | None = None
     open_fds: int | None = None
+    torch_threads: int | None = None
+    torch_threads_chosen: bool = False
 
     @property
     def cuda_usable(self) -> bool:
@@ -324,6 +332,7 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
     cuda_available = bool(torch.cuda.is_available())
     shm_total, shm_free = _shm()
     soft, hard = open_file_limits()
+    threads, threads_chosen = torch_threads()
     return PlatformInfo(
         os_name=os_name,
         is_windows=sys.platform == "win32",
@@ -343,4 +352,6 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
         cuda_bad_fork=_cuda_bad_fork(),
         memory_bytes=memory_bytes(),
         open_fds=open_descriptors(),
+        torch_threads=threads,
+        torch_threads_chosen=threads_chosen,
     )

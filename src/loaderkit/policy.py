@@ -190,6 +190,8 @@ class Resolution:
             ``accelerator.prepare`` (the loader warns if it is iterated unprepared).
         handoff_slots: Batch slots per worker of loaderkit's hand-off (``loaderkit.worker``);
             0 when batches take torch's path.
+        main_threads: torch's intra-op threads in this process during a pass
+            (``loaderkit.threads``); ``None`` leaves them alone.
     """
 
     values: Mapping[str, Any]
@@ -203,6 +205,7 @@ class Resolution:
     start_method: str = "fork"
     defers_sharding: bool = False
     handoff_slots: int = 0
+    main_threads: int | None = None
 
 
 @dataclass
@@ -220,6 +223,7 @@ class _Draft:
     start_method: str = "fork"
     defers_sharding: bool = False
     handoff_slots: int = 0
+    main_threads: int | None = None
 
     def record(self, name: str, requested: Any, value: Any, reason: str) -> None:
         """Append a plan entry."""
@@ -878,6 +882,10 @@ def resolve(
         res.handoff_slots = handoff.value
         path = f"slot pool ({handoff.value} per worker)" if handoff.value else "torch"
         res.record("handoff", UNSET, path, handoff.reason)
+        threads = resolve_main_threads(platform, workers)
+        res.main_threads = threads.value
+        kept = "kept" if platform.torch_threads is None else platform.torch_threads
+        res.record("main_threads", UNSET, threads.value or kept, threads.reason)
     return res.freeze()
 
 
@@ -922,6 +930,49 @@ def resolve_handoff(
         f"{HANDOFF_HELD} held by the loop) in anonymous shared memory, mapped once here: a "
         "batch crosses as a slot number, not a new segment; a slot is reused only once no "
         f"tensor of its batch is alive, else the batch takes torch's path{pinned}",
+    )
+
+
+def resolve_main_threads(platform: PlatformInfo, num_workers: int) -> Decision[int | None]:
+    """Torch's intra-op threads in this process while a pass of ``num_workers`` workers runs.
+
+    Where torch's threads plus the workers exceed the usable CPUs, the threads are lowered to
+    the CPUs the workers leave (at least 1) for each pass: OpenMP threads spin-wait after every
+    parallel op of the loop and would take the CPU the workers read with. A count the user
+    chose (``PlatformInfo.torch_threads_chosen``) is kept, as is one that fits.
+
+    Returns:
+        The thread count during a pass, or ``None`` to leave torch's threads alone.
+
+    Examples:
+        >>> from dataclasses import replace
+        >>> from loaderkit.platform import detect_platform
+        >>> two = replace(detect_platform(), usable_cpus=2, torch_threads=2)
+        >>> resolve_main_threads(two, 1).value
+        1
+        >>> resolve_main_threads(replace(two, torch_threads_chosen=True), 1).value is None
+        True
+        >>> resolve_main_threads(replace(two, usable_cpus=16), 8).value is None
+        True
+    """
+    threads, cpus = platform.torch_threads, platform.usable_cpus
+    if threads is None:
+        return Decision(None, "torch's thread count is unknown: left alone")
+    if platform.torch_threads_chosen:
+        return Decision(None, f"torch's {threads} intra-op threads were chosen by you: kept")
+    if threads + num_workers <= cpus:
+        return Decision(
+            None, f"torch's {threads} threads and {num_workers} workers fit in {cpus} CPUs: kept"
+        )
+    limit = max(1, cpus - num_workers)
+    if limit >= threads:
+        return Decision(None, f"torch's {threads} thread already leaves the CPUs to the workers")
+    return Decision(
+        limit,
+        f"torch's {threads} intra-op threads here plus {num_workers} workers exceed the {cpus} "
+        f"usable CPUs: OpenMP threads spin after every parallel op of the loop and take the CPU "
+        f"the workers read with; lowered to {limit} while a pass runs, restored after it (call "
+        "torch.set_num_threads or set OMP_NUM_THREADS to keep your own)",
     )
 
 
