@@ -32,6 +32,7 @@ import torch.utils.data._utils.pin_memory as torch_pin_memory
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
 from loaderkit import create_dataloader
+from loaderkit.queues import DirectQueue
 from loaderkit.resources import snapshot
 from tests.helpers import SquareDataset
 
@@ -167,9 +168,12 @@ def test_closed_iterator_owns_nothing(fake_pinning: list[int]) -> None:
     _, iterator = _loaderkit_persistent_pinned()
     assert not iterator._pin_memory_thread.is_alive()
     queues = [iterator._worker_result_queue, *iterator._index_queues]
-    assert all(isinstance(q, multiprocessing.queues.Queue) for q in queues)
+    # loaderkit's slot loaders use DirectQueue (loaderkit.queues), others torch's queues
+    assert all(isinstance(q, (multiprocessing.queues.Queue, DirectQueue)) for q in queues)
     for q in queues:
         assert q._reader.closed and q._writer.closed
+        if isinstance(q, DirectQueue) and q._close_nonblocking is not None:
+            assert not q._close_nonblocking.alive  # its non-blocking descriptor is closed too
     for worker in iterator._workers:
         assert worker.exitcode is not None and not worker.is_alive()
         assert worker._popen.finalizer is None or not worker._popen.finalizer.still_active()

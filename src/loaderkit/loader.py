@@ -49,6 +49,7 @@ from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
 from loaderkit.platform import PlatformInfo
 from loaderkit.policy import LoaderRequest
+from loaderkit.queues import DirectContext, DirectQueue, direct_writes_possible
 from loaderkit.resume import (
     STATE_FORMAT,
     STATE_VERSION,
@@ -632,6 +633,9 @@ def _release_iterator(iterator: _MultiProcessingDataLoaderIter) -> None:
 
 def _close_mp_queue(mp_queue: Any) -> None:
     """Close both pipe ends of a multiprocessing queue in this process."""
+    if isinstance(mp_queue, DirectQueue):
+        mp_queue.release()
+        return
     try:
         mp_queue.cancel_join_thread()
         mp_queue.close()  # with a feeder thread: it flushes, then closes both ends itself
@@ -784,6 +788,8 @@ class _MultiProcessingIter(
     def __init__(self, loader: Any) -> None:
         # torch's threads here, lowered for each pass where the workers need the CPUs
         self._threads = ThreadLimit(getattr(loader, "_main_threads", None))
+        if getattr(loader, "_handoff_slots", 0) and direct_writes_possible():
+            loader = _DirectQueuesView(loader)  # slot messages skip the feeder threads
         super().__init__(loader)
         for worker in self._workers:
             if worker.pid is not None:
@@ -999,6 +1005,25 @@ class SampleSeededDataset(Dataset[Any]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+
+
+class _DirectQueuesView:
+    """What torch's worker iterator sees of a loader with slots: ``DirectQueue`` queues.
+
+    torch creates its index and result queues with ``loader.multiprocessing_context.Queue()``
+    (the ``torch.multiprocessing`` module when unset); this view gives it a ``DirectContext``
+    over the same context, so the workers are started exactly as before.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+        base = loader.multiprocessing_context
+        self.multiprocessing_context = DirectContext(
+            torch.multiprocessing if base is None else base
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
 
 
 class _SampleSeedingView:
