@@ -129,52 +129,40 @@ def test_rows_equal_h5py(cases: dict[str, Case], name: str, memory_map: bool) ->
         ds.close()
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("name", BATCHABLE)
-def test_loader_batches_equal_default_collate_of_h5py_rows(
-    cases: dict[str, Case], name: str, workers: int
-) -> None:
-    case = cases[name]
+def assert_loader_reads_the_oracle(case: Case, **loader_args: Any) -> Any:
+    """A loader over ``case`` gives ``default_collate`` of h5py's rows, batch by batch."""
     want = expected_samples(case)
     ds = open_dataset(case)
     try:
-        batches = load(create_dataloader(ds, batch_size=BATCH, num_workers=workers))
-    finally:
-        ds.close()
-    assert len(batches) == -(-len(want) // BATCH)
-    for b, batch in enumerate(batches):
-        assert_same(batch, expected_batch(want[b * BATCH : (b + 1) * BATCH]), f"batch {b}")
-
-
-@pytest.mark.parametrize("name", case_names("compound"))
-def test_records_cross_torchs_shared_memory_path_too(cases: dict[str, Case], name: str) -> None:
-    """Without the slot pool (not Linux), compound batches are torch shared-storage views."""
-    case = cases[name]
-    want = expected_samples(case)
-    ds = open_dataset(case)
-    darwin = fake_platform(os_name="Darwin")  # no memfd: batches take torch's path
-    try:
-        loader = create_dataloader(ds, batch_size=BATCH, num_workers=2, platform=darwin)
-        assert loader.plan["handoff"].value == "torch"
+        loader = create_dataloader(ds, batch_size=BATCH, **loader_args)
         batches = load(loader)
     finally:
         ds.close()
     assert len(batches) == -(-len(want) // BATCH)
     for b, batch in enumerate(batches):
         assert_same(batch, expected_batch(want[b * BATCH : (b + 1) * BATCH]), f"batch {b}")
+    return loader
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("name", BATCHABLE)
+def test_loader_batches_equal_default_collate_of_h5py_rows(
+    cases: dict[str, Case], name: str, workers: int
+) -> None:
+    assert_loader_reads_the_oracle(cases[name], num_workers=workers)
+
+
+@pytest.mark.parametrize("name", case_names("compound"))
+def test_records_cross_torchs_shared_memory_path_too(cases: dict[str, Case], name: str) -> None:
+    """Without the slot pool (not Linux), compound batches are torch shared-storage views."""
+    darwin = fake_platform(os_name="Darwin")  # no memfd: batches take torch's path
+    loader = assert_loader_reads_the_oracle(cases[name], num_workers=2, platform=darwin)
+    assert loader.plan["handoff"].value == "torch"
 
 
 @pytest.mark.parametrize("name", SPAWN_CASES)
 def test_spawned_workers_read_the_same(cases: dict[str, Case], name: str) -> None:
-    case = cases[name]
-    want = expected_samples(case)
-    ds = open_dataset(case)
-    loader = create_dataloader(ds, batch_size=BATCH, num_workers=2, multiprocessing_context="spawn")
-    batches = load(loader)
-    ds.close()
-    assert len(batches) == -(-len(want) // BATCH)
-    for b, batch in enumerate(batches):
-        assert_same(batch, expected_batch(want[b * BATCH : (b + 1) * BATCH]), f"batch {b}")
+    assert_loader_reads_the_oracle(cases[name], num_workers=2, multiprocessing_context="spawn")
 
 
 # ---------------------------------------------------------------------------------- ragged
