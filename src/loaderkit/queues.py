@@ -52,6 +52,8 @@ logger = logging.getLogger("loaderkit")
 
 #: Writes of at most this many bytes are atomic: all of the message or nothing.
 _ATOMIC = getattr(select, "PIPE_BUF", 512)
+#: Bytes ``Connection.send_bytes`` puts before a message (its length, ``"!i"``).
+_FRAME_HEADER = 4
 #: How long a put waits for another process's write before leaving the message to the feeder.
 _WAIT_S = 0.1
 #: How long ``close`` waits for the feeder to write what is pending.
@@ -126,14 +128,14 @@ class DirectQueue:
         if self._closed:
             raise ValueError("put on a closed queue")
         data = ForkingPickler.dumps(obj)
-        frame = struct.pack("!i", len(data)) + bytes(data)  # as Connection.send_bytes frames it
         with self._lock:
-            # another process holds the lock for a direct write (microseconds) or while its
-            # feeder writes a large message: wait a little, then leave it to the feeder
-            if len(frame) <= _ATOMIC and not self._pending:
+            if len(data) + _FRAME_HEADER <= _ATOMIC and not self._pending:
                 fd = self._direct_fd()
+                # another process holds the lock for a direct write (microseconds) or while
+                # its feeder writes a large message: wait a little, then leave it to the feeder
                 if fd >= 0 and self._wlock.acquire(True, _WAIT_S):
-                    try:
+                    try:  # framed as Connection.send_bytes frames it; the reader unframes it
+                        frame = struct.pack("!i", len(data)) + bytes(data)
                         os.write(fd, frame)  # atomic: the whole frame, or BlockingIOError
                         return
                     except BlockingIOError:  # the pipe is full: the feeder waits for room
