@@ -328,9 +328,16 @@ class HDF5SessionDataset(Dataset):
         files = list(zip(self._ids, self._paths, strict=True))
         check_aligned(records, resolved, files)
         types: list[RowType] = []
-        if self._item_fast:
+        type_error: ConfigError | None = None
+        try:
             check_rows(records, resolved, files)
             types = row_types(records, resolved, self.fields, files, self._open_for_inspection)
+        except ConfigError as exc:
+            if self._item_fast:
+                raise
+            # ``read`` is overridden and may convert such rows itself: the base ``read``
+            # raises this when (and only when) an override calls it through ``super()``
+            type_error = exc
         for k, spec in enumerate(resolved):  # group keys: one row shape in every session
             shapes = {rec.layouts[k].row_shape for rec in records if rec.layouts[k].rows}
             uneven[k] = uneven[k] or (spec.members and len(shapes) > 1)
@@ -343,6 +350,7 @@ class HDF5SessionDataset(Dataset):
             canonical=self._canonical(records),
             specs=resolved,
             types=types,
+            type_error=type_error,
             records=records,
             open_kwargs=[
                 open_kwargs(lay, self.h5py_options, default_read=self._item_fast) for lay in first
@@ -577,7 +585,9 @@ class HDF5SessionDataset(Dataset):
             <Kind.NUMBER: 'number'>
         """
         reader = self._reader
-        return sample_type(reader.types, reader.specs) if reader.types else None
+        if not self._item_fast or not reader.types:
+            return None
+        return sample_type(reader.types, reader.specs)
 
     @property
     def sample_nbytes(self) -> int | None:
@@ -590,7 +600,7 @@ class HDF5SessionDataset(Dataset):
             16384
         """
         reader = self._reader
-        if not reader.types or any(
+        if not self._item_fast or not reader.types or any(
             rt.kind in (Kind.TEXT, Kind.RAGGED)
             or rt.ragged_field() is not None
             or rt.mem_dtype.hasobject

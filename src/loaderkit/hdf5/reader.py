@@ -33,7 +33,7 @@ import numpy as np
 from h5py import h5s
 
 from loaderkit.collate import RowBatch, batch_buffer
-from loaderkit.errors import HDF5FileError
+from loaderkit.errors import ConfigError, HDF5FileError
 from loaderkit.hdf5.diagnose import (
     Identity,
     changes,
@@ -129,7 +129,10 @@ class SessionReader:
         canonical: Per position, the position whose handle it uses (the same file listed
             twice shares one handle).
         specs: The keys read (empty: the subclass reads on its own).
-        types: Per key, the ``RowType`` (empty when the subclass overrides ``read``).
+        types: Per key, the ``RowType`` (empty when ``type_error`` is set).
+        type_error: Why the keys' rows cannot be typed (a type no torch dtype holds, rows that
+            differ between sessions), kept for a subclass that overrides ``read``: the base
+            ``read`` raises it when called, an override that converts the rows itself works.
         records: Per position, the ``SessionRecord``.
         open_kwargs: Per position, the ``h5py.File`` keyword arguments.
         max_open: Most files open at once in each process.
@@ -152,6 +155,7 @@ class SessionReader:
         canonical: Sequence[int],
         specs: Sequence[KeySpec],
         types: Sequence[RowType],
+        type_error: Exception | None = None,
         records: Sequence[SessionRecord],
         open_kwargs: Sequence[dict[str, Any]],
         max_open: int,
@@ -166,6 +170,7 @@ class SessionReader:
         self.canonical = list(canonical)
         self.specs = tuple(specs)
         self.types = tuple(types)
+        self.type_error = type_error
         self.records = list(records)
         self.open_kwargs = list(open_kwargs)
         self.memory_map = memory_map
@@ -467,7 +472,12 @@ class SessionReader:
         """Sample ``index`` (session ``pos``, ``row``) as the default ``read`` returns it.
 
         The caller holds the lock.
+
+        Raises:
+            ConfigError: The rows have no torch type (``type_error``), raised at this call.
         """
+        if self.type_error is not None:
+            raise ConfigError(str(self.type_error))
         try:
             handle = self.cache.get(self.canonical[pos])
         except Exception as exc:
