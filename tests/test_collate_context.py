@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from loaderkit import create_dataloader
-from loaderkit.loader import CollateWithContext
+from loaderkit.collate_context import CollateWithContext
 
 
 def failing_collate(batch: list[Any]) -> Any:

@@ -23,7 +23,8 @@ from torch.utils.data import Dataset, TensorDataset
 from loaderkit import create_dataloader
 from loaderkit import handoff as handoff_module
 from loaderkit.handoff import HandoffCounts, Receiver
-from loaderkit.worker import FREE, HEADER, HandoffConfig, SlotBatch, WorkerPool
+from loaderkit.wire import FREE, HEADER, SlotBatch
+from loaderkit.worker import HandoffConfig, WorkerPool
 from tests.conftest import fake_platform
 from tests.helpers import child_pids, wait_children_gone
 
@@ -335,7 +336,7 @@ def _pickle_in_worker(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_pinned_slots_are_returned_without_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     _pickle_in_worker(monkeypatch)
     copies: list[Any] = []
-    monkeypatch.setattr(handoff_module, "torch_pin_memory", lambda b, d=None: copies.append(b))
+    monkeypatch.setattr(handoff_module._torch, "pin_memory", lambda b, d=None: copies.append(b))
     pin = FakePin()
     receiver, received, pool = _one_batch(pin)
     assert received.pinned and len(pin.registered) == 1
@@ -360,7 +361,7 @@ def test_pinned_slots_are_returned_without_a_copy(monkeypatch: pytest.MonkeyPatc
 def test_unpinned_slots_are_copied_then_freed(monkeypatch: pytest.MonkeyPatch) -> None:
     _pickle_in_worker(monkeypatch)
     monkeypatch.setattr(
-        handoff_module, "torch_pin_memory", lambda b, d=None: {k: (v.clone() if
+        handoff_module._torch, "pin_memory", lambda b, d=None: {k: (v.clone() if
         isinstance(v, torch.Tensor) else v) for k, v in b.items()}
     )  # fmt: skip
     receiver, received, pool = _one_batch(FakePin(accept=False))

@@ -22,10 +22,9 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
-from torch.utils.data import get_worker_info
-from torch.utils.data._utils.collate import default_collate
+from torch.utils.data import default_collate, get_worker_info
 
-from loaderkit import worker
+from loaderkit import _torch, worker
 from loaderkit.errors import RaggedBatchError
 from loaderkit.worker import share_batches
 
@@ -246,9 +245,7 @@ def batch_buffer(
         array = block.view(dtype).reshape(n, *shape)
         return torch.from_numpy(array), array
     if in_worker and worker.shared_batches():
-        numel = n * math.prod(shape)
-        storage = torch.empty(0, dtype=kind)._typed_storage()._new_shared(numel, device="cpu")
-        tensor = torch.empty(0, dtype=kind).new(storage).resize_(n, *shape)
+        tensor = _torch.new_shared_tensor(kind, (n, *shape))
         return tensor, tensor.numpy()
     # numpy's allocator asks for huge pages on large arrays: a batch of many MiB is faulted in
     # far fewer pages than torch.empty's, and torch shares the memory as it is

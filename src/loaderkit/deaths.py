@@ -3,18 +3,19 @@
 A worker killed by a signal is noticed by whichever of torch's channels sees it first: the
 ``SIGCHLD`` handler ("is killed by signal"), the result queue's liveness check ("exited
 unexpectedly"), or a read from the result queue or the resource sharer that fails half-way
-(``ConnectionResetError``, ``EOFError``: no pid at all). ``loaderkit.loader`` catches all of
+(``ConnectionResetError``, ``EOFError``: no pid at all). ``loaderkit.passes`` catches all of
 them, finds the dead workers, and raises the one ``RuntimeError`` built here. Pure functions:
 nothing here reads processes.
 """
 
 from __future__ import annotations
 
-import re
 import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from loaderkit._torch import deaths_named, is_worker_exception, may_be_worker_death
 
 __all__ = ["WorkerDeath", "death_message", "deaths_in_message", "is_worker_death_error"]
 
@@ -63,7 +64,8 @@ def is_worker_death_error(error: BaseException) -> bool:
     """Whether ``error`` may be how torch noticed a dead worker (not a worker's own exception).
 
     A worker's own exception is re-raised by torch with its type and "Caught ... in
-    DataLoader worker process N": that is never a death, whatever its type.
+    DataLoader worker process N": that is never a death, whatever its type. torch's texts are
+    read by ``loaderkit._torch.messages``.
 
     Examples:
         >>> is_worker_death_error(ConnectionResetError(104, "Connection reset by peer"))
@@ -76,17 +78,11 @@ def is_worker_death_error(error: BaseException) -> bool:
         False
     """
     text = str(error)
-    if "in DataLoader worker process" in text:
+    if is_worker_exception(text):
         return False
     if isinstance(error, (ConnectionError, EOFError, OSError)):
         return True
-    if not isinstance(error, RuntimeError):
-        return False
-    if "Pin memory thread exited unexpectedly" in text:  # it died reading a dead worker's queue
-        return True
-    return "DataLoader worker (pid" in text and (
-        "exited unexpectedly" in text or "killed by signal" in text
-    )
+    return isinstance(error, RuntimeError) and may_be_worker_death(text)
 
 
 def _dataset_files(dataset: Any) -> list[str]:
@@ -165,16 +161,6 @@ def death_message(deaths: Sequence[WorkerDeath], dataset: Any) -> str:
     )
 
 
-#: ``strsignal`` text (what torch's ``SIGCHLD`` handler prints) -> signal number.
-_SIGNAL_TEXTS = {
-    text: int(number) for number in signal.Signals if (text := signal.strsignal(number)) is not None
-}
-_TORCH_DEATH = re.compile(
-    r"DataLoader worker \(pid (\d+)\) (?:is killed by signal: ([^.]+)\.|"
-    r"exited unexpectedly with exit code (-?\d+))"
-)
-
-
 def deaths_in_message(text: str) -> list[WorkerDeath]:
     """The deaths torch's ``SIGCHLD`` handler reported in ``text`` (pid and signal or code).
 
@@ -184,11 +170,4 @@ def deaths_in_message(text: str) -> list[WorkerDeath]:
         >>> deaths_in_message("DataLoader worker (pid 5) exited unexpectedly with exit code 3.")
         [WorkerDeath(worker_id=None, pid=5, exitcode=3)]
     """
-    deaths = []
-    for match in _TORCH_DEATH.finditer(text):
-        pid, signal_text, code = match.groups()
-        if code is not None:
-            deaths.append(WorkerDeath(None, int(pid), int(code)))
-        elif signal_text in _SIGNAL_TEXTS:
-            deaths.append(WorkerDeath(None, int(pid), -_SIGNAL_TEXTS[signal_text]))
-    return deaths
+    return [WorkerDeath(None, pid, code) for pid, code in deaths_named(text)]

@@ -41,6 +41,7 @@ __all__ = [
     "PerformanceHint",
     "RaggedBatchError",
     "ResourceLeakError",
+    "add_note",
     "check_int",
     "warn",
 ]
@@ -202,3 +203,42 @@ def warn(message: str, category: type[LoaderkitWarning] = LoaderkitWarning) -> N
         frame = frame.f_back
         level += 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """Add ``note`` to ``exc`` as Python 3.11+ does; on 3.10, into its message as well.
+
+    Python 3.11's ``BaseException.add_note`` keeps the note in ``exc.__notes__``, and tracebacks
+    print it under the message. Python 3.10 has neither, so there the note is kept in
+    ``__notes__`` all the same and appended to the message (``str(exc)``: the first string
+    argument, or ``strerror`` of an ``OSError``), so the context reaches whoever reads the
+    error, a worker's traceback included.
+
+    Args:
+        exc: The exception.
+        note: One line of context.
+
+    Examples:
+        >>> error = ValueError("bad row")
+        >>> add_note(error, "in session 3")
+        >>> error.__notes__
+        ['in session 3']
+    """
+    if sys.version_info >= (3, 11):
+        exc.add_note(note)
+        return
+    notes = exc.__dict__.setdefault("__notes__", [])  # pragma: no cover - Python 3.10
+    notes.append(note)  # pragma: no cover - Python 3.10
+    _append_to_message(exc, note)  # pragma: no cover - Python 3.10
+
+
+def _append_to_message(exc: BaseException, note: str) -> None:
+    """Python 3.10: make ``str(exc)`` end with ``note`` (where its message is plain data)."""
+    if isinstance(exc, OSError) and isinstance(exc.strerror, str):
+        exc.strerror = f"{exc.strerror}\n{note}"
+        return
+    args = exc.args
+    if not args:
+        exc.args = (note,)
+    elif isinstance(args[0], str) and len(args) == 1:
+        exc.args = (f"{args[0]}\n{note}",)

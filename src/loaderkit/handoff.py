@@ -19,9 +19,9 @@ soon as the copy is done.
 Examples:
     >>> counts = HandoffCounts()
     >>> receiver = Receiver(counts)
-    >>> receiver.token in _RECEIVERS
+    >>> wire.registered(receiver.token)
     True
-    >>> receiver.close(); receiver.token in _RECEIVERS
+    >>> receiver.close(); wire.registered(receiver.token)
     False
 """
 
@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
-from loaderkit.worker import FREE, HEADER, Leaf, _itemsize, rebuild
+from loaderkit import _torch, wire
+from loaderkit.wire import FREE, HEADER, Leaf, itemsize, rebuild
 
 __all__ = [
     "HandoffCounts",
@@ -47,14 +47,11 @@ __all__ = [
     "PinBackend",
     "Received",
     "Receiver",
-    "receive",
-    "receive_fallback",
 ]
 
 logger = logging.getLogger("loaderkit")
 
-#: Receivers of live iterators by token (a message names its receiver by token).
-_RECEIVERS: dict[int, Receiver] = {}
+#: Guards ``_HELD``.
 _LOCK = threading.Lock()
 
 
@@ -163,7 +160,7 @@ class _Mapped:
     """One slot of one worker, mapped in this process once (a torch shared storage)."""
 
     def __init__(self, fd: int, size: int, generation: int, pin: Any | None = None) -> None:
-        self.storage = torch.UntypedStorage._new_shared_fd_cpu(fd, size)  # type: ignore[attr-defined]
+        self.storage = _torch.storage_from_fd(fd, size)
         self.size = size
         self.generation = generation
         self.address = int(self.storage.data_ptr())
@@ -189,7 +186,7 @@ class _Mapped:
 
     def idle(self) -> bool:
         """Nothing outside this module refers to the slot's memory: no tensor, no storage."""
-        return _use_count(self.storage._cdata) == 1 and self._refs() <= self.idle_refs
+        return _torch.storage_use_count(self.storage) == 1 and self._refs() <= self.idle_refs
 
     def free(self) -> None:
         self.state.value = FREE
@@ -199,10 +196,6 @@ class _Mapped:
         if self.pin is not None:
             _unregister(self.pin, self.address)
             self.pin = None
-
-
-def _use_count(cdata: int) -> int:
-    return int(torch._C._storage_Use_Count(cdata))
 
 
 #: Slots of closed receivers still held by the caller (unpinned and dropped once idle).
@@ -243,7 +236,7 @@ class Received:
             raise RuntimeError("loaderkit: this batch was already handed out or its loader closed")
 
         def tensor(leaf: Leaf) -> torch.Tensor:
-            size = _itemsize(leaf.dtype)
+            size = itemsize(leaf.dtype)
             out = torch.empty(0, dtype=leaf.dtype)
             offset = (HEADER + leaf.offset) // size
             return out.set_(storage, offset, leaf.shape, _strides(leaf.shape))
@@ -255,7 +248,7 @@ class Received:
         batch = self.materialize()
         if self.pinned:
             return batch
-        return torch_pin_memory(batch, device)  # the slot is idle once the copy is made
+        return _torch.pin_memory(batch, device)  # the slot is idle once the copy is made
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -282,8 +275,7 @@ class Receiver:
         self.token = secrets.randbits(62)
         self.slots: dict[tuple[int, int], _Mapped] = {}
         self.lent: dict[tuple[int, int, int], _Mapped] = {}
-        with _LOCK:
-            _RECEIVERS[self.token] = self
+        wire.register(self.token, self)
 
     def receive(
         self,
@@ -331,8 +323,7 @@ class Receiver:
 
     def close(self) -> None:
         """Forget the slots: idle ones are unpinned now, held ones once the caller lets go."""
-        with _LOCK:
-            _RECEIVERS.pop(self.token, None)
+        wire.unregister(self.token)
         mappings = {id(m): m for m in [*self.slots.values(), *self.lent.values()]}
         self.slots.clear()
         self.lent.clear()
@@ -347,25 +338,9 @@ class Receiver:
         _sweep_held()
 
 
-def receive(
-    token: int,
-    worker_id: int,
-    generation: int,
-    slot: int,
-    structure: Any,
-    copied: bool,
-    segment: tuple[Any, int] | None,
-) -> Received:
-    """Unpickle a ``SlotBatch`` in the main process (a batch whose iterator is gone: no lease)."""
-    receiver = _RECEIVERS.get(token)
-    if receiver is None:
-        return Received(None, structure, False)
-    return receiver.receive(worker_id, generation, slot, structure, copied, segment)
+def _orphan(structure: Any) -> Received:
+    """A slot message whose iterator is gone: a batch with no lease (it cannot be read)."""
+    return Received(None, structure, False)
 
 
-def receive_fallback(token: int, data: Any, reason: str) -> Any:
-    """Unpickle a ``FallbackBatch``: count it, return the batch as torch sent it."""
-    receiver = _RECEIVERS.get(token)
-    if receiver is not None:
-        receiver.counts.fallback += 1
-    return data
+wire.set_orphan(_orphan)

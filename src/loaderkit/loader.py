@@ -18,38 +18,23 @@ through ``loaderkit.planning.plan_loader``, and adds:
 from __future__ import annotations
 
 import logging
-import os
-import signal
-import threading
-import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import fields
 from typing import Any, ClassVar, Literal, TypeVar
 
-import torch.utils.data
-from torch._utils import ExceptionWrapper
+import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
-from torch.utils.data.dataloader import (
-    _BaseDataLoaderIter,
-    _MultiProcessingDataLoaderIter,
-    _SingleProcessDataLoaderIter,
-)
 
-from loaderkit.deaths import (
-    WorkerDeath,
-    death_message,
-    deaths_in_message,
-    is_worker_death_error,
-)
+from loaderkit import _torch
 from loaderkit.errors import ConfigError, check_int, warn
-from loaderkit.handoff import HandoffCounts, HandoffStats, PinBackend, Received, Receiver
+from loaderkit.handoff import HandoffCounts, HandoffStats
 from loaderkit.hooks import call_hook
+from loaderkit.passes import LoaderPass
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
 from loaderkit.platform import PlatformInfo
 from loaderkit.policy import LoaderRequest
-from loaderkit.queues import DirectContext, DirectQueue, direct_writes_possible
 from loaderkit.resume import (
     STATE_FORMAT,
     STATE_VERSION,
@@ -62,24 +47,27 @@ from loaderkit.resume import (
     next_pass_start,
     order_sources,
 )
+from loaderkit.sample_seeding import sample_seeding_view
 from loaderkit.seeding import SampleSeeder, WorkerInit, epoch_seed
-from loaderkit.threads import ThreadLimit
-from loaderkit.worker import HandoffCollate, HandoffConfig
+from loaderkit.teardown import shutdown_iterator
 
 __all__ = ["DataLoader", "loaders_built_since"]
 
 logger = logging.getLogger("loaderkit")
 
-#: Seconds to wait for a worker after asking it to stop, then after terminating it.
-_KILL_GRACE_S = 1.0
-#: Seconds to wait for a dead worker to be seen dead after its queue failed.
-_DEATH_GRACE_S = 2.0
-
-
 _T_co = TypeVar("_T_co", covariant=True)
 
-#: Generators loaderkit created from ``seed`` (a loader rebuilt with one keeps owning it).
-_OWNED_GENERATORS: weakref.WeakSet[torch.Generator] = weakref.WeakSet()
+#: Loaders by ``id`` of the generator loaderkit created for them from ``seed``: a loader
+#: rebuilt with that generator keeps owning it (generators cannot be weakly referenced before
+#: torch 2.13, loaders can).
+_GENERATOR_OWNERS: weakref.WeakValueDictionary[int, DataLoader[Any]] = weakref.WeakValueDictionary()
+
+
+def _owned(generator: Any) -> bool:
+    """Whether ``generator`` is one a live loaderkit loader created from its ``seed``."""
+    owner = _GENERATOR_OWNERS.get(id(generator))
+    return owner is not None and owner.generator is generator
+
 
 #: Live loaders by construction number (``loaders_built_since``).
 _REGISTRY: weakref.WeakValueDictionary[int, DataLoader[Any]] = weakref.WeakValueDictionary()
@@ -100,7 +88,7 @@ def loaders_built_since(mark: int) -> list[DataLoader[Any]]:
     return [_REGISTRY[n] for n in sorted(_REGISTRY.keys()) if n > mark and n in _REGISTRY]
 
 
-class DataLoader(torch.utils.data.DataLoader[_T_co]):
+class DataLoader(_torch.TorchLoader[_T_co]):
     """torch's DataLoader with the unset parts made safe, ``close()`` and epoch tracking.
 
     ``create_dataloader`` is this class under its function name: both accept the same
@@ -220,7 +208,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             # Rebuilt from this loader's own attributes (Lightning's attribute path): take the
             # caller's function back, so seeding is installed once, for this process's rank.
             worker_init_fn = worker_init_fn.user_fn
-        if generator is not None and generator in _OWNED_GENERATORS:
+        if generator is not None and _owned(generator):
             # The generator another loaderkit loader created from ``seed``: still owned, so
             # this loader reseeds it from (seed, epoch) as the original did.
             generator = None
@@ -229,8 +217,10 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         request = LoaderRequest(**{f.name: arguments[f.name] for f in fields(LoaderRequest)})
         setup = plan_loader(dataset, request, platform)
         super().__init__(dataset, **setup.torch_kwargs)  # type: ignore[arg-type]
+        if not hasattr(self, "in_order"):  # a torch before 2.6 (it was not passed on)
+            self.in_order = in_order
         if setup.owns_generator and self.generator is not None:
-            _OWNED_GENERATORS.add(self.generator)
+            _GENERATOR_OWNERS[id(self.generator)] = self
         self.plan: Plan = setup.plan
         # loaderkit's own arguments, as passed, under their parameter names: frameworks rebuild
         # a loader from attributes named like its __init__ parameters.
@@ -245,6 +235,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._sample_seeder: SampleSeeder | None = setup.sample_seeder
         self._handoff_slots = setup.handoff_slots
         self._main_threads = setup.main_threads
+        self._torch_fallbacks = setup.platform.torch_fallbacks
         self._handoff_counts = HandoffCounts()
         self._next_epoch = 0
         self._epoch: int | None = None
@@ -252,7 +243,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._epochs_set: dict[int, Any] = {}  # id(target) -> the epoch it was last left at
         for target in self._epoch_targets():  # as built: any later change is the caller's
             self._epochs_set[id(target)] = getattr(target, "epoch", None)
-        self._live_iterators: weakref.WeakSet[_BaseDataLoaderIter] = weakref.WeakSet()
+        self._live_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
         self._pass: PassRecord | None = None  # the current or most recent pass
         self._resume: ResumePoint | None = None  # a loaded state the next pass starts from
         self._closed = False
@@ -326,11 +317,16 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._next_epoch = epoch + 1
         if self._owns_generator and self.seed is not None and self.generator is not None:
             self.generator.manual_seed(epoch_seed(self.seed, epoch))
-            if self.persistent_workers and self.num_workers > 0 and self._iterator is not None:
+            if (
+                self.persistent_workers
+                and self.num_workers > 0
+                and _torch.kept_iterator(self) is not None
+                and "base seed draw" not in self._torch_fallbacks
+            ):
                 # A new iterator draws the workers' base seed from the generator before the
                 # sampler does; a persistent one is only reset and draws nothing. Draw the same
                 # number so the order of pass n is the same persistent or not.
-                torch.empty((), dtype=torch.int64).random_(generator=self.generator)
+                _torch.consume_base_seed_draw(self.generator)
         for target in targets:
             if call_hook(target, "set_epoch", epoch):
                 self._epochs_set[id(target)] = getattr(target, "epoch", epoch)
@@ -339,7 +335,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             self._pass.skip, self._pass.start, self._pass.resumed = resume.skip, resume.start, True
         return epoch
 
-    def __iter__(self) -> _BaseDataLoaderIter:
+    def __iter__(self) -> Any:
         if self._defer_sharding:
             self._defer_sharding = False  # say it once
             warn(
@@ -352,22 +348,30 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         self._begin_pass()
         self._closed = False
         iterator = super().__iter__()
-        if isinstance(iterator, _CountingIterator):
-            iterator._record = self._pass
+        hooks = _torch.hooks_of(iterator)
+        if isinstance(hooks, LoaderPass):
+            hooks.record = self._pass
         self._live_iterators.add(iterator)
         return iterator
 
-    def _get_iterator(self) -> _BaseDataLoaderIter:
+    def _loaderkit_iterator(self) -> Any:
         source: Any = self
         if self._sample_seeder is not None:
-            source = _SampleSeedingView(self, self._sample_seeder)
-        if self.num_workers == 0:
-            return _SingleProcessIter(source)
-        self.check_worker_number_rationality()
-        return _MultiProcessingIter(source)
+            source = sample_seeding_view(self, self._sample_seeder)
+        workers = self.num_workers > 0
+        if workers:
+            self.check_worker_number_rationality()
+        hooks = LoaderPass(
+            dataset=self.dataset,
+            slots=self._handoff_slots if workers else 0,
+            counts=self._handoff_counts,
+            main_threads=self._main_threads if workers else None,
+            direct_queues="direct queues" not in self._torch_fallbacks,
+        )
+        fallback = bool({"loader hooks", "iterators"} & set(self._torch_fallbacks))
+        return _torch.make_iterator(source, hooks, workers=workers, fallback=fallback)
 
-    @property
-    def _index_sampler(self) -> Any:
+    def _loaderkit_index_sampler(self, base: Any) -> Any:
         # torch's iterators read the index sampler here; PassIndices records each pass's
         # starting state and fast-forwards a resumed one without fetching the skipped batches.
         # Only a weak reference: torch's iterator keeps its index sampler, and the loader keeps
@@ -384,7 +388,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             no_sources = OrderSources(generators=(), global_rng=False, stateful=())
             return no_sources if owner is None else order_sources(owner)
 
-        return PassIndices(super()._index_sampler, record, sources)
+        return PassIndices(base, record, sources)
 
     # ------------------------------------------------------------------ resume
 
@@ -462,6 +466,15 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             ([[2, 3], [4, 5]], 3)
         """
         point = check_state(state, fingerprint(self))
+        if point.skip > 0 and "loader hooks" in self._torch_fallbacks:
+            raise ConfigError(
+                f"cannot resume at batch {point.skip} of epoch {point.epoch}: torch "
+                f"{torch.__version__} changed the DataLoader members loaderkit uses to skip "
+                "batches already read (loader.plan['torch'] says which), so this loader starts "
+                "passes at their beginning. Resume from a state taken between epochs, or use a "
+                f"torch loaderkit is tested on ({_torch.TESTED_FROM[0]}.{_torch.TESTED_FROM[1]} "
+                f"to {_torch.TESTED_TO[0]}.{_torch.TESTED_TO[1]})."
+            )
         if point.skip > 0 and state["loader"].get("in_order") is False:
             raise ConfigError(
                 f"cannot resume at batch {point.skip} of epoch {point.epoch}: the loader that "
@@ -498,7 +511,7 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
         if self._is_iterable():
             return None
         try:
-            return len(super()._index_sampler)
+            return len(_torch.torch_index_sampler(self))
         except TypeError:
             return None
 
@@ -521,11 +534,12 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             >>> loader.close(); loader.close()
         """
         iterators = list(self._live_iterators)
-        if self._iterator is not None and self._iterator not in iterators:
-            iterators.append(self._iterator)
+        kept = _torch.kept_iterator(self)
+        if kept is not None and kept not in iterators:
+            iterators.append(kept)
         for iterator in iterators:
-            _shutdown_iterator(iterator)
-        self._iterator = None
+            shutdown_iterator(iterator)
+        _torch.forget_kept_iterator(self)
         self._live_iterators = weakref.WeakSet()
         if not self._closed:
             self._closed = True
@@ -562,477 +576,3 @@ class DataLoader(torch.utils.data.DataLoader[_T_co]):
             >>> print(DataLoader(list(range(4)), training=False).describe())  # doctest: +SKIP
         """
         return self.plan.describe()
-
-
-def _shutdown_iterator(iterator: _BaseDataLoaderIter) -> None:
-    """Stop an iterator's workers; escalate to terminate/kill; never raise."""
-    if not isinstance(iterator, _MultiProcessingDataLoaderIter):
-        return
-    try:
-        iterator._shutdown_workers()
-    except Exception:  # a worker that died mid-shutdown: fall through to the hard stop
-        logger.debug("loaderkit: orderly worker shutdown failed", exc_info=True)
-    for worker in getattr(iterator, "_workers", ()):
-        try:
-            if worker.is_alive():
-                worker.terminate()
-                worker.join(_KILL_GRACE_S)
-            if worker.is_alive():
-                worker.kill()
-                worker.join(_KILL_GRACE_S)
-        except Exception:  # pragma: no cover - process already reaped
-            logger.debug("loaderkit: could not stop worker %s", worker, exc_info=True)
-    _release_iterator(iterator)
-
-
-def _release_iterator(iterator: _MultiProcessingDataLoaderIter) -> None:
-    """Close every descriptor a stopped iterator still owns in this process; never raise.
-
-    torch leaves them to garbage collection of the iterator, which may never come while
-    something still refers to it: older torch releases register every worker of a persistent
-    pinned iterator with ``atexit`` (2 pipe ends per worker held until the interpreter exits),
-    and a caller, a framework or a traceback may hold the iterator itself. What is released:
-
-    * the pin-memory thread (joined first: it reads the result queue);
-    * the result queue and the index queues (multiprocessing queues: one pipe, two ends, each);
-      torch closes the result queue only when pinning, and ``Queue.close()`` closes nothing
-      in a process that never put on the queue, so the ends are closed here;
-    * each reaped worker's ``Popen`` pipe ends (its sentinel): ``Process`` objects stay
-      usable (``join``/``is_alive``/``exitcode`` answer from the recorded exit code);
-    * batches received but not yet handed out (pinned memory, shared-memory descriptors).
-    """
-    import queue
-
-    queues = list(getattr(iterator, "_index_queues", ()))
-    thread = getattr(iterator, "_pin_memory_thread", None)
-    if thread is not None and thread.is_alive():
-        done = getattr(iterator, "_pin_memory_thread_done_event", None)
-        if done is not None:
-            done.set()
-        thread.join(_KILL_GRACE_S)
-    if thread is None or not thread.is_alive():
-        queues.append(getattr(iterator, "_worker_result_queue", None))
-    else:  # pragma: no cover - stuck pinning a batch: it still reads the result queue
-        logger.debug("loaderkit: pin-memory thread did not stop; the result queue stays open")
-    for mp_queue in queues:
-        if mp_queue is not None:
-            _close_mp_queue(mp_queue)
-    data_queue = getattr(iterator, "_data_queue", None)
-    if isinstance(data_queue, queue.Queue):  # pinned batches the pin thread had queued
-        with data_queue.mutex:
-            data_queue.queue.clear()
-    task_info = getattr(iterator, "_task_info", None)
-    if isinstance(task_info, dict):  # out-of-order batches held for later
-        task_info.clear()
-    receiver = getattr(iterator, "_receiver", None)
-    if isinstance(receiver, Receiver):  # slots: batches the caller holds keep their memory
-        receiver.close()
-    for worker in getattr(iterator, "_workers", ()):
-        _release_process(worker)
-
-
-def _close_mp_queue(mp_queue: Any) -> None:
-    """Close both pipe ends of a multiprocessing queue in this process."""
-    if isinstance(mp_queue, DirectQueue):
-        mp_queue.release()
-        return
-    try:
-        mp_queue.cancel_join_thread()
-        mp_queue.close()  # with a feeder thread: it flushes, then closes both ends itself
-    except Exception:  # pragma: no cover - already closed or half built
-        logger.debug("loaderkit: closing a queue failed", exc_info=True)
-    feeder = getattr(mp_queue, "_thread", None)
-    if feeder is not None:
-        feeder.join(_KILL_GRACE_S)
-        if feeder.is_alive():  # pragma: no cover - still writing into a full pipe
-            return  # closing the ends now would make it fail loudly; it closes them when done
-    for end in (getattr(mp_queue, "_reader", None), getattr(mp_queue, "_writer", None)):
-        try:
-            if end is not None:
-                end.close()
-        except OSError:  # pragma: no cover - already closed
-            pass
-
-
-def _release_process(worker: Any) -> None:
-    """Close the pipe ends multiprocessing keeps for a worker that has been reaped."""
-    try:
-        if worker.exitcode is None:  # running, or never started: nothing to release safely
-            return
-        popen = getattr(worker, "_popen", None)
-        close = getattr(popen, "close", None)
-        if callable(close):
-            close()
-    except Exception:  # pragma: no cover - a Process already closed by someone else
-        logger.debug("loaderkit: could not release worker %s", worker, exc_info=True)
-
-
-# --------------------------------------------------------------------------- iterators
-
-
-class CollateWithContext:
-    """The caller's ``collate_fn`` as loaderkit's iterators run it: failures say where.
-
-    An exception raised by ``collate_fn`` (the caller's, torch's ``default_collate`` or
-    loaderkit's) keeps its type and gains a note naming the batch's size, the process and the
-    worker. Installed on the iterator, before its workers start, never on the loader:
-    ``loader.collate_fn`` stays the object the caller passed (frameworks rebuild loaders from
-    it). Picklable when the wrapped function is (spawn sends it to each worker).
-
-    Attributes:
-        fn: The wrapped collate function.
-    """
-
-    def __init__(self, fn: Callable[[Any], Any]) -> None:
-        self.fn = fn
-
-    def __call__(self, batch: Any) -> Any:
-        try:
-            return self.fn(batch)
-        except Exception as exc:
-            _note_collate_failure(exc, self.fn, batch)
-            raise
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (CollateWithContext, (self.fn,))
-
-
-def _note_collate_failure(exc: BaseException, fn: Any, batch: Any) -> None:
-    """Add loaderkit's note to an exception raised by ``collate_fn`` (Python 3.11+)."""
-    if not hasattr(exc, "add_note"):  # pragma: no cover - Python 3.10
-        return
-    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
-    module = getattr(fn, "__module__", None)
-    size = f"a batch of {len(batch)} samples" if hasattr(batch, "__len__") else "a sample"
-    info = torch.utils.data.get_worker_info()
-    where = (
-        f"worker {info.id} of {info.num_workers} (pid {os.getpid()})"
-        if info is not None
-        else f"the main process (pid {os.getpid()}, num_workers=0)"
-    )
-    exc.add_note(
-        f"loaderkit: collate_fn {module + '.' if module else ''}{name} failed on {size} in "
-        f"{where}; rerun with num_workers=0 to debug it in the main process"
-    )
-
-
-class _CollateContext(_BaseDataLoaderIter):
-    """Runs ``collate_fn`` inside ``CollateWithContext``, set before any worker starts.
-
-    Placed right above torch's base iterator in the method order, so torch's worker-process
-    iterator hands the wrapped function to the workers it starts in its ``__init__``.
-    """
-
-    def __init__(self, loader: Any) -> None:
-        super().__init__(loader)
-        if self._collate_fn is not None and not isinstance(self._collate_fn, CollateWithContext):
-            self._collate_fn = CollateWithContext(self._collate_fn)
-
-
-class _HandoffSetup(_BaseDataLoaderIter):
-    """Installs loaderkit's slot hand-off (``loaderkit.worker``) before the workers start.
-
-    Placed between torch's worker-process iterator and ``_CollateContext`` in the method
-    order: the workers receive ``HandoffCollate(CollateWithContext(collate_fn))``, and this
-    process a ``Receiver`` that maps their slots.
-    """
-
-    _receiver: Receiver | None = None
-
-    def __init__(self, loader: Any) -> None:
-        super().__init__(loader)
-        slots = getattr(loader, "_handoff_slots", 0)
-        counts = getattr(loader, "_handoff_counts", None)
-        self._handoff_counts = counts
-        if slots and isinstance(counts, HandoffCounts) and self._num_workers > 0:
-            pin = PinBackend if self._pin_memory and PinBackend.available() else None
-            self._receiver = Receiver(counts, pin)
-            self._collate_fn = HandoffCollate(
-                self._collate_fn, HandoffConfig(self._receiver.token, slots)
-            )
-
-
-class _CountingIterator(_BaseDataLoaderIter):
-    """Counts the batches handed to the caller into the loader's current ``PassRecord``."""
-
-    _record: PassRecord | None = None
-
-    def __next__(self) -> Any:
-        record = self._record
-        try:
-            data = super().__next__()
-        except StopIteration:
-            if record is not None:
-                record.finished = True
-            raise
-        if record is not None:
-            record.yielded += 1
-        return data
-
-
-class _SingleProcessIter(_CountingIterator, _SingleProcessDataLoaderIter, _CollateContext):
-    """torch's single-process iterator, counting what the caller received."""
-
-
-class _MultiProcessingIter(
-    _CountingIterator, _MultiProcessingDataLoaderIter, _HandoffSetup, _CollateContext
-):
-    """torch's worker-process iterator, counting what the caller received.
-
-    A worker that dies always surfaces as one ``RuntimeError`` naming its pid and signal
-    (``loaderkit.deaths``), whichever of torch's channels noticed first: the ``SIGCHLD``
-    handler, the liveness check, or a result-queue read that fails half-way
-    (``ConnectionResetError``, ``EOFError``), which names no pid at all.
-    """
-
-    def __init__(self, loader: Any) -> None:
-        # torch's threads here, lowered for each pass where the workers need the CPUs
-        self._threads = ThreadLimit(getattr(loader, "_main_threads", None))
-        if getattr(loader, "_handoff_slots", 0) and direct_writes_possible():
-            loader = _DirectQueuesView(loader)  # slot messages skip the feeder threads
-        super().__init__(loader)
-        for worker in self._workers:
-            if worker.pid is not None:
-                _LIVE_WORKERS[worker.pid] = self
-        _wrap_sigchld_handler()
-
-    def _process_data(self, data: Any, worker_idx: int) -> Any:
-        if isinstance(data, Received):  # a batch in a slot (pinned ones arrive as tensors)
-            data = data.materialize()
-        counts = self._handoff_counts
-        if counts is not None and not isinstance(data, ExceptionWrapper):
-            counts.batches += 1
-        return super()._process_data(data, worker_idx)
-
-    def _reset(self, loader: Any, first_iter: bool = False) -> None:
-        receiver = self._receiver
-        if receiver is not None:
-            receiver.poll()  # before the workers get the new pass's first indices
-        self._threads.lower()
-        super()._reset(loader, first_iter)
-
-    def _shutdown_workers(self) -> None:
-        try:
-            super()._shutdown_workers()
-        finally:
-            self._threads.restore()
-            receiver = self._receiver
-            if receiver is not None:
-                receiver.close()
-
-    def _next_data(self) -> Any:
-        receiver = self._receiver
-        if receiver is not None:
-            receiver.poll()  # slots of batches the loop has let go of
-        try:
-            return super()._next_data()
-        except StopIteration:
-            self._threads.restore()  # the pass is over
-            raise
-        except (ConnectionError, EOFError, OSError, RuntimeError) as error:
-            translated = self._death_error(error, _DEATH_GRACE_S)
-            if translated is None:
-                raise
-            raise translated from error
-
-    def _death_error(self, error: BaseException, wait: float) -> RuntimeError | None:
-        """The error naming the dead workers, when ``error`` is how a death was noticed."""
-        if not is_worker_death_error(error):
-            return None
-        deaths = self._dead_workers(wait)
-        if not deaths:
-            return None
-        return RuntimeError(death_message(deaths, self._dataset))
-
-    def _dead_workers(self, wait: float, *, mark: bool = True) -> list[WorkerDeath]:
-        """Workers that have ended, waiting up to ``wait`` seconds for the kernel to say so.
-
-        A killed worker's pipes close a moment before it can be reaped, so the queue's error
-        may come first. ``mark``: tell torch they are gone (not from a signal handler, which
-        may have interrupted a queue operation).
-        """
-        deadline = time.monotonic() + wait
-        while True:
-            deaths = [
-                WorkerDeath(worker_id, worker.pid, worker.exitcode)
-                for worker_id, worker in enumerate(self._workers)
-                if worker.exitcode is not None
-                and (worker.exitcode != 0 or self._workers_status[worker_id])
-            ]
-            if deaths or time.monotonic() >= deadline:
-                break
-            time.sleep(0.01)
-        for death in deaths if mark else ():
-            if death.worker_id is not None and self._workers_status[death.worker_id]:
-                self._mark_worker_as_unavailable(death.worker_id)
-        return deaths
-
-
-#: Live worker-process iterators by worker pid (for errors raised by the SIGCHLD handler).
-_LIVE_WORKERS: weakref.WeakValueDictionary[int, _MultiProcessingIter] = (
-    weakref.WeakValueDictionary()
-)
-
-
-def _translate_death(error: RuntimeError) -> RuntimeError | None:
-    """The error for torch's SIGCHLD report: the signal's name, the cause, the files."""
-    if not is_worker_death_error(error):
-        return None
-    named = deaths_in_message(str(error))
-    for death in named:
-        iterator = _LIVE_WORKERS.get(death.pid) if death.pid is not None else None
-        if iterator is not None:
-            translated = iterator._death_error(error, 0.0)
-            if translated is not None:
-                return translated
-    return None  # another loader's worker (torch's own DataLoader): torch's error as it is
-
-
-def _wrap_sigchld_handler() -> None:
-    """Wrap torch's SIGCHLD handler so its error names the signal like every other path.
-
-    torch installs one handler per process that raises "DataLoader worker (pid N) is killed
-    by signal: Killed." wherever the main thread is; the wrapper re-raises it as loaderkit's
-    error (same type, chained). Main thread only, as signal handlers must be.
-    """
-    if not hasattr(signal, "SIGCHLD") or threading.current_thread() is not threading.main_thread():
-        return
-    current = signal.getsignal(signal.SIGCHLD)
-    if not callable(current) or getattr(current, "_loaderkit_wrapper", False):
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        try:
-            current(signum, frame)
-        except RuntimeError as error:
-            translated = _translate_death(error)
-            if translated is None:
-                raise
-            raise translated from error
-
-    handler._loaderkit_wrapper = True  # type: ignore[attr-defined]
-    signal.signal(signal.SIGCHLD, handler)
-
-
-# --------------------------------------------------------------------------- sample seeding
-
-
-class _Tagged:
-    """A batch of indices (or one index) with the epoch it belongs to."""
-
-    __slots__ = ("epoch", "indices")
-
-    def __init__(self, epoch: int, indices: Any) -> None:
-        self.epoch = epoch
-        self.indices = indices
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_Tagged, (self.epoch, self.indices))
-
-
-class _EpochTagger:
-    """Wraps the index sampler so each batch carries the loader's epoch to the workers."""
-
-    def __init__(self, index_sampler: Any, loader: DataLoader) -> None:
-        self.index_sampler = index_sampler
-        self._loader = weakref.ref(loader)
-
-    def __iter__(self) -> Iterator[_Tagged]:
-        loader = self._loader()
-        epoch = loader.epoch if loader is not None else 0
-        for indices in self.index_sampler:
-            yield _Tagged(epoch, indices)
-
-    def __len__(self) -> int:
-        return len(self.index_sampler)
-
-
-class SampleSeededDataset(Dataset[Any]):
-    """Worker-side wrapper for ``sample_seeding=True``: seeds the RNGs around each sample.
-
-    It receives batches tagged with their epoch, produces each sample inside
-    ``SampleSeeder.seeded(epoch, index)`` and forwards ``set_epoch`` to the wrapped dataset's
-    copy (which persistent workers would otherwise never see). Attribute reads fall through to
-    the wrapped dataset, so ``get_worker_info().dataset.attr`` keeps working.
-
-    A dataset with ``getitems_seeded(indices, seed_sample)`` (``HDF5SessionDataset``) reads
-    the batch at once and calls ``seed_sample(index)`` right before each sample's random step,
-    so per-sample seeding keeps batched reads; any other dataset is read one index at a time.
-    """
-
-    def __init__(self, dataset: Any, seeder: SampleSeeder) -> None:
-        self.__dict__["dataset"] = dataset
-        self.__dict__["seeder"] = seeder
-        self.__dict__["_epoch"] = None
-
-    def __getattr__(self, name: str) -> Any:
-        dataset = self.__dict__.get("dataset")
-        if dataset is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(dataset, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.dataset, name, value)
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def _enter_epoch(self, epoch: int) -> None:
-        if epoch != self._epoch:
-            self.__dict__["_epoch"] = epoch
-            call_hook(self.dataset, "set_epoch", epoch)
-
-    def __getitem__(self, tagged: _Tagged) -> Any:
-        self._enter_epoch(tagged.epoch)
-        with self.seeder.seeded(tagged.epoch, tagged.indices):
-            return self.dataset[tagged.indices]
-
-    def __getitems__(self, tagged: _Tagged) -> list[Any]:
-        self._enter_epoch(tagged.epoch)
-        dataset, seed_sample, epoch = self.dataset, self.seeder.seed_sample, tagged.epoch
-        with self.seeder.batch():
-            seeded = getattr(dataset, "getitems_seeded", None)
-            if callable(seeded):  # reads the batch at once, seeds each sample's random step
-                return seeded(tagged.indices, lambda i: seed_sample(epoch, i))
-            samples = []
-            for index in tagged.indices:
-                seed_sample(epoch, index)
-                samples.append(dataset[index])
-        return samples
-
-    def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-
-class _DirectQueuesView:
-    """What torch's worker iterator sees of a loader with slots: ``DirectQueue`` queues.
-
-    torch creates its index and result queues with ``loader.multiprocessing_context.Queue()``
-    (the ``torch.multiprocessing`` module when unset); this view gives it a ``DirectContext``
-    over the same context, so the workers are started exactly as before.
-    """
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-        base = loader.multiprocessing_context
-        self.multiprocessing_context = DirectContext(
-            torch.multiprocessing if base is None else base
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-
-class _SampleSeedingView:
-    """What torch's iterators see of a sample-seeding loader: tagged indices, wrapped dataset."""
-
-    def __init__(self, loader: DataLoader, seeder: SampleSeeder) -> None:
-        self._loader = loader
-        self.dataset = SampleSeededDataset(loader.dataset, seeder)
-        self._index_sampler = _EpochTagger(loader._index_sampler, loader)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)

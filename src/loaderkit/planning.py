@@ -22,13 +22,8 @@ from typing import Any
 
 import torch
 from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset
-from torch.utils.data.datapipes.datapipe import (
-    IterDataPipe,
-    MapDataPipe,
-    _IterDataPipeSerializationWrapper,
-    _MapDataPipeSerializationWrapper,
-)
 
+from loaderkit import _torch
 from loaderkit.budgets import check_open_file_budget, check_shared_memory, fit_open_files
 from loaderkit.collate import collate
 from loaderkit.distributed import dist_info
@@ -48,6 +43,7 @@ from loaderkit.policy import (
 from loaderkit.preflight import check_pickle
 from loaderkit.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
 from loaderkit.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
+from loaderkit.versions import fit_torch_arguments, torch_decision, torch_fallback_warning
 
 __all__ = ["LARGE_PICKLE_BYTES", "LoaderSetup", "dataset_facts", "plan_loader"]
 
@@ -55,6 +51,9 @@ logger = logging.getLogger("loaderkit")
 
 #: Pickled dataset size above which spawn/forkserver loaders warn (each worker gets a copy).
 LARGE_PICKLE_BYTES = 64 * 2**20
+
+#: torch fallbacks already warned about in this process (once each).
+_WARNED_FALLBACKS: set[tuple[str, tuple[str, ...]]] = set()
 
 
 @dataclass
@@ -252,11 +251,8 @@ def _check_picklable(
     ):
         # fork, or an invalid multiprocessing_context that torch rejects with its own error
         return
-    if isinstance(dataset, IterDataPipe):
-        # torch sends DataPipes to workers inside this wrapper, which falls back to dill
-        dataset = _IterDataPipeSerializationWrapper(dataset)
-    elif isinstance(dataset, MapDataPipe):
-        dataset = _MapDataPipeSerializationWrapper(dataset)
+    # what torch really sends (DataPipes go inside a wrapper that falls back to dill)
+    dataset = _torch.as_sent_to_workers(dataset)
     checks = {
         name: check_pickle(obj, name)
         for name, obj in (
@@ -412,6 +408,14 @@ def plan_loader(
     _check_not_empty(dataset, request, res)
 
     found = _Findings(warnings=list(res.warnings), entries=list(res.entries))
+    torch_row = torch_decision(platform)
+    found.entries.insert(0, PlanEntry("torch", UNSET, torch_row.value, torch_row.reason))
+    fallback = torch_fallback_warning(platform)
+    key = (platform.torch_version, platform.torch_fallbacks)
+    if fallback is not None and key not in _WARNED_FALLBACKS:
+        _WARNED_FALLBACKS.add(key)
+        found.warnings.append(fallback)
+    fit_torch_arguments(torch_arguments(res).kwargs(), platform)  # refused before any side effect
     budget_entry, open_files = _file_budget(dataset, res, platform)
     if budget_entry is not None:
         found.entries.append(budget_entry)
@@ -452,7 +456,7 @@ def plan_loader(
             ", ".join(f"{e.name}={short_repr(e.value)}" for e in plan.changes()),
         )
     return LoaderSetup(
-        torch_kwargs=torch_arguments(res, built).kwargs(),
+        torch_kwargs=fit_torch_arguments(torch_arguments(res, built).kwargs(), platform),
         plan=plan,
         platform=platform,
         seed=seed,

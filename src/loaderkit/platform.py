@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from loaderkit import _torch
 from loaderkit.distributed import launcher_int
 from loaderkit.threads import torch_threads
 
@@ -64,7 +65,7 @@ class PlatformInfo:
         local_world_size: Processes per node from the launcher (``LOCAL_WORLD_SIZE``, set by
             torchrun), ``None`` when not launched that way.
         cuda_bad_fork: This process was forked after its parent had initialised CUDA
-            (``torch.cuda._is_in_bad_fork()``): CUDA is visible (``cuda_available`` may be
+            (torch's own bad-fork check): CUDA is visible (``cuda_available`` may be
             True) but cannot be initialised here, so anything that touches it (pinning a
             batch, a ``.to("cuda")``) raises "Cannot re-initialize CUDA in forked subprocess".
             ``False`` by default, so hand-made ``PlatformInfo`` objects keep their meaning.
@@ -78,6 +79,11 @@ class PlatformInfo:
         torch_threads_chosen: The user chose that number (``OMP_NUM_THREADS`` or
             ``MKL_NUM_THREADS`` set, or ``torch.set_num_threads`` called after loaderkit was
             imported): loaderkit never changes it then.
+        torch_fallbacks: The pieces of torch's internals loaderkit relies on that this torch
+            does not provide as expected (``loaderkit._torch.support()``): each falls back to
+            torch's public path. Empty (the default) when every probe passed.
+        torch_loader_args: The arguments this torch's ``DataLoader`` accepts (``None``: not
+            known, every argument is passed). An older torch is never given one it lacks.
 
     Examples:
         >>> info = detect_platform()
@@ -107,6 +113,8 @@ class PlatformInfo:
     open_fds: int | None = None
     torch_threads: int | None = None
     torch_threads_chosen: bool = False
+    torch_fallbacks: tuple[str, ...] = ()
+    torch_loader_args: frozenset[str] | None = None
 
     @property
     def cuda_usable(self) -> bool:
@@ -297,17 +305,6 @@ def memory_bytes() -> int | None:
     return total
 
 
-def _cuda_bad_fork() -> bool:
-    """Read torch's own check: was this process forked after its parent initialised CUDA?"""
-    check = getattr(torch.cuda, "_is_in_bad_fork", None)
-    if not callable(check):  # pragma: no cover - a torch without the check
-        return False
-    try:
-        return bool(check())
-    except Exception:  # pragma: no cover - never let detection fail on a private helper
-        return False
-
-
 def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
     """Read the machine once and return a frozen ``PlatformInfo``.
 
@@ -349,9 +346,11 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
         python_version=python_version,
         torch_version=str(torch.__version__),
         local_world_size=launcher_int("LOCAL_WORLD_SIZE"),
-        cuda_bad_fork=_cuda_bad_fork(),
+        cuda_bad_fork=_torch.in_bad_fork(),
         memory_bytes=memory_bytes(),
         open_fds=open_descriptors(),
         torch_threads=threads,
         torch_threads_chosen=threads_chosen,
+        torch_fallbacks=tuple(probe.piece for probe in _torch.support().failed),
+        torch_loader_args=_torch.loader_parameters(),
     )

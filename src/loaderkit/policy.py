@@ -889,6 +889,9 @@ def resolve(
     return res.freeze()
 
 
+#: Pieces of torch's internals (``loaderkit._torch.PIECES``) the slot pool needs.
+_SLOT_PIECES = ("loader hooks", "iterators", "slot storage")
+
 #: Batches a loop usually holds while asking for the next one (the current and the previous:
 #: ``for batch in loader`` rebinds ``batch`` only after the next one arrived), plus one spare.
 HANDOFF_HELD = 3
@@ -917,6 +920,13 @@ def resolve_handoff(
             0,
             f"{platform.os_name}: anonymous shared memory (memfd) is Linux-only, so each batch "
             "is a new shared-memory segment (torch's path)",
+        )
+    changed = [p for p in _SLOT_PIECES if p in platform.torch_fallbacks]
+    if changed:
+        return Decision(
+            0,
+            f"torch {platform.torch_version} changed what the slot pool relies on "
+            f"({', '.join(changed)}): each batch is a new shared-memory segment (torch's path)",
         )
     slots = (prefetch_factor or 2) + HANDOFF_HELD
     pinned = (

@@ -83,8 +83,8 @@ class DirectQueue:
         self._wlock = ctx.Lock()  # writers, across processes: whole messages
         self._nonblocking: int | None = None
         self._close_nonblocking: Any = None
-        self._reset()
-        register_after_fork(self, DirectQueue._reset)
+        self._clear_local_state()
+        register_after_fork(self, DirectQueue._clear_local_state)
 
     def __getstate__(self) -> tuple[Any, ...]:
         context.assert_spawning(self)
@@ -94,9 +94,9 @@ class DirectQueue:
         self._reader, self._writer, self._rlock, self._wlock = state
         self._nonblocking = None  # a new process: its own descriptor, opened when first needed
         self._close_nonblocking = None
-        self._reset()
+        self._clear_local_state()
 
-    def _reset(self) -> None:
+    def _clear_local_state(self) -> None:
         """This process's own state (new after a fork: the parent's threads are not here).
 
         A non-blocking descriptor inherited through fork stays valid and is kept.

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
 
+from loaderkit import _torch
 from loaderkit.errors import ConfigError
 
 __all__ = [
@@ -333,12 +334,15 @@ def next_pass_start(loader: Any, sources: OrderSources) -> dict[str, Any]:
     """
     start: dict[str, Any] = {name: obj.state_dict() for name, obj in sources.stateful}
     reuses_iterator = (
-        loader.persistent_workers and loader.num_workers > 0 and loader._iterator is not None
+        loader.persistent_workers
+        and loader.num_workers > 0
+        and _torch.kept_iterator(loader) is not None
     )
+    replays_draw = _torch.support().ok("base seed draw")
     for name, generator in sources.generators:
-        if generator is loader.generator and not reuses_iterator:
+        if generator is loader.generator and not reuses_iterator and replays_draw:
             generator = torch.Generator().set_state(generator.get_state())
-            torch.empty((), dtype=torch.int64).random_(generator=generator)
+            _torch.consume_base_seed_draw(generator)
         start[name] = generator.get_state()
     return start
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, DistributedSampler, Sampler
 
+from loaderkit import _torch
 from loaderkit.errors import ConfigError, check_int
 from loaderkit.hooks import call_hook
 from loaderkit.seeding import epoch_seed, validate_seed
@@ -188,7 +189,7 @@ class ElasticSampler(DistributedSampler[int]):
             return torch.arange(n)
         generator = torch.Generator()
         generator.manual_seed(epoch_seed(self.seed, self.epoch))
-        torch.empty((), dtype=torch.int64).random_(generator=generator)
+        _torch.consume_base_seed_draw(generator)  # as the iterator of a single process does
         return torch.randperm(n, generator=generator)
 
     def __iter__(self) -> Iterator[int]:

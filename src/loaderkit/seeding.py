@@ -31,6 +31,7 @@ import numpy as np
 import torch
 import torch.utils.data
 
+from loaderkit import _torch
 from loaderkit.distributed import process_rank_and_world
 from loaderkit.errors import check_int
 from loaderkit.hooks import call_hook
@@ -225,7 +226,7 @@ def seed_worker(worker_id: int) -> None:
     if info is None:  # called outside a worker: nothing to seed per worker
         return
     rank, world_size = process_rank_and_world()
-    _install_worker_streams(worker_id, info.seed - info.id, rank, world_size)
+    _install_worker_streams(worker_id, _torch.worker_base_seed(info), rank, world_size)
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,9 @@ class WorkerInit:
     def __call__(self, worker_id: int) -> None:
         info = torch.utils.data.get_worker_info()
         if info is not None:
-            _install_worker_streams(worker_id, info.seed - info.id, self.rank, self.world_size)
+            _install_worker_streams(
+                worker_id, _torch.worker_base_seed(info), self.rank, self.world_size
+            )
         share_batches(self.shared_batches)
         if self.user_fn is not None:
             self.user_fn(worker_id)
@@ -286,7 +289,7 @@ def worker_rng() -> np.random.Generator:
         state = _worker_state
         if state is None or state.pid != pid:
             # A worker of a plain torch DataLoader (no seed_worker): derive from torch's seed.
-            _install_worker_streams(info.id, info.seed - info.id, _current_rank(), 1)
+            _install_worker_streams(info.id, _torch.worker_base_seed(info), _current_rank(), 1)
             state = _worker_state
         assert state is not None
         return state.generator

@@ -49,6 +49,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import torch
 
+from loaderkit import _torch
 from loaderkit.errors import ConfigError, PerformanceHint, warn
 from loaderkit.hooks import call_hook
 
@@ -121,8 +122,7 @@ def _as_device(device: DeviceLike) -> torch.device:
     if isinstance(device, int):
         if device < 0:
             raise ConfigError(f"device index must be >= 0, got {device}")
-        accelerator = torch.accelerator.current_accelerator()
-        return torch.device(accelerator.type if accelerator is not None else "cuda", device)
+        return torch.device(_torch.accelerator_type() or "cuda", device)
     if isinstance(device, str):
         try:
             return torch.device(device)

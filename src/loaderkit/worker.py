@@ -33,9 +33,7 @@ Examples:
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 import mmap
 import os
 from collections.abc import Callable, Sequence
@@ -45,17 +43,13 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
-from torch.utils.data._utils import collate as torch_collate
+
+from loaderkit import _torch
+from loaderkit.wire import ALIGN, BUSY, FREE, HEADER, FallbackBatch, Leaf, SlotBatch, walk
 
 __all__ = [
-    "ALIGN",
-    "BUSY",
-    "FREE",
-    "HEADER",
-    "FallbackBatch",
     "HandoffCollate",
     "HandoffConfig",
-    "SlotBatch",
     "allocate",
     "memfd_supported",
     "share_batches",
@@ -64,12 +58,6 @@ __all__ = [
 
 logger = logging.getLogger("loaderkit")
 
-#: Slot states (one byte per slot at the start of a worker's segment).
-FREE, BUSY = 0, 1
-#: Bytes before a slot's batch: its state, padded to a page.
-HEADER = 4096
-#: Alignment of every tensor inside a slot (any dtype can be viewed at it).
-ALIGN = 64
 #: Slots are whole pages.
 _PAGE = 4096
 #: A slot grown for a bigger batch is at least this much bigger (fewer regrowths).
@@ -142,96 +130,6 @@ class HandoffConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= 256:
             raise ValueError(f"slots must be in [1, 256], got {self.slots}")
-
-
-# --------------------------------------------------------------------------- messages
-
-
-@dataclass(frozen=True)
-class Leaf:
-    """Where one tensor of a pooled batch lies in its slot.
-
-    Attributes:
-        offset: Byte offset from the start of the slot.
-        dtype: The tensor's dtype.
-        shape: The tensor's shape (the tensor is contiguous).
-    """
-
-    offset: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes the tensor occupies."""
-        return math.prod(self.shape) * _itemsize(self.dtype)
-
-
-@functools.lru_cache(maxsize=64)
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-@dataclass
-class SlotBatch:
-    """A batch in a slot, as it crosses torch's result queue (a few hundred bytes pickled).
-
-    Unpickled in the main process by ``loaderkit.handoff.receive``, which maps the segment the
-    first time (``segment`` carries its descriptor then) and returns the batch's lease.
-
-    Attributes:
-        token: The receiver (``HandoffConfig.token``).
-        worker_id: The worker that filled the slot.
-        generation: The worker's segment (a new one when slots had to grow).
-        slot: The slot number.
-        structure: The batch with each tensor replaced by its ``Leaf``.
-        copied: Some tensor had to be copied into the slot (it was made elsewhere).
-        segment: ``(descriptor, size)`` with the first batch of a slot (of a generation).
-    """
-
-    token: int
-    worker_id: int
-    generation: int
-    slot: int
-    structure: Any
-    copied: bool
-    segment: tuple[Any, int] | None = None
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        from loaderkit.handoff import receive  # the main process's side of the wire
-
-        return (
-            receive,
-            (
-                self.token,
-                self.worker_id,
-                self.generation,
-                self.slot,
-                self.structure,
-                self.copied,
-                self.segment,
-            ),
-        )
-
-
-@dataclass
-class FallbackBatch:
-    """A tensor batch sent on torch's path because no slot was free (counted by the receiver).
-
-    Attributes:
-        token: The receiver.
-        data: The batch as torch sends it.
-        reason: Why it was not pooled.
-    """
-
-    token: int
-    data: Any
-    reason: str
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        from loaderkit.handoff import receive_fallback
-
-        return (receive_fallback, (self.token, self.data, self.reason))
 
 
 # --------------------------------------------------------------------------- the pool
@@ -488,33 +386,7 @@ def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
 
 def _fill(structure: Any, values: Sequence[Any]) -> Any:
     """``structure`` with each ``_Hole`` replaced by ``values[hole.i]``."""
-    return _walk(structure, _Hole, lambda hole: values[hole.i])
-
-
-def rebuild(structure: Any, make: Callable[[Leaf], Any]) -> Any:
-    """``structure`` (from a ``SlotBatch``) with each ``Leaf`` replaced by ``make(leaf)``.
-
-    Examples:
-        >>> rebuild({"x": [Leaf(0, torch.float32, (2,))]}, lambda leaf: leaf.shape)
-        {'x': [(2,)]}
-    """
-    return _walk(structure, Leaf, make)
-
-
-def _walk(structure: Any, leaf: type, make: Callable[[Any], Any]) -> Any:
-    """``structure`` (dicts, lists, tuples, namedtuples) with each ``leaf`` replaced by ``make``."""
-    if isinstance(structure, leaf):
-        return make(structure)
-    kind = type(structure)
-    if kind is dict:
-        return {key: _walk(value, leaf, make) for key, value in structure.items()}
-    if kind is list:
-        return [_walk(value, leaf, make) for value in structure]
-    if kind is tuple:
-        return tuple(_walk(value, leaf, make) for value in structure)
-    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
-        return kind._make(_walk(value, leaf, make) for value in structure)
-    return structure
+    return walk(structure, _Hole, lambda hole: values[hole.i])
 
 
 # --------------------------------------------------------------------------- this process
@@ -551,9 +423,6 @@ def allocate(nbytes: int) -> np.ndarray | None:
     return pool.allocate(nbytes)
 
 
-_TORCH_TENSOR_COLLATE = torch_collate.default_collate_fn_map[torch.Tensor]
-
-
 def _collate_tensors_into_slot(
     batch: Sequence[torch.Tensor],
     *,
@@ -571,7 +440,9 @@ def _collate_tensors_into_slot(
         if block is not None:
             out = torch.from_numpy(block).view(elem.dtype).view(len(batch), *elem.shape)
             return torch.stack(list(batch), 0, out=out)
-    return _TORCH_TENSOR_COLLATE(batch, collate_fn_map=collate_fn_map)
+    rule = _torch.tensor_rule()
+    assert rule is not None  # installed only where torch has a rule map
+    return rule(batch, collate_fn_map=collate_fn_map)
 
 
 def _install(config: HandoffConfig) -> WorkerPool | None:
@@ -585,7 +456,7 @@ def _install(config: HandoffConfig) -> WorkerPool | None:
         return None
     _POOL = pool = WorkerPool(config, info.id)
     # torch's default_collate (and any collate_fn built on it) stacks tensors into the slot
-    torch_collate.default_collate_fn_map[torch.Tensor] = _collate_tensors_into_slot
+    _torch.install_tensor_collate(_collate_tensors_into_slot)
     return pool
 
 

@@ -600,11 +600,15 @@ class HDF5SessionDataset(Dataset):
             16384
         """
         reader = self._reader
-        if not self._item_fast or not reader.types or any(
-            rt.kind in (Kind.TEXT, Kind.RAGGED)
-            or rt.ragged_field() is not None
-            or rt.mem_dtype.hasobject
-            for rt in reader.types
+        if (
+            not self._item_fast
+            or not reader.types
+            or any(
+                rt.kind in (Kind.TEXT, Kind.RAGGED)
+                or rt.ragged_field() is not None
+                or rt.mem_dtype.hasobject
+                for rt in reader.types
+            )
         ):
             return None
         return sum(reader.row_bytes)

@@ -9,13 +9,13 @@ layouts that read slowly.
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import h5py
 import numpy as np
 
+from loaderkit import errors
 from loaderkit.errors import ConfigError, PerformanceHint, warn
 
 __all__ = [
@@ -134,9 +134,8 @@ def open_kwargs(
 
 
 def add_note(exc: BaseException, note: str) -> None:
-    """Add ``note`` to ``exc`` where Python supports notes (3.11+)."""
-    if sys.version_info >= (3, 11):
-        exc.add_note(note)
+    """Add ``note`` to ``exc`` (``loaderkit.errors.add_note``: into the message on 3.10)."""
+    errors.add_note(exc, note)
 
 
 def _dataset_names(f: h5py.File, limit: int = 25) -> list[str]:

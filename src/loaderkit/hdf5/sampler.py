@@ -34,9 +34,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import DistributedSampler
 
+from loaderkit import _torch
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, check_int
 from loaderkit.samplers import global_batch_count, global_batch_positions
@@ -208,7 +208,7 @@ class BlockShuffleSampler(DistributedSampler[int]):
         if seed is None:
             if self.num_replicas > 1:
                 return 0
-            return int(torch.empty((), dtype=torch.int64).random_().item())
+            return _torch.draw_seed()  # as RandomSampler draws its own
         return validate_seed(seed)
 
     @property

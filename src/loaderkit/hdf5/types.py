@@ -106,7 +106,7 @@ class _Columns:
         """
         dtype, total = self._layout(values.shape)
         flat, raw = alloc(1, total, _BYTE)
-        columns = np.ndarray((), dtype, buffer=raw)
+        columns: np.ndarray = np.ndarray((), dtype, buffer=raw)
         # torch's own shared storage (a worker without batch slots) needs tensor views of it;
         # anywhere else a tensor over the numpy view is the same memory, made in one call
         torch_views = get_worker_info() is not None and flat.is_shared()

@@ -1,0 +1,219 @@
+"""The hand-off's wire format: slot layout, the messages a worker sends, and who receives them.
+
+Both sides of the slot hand-off use this module: the workers (``loaderkit.worker``) lay batches
+out in slots and send ``SlotBatch``/``FallbackBatch`` messages; the main process
+(``loaderkit.handoff``) registers a receiver per iterator and turns messages back into batches.
+
+* A slot is ``HEADER`` bytes (its state byte, ``FREE`` or ``BUSY``, padded to a page), then
+  the batch, every tensor at an ``ALIGN``-byte offset.
+* A ``SlotBatch`` names its receiver (a token), the worker, the slot and, per tensor, a
+  ``Leaf`` (offset, dtype, shape) in the batch's structure; unpickled in the main process it
+  calls the receiver registered for its token (``register``). A batch whose iterator is gone
+  becomes what ``set_orphan`` says (a batch with no lease).
+
+Examples:
+    >>> rebuild({"x": [Leaf(0, torch.float32, (2,))]}, lambda leaf: leaf.shape)
+    {'x': [(2,)]}
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = [
+    "ALIGN",
+    "BUSY",
+    "FREE",
+    "HEADER",
+    "FallbackBatch",
+    "Leaf",
+    "SlotBatch",
+    "itemsize",
+    "rebuild",
+    "register",
+    "set_orphan",
+    "unregister",
+    "walk",
+]
+
+#: Slot states (one byte at the start of each slot).
+FREE, BUSY = 0, 1
+#: Bytes before a slot's batch: its state, padded to a page.
+HEADER = 4096
+#: Alignment of every tensor inside a slot (any dtype can be viewed at it).
+ALIGN = 64
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """Where one tensor of a pooled batch lies in its slot.
+
+    Attributes:
+        offset: Byte offset from the start of the slot.
+        dtype: The tensor's dtype.
+        shape: The tensor's shape (the tensor is contiguous).
+    """
+
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the tensor occupies."""
+        return math.prod(self.shape) * itemsize(self.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def itemsize(dtype: torch.dtype) -> int:
+    """Bytes per element of ``dtype``.
+
+    Examples:
+        >>> itemsize(torch.float64)
+        8
+    """
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def walk(structure: Any, leaf: type, make: Callable[[Any], Any]) -> Any:
+    """``structure`` (dicts, lists, tuples, namedtuples) with each ``leaf`` replaced by ``make``."""
+    if isinstance(structure, leaf):
+        return make(structure)
+    kind = type(structure)
+    if kind is dict:
+        return {key: walk(value, leaf, make) for key, value in structure.items()}
+    if kind is list:
+        return [walk(value, leaf, make) for value in structure]
+    if kind is tuple:
+        return tuple(walk(value, leaf, make) for value in structure)
+    if isinstance(structure, tuple) and hasattr(structure, "_fields"):
+        return kind._make(walk(value, leaf, make) for value in structure)
+    return structure
+
+
+def rebuild(structure: Any, make: Callable[[Leaf], Any]) -> Any:
+    """``structure`` (from a ``SlotBatch``) with each ``Leaf`` replaced by ``make(leaf)``."""
+    return walk(structure, Leaf, make)
+
+
+# --------------------------------------------------------------------------- receivers
+
+#: The main process's receivers by token (``loaderkit.handoff.Receiver`` registers itself).
+_RECEIVERS: dict[int, Any] = {}
+_LOCK = threading.Lock()
+#: What a slot message whose receiver is gone becomes (``loaderkit.handoff`` sets it).
+_ORPHAN: list[Callable[[Any], Any]] = []
+
+
+def register(token: int, receiver: Any) -> None:
+    """Route messages naming ``token`` to ``receiver`` (its ``receive`` and ``counts``)."""
+    with _LOCK:
+        _RECEIVERS[token] = receiver
+
+
+def unregister(token: int) -> None:
+    """Stop routing ``token`` (its iterator is done)."""
+    with _LOCK:
+        _RECEIVERS.pop(token, None)
+
+
+def registered(token: int) -> bool:
+    """Whether a receiver is registered for ``token``."""
+    return token in _RECEIVERS
+
+
+def set_orphan(make: Callable[[Any], Any]) -> None:
+    """What a slot message becomes when its receiver is gone: ``make(structure)``."""
+    _ORPHAN[:] = [make]
+
+
+def receive_slot(
+    token: int,
+    worker_id: int,
+    generation: int,
+    slot: int,
+    structure: Any,
+    copied: bool,
+    segment: tuple[Any, int] | None,
+) -> Any:
+    """Unpickle a ``SlotBatch`` in the main process: its receiver takes it."""
+    receiver = _RECEIVERS.get(token)
+    if receiver is None:
+        return _ORPHAN[0](structure) if _ORPHAN else structure
+    return receiver.receive(worker_id, generation, slot, structure, copied, segment)
+
+
+def receive_fallback(token: int, data: Any, reason: str) -> Any:
+    """Unpickle a ``FallbackBatch``: count it, return the batch as torch sent it."""
+    receiver = _RECEIVERS.get(token)
+    if receiver is not None:
+        receiver.counts.fallback += 1
+    return data
+
+
+# --------------------------------------------------------------------------- messages
+
+
+@dataclass
+class SlotBatch:
+    """A batch in a slot, as it crosses torch's result queue (a few hundred bytes pickled).
+
+    Unpickled in the main process by ``receive_slot``: its receiver maps the segment the
+    first time (``segment`` carries its descriptor then) and returns the batch's lease.
+
+    Attributes:
+        token: The receiver (``loaderkit.worker.HandoffConfig.token``).
+        worker_id: The worker that filled the slot.
+        generation: The worker's segment (a new one when slots had to grow).
+        slot: The slot number.
+        structure: The batch with each tensor replaced by its ``Leaf``.
+        copied: Some tensor had to be copied into the slot (it was made elsewhere).
+        segment: ``(descriptor, size)`` with the first batch of a slot (of a generation).
+    """
+
+    token: int
+    worker_id: int
+    generation: int
+    slot: int
+    structure: Any
+    copied: bool
+    segment: tuple[Any, int] | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            receive_slot,
+            (
+                self.token,
+                self.worker_id,
+                self.generation,
+                self.slot,
+                self.structure,
+                self.copied,
+                self.segment,
+            ),
+        )
+
+
+@dataclass
+class FallbackBatch:
+    """A tensor batch sent on torch's path because no slot was free (counted by the receiver).
+
+    Attributes:
+        token: The receiver.
+        data: The batch as torch sends it.
+        reason: Why it was not pooled.
+    """
+
+    token: int
+    data: Any
+    reason: str
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (receive_fallback, (self.token, self.data, self.reason))

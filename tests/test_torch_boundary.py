@@ -1,0 +1,250 @@
+"""Issue 27: torch's internals only behind ``loaderkit._torch``; a changed internal falls back.
+
+* A scan of the source: outside ``src/loaderkit/_torch/`` no module names a private torch
+  module, class, function or attribute, nor a private member of torch's DataLoader and its
+  iterators (collected from the installed torch itself, so a new one is caught too).
+* The probes pass on the torch this suite runs on (CI runs it on the oldest and the newest).
+* A faked change of each internal makes its piece fall back: one ``LoaderkitWarning`` naming
+  the torch version and what was turned off, a plan row, and a loader that still loads every
+  sample (with workers too).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.utils.data
+from torch.utils.data import TensorDataset
+
+import loaderkit
+from loaderkit import ConfigError, LoaderkitWarning, _torch, create_dataloader
+from loaderkit import planning as planning_module
+from loaderkit.planning import plan_loader
+from loaderkit.policy import LoaderRequest
+from tests.conftest import fake_platform
+
+SRC = Path(loaderkit.__file__).resolve().parent
+BOUNDARY = SRC / "_torch"
+
+#: Private torch modules and objects, by name.
+PRIVATE_PATTERNS = [
+    r"torch\._C\b",
+    r"torch\._utils\b",
+    r"utils\.data\._utils\b",
+    r"datapipes\b",
+    r"_new_shared",
+    r"_typed_storage",
+    r"_is_in_bad_fork",
+    r"_storage_Use_Count",
+    r"\._cdata\b",
+    r"SerializationWrapper",
+    r"DataLoaderIter\b",
+    r"torch\.accelerator\b",
+]
+
+
+def _sources() -> Iterator[tuple[Path, str]]:
+    for path in sorted(SRC.rglob("*.py")):
+        if BOUNDARY not in path.parents:
+            yield path, path.read_text()
+
+
+def _torch_private_members() -> set[str]:
+    """Private members of torch's DataLoader and its iterators, read from torch itself."""
+    from torch.utils.data import dataloader
+
+    names: set[str] = set()
+    classes = [torch.utils.data.DataLoader]
+    classes += [
+        getattr(dataloader, name)
+        for name in dir(dataloader)
+        if name.endswith("DataLoaderIter") and isinstance(getattr(dataloader, name), type)
+    ]
+    for cls in classes:
+        names.update(n for n in dir(cls) if n.startswith("_") and not n.startswith("__"))
+    loader = torch.utils.data.DataLoader(TensorDataset(torch.arange(4.0)), num_workers=1)
+    iterator = iter(loader)
+    try:
+        names.update(vars(iterator))
+        names.update(vars(loader))
+    finally:
+        iterator._shutdown_workers()  # type: ignore[attr-defined]
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_private_torch_name_outside_the_boundary() -> None:
+    found = []
+    for path, text in _sources():
+        for pattern in PRIVATE_PATTERNS:
+            for match in re.finditer(pattern, text):
+                line = text.count("\n", 0, match.start()) + 1
+                found.append(f"{path.relative_to(SRC)}:{line}: {match.group(0)}")
+    assert not found, "torch internals outside loaderkit/_torch:\n" + "\n".join(found)
+
+
+def test_no_private_member_of_torchs_loader_or_iterators_outside_the_boundary() -> None:
+    members = _torch_private_members()
+    assert {"_index_sampler", "_get_iterator", "_iterator", "_workers", "_shutdown_workers"} <= (
+        members
+    )
+    pattern = re.compile(r"\.(" + "|".join(sorted(map(re.escape, members))) + r")\b")
+    found = []
+    for path, text in _sources():
+        for match in pattern.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            found.append(f"{path.relative_to(SRC)}:{line}: {match.group(0)}")
+    assert not found, "private members of torch's DataLoader used outside the boundary:\n" + (
+        "\n".join(found)
+    )
+
+
+def test_each_boundary_module_says_which_torch_releases_it_was_checked_on() -> None:
+    for path in sorted(BOUNDARY.glob("*.py")):
+        if path.name in ("__init__.py", "probes.py"):
+            continue
+        text = path.read_text()
+        assert "Checked on torch" in text, path.name
+        for release in _torch.CHECKED_ON:
+            assert release in text, (path.name, release)
+
+
+def test_every_probe_passes_on_this_torch() -> None:
+    support = _torch.refresh()
+    assert support.failed == (), support.describe()
+    assert support.tested, support.version
+
+
+def test_the_plan_names_the_torch_and_what_it_checked() -> None:
+    loader = create_dataloader(list(range(4)))
+    row = loader.plan["torch"]
+    assert row.value == torch.__version__
+    assert "tested" in row.reason and "checked" in row.reason
+
+
+# ------------------------------------------------------------------- a changed internal
+
+
+@pytest.fixture
+def changed_torch(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
+    """Lets a test change torch, then re-probes; everything is restored afterwards."""
+    monkeypatch.setattr(planning_module, "_WARNED_FALLBACKS", set())
+    yield monkeypatch
+    monkeypatch.undo()
+    _torch.refresh()
+
+
+def _load_with_fallback(workers: int, **kwargs: Any) -> tuple[Any, list[Any], list[Any]]:
+    _torch.refresh()
+    data = TensorDataset(torch.arange(40.0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = create_dataloader(data, batch_size=4, num_workers=workers, **kwargs)
+        again = create_dataloader(data, batch_size=4, num_workers=workers, **kwargs)
+    batches = [b for (b,) in loader]
+    loader.close()
+    again.close()
+    return loader, batches, [w for w in caught if issubclass(w.category, LoaderkitWarning)]
+
+
+def _check_fallback(loader: Any, batches: list[Any], caught: list[Any], piece: str) -> None:
+    assert torch.equal(torch.cat(batches), torch.arange(40.0))
+    assert len(caught) == 1, [str(w.message) for w in caught]  # once per process
+    message = str(caught[0].message)
+    assert torch.__version__ in message and piece in message, message
+    assert piece in loader.plan["torch"].reason
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_changed_iterator_falls_back_to_torchs_own(
+    changed_torch: pytest.MonkeyPatch, workers: int
+) -> None:
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    original = _MultiProcessingDataLoaderIter._process_data
+
+    def _process_data(self: Any, data: Any, *worker_idx: Any, new_flag: bool = False) -> Any:
+        return original(self, data, *worker_idx)  # a torch whose method grew an argument
+
+    changed_torch.setattr(_MultiProcessingDataLoaderIter, "_process_data", _process_data)
+    loader, batches, caught = _load_with_fallback(workers)
+    _check_fallback(loader, batches, caught, "iterators")
+    if workers:
+        assert loader.plan["handoff"].value == "torch"
+    state = loader.state_dict()  # batches are still counted for the caller
+    assert (state["epoch"], state["batches_yielded"]) == (1, 0)
+
+
+def test_a_changed_iterator_refuses_nothing_but_a_mid_epoch_resume_it_cannot_skip(
+    changed_torch: pytest.MonkeyPatch,
+) -> None:
+    changed_torch.setattr(
+        _torch.probes, "PIECES", {**_torch.PIECES, "loader hooks": (lambda: "faked", "torch's")}
+    )
+    _torch.refresh()
+    with pytest.warns(LoaderkitWarning, match="loader hooks"):
+        loader = create_dataloader(list(range(8)), batch_size=2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    assert state["batches_yielded"] == 1
+    fresh = create_dataloader(list(range(8)), batch_size=2)
+    with pytest.raises(ConfigError, match="cannot resume at batch 1"):
+        fresh.load_state_dict(state)
+
+
+def test_storages_that_do_not_count_turn_the_slot_pool_off(
+    changed_torch: pytest.MonkeyPatch,
+) -> None:
+    # a torch whose storages no longer count their tensors (torch's own path does not ask)
+    changed_torch.setattr(torch._C, "_storage_Use_Count", lambda cdata: 1)
+    loader, batches, caught = _load_with_fallback(2)
+    _check_fallback(loader, batches, caught, "slot storage")
+    assert loader.plan["handoff"].value == "torch"
+    assert "slot storage" in loader.plan["handoff"].reason
+
+
+def test_a_changed_queue_creation_turns_the_direct_queues_off(
+    changed_torch: pytest.MonkeyPatch,
+) -> None:
+    from loaderkit._torch import iterators
+
+    changed_torch.setattr(iterators, "direct_queues_probe", lambda: "faked")
+    changed_torch.setattr(
+        _torch.probes, "PIECES", {**_torch.PIECES, "direct queues": (lambda: "faked", "mp")}
+    )
+    loader, batches, caught = _load_with_fallback(2)
+    _check_fallback(loader, batches, caught, "direct queues")
+    assert loader.plan["handoff"].value.startswith("slot pool")  # the pool itself stays
+
+
+# ----------------------------------------------------------------- arguments per torch
+
+
+def test_an_argument_an_older_torch_lacks_is_never_passed_when_unset() -> None:
+    old = fake_platform(
+        torch_version="2.4.1", torch_loader_args=_torch.loader_parameters() - {"in_order"}
+    )
+    for asked in ({}, {"in_order": True}):
+        request = LoaderRequest(batch_size=2, **asked)  # type: ignore[arg-type]
+        assert "in_order" not in plan_loader(list(range(8)), request, old).torch_kwargs
+        loader = create_dataloader(list(range(8)), batch_size=2, platform=old, **asked)
+        assert loader.in_order is True  # the attribute frameworks rebuild from is still there
+        assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    current = plan_loader(list(range(8)), LoaderRequest(batch_size=2), fake_platform())
+    assert "in_order" in current.torch_kwargs  # a torch that has it gets it
+
+
+def test_an_argument_an_older_torch_cannot_honour_is_a_config_error() -> None:
+    old = fake_platform(
+        torch_version="2.5.1", torch_loader_args=_torch.loader_parameters() - {"in_order"}
+    )
+    with pytest.raises(ConfigError) as info:
+        create_dataloader(list(range(8)), batch_size=2, in_order=False, platform=old)
+    message = str(info.value)
+    assert "in_order=False" in message and "torch 2.6" in message and "2.5.1" in message
