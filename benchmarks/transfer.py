@@ -43,7 +43,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from loaderkit.errors import LoaderkitWarning
-from loaderkit.transfer import DevicePrefetcher, to_device
+from loaderkit.prefetch import DevicePrefetcher
+from loaderkit.transfer import to_device
 
 __all__ = ["main", "run_benchmark"]
 

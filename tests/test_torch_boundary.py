@@ -46,6 +46,7 @@ PRIVATE_PATTERNS = [
     r"SerializationWrapper",
     r"DataLoaderIter\b",
     r"torch\.accelerator\b",
+    r"\._(?:indices|values)\(",
 ]
 
 

@@ -26,7 +26,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 from torch.utils.data import DataLoader, TensorDataset
 
 from loaderkit.errors import ConfigError, LoaderkitWarning
-from loaderkit.transfer import DevicePrefetcher, resolve_non_blocking, to_device
+from loaderkit.prefetch import DevicePrefetcher
+from loaderkit.transfer import resolve_non_blocking, to_device
 
 META = torch.device("meta")
 
@@ -1025,7 +1026,7 @@ def test_protocol_to_objects_that_say_they_are_pageable(fake_cuda: FakeBackend) 
 
 
 def test_pageable_detection_walks_what_to_device_walks() -> None:
-    from loaderkit.transfer import _holds_pageable_memory
+    from loaderkit.transfer import holds_pageable_memory as _holds_pageable_memory
 
     pinned = torch.ones(1).as_subclass(FakeHostTensor)
     pageable = torch.ones(1).as_subclass(FakePageableHostTensor)

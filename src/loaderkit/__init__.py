@@ -22,6 +22,7 @@ from loaderkit.loader import DataLoader
 from loaderkit.plan import Plan, PlanEntry
 from loaderkit.platform import PlatformInfo, detect_platform
 from loaderkit.policy import recommended_num_workers
+from loaderkit.prefetch import DevicePrefetcher
 from loaderkit.resources import LeakCheck
 from loaderkit.seeding import (
     DeterminismReport,
@@ -31,7 +32,7 @@ from loaderkit.seeding import (
     seed_worker,
     worker_rng,
 )
-from loaderkit.transfer import DevicePrefetcher, to_device
+from loaderkit.transfer import to_device
 
 __version__ = "0.1.0"
 

@@ -44,7 +44,7 @@ from loaderkit._torch.collate import (
 )
 from loaderkit._torch.cuda import in_bad_fork
 from loaderkit._torch.datapipes import as_sent_to_workers
-from loaderkit._torch.devices import accelerator_type
+from loaderkit._torch.devices import accelerator_type, record_stream
 from loaderkit._torch.iterators import (
     IteratorParts,
     PassHooks,
@@ -113,6 +113,7 @@ __all__ = [
     "parse_version",
     "parts",
     "pin_memory",
+    "record_stream",
     "refresh",
     "shutdown_workers",
     "storage_from_fd",

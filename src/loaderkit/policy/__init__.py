@@ -1,0 +1,71 @@
+"""Policies: pure functions from (requested arguments, platform) to the values a loader uses.
+
+Nothing here reads the machine, creates processes or emits warnings. Each policy returns a
+``Decision`` (value + one-line reason); ``resolve`` applies them all to a
+``LoaderRequest`` and returns a ``Resolution`` holding the plan entries and the
+warning texts for the caller to emit. Because every input is explicit, Windows, macOS, Python
+3.14 and CUDA behaviour are tested on any machine by passing a different
+``PlatformInfo``.
+
+The rule throughout: **explicit wins**. A policy fills a value only when the caller left it
+unset (``None`` for loaderkit's own defaults); torch's own values reproduce torch's behaviour.
+The one exception is the Windows zero-worker policy (opt out with
+``force_zero_workers_on_windows=False``).
+
+Modules: ``request`` (the request, facts, decisions and the resolution), ``workers`` (worker
+count, persistence, start method, torch's threads, the hand-off, what spawn pickles),
+``sampling`` (shuffling, samplers, sharding, seeds), ``resolve`` (all of them in order, pinning
+and collation).
+
+Examples:
+    >>> from loaderkit.platform import detect_platform
+    >>> resolve(LoaderRequest(training=True), DatasetFacts(), detect_platform()).values["shuffle"]
+    True
+"""
+
+from __future__ import annotations
+
+from loaderkit.policy.request import (
+    DatasetFacts,
+    Decision,
+    LoaderRequest,
+    Resolution,
+    SamplerChoice,
+    TorchArguments,
+    torch_arguments,
+)
+from loaderkit.policy.resolve import resolve, resolve_pin_memory
+from loaderkit.policy.sampling import resolve_shuffle
+from loaderkit.policy.workers import (
+    HANDOFF_HELD,
+    MAX_AUTO_WORKERS,
+    SENT_TO_WORKERS,
+    recommended_num_workers,
+    resolve_handoff,
+    resolve_main_threads,
+    resolve_num_workers,
+    resolve_persistent_workers,
+    unpicklable_is_error,
+)
+
+__all__ = [
+    "HANDOFF_HELD",
+    "MAX_AUTO_WORKERS",
+    "SENT_TO_WORKERS",
+    "DatasetFacts",
+    "Decision",
+    "LoaderRequest",
+    "Resolution",
+    "SamplerChoice",
+    "TorchArguments",
+    "recommended_num_workers",
+    "resolve",
+    "resolve_handoff",
+    "resolve_main_threads",
+    "resolve_num_workers",
+    "resolve_persistent_workers",
+    "resolve_pin_memory",
+    "resolve_shuffle",
+    "torch_arguments",
+    "unpicklable_is_error",
+]

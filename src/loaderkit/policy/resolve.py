@@ -1,0 +1,176 @@
+"""``resolve``: every policy applied to one request, in order; pinning and collation.
+
+See ``loaderkit.policy``.
+"""
+
+from __future__ import annotations
+
+from loaderkit.collate import collate
+from loaderkit.distributed import DistInfo
+from loaderkit.errors import ConfigError
+from loaderkit.plan import UNSET
+from loaderkit.platform import PlatformInfo
+from loaderkit.policy.request import (
+    DatasetFacts,
+    Decision,
+    Draft,
+    LoaderRequest,
+    Resolution,
+    asked,
+)
+from loaderkit.policy.sampling import resolve_sampler, resolve_seeds, resolve_shuffle
+from loaderkit.policy.workers import (
+    decide_start_method,
+    resolve_handoff,
+    resolve_main_threads,
+    resolve_workers,
+)
+
+__all__ = ["resolve", "resolve_pin_memory"]
+
+
+def resolve_pin_memory(
+    requested: bool | None, platform: PlatformInfo, pin_memory_device: str = ""
+) -> Decision[bool]:
+    """Decide ``pin_memory``: unset means True exactly when CUDA is usable in this process.
+
+    Usable means available (``platform.cuda_available``) and not in a process forked after its
+    parent initialised CUDA (``platform.cuda_bad_fork``): there the first pinned batch would
+    raise "Cannot re-initialize CUDA in forked subprocess", so pinning stays off, as in torch.
+    A ``pin_memory_device`` given without ``pin_memory`` is torch's explicit "configured, not
+    pinning" combination, so it keeps torch's default (False).
+
+    Examples:
+        >>> from dataclasses import replace
+        >>> from loaderkit.platform import detect_platform
+        >>> gpu = replace(detect_platform(), cuda_available=True, cuda_bad_fork=False)
+        >>> resolve_pin_memory(None, gpu).value
+        True
+        >>> resolve_pin_memory(None, replace(gpu, cuda_bad_fork=True)).value
+        False
+    """
+    if requested is not None:
+        return Decision(bool(requested), "as given")
+    if pin_memory_device:
+        return Decision(False, "pin_memory_device given without pin_memory: torch's default")
+    if platform.cuda_available and platform.cuda_bad_fork:
+        return Decision(
+            False,
+            "CUDA cannot be initialised in this process (forked after the parent initialised "
+            "CUDA): pinning would fail at the first batch",
+        )
+    if platform.cuda_available:
+        return Decision(True, "CUDA is available: pinned batches copy to the GPU asynchronously")
+    return Decision(False, "no CUDA device: pinning would only cost time")
+
+
+def resolve(
+    request: LoaderRequest,
+    facts: DatasetFacts,
+    platform: PlatformInfo,
+    dist: DistInfo | None = None,
+) -> Resolution:
+    """Apply every policy to a request.
+
+    Args:
+        request: The caller's arguments.
+        facts: What the policies need to know about the dataset.
+        platform: The platform to decide for.
+        dist: The distributed placement (not distributed when ``None``).
+
+    Returns:
+        The ``Resolution``: torch keyword values, plan entries and warning texts.
+
+    Raises:
+        ConfigError: For values no policy can make work (``num_workers="many"``,
+            ``shuffle="block"`` on a plain dataset, ``distributed=True`` without a process
+            group, ``sample_seeding`` on an iterable dataset).
+
+    Examples:
+        >>> from loaderkit.platform import detect_platform
+        >>> res = resolve(LoaderRequest(training=True), DatasetFacts(), detect_platform())
+        >>> res.values["shuffle"]
+        True
+    """
+    if request.training not in (None, True, False):
+        raise ConfigError(f"training={request.training!r}: expected True, False or None")
+    dist = dist or DistInfo(initialized=False)
+    passed_through = (
+        "batch_size",
+        "sampler",
+        "batch_sampler",
+        "collate_fn",
+        "drop_last",
+        "worker_init_fn",
+        "generator",
+        "pin_memory_device",
+        "in_order",
+    )
+    res = Draft(values={name: getattr(request, name) for name in passed_through}, dist=dist)
+
+    resolve_workers(request, platform, dist, res)
+    decide_start_method(platform, res)
+
+    shuffle = resolve_shuffle(
+        request.shuffle,
+        training=request.training,
+        iterable=facts.iterable,
+        has_sampler=request.sampler is not None,
+        has_batch_sampler=request.batch_sampler is not None,
+    )
+    res.values["shuffle"] = shuffle.value
+    res.record("shuffle", asked(request.shuffle), shuffle.value, shuffle.reason)
+    resolve_sampler(request, facts, dist, shuffle.value, res)
+
+    resolve_seeds(request, facts, res)
+    if request.sample_seeding and dist.accelerate:
+        res.warnings.append(
+            "sample_seeding=True in an Accelerate job: accelerator.prepare(loader) rebuilds it "
+            "as a plain torch DataLoader, which has no per-sample seeding. Iterate this loader "
+            "directly (distributed=True shards it between processes) to keep it."
+        )
+
+    pin = resolve_pin_memory(request.pin_memory, platform, request.pin_memory_device)
+    res.values["pin_memory"] = pin.value
+    res.record("pin_memory", asked(request.pin_memory), pin.value, pin.reason)
+    if facts.has_getitems and not facts.iterable:
+        res.record(
+            "batched_reads",
+            UNSET,
+            True,
+            f"{facts.type_name} defines __getitems__: each batch is read with one call",
+        )
+    _resolve_collate(request, facts, res)
+    workers = res.values.get("num_workers")
+    if isinstance(workers, int) and workers > 0:
+        handoff = resolve_handoff(
+            platform, res.values.get("prefetch_factor"), pin_memory=bool(pin.value)
+        )
+        res.handoff_slots = handoff.value
+        path = f"slot pool ({handoff.value} per worker)" if handoff.value else "torch"
+        res.record("handoff", UNSET, path, handoff.reason)
+        threads = resolve_main_threads(platform, workers)
+        res.main_threads = threads.value
+        kept = "kept" if platform.torch_threads is None else platform.torch_threads
+        res.record("main_threads", UNSET, threads.value or kept, threads.reason)
+    return res.freeze()
+
+
+def _resolve_collate(request: LoaderRequest, facts: DatasetFacts, res: Draft) -> None:
+    """Record the dataset's read path; keep a batch read natively as it is (no re-stack)."""
+    if facts.read_path is None or facts.iterable:
+        return
+    path, reason = facts.read_path
+    batching = request.batch_size is not None or request.batch_sampler is not None
+    if request.sample_seeding and path == "per-sample":
+        reason += "; sample_seeding reads each index alone"
+    res.record("read_path", UNSET, path, reason)
+    if path == "batch-native" and batching and request.collate_fn is None:
+        res.values["collate_fn"] = collate
+        res.record(
+            "collate_fn",
+            None,
+            "loaderkit.collate",
+            "batches read natively are already one tensor: returned as is (no split and "
+            "re-stack); anything else goes to default_collate",
+        )
