@@ -361,9 +361,9 @@ def _build(name: str, paths: list[Path], params: Params, workers: int) -> tuple[
         sample_seeding="sample_seeding" in name,
         num_workers=workers,
         persistent_workers=workers > 0,
+        # torch's row: every batch a new shared-memory segment, as torch does
+        handoff="torch" if name == TORCH_HANDOFF else "auto",
     )
-    if name == TORCH_HANDOFF:
-        loader._handoff_slots = 0  # every batch a new shared-memory segment, as torch does
     if name in PREFETCHED:
         return loaderkit.DevicePrefetcher(loader, params.device), loader
     return loader, loader

@@ -744,9 +744,17 @@ class FakeStream:
 class FakeEvent:
     def __init__(self, number: int) -> None:
         self.number = number
+        self.done = True  # a copy completes at once unless a test says otherwise
 
     def record(self, stream: FakeStream) -> None:
         LOG.append(("record", self.number, stream.name))
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        LOG.append(("synchronize", self.number))
+        self.done = True
 
 
 class FakeBackend:

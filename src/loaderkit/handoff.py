@@ -8,11 +8,12 @@ tensors over that storage; every tensor, view and slice of the batch holds it. `
 the iterator at every ``next``) sets a lent slot ``FREE`` again only when nothing but this
 module refers to its storage: no tensor (the storage's use count) and no Python reference to the
 storage object itself (its reference count). So a slot is reused only once nothing can see the
-batch any more. With
-``pin_memory=True`` torch's pin-memory thread asks the message to pin itself: when the segment
-was registered with CUDA (``cudaHostRegister``, once, when mapped) the batch is already pinned
-and is returned as it is; otherwise it is copied into pinned memory, and the slot is free as
-soon as the copy is done.
+batch any more. A loop that keeps its batches gets them copied out of their slots past the
+slots it may hold (``Receiver``), so workers never run short. With ``pin_memory=True`` torch's
+pin-memory thread asks the message to pin itself: a slot registered with CUDA
+(``cudaHostRegister``, once, when mapped) is returned as it is only while a
+``DevicePrefetcher`` consumes (it orders the slot's reuse after its copies); otherwise the
+batch is copied into torch's pinned memory, and the slot is free as soon as the copy is done.
 
 ``HandoffStats`` (``loader.handoff_stats()``) counts what took which path.
 
@@ -36,10 +37,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from loaderkit import _torch, wire
-from loaderkit.wire import FREE, HEADER, Leaf, itemsize, rebuild
+from loaderkit.wire import ALIGN, FREE, HEADER, Leaf, itemsize, rebuild
 
 __all__ = [
     "HandoffCounts",
@@ -73,7 +75,11 @@ class HandoffStats:
             requiring grad), sent by torch as they are.
         slots: Slots per worker (0 with torch's path).
         slot_bytes: Size of the largest slot mapped so far.
-        pinned: Slots registered as pinned memory (CUDA hosts with ``pin_memory=True``).
+        pinned: Slots registered as pinned memory (CUDA hosts with ``pin_memory=True``); only
+            ``DevicePrefetcher`` reads them directly, which orders their reuse after its copies.
+        kept: Of the pooled batches, those copied out of their slot in this process because
+            the loop was keeping more batches than the slots it may hold (the slot went back
+            to its worker at once; the copy is the loop's to keep, with no descriptor).
 
     Examples:
         >>> HandoffStats("slots", 10, 9, 1, 1, 0, 5, 1 << 20, False).other
@@ -89,6 +95,7 @@ class HandoffStats:
     slots: int
     slot_bytes: int
     pinned: bool
+    kept: int = 0
 
 
 class HandoffCounts:
@@ -106,6 +113,7 @@ class HandoffCounts:
         self.fallback = 0
         self.slot_bytes = 0
         self.pinned = False
+        self.kept = 0
 
     def snapshot(self, path: str, slots: int) -> HandoffStats:
         """The counts now, as a frozen ``HandoffStats``."""
@@ -120,6 +128,7 @@ class HandoffCounts:
             slots,
             self.slot_bytes,
             self.pinned,
+            self.kept,
         )
 
 
@@ -234,14 +243,30 @@ class Received:
         storage, self.storage = self.storage, None
         if storage is None:
             raise RuntimeError("loaderkit: this batch was already handed out or its loader closed")
+        return rebuild(self.structure, lambda leaf: _over(storage, leaf))
 
-        def tensor(leaf: Leaf) -> torch.Tensor:
-            size = itemsize(leaf.dtype)
-            out = torch.empty(0, dtype=leaf.dtype)
-            offset = (HEADER + leaf.offset) // size
-            return out.set_(storage, offset, leaf.shape, _strides(leaf.shape))
+    def copy_out(self) -> Any:
+        """The batch copied into this process's own memory (one allocation); the slot is idle.
 
-        return rebuild(self.structure, tensor)
+        For a batch the loop may keep: it holds no part of the slot and no descriptor.
+        """
+        storage, self.storage = self.storage, None
+        if storage is None:
+            raise RuntimeError("loaderkit: this batch was already handed out or its loader closed")
+        leaves: list[Leaf] = []
+        rebuild(self.structure, leaves.append)
+        offsets, total = [], 0
+        for leaf in leaves:
+            offsets.append(total)
+            total += -(-leaf.nbytes // ALIGN) * ALIGN
+        # numpy asks for huge pages on large allocations: fewer page faults than torch.empty
+        block = torch.from_numpy(np.empty(max(total, 1), np.uint8))
+        copies: dict[int, torch.Tensor] = {}
+        for leaf, offset in zip(leaves, offsets, strict=True):
+            out = block[offset : offset + leaf.nbytes].view(leaf.dtype).view(leaf.shape)
+            out.copy_(_over(storage, leaf))
+            copies[id(leaf)] = out
+        return rebuild(self.structure, lambda leaf: copies[id(leaf)])
 
     def pin_memory(self, device: Any = None) -> Any:
         """What torch's pin-memory thread gets: pinned slots as they are, else a pinned copy."""
@@ -249,6 +274,13 @@ class Received:
         if self.pinned:
             return batch
         return _torch.pin_memory(batch, device)  # the slot is idle once the copy is made
+
+
+def _over(storage: torch.UntypedStorage, leaf: Leaf) -> torch.Tensor:
+    """The tensor ``leaf`` describes, over the slot's storage."""
+    size = itemsize(leaf.dtype)
+    out = torch.empty(0, dtype=leaf.dtype)
+    return out.set_(storage, (HEADER + leaf.offset) // size, leaf.shape, _strides(leaf.shape))
 
 
 def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -263,15 +295,34 @@ def _strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 class Receiver:
     """Maps the slots of one iterator's workers, lends them out and frees them when idle.
 
+    A worker's slots are ``prefetch_factor`` for the batches in flight plus ``hold`` for the
+    batches the loop holds. When the loop already holds ``hold`` batches of a worker in slots (it
+    keeps what it receives: an evaluation set, a replay buffer), the next batch of that worker
+    is copied out of its slot here (``Received.copy_out``, counted as ``kept``) and the slot goes
+    back at once: the worker never runs out of slots, and a kept batch holds no descriptor.
+
+    Slots registered with CUDA (``pin``) are lent as pinned batches only while
+    ``lend_pinned`` is on: ``DevicePrefetcher`` turns it on for its iterator, because it issues
+    the copies itself and keeps each source batch until its copy's event has completed, so a
+    slot is never written again while a copy queued from it may still read it. Otherwise the
+    pin-memory thread copies the batch into torch's caching pinned memory (whose allocator
+    orders reuse after the copies queued from it) and the slot is free once that copy is made.
+
     Args:
         counts: Where to count (the loader's ``HandoffCounts``).
         pin: A ``PinBackend`` when slots should be pinned once mapped (CUDA hosts with
             ``pin_memory=True``), else ``None``.
+        hold: Slots of a worker the loop may hold before batches are copied out (``None``:
+            never copy out).
     """
 
-    def __init__(self, counts: HandoffCounts, pin: Any | None = None) -> None:
+    def __init__(
+        self, counts: HandoffCounts, pin: Any | None = None, hold: int | None = None
+    ) -> None:
         self.counts = counts
         self.pin = pin
+        self.hold = hold
+        self.lend_pinned = False
         self.token = secrets.randbits(62)
         self.slots: dict[tuple[int, int], _Mapped] = {}
         self.lent: dict[tuple[int, int, int], _Mapped] = {}
@@ -285,8 +336,12 @@ class Receiver:
         structure: Any,
         copied: bool,
         segment: tuple[Any, int] | None,
-    ) -> Received:
-        """Map the slot if it is new, lend it out, and return the batch before materializing."""
+    ) -> Any:
+        """Map the slot if it is new, lend it out, and return the batch before materializing.
+
+        Returns a ``Received`` (the batch in its lent slot), or the batch already copied out
+        when the loop holds ``hold`` slots of this worker.
+        """
         key = (worker_id, slot)
         if segment is not None:
             carrier, size = segment
@@ -304,10 +359,23 @@ class Receiver:
                 f"loaderkit: worker {worker_id} sent slot {slot} of a segment this process "
                 "never mapped (a message was lost); please report this"
             )
-        self.lent[(worker_id, slot, generation)] = known
         self.counts.pooled += 1
         self.counts.copied += bool(copied)
-        return Received(known.storage, structure, known.pinned)
+        if self.hold is not None and self._held(worker_id) >= self.hold:
+            batch = Received(known.storage, structure, False).copy_out()
+            self.counts.kept += 1
+            known.free()  # nothing refers to the slot: the copy is this process's memory
+            return batch
+        self.lent[(worker_id, slot, generation)] = known
+        return Received(known.storage, structure, known.pinned and self.lend_pinned)
+
+    def _held(self, worker_id: int) -> int:
+        """Slots of ``worker_id`` still referred to outside this module (the loop holds them)."""
+        return sum(
+            1
+            for (w, _, _), mapped in list(self.lent.items())
+            if w == worker_id and not mapped.idle()
+        )
 
     def poll(self) -> int:
         """Free every lent slot nothing refers to any more; return how many were freed."""

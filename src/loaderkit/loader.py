@@ -149,6 +149,11 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             ``ElasticSampler``, whose global batches do not depend on the world size; without
             one: ``DistributedSampler``; ``training=False``: an exact shard with no padded
             duplicates). ``True`` requires a process group; ``False`` never shards.
+        handoff: How batches cross from worker processes (docs/handoff.md): ``"auto"``
+            (loaderkit's long-lived slots where they work, torch's hand-off elsewhere),
+            ``"slots"`` (the slots, or a ``ConfigError`` where they cannot work) or
+            ``"torch"`` (torch's own: a new shared-memory segment per batch; rules the slots
+            out while debugging). The plan's ``handoff`` row says what is used and why.
         platform: A ``PlatformInfo`` to plan for instead of detecting this
             machine (tests; "what would happen on Windows?").
 
@@ -202,6 +207,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         sample_seeding: bool = False,
         force_zero_workers_on_windows: bool = True,
         distributed: bool | str = "auto",
+        handoff: Literal["auto", "slots", "torch"] = "auto",
         platform: PlatformInfo | None = None,
     ) -> None:
         if isinstance(worker_init_fn, WorkerInit):
@@ -229,6 +235,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self.sample_seeding = bool(sample_seeding)
         self.force_zero_workers_on_windows = force_zero_workers_on_windows
         self.distributed = distributed
+        self.handoff = handoff
         self.platform = platform
         self._defer_sharding = setup.defers_sharding
         self._owns_generator = setup.owns_generator

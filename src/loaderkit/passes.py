@@ -30,6 +30,7 @@ from loaderkit import _torch
 from loaderkit.collate_context import CollateWithContext
 from loaderkit.deaths import WorkerDeath, death_message, deaths_in_message, is_worker_death_error
 from loaderkit.handoff import HandoffCounts, PinBackend, Received, Receiver
+from loaderkit.policy import HANDOFF_HELD
 from loaderkit.queues import DirectContext, direct_writes_possible
 from loaderkit.resume import PassRecord
 from loaderkit.threads import ThreadLimit
@@ -81,9 +82,19 @@ class LoaderPass(_torch.PassHooks):
             fn = CollateWithContext(fn)
         if self.slots and self.counts is not None and workers > 0:
             pin = PinBackend if pin_memory and PinBackend.available() else None
-            self.receiver = Receiver(self.counts, pin)
+            self.receiver = Receiver(self.counts, pin, hold=HANDOFF_HELD)
             fn = HandoffCollate(fn, HandoffConfig(self.receiver.token, self.slots))
         return fn
+
+    def lend_pinned_slots(self, enabled: bool) -> None:
+        """Lend slots registered with CUDA as they are (``DevicePrefetcher``: it orders reuse).
+
+        Only a consumer that issues the copies itself and keeps each source batch until its
+        copy has completed may turn this on; anywhere else pinned batches are copied into
+        torch's caching pinned memory, whose allocator orders reuse after the copies.
+        """
+        if self.receiver is not None:
+            self.receiver.lend_pinned = enabled
 
     def queue_context(self, context: Any) -> Any:
         """A ``DirectContext`` over ``context`` for slot loaders where pipes allow it."""

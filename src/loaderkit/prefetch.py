@@ -34,9 +34,11 @@ Examples:
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any, Generic, TypeVar, cast
 
@@ -91,16 +93,19 @@ class _CudaBackend:
 class _Staged:
     """A batch staged for hand-out.
 
-    Its copy is queued on the side stream (``event`` set), or it is copied on the consumer
-    stream when it is handed out (``event`` is ``None``).
+    Its copy is queued on the side stream (``event`` set, ``source`` the batch it reads), or it
+    is copied on the consumer stream when it is handed out (``event`` is ``None``).
     """
 
-    __slots__ = ("batch", "event", "tensors")
+    __slots__ = ("batch", "event", "source", "tensors")
 
-    def __init__(self, batch: Any, event: Any, tensors: list[torch.Tensor]) -> None:
+    def __init__(
+        self, batch: Any, event: Any, tensors: list[torch.Tensor], source: Any = None
+    ) -> None:
         self.batch = batch
         self.event = event
         self.tensors = tensors
+        self.source = source
 
 
 _END = object()
@@ -278,13 +283,19 @@ class DevicePrefetcher(Generic[T]):
             moved = move(batch, device, self.non_blocking, produced=produced)
             event = backend.new_event()
             event.record(stream)
-        return _Staged(moved, event, produced)
+        return _Staged(moved, event, produced, source=batch)
 
-    def _hand_out(self, staged: _Staged, device: torch.device) -> T:
+    def _hand_out(self, staged: _Staged, device: torch.device, copying: deque[Any]) -> T:
         if staged.event is None:  # a blocking copy, on the consumer stream, as a plain loop
             return cast(T, move(staged.batch, device, self.non_blocking))
         consumer = self._backend.current_stream(device)
         consumer.wait_event(staged.event)
+        # the host memory the copy reads stays referenced until the copy has completed: a
+        # loader's slot (docs/handoff.md) is not reused before, whatever the consumer does
+        copying.append((staged.event, staged.source))
+        staged.source = None
+        while copying and copying[0][0].query():
+            copying.popleft()
         for tensor in staged.tensors:
             if tensor.device == device:  # the consumer stream belongs to this device only
                 _torch.record_stream(tensor, consumer)
@@ -293,11 +304,30 @@ class DevicePrefetcher(Generic[T]):
     def _iter_cuda(self) -> Iterator[T]:
         device, stream = self._setup_cuda()
         iterator = iter(self.loader)
+        # A loaderkit loader lends its pinned slots to this prefetcher, which issues the copies
+        # from them itself and orders their reuse after those copies (``copying``).
+        lend = getattr(_torch.hooks_of(iterator), "lend_pinned_slots", None)
+        copying: deque[Any] = collections.deque()  # (event, source) of copies maybe running
+        if callable(lend):
+            lend(True)
+        try:
+            yield from self._pass_cuda(iterator, device, stream, copying)
+        finally:
+            if callable(lend):
+                lend(False)
+            while copying:  # the pass ends: its sources go once their copies are done
+                event, _ = copying.popleft()
+                event.synchronize()
+
+    def _pass_cuda(
+        self, iterator: Iterator[Any], device: torch.device, stream: Any, copying: deque[Any]
+    ) -> Iterator[T]:
         try:
             first = next(iterator)
         except StopIteration:
             return
         staged: _Staged | None = self._stage(first, device, stream)
+        del first  # the staged copy holds the source while its copy may run, nothing else
         while staged is not None:
             error: Exception | None = None
             try:
@@ -309,7 +339,7 @@ class DevicePrefetcher(Generic[T]):
             ready = staged
             staged = None if upcoming is _END else self._stage(upcoming, device, stream)
             del upcoming
-            yield self._hand_out(ready, device)
+            yield self._hand_out(ready, device, copying)
             del ready
             if error is not None:
                 raise error

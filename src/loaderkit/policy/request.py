@@ -77,6 +77,7 @@ class LoaderRequest:
     sample_seeding: bool = False
     force_zero_workers_on_windows: bool = True
     distributed: bool | str = "auto"
+    handoff: str = "auto"
 
 
 @dataclass(frozen=True)

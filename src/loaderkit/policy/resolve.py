@@ -20,6 +20,7 @@ from loaderkit.policy.request import (
 )
 from loaderkit.policy.sampling import resolve_sampler, resolve_seeds, resolve_shuffle
 from loaderkit.policy.workers import (
+    HANDOFF_CHOICES,
     decide_start_method,
     resolve_handoff,
     resolve_main_threads,
@@ -142,13 +143,19 @@ def resolve(
         )
     _resolve_collate(request, facts, res)
     workers = res.values.get("num_workers")
+    if request.handoff not in HANDOFF_CHOICES:
+        resolve_handoff(platform, None, requested=request.handoff)  # raises, naming the choices
     if isinstance(workers, int) and workers > 0:
         handoff = resolve_handoff(
-            platform, res.values.get("prefetch_factor"), pin_memory=bool(pin.value)
+            platform,
+            res.values.get("prefetch_factor"),
+            pin_memory=bool(pin.value),
+            requested=request.handoff,
         )
         res.handoff_slots = handoff.value
         path = f"slot pool ({handoff.value} per worker)" if handoff.value else "torch"
-        res.record("handoff", UNSET, path, handoff.reason)
+        asked_for = UNSET if request.handoff == "auto" else request.handoff
+        res.record("handoff", asked_for, path, handoff.reason)
         threads = resolve_main_threads(platform, workers)
         res.main_threads = threads.value
         kept = "kept" if platform.torch_threads is None else platform.torch_threads

@@ -11,6 +11,7 @@ from loaderkit.platform import PlatformInfo, resolve_start_method
 from loaderkit.policy.request import Decision, Draft, LoaderRequest, asked
 
 __all__ = [
+    "HANDOFF_CHOICES",
     "HANDOFF_HELD",
     "MAX_AUTO_WORKERS",
     "SENT_TO_WORKERS",
@@ -252,14 +253,30 @@ _SLOT_PIECES = ("loader hooks", "iterators", "slot storage")
 HANDOFF_HELD = 3
 
 
+#: What ``handoff=`` accepts: loaderkit decides, the slot pool, or torch's own hand-off.
+HANDOFF_CHOICES = ("auto", "slots", "torch")
+
+
 def resolve_handoff(
-    platform: PlatformInfo, prefetch_factor: int | None, *, pin_memory: bool = False
+    platform: PlatformInfo,
+    prefetch_factor: int | None,
+    *,
+    pin_memory: bool = False,
+    requested: str = "auto",
 ) -> Decision[int]:
     """How batches cross from workers: slots per worker of loaderkit's pool, or 0 (torch's).
 
     Each worker gets ``prefetch_factor`` slots for the batches in flight plus
-    ``HANDOFF_HELD`` for those the loop still holds; a batch that finds no free slot takes
-    torch's path (counted in ``loader.handoff_stats()``), so no batch is ever overwritten.
+    ``HANDOFF_HELD`` for those the loop still holds; a batch the loop keeps beyond those is
+    copied out of its slot in this process, so a worker never waits for a slot and no kept
+    batch holds a descriptor (``loader.handoff_stats()`` counts them). ``requested`` is the
+    ``handoff=`` argument: ``"auto"`` (the pool where it can work), ``"slots"`` (the pool, or a
+    ``ConfigError`` where it cannot work) or ``"torch"`` (torch's own hand-off: a new shared
+    memory segment per batch, e.g. to rule the pool out while debugging).
+
+    Raises:
+        ConfigError: ``requested`` is not one of ``HANDOFF_CHOICES``, or ``"slots"`` where the
+            pool cannot work.
 
     Examples:
         >>> from dataclasses import replace
@@ -267,34 +284,58 @@ def resolve_handoff(
         >>> linux = replace(detect_platform(), os_name="Linux", is_windows=False)
         >>> resolve_handoff(linux, 2).value
         5
+        >>> resolve_handoff(linux, 2, requested="torch").value
+        0
         >>> resolve_handoff(replace(linux, os_name="Darwin"), 2).value
         0
     """
+    if requested not in HANDOFF_CHOICES:
+        raise ConfigError(
+            f"handoff={requested!r}: expected one of {', '.join(map(repr, HANDOFF_CHOICES))} "
+            "('auto': loaderkit's slot pool where it works; 'torch': torch's own hand-off)."
+        )
+    if requested == "torch":
+        return Decision(
+            0,
+            "as given: torch's own hand-off (each batch a new shared-memory segment, "
+            "mapped and unmapped per batch)",
+        )
+    unavailable = None
     if platform.os_name != "Linux":
-        return Decision(
-            0,
+        unavailable = (
             f"{platform.os_name}: anonymous shared memory (memfd) is Linux-only, so each batch "
-            "is a new shared-memory segment (torch's path)",
+            "is a new shared-memory segment (torch's path)"
         )
-    changed = [p for p in _SLOT_PIECES if p in platform.torch_fallbacks]
-    if changed:
-        return Decision(
-            0,
-            f"torch {platform.torch_version} changed what the slot pool relies on "
-            f"({', '.join(changed)}): each batch is a new shared-memory segment (torch's path)",
-        )
+    else:
+        changed = [p for p in _SLOT_PIECES if p in platform.torch_fallbacks]
+        if changed:
+            unavailable = (
+                f"torch {platform.torch_version} changed what the slot pool relies on "
+                f"({', '.join(changed)}): each batch is a new shared-memory segment (torch's "
+                "path)"
+            )
+    if unavailable is not None:
+        if requested == "slots":
+            raise ConfigError(
+                f"handoff='slots' cannot work here: {unavailable}. Leave handoff unset "
+                "('auto') to use torch's hand-off where the slot pool cannot work."
+            )
+        return Decision(0, unavailable)
     slots = (prefetch_factor or 2) + HANDOFF_HELD
     pinned = (
-        "; pinned once (cudaHostRegister) so pinning copies nothing"
+        "; on CUDA, batches are pinned by torch's caching allocator (DevicePrefetcher reads "
+        "the slots, registered once, directly)"
         if pin_memory and platform.cuda_available
         else ""
     )
+    given = "as given: " if requested == "slots" else ""
     return Decision(
         slots,
-        f"each worker fills {slots} long-lived batch slots ({prefetch_factor or 2} in flight + "
-        f"{HANDOFF_HELD} held by the loop) in anonymous shared memory, mapped once here: a "
-        "batch crosses as a slot number, not a new segment; a slot is reused only once no "
-        f"tensor of its batch is alive, else the batch takes torch's path{pinned}",
+        f"{given}each worker fills {slots} long-lived batch slots ({prefetch_factor or 2} in "
+        f"flight + {HANDOFF_HELD} held by the loop) in anonymous shared memory, mapped once "
+        "here: a batch crosses as a slot number, not a new segment; a slot is reused only once "
+        "no tensor of its batch is alive, and a batch the loop keeps beyond those is copied out "
+        f"here{pinned}",
     )
 
 
