@@ -249,3 +249,54 @@ def test_an_argument_an_older_torch_cannot_honour_is_a_config_error() -> None:
         create_dataloader(list(range(8)), batch_size=2, in_order=False, platform=old)
     message = str(info.value)
     assert "in_order=False" in message and "torch 2.6" in message and "2.5.1" in message
+
+
+_CHANGED_TORCH = """
+import warnings
+import torch, torch.utils.data
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+# a torch newer than the tested range, changed in two places loaderkit relies on (and torch
+# itself does not use in its DataLoader)
+del torch._C._storage_Use_Count
+original = _MultiProcessingDataLoaderIter._process_data
+def _process_data(self, data, *worker_idx, new_flag=False):
+    return original(self, data, *worker_idx)
+_MultiProcessingDataLoaderIter._process_data = _process_data
+
+import loaderkit  # importing never fails on a changed torch
+from torch.utils.data import TensorDataset
+
+if __name__ == "__main__":
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = loaderkit.create_dataloader(
+            TensorDataset(torch.arange(64.0)), batch_size=8, num_workers=2, seed=0, training=True
+        )
+    batches = sorted(float(x) for (b,) in loader for x in b)
+    loader.close()
+    assert batches == [float(i) for i in range(64)], batches
+    ours = loaderkit.LoaderkitWarning
+    messages = [str(w.message) for w in caught if issubclass(w.category, ours)]
+    assert len(messages) == 1, messages
+    print(messages[0])
+    print("PLAN", loader.plan["torch"].reason)
+    print("HANDOFF", loader.plan["handoff"].value)
+"""
+
+
+def test_a_torch_changed_in_several_places_imports_warns_once_and_loads(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = tmp_path / "changed_torch.py"
+    script.write_text(_CHANGED_TORCH)
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert torch.__version__ in out
+    for piece in ("iterators", "slot storage"):
+        assert piece in out, out
+    assert "HANDOFF torch" in out
