@@ -131,6 +131,23 @@ def _across_ranks(values: list[int]) -> list[int]:
     return [v for part in gathered for v in part]
 
 
+def _own_children(process: psutil.Process) -> list[psutil.Process]:
+    """This rank's child processes: not the other ranks Lightning started (nor theirs).
+
+    The other ranks may still run or may already have ended, so they are told apart by their
+    ``LOCAL_RANK``, which this rank's DataLoader workers inherit from it.
+    """
+    mine = os.environ.get("LOCAL_RANK", "0")
+    own = []
+    for child in process.children(recursive=True):
+        try:
+            if "python" in child.name() and child.environ().get("LOCAL_RANK", mine) == mine:
+                own.append(child)
+        except psutil.Error:  # ended meanwhile
+            continue
+    return own
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=None)
@@ -172,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     predicted = _across_ranks([int(i) for batch in predictions for i in batch])
     process = psutil.Process()
     open_h5 = [f.path for f in process.open_files() if f.path.endswith(".hdf5")]
-    children = len([c for c in process.children(recursive=True) if "python" in c.name()])
+    children = len(_own_children(process))
     if trainer.global_rank == 0:
         exact = sorted(tested) == list(range(held_out)) == sorted(predicted)
         print(f"test accuracy: {results[0]['test_accuracy']:.3f}")
@@ -181,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             f"across {trainer.world_size} rank(s): {'exact' if exact else 'NOT exact'}"
         )
         print(f"HDF5 files open after the run: {len(open_h5)}")
-        print(f"worker processes left: {children - (trainer.world_size - 1)}")
+        print(f"worker processes left: {children}")
         return 0 if exact and not open_h5 else 1
     return 0
 

@@ -13,10 +13,11 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
-from loaderkit import worker_rng
+from loaderkit import _torch, worker_rng
 from loaderkit.resources import worker_processes
 
 # ---------------------------------------------------------------- datasets
@@ -385,3 +386,11 @@ class GlobalRandomSampler(torch.utils.data.Sampler[int]):
 
     def __iter__(self):
         yield from torch.randperm(self.n).tolist()
+
+
+#: torch's DataLoader takes ``in_order`` (torch 2.6 and later).
+TORCH_HAS_IN_ORDER = "in_order" in _torch.loader_parameters()
+#: Marks a test that passes ``in_order=False`` (an older torch refuses it: tested apart).
+needs_in_order = pytest.mark.skipif(
+    not TORCH_HAS_IN_ORDER, reason="in_order needs torch 2.6 (older: a ConfigError, tested)"
+)

@@ -26,7 +26,7 @@ from loaderkit.handoff import HandoffCounts, Receiver
 from loaderkit.wire import FREE, HEADER, SlotBatch
 from loaderkit.worker import HandoffConfig, WorkerPool
 from tests.conftest import fake_platform
-from tests.helpers import child_pids, wait_children_gone
+from tests.helpers import child_pids, needs_in_order, wait_children_gone
 
 CONTEXTS = ["fork", "spawn", "forkserver"]
 Pair = namedtuple("Pair", ["x", "y"])
@@ -176,6 +176,7 @@ def test_custom_collate_is_copied_into_a_slot() -> None:
     assert stats.pooled == 20 and stats.copied == 20
 
 
+@needs_in_order
 def test_out_of_order_and_resume() -> None:
     loader = create_dataloader(rows(), batch_size=16, num_workers=2, in_order=False)
     seen = sorted(int(y[0]) for _, y in loader)

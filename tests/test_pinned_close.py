@@ -53,10 +53,15 @@ def fake_pinning(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         pinned.append(1)
         return data
 
-    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
-    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *a, **k: _FakeCuda())
-    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
-    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:  # torch 2.6+ asks torch.accelerator
+        monkeypatch.setattr(accelerator, "is_available", lambda: True)
+        monkeypatch.setattr(accelerator, "current_accelerator", lambda *a, **k: _FakeCuda())
+        monkeypatch.setattr(accelerator, "current_device_index", lambda: 0)
+        monkeypatch.setattr(accelerator, "set_device_index", lambda index: None)
+    else:  # older torch asks torch.cuda
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch_pin_memory, "pin_memory", pin)
     yield pinned
 

@@ -30,6 +30,7 @@ from tests.helpers import (
     StatefulIterable,
     StatefulSampler,
     fetched_indices,
+    needs_in_order,
 )
 
 Factory = Callable[..., DataLoader]
@@ -518,6 +519,7 @@ def test_random_module_state_is_not_touched() -> None:
     assert (random.random(), float(np.random.rand())) == expected
 
 
+@needs_in_order
 def test_out_of_order_batches_cannot_resume_mid_pass() -> None:
     loader = augment_loader(num_workers=2, in_order=False)
     iterator = iter(loader)

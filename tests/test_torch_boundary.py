@@ -238,7 +238,7 @@ def test_an_argument_an_older_torch_lacks_is_never_passed_when_unset() -> None:
         assert loader.in_order is True  # the attribute frameworks rebuild from is still there
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     current = plan_loader(list(range(8)), LoaderRequest(batch_size=2), fake_platform())
-    assert "in_order" in current.torch_kwargs  # a torch that has it gets it
+    assert ("in_order" in current.torch_kwargs) == ("in_order" in _torch.loader_parameters())
 
 
 def test_an_argument_an_older_torch_cannot_honour_is_a_config_error() -> None:

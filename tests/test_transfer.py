@@ -25,6 +25,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 from torch.utils.data import DataLoader, TensorDataset
 
+from loaderkit import _torch
 from loaderkit.errors import ConfigError, LoaderkitWarning
 from loaderkit.prefetch import DevicePrefetcher
 from loaderkit.transfer import resolve_non_blocking, to_device
@@ -548,8 +549,7 @@ def test_device_forms() -> None:
     assert to_device(x, "meta").device.type == "meta"
     assert to_device(x, torch.device("meta")).device.type == "meta"
     assert DevicePrefetcher([], 1).device.index == 1
-    accelerator = torch.accelerator.current_accelerator()
-    expected_type = accelerator.type if accelerator is not None else "cuda"
+    expected_type = _torch.accelerator_type() or "cuda"
     assert DevicePrefetcher([], 0).device == torch.device(expected_type, 0)
 
 

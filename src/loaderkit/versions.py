@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from loaderkit._torch import ARGUMENTS_SINCE, PIECES, TESTED_FROM, TESTED_TO, parse_version
-from loaderkit.errors import ConfigError
+from loaderkit.errors import ArgumentTypeError
 from loaderkit.platform import PlatformInfo
 from loaderkit.policy import Decision
 
@@ -49,8 +49,9 @@ def fit_torch_arguments(kwargs: Mapping[str, Any], platform: PlatformInfo) -> di
         The arguments to pass.
 
     Raises:
-        ConfigError: A value this torch cannot honour, naming the argument and the release
-            that added it.
+        ArgumentTypeError: A value this torch cannot honour, naming the argument and the
+            release that added it (a ``ConfigError`` that is also the ``TypeError`` torch
+            itself raises for an argument it does not know).
     """
     accepted = platform.torch_loader_args
     if accepted is None:
@@ -64,7 +65,7 @@ def fit_torch_arguments(kwargs: Mapping[str, Any], platform: PlatformInfo) -> di
         if since is not None and value == default:
             continue  # torch's behaviour without the argument: nothing to pass
         added = f"torch {_release(since)}" if since is not None else "a newer torch"
-        raise ConfigError(
+        raise ArgumentTypeError(  # torch itself: TypeError, unexpected keyword argument
             f"{name}={value!r} needs {added}; this is torch {platform.torch_version}, whose "
             f"DataLoader has no {name!r} argument. Upgrade torch (pip install "
             f"'torch>={_release(since) if since else platform.torch_version}'), or leave "
