@@ -300,3 +300,20 @@ def test_a_torch_changed_in_several_places_imports_warns_once_and_loads(tmp_path
     for piece in ("iterators", "slot storage"):
         assert piece in out, out
     assert "HANDOFF torch" in out
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "words"),
+    [
+        ({}, "pass", "every torch internal it relies on checked"),
+        ({"torch_version": "2.15.0"}, "warn", "untested"),
+        ({"torch_fallbacks": ("slot storage",)}, "warn", "slot storage"),
+    ],
+)
+def test_doctor_says_which_torch_and_what_falls_back(
+    fields: dict[str, Any], status: str, words: str
+) -> None:
+    from loaderkit.doctor import run_checks
+
+    check = next(c for c in run_checks(fake_platform(**fields)) if c.name == "torch")
+    assert check.status == status and words in check.advice, check

@@ -11,9 +11,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from loaderkit._torch import TESTED_FROM, TESTED_TO, parse_version
 from loaderkit.budgets import check_open_file_budget, loader_fds
 from loaderkit.platform import PlatformInfo
 from loaderkit.policy import recommended_num_workers as _recommended
+from loaderkit.versions import torch_decision
 
 __all__ = ["FAIL", "PASS", "WARN", "Check", "run_checks", "software_versions"]
 
@@ -210,6 +212,22 @@ def _versions(versions: Mapping[str, str]) -> Check:
     return Check("versions", PASS, finding, "h5py is fork-safe with threads (>= 3.14)")
 
 
+def _torch(platform: PlatformInfo) -> Check:
+    decision = torch_decision(platform)
+    finding = f"torch {decision.value}"
+    if platform.torch_fallbacks:
+        return Check(
+            "torch",
+            WARN,
+            finding,
+            f"{decision.reason}. Loading works; use a torch loaderkit is tested on for the rest",
+        )
+    version = parse_version(platform.torch_version)
+    if not TESTED_FROM <= version[:2] <= TESTED_TO:
+        return Check("torch", WARN, finding, decision.reason)
+    return Check("torch", PASS, finding, decision.reason)
+
+
 def _file_locking(environ: Mapping[str, str]) -> Check:
     value = environ.get("HDF5_USE_FILE_LOCKING")
     if value is None:
@@ -257,6 +275,7 @@ def run_checks(
         _shared_memory(platform),
         _open_files(platform, max_open_files),
         _cuda(platform),
+        _torch(platform),
         _versions(software_versions() if versions is None else versions),
         _file_locking(os.environ if environ is None else environ),
     ]

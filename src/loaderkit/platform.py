@@ -138,7 +138,11 @@ class PlatformInfo:
         from dataclasses import fields
 
         width = max(len(f.name) for f in fields(self))
-        return "\n".join(f"{f.name:<{width}}  {getattr(self, f.name)!r}" for f in fields(self))
+
+        def shown(value: Any) -> str:
+            return repr(sorted(value)) if isinstance(value, frozenset) else repr(value)
+
+        return "\n".join(f"{f.name:<{width}}  {shown(getattr(self, f.name))}" for f in fields(self))
 
 
 def default_start_method(os_name: str, python_version: tuple[int, ...]) -> str:
