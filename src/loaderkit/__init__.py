@@ -31,6 +31,7 @@ from loaderkit.seeding import (
     seed_worker,
     worker_rng,
 )
+from loaderkit.sequence import SharedSequence
 from loaderkit.transfer import DevicePrefetcher, to_device
 
 __version__ = "0.1.0"
@@ -54,6 +55,7 @@ __all__ = [
     "PlatformInfo",
     "RaggedBatchError",
     "ResourceLeakError",
+    "SharedSequence",
     "__version__",
     "check_determinism",
     "create_dataloader",
