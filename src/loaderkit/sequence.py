@@ -117,8 +117,8 @@ class SharedSequence(Sequence[T_co]):
         offsets.flags.writeable = False
         self._data = data
         self._offsets = offsets
-        self._buffer = memoryview(data)
-        self._starts = memoryview(offsets)
+        self._buffer = data.data
+        self._starts = offsets.data
 
     # ------------------------------------------------------------------ sequence protocol
 
