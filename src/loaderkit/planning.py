@@ -6,18 +6,19 @@
 1. **detect** the platform (unless one is injected) and the distributed placement;
 2. **resolve** every setting with the pure policies of ``loaderkit.policy``;
 3. **check** what would otherwise fail later and obscurely: picklability for spawn/forkserver
-   workers, the open-file budget, the size of ``/dev/shm``;
+   workers, Python containers forked workers would copy as they read them (copy-on-read), the
+   open-file budget, the size of ``/dev/shm``;
 4. **build** the samplers, generator and worker initializer the plan calls for.
 
-Warnings are emitted here (as ``LoaderkitWarning``), errors raised as
-``ConfigError``; nothing starts a process.
+Warnings are emitted here (as ``LoaderkitWarning``, advice about speed and memory as
+``PerformanceHint``), errors raised as ``ConfigError``; nothing starts a process.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -31,8 +32,9 @@ from torch.utils.data.datapipes.datapipe import (
 
 from loaderkit.budgets import check_open_file_budget, check_shared_memory, fit_open_files
 from loaderkit.collate import collate
+from loaderkit.containers import survey_containers
 from loaderkit.distributed import dist_info
-from loaderkit.errors import ConfigError, warn
+from loaderkit.errors import ConfigError, PerformanceHint, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.plan import UNSET, Plan, PlanEntry, short_repr
 from loaderkit.platform import PlatformInfo, detect_platform
@@ -41,6 +43,7 @@ from loaderkit.policy import (
     LoaderRequest,
     Resolution,
     SamplerChoice,
+    advise_copy_on_read,
     resolve,
     torch_arguments,
     unpicklable_is_error,
@@ -234,10 +237,40 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> dic
 
 @dataclass
 class _Findings:
-    """What the checks add to the plan: warning texts and plan entries."""
+    """What the checks add to the plan: warning texts, hint texts and plan entries."""
 
     warnings: list[str]
     entries: list[PlanEntry]
+    hints: list[str] = field(default_factory=list)
+
+
+#: Start methods the checks know (an invalid ``multiprocessing_context`` is torch's to reject).
+_START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def _workers(res: Resolution) -> int:
+    """The resolved worker count, 0 when none (or not an int: torch rejects it)."""
+    num_workers = res.values["num_workers"]
+    ok = isinstance(num_workers, int) and res.start_method in _START_METHODS
+    return num_workers if ok and num_workers > 0 else 0
+
+
+def _check_copy_on_read(dataset: Any, res: Resolution, found: _Findings) -> None:
+    """Name the dataset's large Python containers that forked workers would each copy."""
+    num_workers = _workers(res)
+    if not num_workers:
+        return
+    try:
+        survey = survey_containers(dataset)
+    except Exception as exc:  # an exotic object in the dataset: the survey is only advice
+        logger.debug("loaderkit: copy-on-read survey failed", exc_info=True)
+        reason = f"not checked: the survey failed ({type(exc).__name__}: {exc})"
+        found.entries.append(PlanEntry("copy_on_read", UNSET, "unknown", reason))
+        return
+    advice = advise_copy_on_read(survey, res.start_method, num_workers)
+    found.entries.append(PlanEntry("copy_on_read", UNSET, advice.value, advice.reason))
+    if advice.hint is not None:
+        found.hints.append(advice.hint)
 
 
 def _check_picklable(
@@ -418,9 +451,12 @@ def plan_loader(
     if open_files is not None:
         facts = replace(facts, max_open_files=open_files)
     _check_picklable(dataset, request, res, found)
+    _check_copy_on_read(dataset, res, found)
     _check_resources(dataset, request, res, platform, facts, found, fitted=open_files is not None)
     for message in found.warnings:
         warn(message)
+    for message in found.hints:
+        warn(message, PerformanceHint)
 
     if open_files is not None:
         dataset.set_open_files(open_files)  # before the block sampler reads it (its window)
