@@ -55,3 +55,13 @@ class ReadEverything(Dataset):
             for _part in item if isinstance(item, tuple) else (item,):
                 count += 1
         return {"growth": uss() - before, "count": count, "pid": os.getpid()}
+
+
+class FreezeCount(Dataset):
+    """Each sample: how many objects the garbage collector of the producing process froze."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> int:
+        return gc.get_freeze_count()

@@ -1,8 +1,9 @@
-"""Copy-on-read: the survey of Python containers, the hint and the plan rows."""
+"""Copy-on-read: the survey of Python containers, the hint, the plan rows, gc.freeze in workers."""
 
 from __future__ import annotations
 
 import collections
+import gc
 import sys
 import warnings
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Subset, TensorDataset
+from torch.utils.data import DataLoader, Subset, TensorDataset
 
 from loaderkit import (
     HDF5SessionDataset,
@@ -21,8 +22,8 @@ from loaderkit import (
 )
 from loaderkit import containers as containers_module
 from loaderkit.containers import ContainerFinding, ContainerSurvey, survey_containers
-from loaderkit.policy import COPY_ON_READ_BYTES, advise_copy_on_read
-from tests.memory_helpers import ItemsDataset, trial_items
+from loaderkit.policy import COPY_ON_READ_BYTES, advise_copy_on_read, resolve_gc_freeze
+from tests.memory_helpers import FreezeCount, ItemsDataset, trial_items
 
 MIB = 2**20
 
@@ -238,6 +239,14 @@ def test_no_copy_on_read_hint_when_workers_unpickle_their_own_copy(method: str) 
     assert "unpickle their own copy" in advice.reason and "SharedSequence" in advice.reason
 
 
+def test_gc_freeze_policy() -> None:
+    assert resolve_gc_freeze("fork", 2).value is True
+    assert resolve_gc_freeze("forkserver", 1).value is True
+    assert "forkserver process" in resolve_gc_freeze("forkserver", 1).reason
+    assert resolve_gc_freeze("spawn", 4).value is False
+    assert resolve_gc_freeze("fork", 0).value is False
+
+
 # --------------------------------------------------------------------------- in the loader
 
 
@@ -298,3 +307,23 @@ def test_a_failing_survey_is_only_a_row(monkeypatch) -> None:
     assert hints == []
     assert loader.plan["copy_on_read"].value == "unknown"
     assert "RuntimeError: odd object" in loader.plan["copy_on_read"].reason
+
+
+@pytest.mark.parametrize(
+    ("method", "frozen"), [("fork", True), ("forkserver", True), ("spawn", False)]
+)
+def test_workers_freeze_what_they_inherit(method: str, frozen: bool) -> None:
+    with create_dataloader(
+        FreezeCount(), batch_size=None, num_workers=2, multiprocessing_context=method
+    ) as loader:
+        counts = list(loader)
+    assert loader.plan["gc_freeze"].value is frozen
+    assert all(count > 1000 for count in counts) if frozen else counts == [0, 0]
+    assert gc.get_freeze_count() == 0  # this process is left alone
+
+
+def test_torch_loaders_are_left_alone() -> None:
+    loader = DataLoader(
+        FreezeCount(), batch_size=None, num_workers=1, multiprocessing_context="fork"
+    )
+    assert list(loader) == [0, 0]

@@ -45,6 +45,7 @@ from loaderkit.policy import (
     SamplerChoice,
     advise_copy_on_read,
     resolve,
+    resolve_gc_freeze,
     torch_arguments,
     unpicklable_is_error,
 )
@@ -273,6 +274,16 @@ def _check_copy_on_read(dataset: Any, res: Resolution, found: _Findings) -> None
         found.hints.append(advice.hint)
 
 
+def _plan_gc_freeze(res: Resolution, found: _Findings) -> bool:
+    """Whether workers freeze what they inherited from the garbage collector (plan row)."""
+    num_workers = _workers(res)
+    if not num_workers:
+        return False
+    decision = resolve_gc_freeze(res.start_method, num_workers)
+    found.entries.append(PlanEntry("gc_freeze", UNSET, decision.value, decision.reason))
+    return decision.value
+
+
 def _check_picklable(
     dataset: Any, request: LoaderRequest, res: Resolution, found: _Findings
 ) -> None:
@@ -452,6 +463,7 @@ def plan_loader(
         facts = replace(facts, max_open_files=open_files)
     _check_picklable(dataset, request, res, found)
     _check_copy_on_read(dataset, res, found)
+    freeze_gc = _plan_gc_freeze(res, found)
     _check_resources(dataset, request, res, platform, facts, found, fitted=open_files is not None)
     for message in found.warnings:
         warn(message)
@@ -469,6 +481,7 @@ def plan_loader(
         world_size=dist.world_size,
         user_fn=request.worker_init_fn,
         shared_batches=res.values.get("collate_fn") is collate,
+        freeze_gc=freeze_gc,
     )
     seeder = None
     if request.sample_seeding:
