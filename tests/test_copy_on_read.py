@@ -327,3 +327,11 @@ def test_torch_loaders_are_left_alone() -> None:
         FreezeCount(), batch_size=None, num_workers=1, multiprocessing_context="fork"
     )
     assert list(loader) == [0, 0]
+
+
+def test_doctor_explains_copy_on_read_for_fork(make_platform) -> None:
+    from loaderkit.doctor import run_checks
+
+    checks = {c.name: c for c in run_checks(make_platform(start_method="fork"))}
+    assert "copy-on-read" in checks["start method"].advice
+    assert "SharedSequence" in checks["start method"].advice
