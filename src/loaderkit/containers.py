@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderkit.preflight import AttributeWalk, _attributes
+from loaderkit.preflight import AttributeWalk, live_attributes
 from loaderkit.sequence import SharedSequence
 
 __all__ = ["ContainerFinding", "ContainerSurvey", "survey_containers"]
@@ -213,7 +213,7 @@ def _sample(obj: Any, k: int) -> tuple[list[Any], int]:
         return [flat[i] for i in _spread(flat.size, k)], flat.size
     if _is_leaf(obj):
         return [], 0
-    values = [value for _, value in _attributes(obj)]
+    values = [value for _, value in live_attributes(obj)]
     return values[:k], len(values)
 
 

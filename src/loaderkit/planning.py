@@ -249,7 +249,7 @@ class _Findings:
 _START_METHODS = ("fork", "spawn", "forkserver")
 
 
-def _workers(res: Resolution) -> int:
+def _worker_count(res: Resolution) -> int:
     """The resolved worker count, 0 when none (or not an int: torch rejects it)."""
     num_workers = res.values["num_workers"]
     ok = isinstance(num_workers, int) and res.start_method in _START_METHODS
@@ -258,7 +258,7 @@ def _workers(res: Resolution) -> int:
 
 def _check_copy_on_read(dataset: Any, res: Resolution, found: _Findings) -> None:
     """Name the dataset's large Python containers that forked workers would each copy."""
-    num_workers = _workers(res)
+    num_workers = _worker_count(res)
     if not num_workers:
         return
     try:
@@ -276,7 +276,7 @@ def _check_copy_on_read(dataset: Any, res: Resolution, found: _Findings) -> None
 
 def _plan_gc_freeze(res: Resolution, found: _Findings) -> bool:
     """Whether workers freeze what they inherited from the garbage collector (plan row)."""
-    num_workers = _workers(res)
+    num_workers = _worker_count(res)
     if not num_workers:
         return False
     decision = resolve_gc_freeze(res.start_method, num_workers)

@@ -40,6 +40,7 @@ __all__ = [
     "PickleProblem",
     "check_pickle",
     "find_unpicklable",
+    "live_attributes",
     "pickled_size",
 ]
 
@@ -200,11 +201,18 @@ class PickleProblem:
         )
 
 
-def _attributes(obj: Any) -> list[tuple[str, Any]]:
+def live_attributes(obj: Any) -> list[tuple[str, Any]]:
     """An object's own attributes as they are in this process (``__dict__`` and slots).
 
     Read without running the object's code (no ``__getstate__``, no properties): what a forked
-    worker inherits, not what pickling would send.
+    worker inherits, not what pickling would send. Each comes with its path suffix.
+
+    Examples:
+        >>> class Point:
+        ...     def __init__(self):
+        ...         self.x, self.y = 1, 2
+        >>> live_attributes(Point())
+        [('.x', 1), ('.y', 2)]
     """
     out: list[tuple[str, Any]] = []
     try:
@@ -234,7 +242,7 @@ def _children(obj: Any, *, live: bool = False) -> list[tuple[str, Any]]:
 
     ``live=False``: what pickle would recurse into (through ``__reduce_ex__``, as a spawned
     worker receives it). ``live=True``: the object's attributes as they are in this process,
-    as a forked worker inherits them (``_attributes``).
+    as a forked worker inherits them (``live_attributes``).
     """
     builtin = type(obj).__module__ in ("builtins", "collections")
     if isinstance(obj, Mapping) and (builtin or (live and isinstance(obj, dict))):
@@ -256,7 +264,7 @@ def _children(obj: Any, *, live: bool = False) -> list[tuple[str, Any]]:
     if isinstance(obj, (types.FunctionType, type, types.ModuleType)):
         return []
     if live:
-        return _attributes(obj)
+        return live_attributes(obj)
     reducer = copyreg.dispatch_table.get(type(obj))
     try:
         with _as_if_spawning():
