@@ -22,7 +22,7 @@ from loaderkit import (
 )
 from loaderkit import containers as containers_module
 from loaderkit.containers import ContainerFinding, ContainerSurvey, survey_containers
-from loaderkit.policy import COPY_ON_READ_BYTES, advise_copy_on_read, resolve_gc_freeze
+from loaderkit.memory_policy import COPY_ON_READ_BYTES, advise_copy_on_read, resolve_gc_freeze
 from tests.memory_helpers import FreezeCount, ItemsDataset, trial_items
 
 MIB = 2**20

@@ -12,7 +12,7 @@ What counts: builtin lists, tuples, dicts, sets and deques (and their subclasses
 arrays of dtype ``object``, and pandas objects with object (or Python-backed string) columns.
 What does not: numeric numpy arrays, tensors, ``bytes``/``str`` (one object each), and
 ``loaderkit.SharedSequence`` (one buffer). Detection only: what to do about a finding is
-decided by ``loaderkit.policy.advise_copy_on_read``.
+decided by ``loaderkit.memory_policy.advise_copy_on_read``.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ from loaderkit.containers import survey_containers
 from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, PerformanceHint, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
+from loaderkit.memory_policy import advise_copy_on_read, resolve_gc_freeze
 from loaderkit.plan import UNSET, Plan, PlanEntry, short_repr
 from loaderkit.platform import PlatformInfo, detect_platform
 from loaderkit.policy import (
@@ -43,9 +44,7 @@ from loaderkit.policy import (
     LoaderRequest,
     Resolution,
     SamplerChoice,
-    advise_copy_on_read,
     resolve,
-    resolve_gc_freeze,
     torch_arguments,
     unpicklable_is_error,
 )

@@ -244,7 +244,7 @@ class WorkerInit:
             (``loaderkit.collate.collate``): the worker then allocates them in shared memory
             (``loaderkit.worker.share_batches``).
         freeze_gc: Call ``gc.freeze()`` first, so the worker's garbage collector never writes
-            to the objects it inherited (``loaderkit.policy.resolve_gc_freeze``).
+            to the objects it inherited (``loaderkit.memory_policy.resolve_gc_freeze``).
     """
 
     rank: int = 0
