@@ -71,6 +71,12 @@ def test_bench_on_a_user_dataset(tmp_path, capsys) -> None:
     assert data["samples"] == 48
     assert len(data["results"]) == 2 * 1 + 2 * 2  # 0 workers: not persistent; 1: both
     assert data["recommended"] in data["results"]
+    for result in data["results"]:  # workers' USS: measured with workers only
+        if result["num_workers"]:
+            assert result["worker_uss_mib"] > 0 and result["worker_uss_growth_mib"] is not None
+        else:
+            assert result["worker_uss_mib"] is None and result["worker_uss_growth_mib"] is None
+    assert "worker USS MiB (growth)" in out
 
 
 def test_bench_on_generated_files(tmp_path, capsys) -> None:

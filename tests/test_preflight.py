@@ -186,3 +186,35 @@ def test_paths_name_containers_partials_and_methods() -> None:
     assert find_unpicklable(WithState(), "dataset") is None
     problem = find_unpicklable(Transform(_local_function()), "dataset")
     assert problem.kind == "local function" and "module level" in problem.fix
+
+
+class _Slotted:
+    __slots__ = ("empty", "labels")
+
+    def __init__(self) -> None:
+        self.labels = [1, 2]
+
+
+class _DropsOnPickle:
+    def __init__(self) -> None:
+        self.cache = {"rows": [1, 2, 3]}
+        self.path = "/data/x.h5"
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path}
+
+
+def test_attribute_walk_follows_live_attributes_or_pickle() -> None:
+    from loaderkit.preflight import AttributeWalk
+
+    obj = _DropsOnPickle()
+    live = [path for path, _ in AttributeWalk(obj, "dataset")]
+    assert "dataset.cache['rows']" in live and "dataset.cache['rows'][2]" in live
+    pickled = [path for path, _ in AttributeWalk(obj, "dataset", live=False)]
+    assert "dataset.path" in pickled and not any("cache" in p for p in pickled)
+    slotted = dict(AttributeWalk(_Slotted(), "x"))
+    assert slotted["x.labels"] == [1, 2] and "x.empty" not in slotted
+    walk = AttributeWalk(obj, "dataset", descend=lambda o: not isinstance(o, dict))
+    assert [p for p, _ in walk] == ["dataset", "dataset.cache", "dataset.path"]
+    bounded = AttributeWalk(list(range(100)), "d", max_nodes=10)
+    assert len(list(bounded)) == 10 and bounded.truncated and bounded.visited == 10

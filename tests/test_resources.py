@@ -4,12 +4,13 @@ import mmap
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from loaderkit import LoaderkitWarning, create_dataloader, resources
+from loaderkit import LoaderkitWarning, PerformanceHint, create_dataloader, resources
 from loaderkit.resources import LeakCheck, ResourceLeakError, compare, snapshot
 from tests.helpers import SquareDataset
 
@@ -205,3 +206,88 @@ def test_docstring_examples_pass_in_a_fresh_interpreter() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "0", out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------- workers' memory (USS)
+
+
+def _objects_bytes(items: list[tuple[Any, ...]]) -> int:
+    return sum(sys.getsizeof(t) + sum(sys.getsizeof(x) for x in t) for t in items)
+
+
+def _epoch_in_leak_check(items: Any) -> Any:
+    """LeakCheck around one shuffled epoch of 2 forked workers (the issue's loop, smaller)."""
+    from tests.memory_helpers import ItemsDataset
+
+    with LeakCheck(worker_sample_s=0.05) as check:
+        with create_dataloader(
+            ItemsDataset(items),
+            batch_size=4096,
+            shuffle=True,
+            num_workers=2,
+            multiprocessing_context="fork",
+            seed=0,
+        ) as loader:
+            assert sum(1 for _ in loader) == -(-len(items) // 4096)
+    return check.report
+
+
+def test_leak_check_reports_workers_copying_a_list_apart_from_this_process() -> None:
+    from tests.memory_helpers import trial_items
+
+    items = trial_items(700_000)
+    objects = _objects_bytes(items)
+    with pytest.warns(PerformanceHint, match="dataset.items: list of 700,000 tuples"):
+        report = _epoch_in_leak_check(items)
+    assert len(report.workers) == 2 and all(w.started_inside for w in report.workers)
+    # each worker ends up holding its own copy of the list's objects; this process does not
+    assert all(w.peak_uss > 0.6 * objects for w in report.workers), (report.workers, objects)
+    assert report.worker_uss_growth > 0.5 * objects
+    assert report.uss_growth is not None and report.uss_growth < 0.2 * objects
+    text = str(report)
+    assert "worker processes: 2 seen, 2 started inside the block; USS +" in text
+    assert "this process: USS" in text
+    assert "copy-on-read" in text and "SharedSequence" in text
+    assert not report.leaked()  # reported, never judged
+
+
+def test_leak_check_shows_a_shared_sequence_copies_nothing() -> None:
+    from loaderkit import SharedSequence
+    from tests.memory_helpers import trial_items
+
+    items = trial_items(700_000)
+    objects = _objects_bytes(items)
+    report = _epoch_in_leak_check(SharedSequence(items))
+    assert len(report.workers) == 2
+    assert all(w.peak_uss < 0.25 * objects for w in report.workers), (report.workers, objects)
+    assert all(w.growth < 0.1 * objects for w in report.workers)
+    assert "copy-on-read" not in str(report)
+
+
+def test_leak_check_sees_workers_that_start_and_stop_inside() -> None:
+    with LeakCheck(worker_sample_s=0.05) as check:
+        with create_dataloader(SquareDataset(64), batch_size=1, num_workers=2) as loader:
+            for _batch in loader:
+                time.sleep(0.01)
+            del _batch  # a batch from a worker holds a shared-memory descriptor
+    workers = check.report.workers
+    assert len(workers) == 2 and all(w.started_inside for w in workers)
+    assert all(w.first_uss > 0 and w.peak_uss >= w.last_uss for w in workers)
+    with LeakCheck(worker_sample_s=None) as check:
+        pass
+    assert check.report.workers == () and "worker processes" not in str(check.report)
+    assert check.report.uss_growth is not None
+
+
+def test_worker_sampler_measures_child_processes() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        sampler = resources.WorkerSampler(interval_s=0.05)
+        sampler.start()
+        time.sleep(0.2)
+        (memory,) = sampler.stop()
+    finally:
+        child.kill()
+        child.wait()
+    assert memory.pid == child.pid and memory.samples >= 3 and not memory.started_inside
+    assert memory.first_uss > 0 and resources.process_uss(child.pid) is None

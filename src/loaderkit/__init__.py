@@ -32,6 +32,7 @@ from loaderkit.seeding import (
     seed_worker,
     worker_rng,
 )
+from loaderkit.sequence import SharedSequence
 from loaderkit.transfer import to_device
 
 __version__ = "0.1.0"
@@ -55,6 +56,7 @@ __all__ = [
     "PlatformInfo",
     "RaggedBatchError",
     "ResourceLeakError",
+    "SharedSequence",
     "__version__",
     "check_determinism",
     "create_dataloader",

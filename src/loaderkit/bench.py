@@ -2,7 +2,10 @@
 
 ``run_bench`` builds a loader per configuration (``num_workers`` x ``batch_size`` x
 ``persistent_workers``), times two passes of ``batches`` batches each (the second pass shows
-what persistent workers save) and recommends the fastest. Nothing here prints.
+what persistent workers save) and recommends the fastest. With workers it also measures their
+unique memory (USS) after the first batch and at the end of the first pass: a dataset whose
+Python objects forked workers copy as they read them (copy-on-read) shows there as growth per
+worker. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from loaderkit.factory import create_dataloader
 from loaderkit.hooks import call_hook
 from loaderkit.loader import DataLoader
 from loaderkit.policy import recommended_num_workers
+from loaderkit.resources import worker_uss
 
 __all__ = ["BenchReport", "BenchResult", "load_dataset_class", "run_bench"]
 
@@ -36,6 +40,10 @@ class BenchResult:
         second_pass_first_batch_s: The same for the second pass (restart cost).
         samples_per_s: Samples per second over both passes, start-ups included.
         batches: Batches timed per pass.
+        worker_uss_mib: Unique memory (USS) of each worker at the end of the first pass, MiB
+            (mean over workers; ``None`` without workers).
+        worker_uss_growth_mib: How much each worker's USS grew over the first pass, from its
+            first batch to its last, MiB (mean over workers; ``None`` without workers).
     """
 
     num_workers: int
@@ -45,6 +53,8 @@ class BenchResult:
     second_pass_first_batch_s: float
     samples_per_s: float
     batches: int
+    worker_uss_mib: float | None = None
+    worker_uss_growth_mib: float | None = None
 
 
 @dataclass
@@ -101,16 +111,50 @@ def load_dataset_class(spec: str) -> type:
     return obj
 
 
-def _pass(iterator_source: Any, batches: int) -> tuple[float, float, int]:
-    """(seconds to first batch, seconds for the pass, samples) over up to ``batches`` batches."""
+@dataclass
+class _Pass:
+    """One timed pass: seconds to its first batch, seconds in all, samples, workers' USS."""
+
+    first_s: float = 0.0
+    total_s: float = 0.0
+    samples: int = 0
+    uss_first: dict[int, int] = field(default_factory=dict)  # worker pid -> USS after batch 1
+    uss_last: dict[int, int] = field(default_factory=dict)  # ... after the last batch
+
+    def worker_uss_mib(self) -> tuple[float | None, float | None]:
+        """(mean USS at the end, mean growth from the first batch to the last), MiB."""
+        pids = set(self.uss_first) & set(self.uss_last)
+        if not pids:
+            return None, None
+        last = sum(self.uss_last[p] for p in pids) / len(pids) / 2**20
+        first = sum(self.uss_first[p] for p in pids) / len(pids) / 2**20
+        return last, last - first
+
+
+def _pass(iterator_source: Any, batches: int, *, measure_workers: bool = False) -> _Pass:
+    """Time up to ``batches`` batches; with ``measure_workers``, the workers' USS around them.
+
+    The USS readings are not timed (the clock stops while they are taken).
+    """
+    result = _Pass()
+    last = batches - 1
+    if hasattr(iterator_source, "__len__"):
+        last = min(last, len(iterator_source) - 1)
     start = time.perf_counter()
-    first = None
-    samples = 0
-    for batch in islice(iterator_source, batches):
-        if first is None:
-            first = time.perf_counter() - start
-        samples += _batch_len(batch)
-    return first or 0.0, time.perf_counter() - start, samples
+    paused = 0.0
+    for index, batch in enumerate(islice(iterator_source, batches)):
+        if index == 0:
+            result.first_s = time.perf_counter() - start
+        result.samples += _batch_len(batch)
+        if measure_workers and index in (0, last):
+            mark = time.perf_counter()
+            if index == 0:
+                result.uss_first = worker_uss()
+            if index == last:
+                result.uss_last = worker_uss()
+            paused += time.perf_counter() - mark
+    result.total_s = time.perf_counter() - start - paused
+    return result
 
 
 def _batch_len(batch: Any) -> int:
@@ -187,17 +231,21 @@ def run_bench(
                         persistent_workers=persistent,
                     )
                     with loader:
-                        first_a, time_a, n_a = _pass(loader, batches)
-                        first_b, time_b, n_b = _pass(loader, batches)
+                        a = _pass(loader, batches, measure_workers=num_workers > 0)
+                        b = _pass(loader, batches)
+                    uss, growth = a.worker_uss_mib()
                     report.results.append(
                         BenchResult(
                             num_workers=num_workers,
                             batch_size=batch_size,
                             persistent_workers=persistent,
-                            first_batch_s=first_a,
-                            second_pass_first_batch_s=first_b,
-                            samples_per_s=(n_a + n_b) / max(time_a + time_b, 1e-9),
+                            first_batch_s=a.first_s,
+                            second_pass_first_batch_s=b.first_s,
+                            samples_per_s=(a.samples + b.samples)
+                            / max(a.total_s + b.total_s, 1e-9),
                             batches=batches,
+                            worker_uss_mib=uss,
+                            worker_uss_growth_mib=growth,
                         )
                     )
     finally:

@@ -156,6 +156,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             "2nd pass 1st batch s",
             "samples/s",
             "vs best",
+            "worker USS MiB (growth)",
         )
     ]
     for r in report.results:
@@ -168,6 +169,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 f"{r.second_pass_first_batch_s:.3f}",
                 f"{r.samples_per_s:,.0f}",
                 f"{r.samples_per_s / best.samples_per_s:.2f}" if best else "-",
+                "-"
+                if r.worker_uss_mib is None or r.worker_uss_growth_mib is None
+                else f"{r.worker_uss_mib:.0f} ({r.worker_uss_growth_mib:+.0f})",
             )
         )
     print(_table(rows))

@@ -78,7 +78,11 @@ def software_versions() -> dict[str, str]:
 def _start_method(p: PlatformInfo) -> Check:
     implications = {
         "fork": "workers start fast and inherit the parent's memory; do not initialize CUDA or "
-        "use h5py from threads in the parent before workers start",
+        "use h5py from threads in the parent before workers start; a worker shares that memory "
+        "until it writes to it, and reading a Python object writes its reference count, so "
+        "large lists and dicts in the dataset end up copied in every worker (copy-on-read: "
+        "loader.plan['copy_on_read'] names them; keep them in loaderkit.SharedSequence or "
+        "numpy arrays)",
         "spawn": "each worker starts a fresh interpreter (slower start) and receives the "
         "dataset, collate_fn and worker_init_fn by pickle: they must be picklable and defined "
         "in importable modules; loaderkit checks this before starting workers",

@@ -6,18 +6,19 @@
 1. **detect** the platform (unless one is injected) and the distributed placement;
 2. **resolve** every setting with the pure policies of ``loaderkit.policy``;
 3. **check** what would otherwise fail later and obscurely: picklability for spawn/forkserver
-   workers, the open-file budget, the size of ``/dev/shm``;
+   workers, Python containers forked workers would copy as they read them (copy-on-read), the
+   open-file budget, the size of ``/dev/shm``;
 4. **build** the samplers, generator and worker initializer the plan calls for.
 
-Warnings are emitted here (as ``LoaderkitWarning``), errors raised as
-``ConfigError``; nothing starts a process.
+Warnings are emitted here (as ``LoaderkitWarning``, advice about speed and memory as
+``PerformanceHint``), errors raised as ``ConfigError``; nothing starts a process.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -26,8 +27,9 @@ from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset
 from loaderkit import _torch
 from loaderkit.budgets import check_open_file_budget, check_shared_memory, fit_open_files
 from loaderkit.collate import collate
+from loaderkit.containers import survey_containers
 from loaderkit.distributed import dist_info
-from loaderkit.errors import ConfigError, warn
+from loaderkit.errors import ConfigError, PerformanceHint, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.plan import UNSET, Plan, PlanEntry, short_repr
 from loaderkit.platform import PlatformInfo, detect_platform
@@ -40,6 +42,7 @@ from loaderkit.policy import (
     torch_arguments,
     unpicklable_is_error,
 )
+from loaderkit.policy.memory import advise_copy_on_read, resolve_gc_freeze
 from loaderkit.preflight import check_pickle
 from loaderkit.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
 from loaderkit.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
@@ -233,10 +236,50 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> dic
 
 @dataclass
 class _Findings:
-    """What the checks add to the plan: warning texts and plan entries."""
+    """What the checks add to the plan: warning texts, hint texts and plan entries."""
 
     warnings: list[str]
     entries: list[PlanEntry]
+    hints: list[str] = field(default_factory=list)
+
+
+#: Start methods the checks know (an invalid ``multiprocessing_context`` is torch's to reject).
+_START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def _worker_count(res: Resolution) -> int:
+    """The resolved worker count, 0 when none (or not an int: torch rejects it)."""
+    num_workers = res.values["num_workers"]
+    ok = isinstance(num_workers, int) and res.start_method in _START_METHODS
+    return num_workers if ok and num_workers > 0 else 0
+
+
+def _check_copy_on_read(dataset: Any, res: Resolution, found: _Findings) -> None:
+    """Name the dataset's large Python containers that forked workers would each copy."""
+    num_workers = _worker_count(res)
+    if not num_workers:
+        return
+    try:
+        survey = survey_containers(dataset)
+    except Exception as exc:  # an exotic object in the dataset: the survey is only advice
+        logger.debug("loaderkit: copy-on-read survey failed", exc_info=True)
+        reason = f"not checked: the survey failed ({type(exc).__name__}: {exc})"
+        found.entries.append(PlanEntry("copy_on_read", UNSET, "unknown", reason))
+        return
+    advice = advise_copy_on_read(survey, res.start_method, num_workers)
+    found.entries.append(PlanEntry("copy_on_read", UNSET, advice.value, advice.reason))
+    if advice.hint is not None:
+        found.hints.append(advice.hint)
+
+
+def _plan_gc_freeze(res: Resolution, found: _Findings) -> bool:
+    """Whether workers freeze what they inherited from the garbage collector (plan row)."""
+    num_workers = _worker_count(res)
+    if not num_workers:
+        return False
+    decision = resolve_gc_freeze(res.start_method, num_workers)
+    found.entries.append(PlanEntry("gc_freeze", UNSET, decision.value, decision.reason))
+    return decision.value
 
 
 def _check_picklable(
@@ -422,9 +465,13 @@ def plan_loader(
     if open_files is not None:
         facts = replace(facts, max_open_files=open_files)
     _check_picklable(dataset, request, res, found)
+    _check_copy_on_read(dataset, res, found)
+    freeze_gc = _plan_gc_freeze(res, found)
     _check_resources(dataset, request, res, platform, facts, found, fitted=open_files is not None)
     for message in found.warnings:
         warn(message)
+    for message in found.hints:
+        warn(message, PerformanceHint)
 
     if open_files is not None:
         dataset.set_open_files(open_files)  # before the block sampler reads it (its window)
@@ -437,6 +484,7 @@ def plan_loader(
         world_size=dist.world_size,
         user_fn=request.worker_init_fn,
         shared_batches=res.values.get("collate_fn") is collate,
+        freeze_gc=freeze_gc,
     )
     seeder = None
     if request.sample_seeding:

@@ -9,10 +9,15 @@ up front and, on failure, walks down to the first unpicklable leaf and names its
 
 Tensors are not serialized by the check: torch moves their storage to shared memory instead of
 copying it into every worker, so they count neither as failures nor towards the pickled size.
+
+``AttributeWalk`` is the walk itself, breadth-first and bounded: over what pickle sends (the
+diagnosis above) or over the attributes as they are in this process, which is what a forked
+worker inherits (``loaderkit.containers`` looks there for Python containers workers would copy).
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copyreg
 import functools
@@ -21,7 +26,7 @@ import pickle
 import sys
 import threading
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing import context as _mp_context
 from multiprocessing.reduction import ForkingPickler
@@ -29,7 +34,15 @@ from typing import Any
 
 import torch
 
-__all__ = ["PickleCheck", "PickleProblem", "check_pickle", "find_unpicklable", "pickled_size"]
+__all__ = [
+    "AttributeWalk",
+    "PickleCheck",
+    "PickleProblem",
+    "check_pickle",
+    "find_unpicklable",
+    "live_attributes",
+    "pickled_size",
+]
 
 _MAX_DEPTH = 40
 _LOCK_TYPES = tuple(
@@ -188,14 +201,58 @@ class PickleProblem:
         )
 
 
-def _children(obj: Any) -> list[tuple[str, Any]]:
-    """The objects pickle would recurse into, each with its path suffix."""
-    if isinstance(obj, Mapping) and type(obj).__module__ in ("builtins", "collections"):
+def live_attributes(obj: Any) -> list[tuple[str, Any]]:
+    """An object's own attributes as they are in this process (``__dict__`` and slots).
+
+    Read without running the object's code (no ``__getstate__``, no properties): what a forked
+    worker inherits, not what pickling would send. Each comes with its path suffix.
+
+    Examples:
+        >>> class Point:
+        ...     def __init__(self):
+        ...         self.x, self.y = 1, 2
+        >>> live_attributes(Point())
+        [('.x', 1), ('.y', 2)]
+    """
+    out: list[tuple[str, Any]] = []
+    try:
+        state = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        state = None
+    if isinstance(state, dict):
+        out += [(f".{k}", v) for k, v in state.items()]
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            descriptor = cls.__dict__.get(name)
+            if not isinstance(descriptor, types.MemberDescriptorType):
+                continue  # a mangled private name, or replaced by a property
+            try:
+                value = descriptor.__get__(obj, cls)
+            except AttributeError:  # an empty slot
+                continue
+            out.append((f".{name}", value))
+    return out
+
+
+def _children(obj: Any, *, live: bool = False) -> list[tuple[str, Any]]:
+    """The objects ``obj`` refers to, each with its path suffix.
+
+    ``live=False``: what pickle would recurse into (through ``__reduce_ex__``, as a spawned
+    worker receives it). ``live=True``: the object's attributes as they are in this process,
+    as a forked worker inherits them (``live_attributes``).
+    """
+    builtin = type(obj).__module__ in ("builtins", "collections")
+    if isinstance(obj, Mapping) and (builtin or (live and isinstance(obj, dict))):
         out: list[tuple[str, Any]] = []
         for key, value in obj.items():
             out.append((f"[{key!r}]", value))
         return out
-    if isinstance(obj, (list, tuple, set, frozenset)) and type(obj).__module__ == "builtins":
+    if isinstance(obj, (list, tuple, set, frozenset, collections.deque)) and (
+        live or type(obj).__module__ == "builtins"
+    ):
         return [(f"[{i}]", item) for i, item in enumerate(obj)]
     if isinstance(obj, functools.partial):
         out = [(".func", obj.func)]
@@ -206,6 +263,8 @@ def _children(obj: Any) -> list[tuple[str, Any]]:
         return [(".__self__", obj.__self__), (".__func__", obj.__func__)]
     if isinstance(obj, (types.FunctionType, type, types.ModuleType)):
         return []
+    if live:
+        return live_attributes(obj)
     reducer = copyreg.dispatch_table.get(type(obj))
     try:
         with _as_if_spawning():
@@ -399,3 +458,77 @@ def _diagnose(obj: Any, root: str, error: str) -> PickleProblem:
             break
     kind, reason, fix = _classify(leaf, error)
     return PickleProblem(path, kind, reason, fix, error)
+
+
+class AttributeWalk:
+    """Breadth-first walk over the objects reachable from ``obj`` through its attributes.
+
+    Yields ``(path, object)`` pairs, ``obj`` itself first (as ``root``), each object once.
+    ``live=True`` follows the attributes as they are in this process (what a forked worker
+    inherits: ``__dict__``, slots, the items of builtin containers) without running any of the
+    objects' code; ``live=False`` follows what pickle would send (``__reduce_ex__``), as the
+    picklability diagnosis does. ``descend(obj)`` decides whether the walk enters an object;
+    the walk stops after ``max_nodes`` objects or below ``max_depth`` levels, and then says so
+    in ``truncated``.
+
+    Args:
+        obj: Where the walk starts.
+        root: Its name in paths, e.g. ``"dataset"``.
+        descend: Whether to visit an object's children (default: always).
+        live: Follow live attributes (``True``) or pickle's reduction (``False``).
+        max_nodes: Most objects yielded.
+        max_depth: Deepest level entered (the root is level 0).
+
+    Attributes:
+        visited: Objects yielded so far.
+        truncated: True when a limit stopped the walk before it had seen everything.
+
+    Examples:
+        >>> class Data:
+        ...     def __init__(self):
+        ...         self.meta = {"labels": [1, 2]}
+        >>> [path for path, _ in AttributeWalk(Data(), "dataset")][:3]
+        ['dataset', 'dataset.meta', "dataset.meta['labels']"]
+    """
+
+    def __init__(
+        self,
+        obj: Any,
+        root: str,
+        *,
+        descend: Callable[[Any], bool] | None = None,
+        live: bool = True,
+        max_nodes: int = 10_000,
+        max_depth: int = _MAX_DEPTH,
+    ) -> None:
+        self.obj = obj
+        self.root = root
+        self.descend = descend
+        self.live = live
+        self.max_nodes = max_nodes
+        self.max_depth = max_depth
+        self.visited = 0
+        self.truncated = False
+
+    def __iter__(self) -> Iterator[tuple[str, Any]]:
+        seen = {id(self.obj)}
+        queue: collections.deque[tuple[str, Any, int]] = collections.deque(
+            [(self.root, self.obj, 0)]
+        )
+        while queue:
+            if self.visited >= self.max_nodes:
+                self.truncated = True
+                return
+            path, obj, depth = queue.popleft()
+            self.visited += 1
+            yield path, obj
+            if self.descend is not None and not self.descend(obj):
+                continue
+            children = _children(obj, live=self.live)
+            if children and depth >= self.max_depth:
+                self.truncated = True
+                continue
+            for suffix, child in children:
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    queue.append((path + suffix, child, depth + 1))

@@ -16,6 +16,12 @@ One-time start-up is not growth: the first pinned batch in a process initialises
 descriptors, a CUDA context, over 100 MiB of RSS) and all of that stays until the process exits.
 ``LeakCheck`` therefore starts the runtimes a loader would start (``start_runtimes``) *before* it
 takes its baseline, and reports that cost apart (``LeakCheck.startup``).
+
+Memory that grows in the workers is not memory that grows here. ``LeakCheck`` samples the
+unique set size (USS: pages no other process shares) of this process's worker processes while
+the block runs and reports their growth apart from this process's (``LeakReport.workers``):
+forked workers that copy the dataset's Python objects as they read them (copy-on-read) grow by
+the size of those objects each, while this process does not.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
 
 import psutil
@@ -39,10 +46,14 @@ __all__ = [
     "LeakReport",
     "ResourceLeakError",
     "ResourceSnapshot",
+    "WorkerMemory",
+    "WorkerSampler",
     "compare",
+    "process_uss",
     "snapshot",
     "start_runtimes",
     "worker_processes",
+    "worker_uss",
 ]
 
 logger = logging.getLogger("loaderkit")
@@ -205,6 +216,171 @@ def snapshot(pid: int | None = None, *, children: bool = True) -> ResourceSnapsh
     )
 
 
+def process_uss(pid: int | None = None) -> int | None:
+    """Unique set size of a process in bytes: the memory it alone holds (``None`` if unreadable).
+
+    What a process would give back if it exited; unlike RSS it does not count the pages a
+    forked worker still shares with its parent.
+
+    Examples:
+        >>> process_uss() > 0
+        True
+    """
+    try:
+        return int(psutil.Process(pid or os.getpid()).memory_full_info().uss)
+    except (psutil.Error, OSError, AttributeError):  # gone, not ours, or no USS on this OS
+        return None
+
+
+def worker_uss(pid: int | None = None) -> dict[int, int]:
+    """USS in bytes of each live worker process of a process (``worker_processes``), by pid.
+
+    Examples:
+        >>> worker_uss() == {} or True
+        True
+    """
+    out = {}
+    for child in worker_processes(pid):
+        uss = process_uss(child.pid)
+        if uss:  # 0: exiting, its memory already gone
+            out[child.pid] = uss
+    return out
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """The unique memory (USS) of one worker process, from when it was first seen to the last.
+
+    Attributes:
+        pid: Process id.
+        first_uss: USS in bytes when first seen: when sampling began for a worker that already
+            ran, else its first sample after it started.
+        last_uss: USS in bytes when last seen alive.
+        peak_uss: The largest USS sampled.
+        samples: How many times it was measured.
+        started_inside: It started after sampling began (inside the ``LeakCheck`` block).
+
+    Examples:
+        >>> WorkerMemory(7, 10 * 2**20, 310 * 2**20, 310 * 2**20, 5).growth // 2**20
+        300
+    """
+
+    pid: int
+    first_uss: int
+    last_uss: int
+    peak_uss: int
+    samples: int
+    started_inside: bool = False
+
+    @property
+    def growth(self) -> int:
+        """``last_uss - first_uss`` in bytes."""
+        return self.last_uss - self.first_uss
+
+
+class WorkerSampler:
+    """Samples the USS of a process's worker processes, in a background thread.
+
+    Worker processes start and exit inside the code being measured (a loader without
+    persistent workers stops them at the end of every pass), so their memory is sampled every
+    ``interval_s`` seconds while it runs, and once more when ``stop`` is called.
+
+    Args:
+        pid: The process whose workers (live descendants, multiprocessing's helpers excluded)
+            are sampled; default: this one.
+        interval_s: Seconds between samples; ``None`` samples only at ``start`` and ``stop``.
+
+    Examples:
+        >>> sampler = WorkerSampler(interval_s=None)
+        >>> sampler.start()
+        >>> sampler.stop()
+        ()
+    """
+
+    def __init__(self, pid: int | None = None, interval_s: float | None = 0.2) -> None:
+        self.pid = pid or os.getpid()
+        self.interval_s = interval_s
+        self._records: dict[int, list[int]] = {}  # pid -> [first, last, peak, samples, inside]
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._started = False
+
+    def sample(self) -> None:
+        """Measure every live worker now."""
+        inside = int(self._started)
+        measured = worker_uss(self.pid)
+        with self._lock:
+            for pid, uss in measured.items():
+                record = self._records.get(pid)
+                if record is None:
+                    self._records[pid] = [uss, uss, uss, 1, inside]
+                else:
+                    record[1], record[2], record[3] = uss, max(record[2], uss), record[3] + 1
+
+    def _run(self) -> None:
+        assert self.interval_s is not None
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def start(self) -> None:
+        """Take the first sample (workers already running) and start sampling."""
+        self.sample()
+        self._started = True
+        if self.interval_s is not None:
+            self._thread = threading.Thread(
+                target=self._run, name="loaderkit-worker-uss", daemon=True
+            )
+            self._thread.start()
+
+    def stop(self) -> tuple[WorkerMemory, ...]:
+        """Stop sampling, take a last sample, and return what each worker did, by pid."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.sample()
+        with self._lock:
+            return tuple(
+                WorkerMemory(pid, first, last, peak, count, bool(inside))
+                for pid, (first, last, peak, count, inside) in sorted(self._records.items())
+            )
+
+
+#: Worker growth (per worker, on average) from which a report points at copy-on-read.
+_COPY_ON_READ_NOTE_BYTES = 64 * _MIB
+
+
+def _workers_lines(
+    workers: tuple[WorkerMemory, ...], uss_before: int | None, uss_after: int | None
+) -> list[str]:
+    """The report's memory lines: worker USS growth, this process's, and what it suggests."""
+    lines = []
+    own = None if uss_before is None or uss_after is None else uss_after - uss_before
+    if workers:
+        total = sum(w.growth for w in workers)
+        mean = total / len(workers)
+        inside = sum(w.started_inside for w in workers)
+        started = f", {inside} started inside the block" if inside else ""
+        first = sum(w.first_uss for w in workers) / len(workers)
+        last = sum(w.last_uss for w in workers) / len(workers)
+        lines.append(
+            f"worker processes: {len(workers)} seen{started}; USS {mean / _MIB:+.1f} MiB each on "
+            f"average, from first seen to last seen ({first / _MIB:.1f} -> {last / _MIB:.1f} "
+            f"MiB; {total / _MIB:+.1f} MiB in all)"
+        )
+        if mean >= _COPY_ON_READ_NOTE_BYTES and (own is None or mean > 4 * max(own, 0)):
+            lines.append(
+                "  the workers grew, this process did not: with forked workers that is "
+                "typically each worker copying the dataset's Python objects as it reads them "
+                "(copy-on-read, bounded by their size), not a leak; loader.plan['copy_on_read'] "
+                "names them, loaderkit.SharedSequence avoids it"
+            )
+    if own is not None:
+        lines.append(f"this process: USS {own / _MIB:+.1f} MiB")
+    return lines
+
+
 @dataclass(frozen=True)
 class LeakReport:
     """What grew between two snapshots.
@@ -220,6 +396,10 @@ class LeakReport:
             between; each keeps one descriptor open in this process until it exits, which
             ``leaked`` does not count.
         rss_growth: Change in resident memory of the process, in bytes.
+        workers: USS of each worker process over the measured code (``LeakCheck`` samples
+            them; ``()`` from ``compare``).
+        uss_before: USS of the process at the start, in bytes (``LeakCheck``; else ``None``).
+        uss_after: USS of the process at the end, in bytes.
 
     Examples:
         >>> report = compare(snapshot(), snapshot())
@@ -234,6 +414,21 @@ class LeakReport:
     new_children: tuple[ChildProcess, ...]
     rss_growth: int
     new_helpers: tuple[ChildProcess, ...] = ()
+    workers: tuple[WorkerMemory, ...] = ()
+    uss_before: int | None = None
+    uss_after: int | None = None
+
+    @property
+    def uss_growth(self) -> int | None:
+        """Change in this process's USS in bytes (``None`` when not measured)."""
+        if self.uss_before is None or self.uss_after is None:
+            return None
+        return self.uss_after - self.uss_before
+
+    @property
+    def worker_uss_growth(self) -> int:
+        """The workers' USS growth in bytes, all workers together (``WorkerMemory.growth``)."""
+        return sum(worker.growth for worker in self.workers)
 
     def leaked(self, *, fd_tolerance: int = 0, rss_tolerance: int | None = None) -> bool:
         """Whether descriptors, files or processes grew (and memory, when a tolerance is set).
@@ -263,6 +458,7 @@ class LeakReport:
                 "processes still running: "
                 + ", ".join(f"{c.pid} ({c.name}, {c.status})" for c in self.new_children)
             )
+        lines += _workers_lines(self.workers, self.uss_before, self.uss_after)
         return "\n".join(lines)
 
 
@@ -342,6 +538,12 @@ class LeakCheck:
     baseline as the process is (CUDA then stays uninitialised, and a first CUDA use inside the
     block counts as growth).
 
+    While the block runs it samples the USS of this process's worker processes every
+    ``worker_sample_s`` seconds (``WorkerSampler``), and reports their growth apart from this
+    process's (``report.workers``, ``report.worker_uss_growth``, ``report.uss_growth``): memory
+    that grows in the workers only is told apart from memory that grows here. Worker memory is
+    reported, never judged.
+
     On exit it collects garbage and gives worker processes up to ``settle_s`` seconds to exit
     (they shut down asynchronously), then compares with the baseline. A leak emits a
     ``LoaderkitWarning``, or raises ``ResourceLeakError`` with ``raise_on_leak=True``. The
@@ -357,6 +559,9 @@ class LeakCheck:
         raise_on_leak: Raise instead of warning.
         warmup: Start the runtimes a loader would start before taking the baseline.
         platform: The platform ``warmup`` decides for (default: ``detect_platform()``).
+        worker_sample_s: Seconds between samples of the workers' USS (a worker started inside
+            the block is first measured within that time of its start); ``None`` samples only
+            on entry and exit (workers that start and stop inside the block are then missed).
 
     Attributes:
         report: What grew (``LeakReport``), set on exit.
@@ -381,6 +586,7 @@ class LeakCheck:
         raise_on_leak: bool = False,
         warmup: bool = True,
         platform: PlatformInfo | None = None,
+        worker_sample_s: float | None = 0.2,
     ) -> None:
         self.fd_tolerance = fd_tolerance
         self.rss_tolerance = rss_tolerance
@@ -392,6 +598,9 @@ class LeakCheck:
         self.report: LeakReport | None = None
         self.startup: LeakReport | None = None
         self.started: tuple[str, ...] = ()
+        self.worker_sample_s = worker_sample_s
+        self._sampler: WorkerSampler | None = None
+        self._uss_before: int | None = None
 
     def __enter__(self) -> LeakCheck:
         gc.collect()
@@ -410,6 +619,9 @@ class LeakCheck:
                     self.startup.fd_growth,
                     self.startup.rss_growth / _MIB,
                 )
+        self._uss_before = process_uss()
+        self._sampler = WorkerSampler(interval_s=self.worker_sample_s)
+        self._sampler.start()
         return self
 
     def _leaked(self, report: LeakReport) -> bool:
@@ -422,6 +634,8 @@ class LeakCheck:
         traceback: TracebackType | None,
     ) -> None:
         assert self.before is not None, "LeakCheck exited without entering"
+        workers = self._sampler.stop() if self._sampler is not None else ()
+        self._sampler = None
         deadline = time.monotonic() + self.settle_s
         while True:
             gc.collect()
@@ -429,7 +643,19 @@ class LeakCheck:
             if not self._leaked(report) or time.monotonic() >= deadline:
                 break
             time.sleep(0.05)
+        report = replace(
+            report, workers=workers, uss_before=self._uss_before, uss_after=process_uss()
+        )
         self.report = report
+        if workers:
+            logger.info(
+                "LeakCheck: %d worker process(es), USS %+.1f MiB in all; this process %s",
+                len(workers),
+                report.worker_uss_growth / _MIB,
+                "unmeasured"
+                if report.uss_growth is None
+                else f"USS {report.uss_growth / _MIB:+.1f} MiB",
+            )
         if exc_type is not None or not self._leaked(report):
             return
         message = f"resources grew inside LeakCheck:\n{report}"

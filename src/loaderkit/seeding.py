@@ -18,6 +18,7 @@ arguments, never through environment variables.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import numbers
 import os
@@ -243,14 +244,19 @@ class WorkerInit:
         shared_batches: The loader's ``collate_fn`` returns natively read batches as they are
             (``loaderkit.collate.collate``): the worker then allocates them in shared memory
             (``loaderkit.worker.share_batches``).
+        freeze_gc: Call ``gc.freeze()`` first, so the worker's garbage collector never writes
+            to the objects it inherited (``loaderkit.policy.memory.resolve_gc_freeze``).
     """
 
     rank: int = 0
     world_size: int = 1
     user_fn: Callable[[int], Any] | None = None
     shared_batches: bool = False
+    freeze_gc: bool = False
 
     def __call__(self, worker_id: int) -> None:
+        if self.freeze_gc:
+            gc.freeze()
         info = torch.utils.data.get_worker_info()
         if info is not None:
             _install_worker_streams(

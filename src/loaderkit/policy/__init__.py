@@ -15,7 +15,7 @@ The one exception is the Windows zero-worker policy (opt out with
 Modules: ``request`` (the request, facts, decisions and the resolution), ``workers`` (worker
 count, persistence, start method, torch's threads, the hand-off, what spawn pickles),
 ``sampling`` (shuffling, samplers, sharding, seeds), ``resolve`` (all of them in order, pinning
-and collation).
+and collation), ``memory`` (forked workers' memory: the copy-on-read advice, ``gc.freeze()``).
 
 Examples:
     >>> from loaderkit.platform import detect_platform
