@@ -46,6 +46,4 @@ def test_super_transform_in_loaders(
 def test_super_transform_with_sample_seeding(corpus_cases: dict[str, Case], workers: int) -> None:
     case = corpus_cases["num_i2_be_gzip"]
     with open_as(SuperTransform, case) as ds:
-        check_loader(
-            ds, expected_samples(case), num_workers=workers, seed=0, sample_seeding=True
-        )
+        check_loader(ds, expected_samples(case), num_workers=workers, seed=0, sample_seeding=True)
