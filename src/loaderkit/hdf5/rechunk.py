@@ -343,8 +343,9 @@ def _equal(a: np.ndarray, b: np.ndarray) -> bool:
         )
     if not a.size:
         return True
-    raw = (np.ascontiguousarray(x).reshape(-1).view(np.uint8) for x in (a, b))
-    return bool(np.array_equal(*raw))
+    left = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    right = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    return bool(np.array_equal(left, right))
 
 
 def _same_attrs(a: Any, b: Any) -> bool:
