@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -205,25 +206,22 @@ def chunk_map(f: h5py.File, dset: h5py.Dataset) -> ChunkMap | None:
         if count == 0 or dset.id.get_num_chunks() != count:
             return None  # unwritten chunks: HDF5 fills them
         chunk_bytes = rows * dtype.itemsize
-        where = np.empty(count, np.int64)
-        origins = np.empty((count, len(shape)), np.int64)
-        state = [0, False]  # chunks seen, something unexpected
+        # machine integers appended (~2 us a chunk, 32 bytes), converted once afterwards
+        offsets, corners, sizes = array("q"), array("q"), array("q")
 
         def visit(info: Any) -> None:
-            k = state[0]
-            if k >= count or info.size != chunk_bytes or info.filter_mask:
-                state[1] = True
-                return
-            where[k] = info.byte_offset
-            origins[k] = info.chunk_offset
-            state[0] = k + 1
+            offsets.append(info.byte_offset)
+            corners.extend(info.chunk_offset)
+            sizes.append(info.size | (info.filter_mask << 40))
 
         iterate(visit)
     except Exception:  # any doubt: let HDF5 read it
         logger.debug("no chunk map for %s", f.filename, exc_info=True)
         return None
-    if state[1] or state[0] != count:
-        return None
+    if len(offsets) != count or set(sizes) != {chunk_bytes}:
+        return None  # a chunk of another size, or one a filter was skipped on
+    where = np.frombuffer(offsets, np.int64)
+    origins = np.frombuffer(corners, np.int64).reshape(count, len(shape))
     strides = np.array([*np.cumprod(shape[:0:-1])[::-1][1:], 1], np.int64)
     band = origins[:, 0] // rows
     column = origins[:, 1:] @ strides

@@ -230,6 +230,7 @@ class SessionReader:
             for rec in self.records
         ]
         self.any_wide = [any(w[k] for w in self.wide) for k in range(len(self.types))]
+        self._some_wide = any(self.any_wide)  # one attribute test on the per-item path
         #: Per session: bytes of its wide keys' rows, as held in memory.
         self.session_nbytes = [
             sum(rec.layouts[k].rows * self.row_bytes[k] for k, wide in enumerate(w) if wide)
@@ -694,7 +695,7 @@ class SessionReader:
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
         rt = self.types[k]
-        if self.wide[pos][k]:  # one row touches every chunk: held, or one pass over them
+        if self._some_wide and self.wide[pos][k]:  # a row touches every chunk: held, or a pass
             sample = np.empty((1, *rt.row_shape), rt.mem_dtype)
             self._read_wide(k, pos, np.array([row], np.int64), sample, index)
             return sample[0] if rt.row_shape else sample[0][()]
