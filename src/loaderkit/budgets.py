@@ -256,6 +256,10 @@ class SessionBudget:
         bytes: ``max_session_bytes``: most bytes held at once per process (0: none).
         sessions: Whole sessions of the largest size that fit at once.
         reason: The arithmetic, for the plan.
+
+    Example:
+        >>> SessionBudget(1 << 30, 1, "1 of 37 sessions per process").sessions
+        1
     """
 
     bytes: int

@@ -370,6 +370,9 @@ class HDF5SessionDataset(Dataset):
 
         Raises:
             ConfigError: ``nbytes`` is not an int >= 0.
+
+        Example:
+            >>> ds.set_session_bytes(2 << 30)  # doctest: +SKIP
         """
         check_max_session_bytes(nbytes)
         self.max_session_bytes = nbytes

@@ -36,6 +36,10 @@ class HeldSession:
         arrays: Per key, ``(rows, *row_shape)`` in the native dtype, or ``None``.
         size: The file's size when it was read.
         mtime_ns: Its modification time then.
+
+    Example:
+        >>> HeldSession([np.zeros((750, 10), "i2"), None], size=1, mtime_ns=0).nbytes
+        15000
     """
 
     arrays: list[np.ndarray | None]

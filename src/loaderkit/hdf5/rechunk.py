@@ -77,6 +77,11 @@ class RechunkResult:
         layout: ``"contiguous"`` or ``"chunks (R, ...)"``.
         nbytes: Bytes of the key's values.
         seconds: Time taken, verification included.
+
+    Example:
+        >>> RechunkResult(Path("a.h5"), Path("out/a.h5"), "betas", (750, 10), "contiguous",
+        ...               15000, 0.1).layout
+        'contiguous'
     """
 
     source: Path
