@@ -520,7 +520,8 @@ def rechunk(
         >>> result.layout, result.target.name
         ('contiguous', 'betas_session01.hdf5')
         >>> with h5py.File(result.target) as f:
-        ...     f["betas"].chunks is None, int(f["betas"][5, 9])
+        ...     betas = f["betas"]
+        ...     betas.chunks is None, int(betas[5, 9])
         (True, 59)
     """
     if layout not in LAYOUTS:
