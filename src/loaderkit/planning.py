@@ -401,9 +401,7 @@ def _check_resources(
     )
     if shm.level == "warn":
         found.warnings.append(shm.message)
-    held = (
-        getattr(dataset, "max_session_bytes", 0) if isinstance(dataset, HDF5SessionDataset) else 0
-    )
+    held = dataset.max_session_bytes if isinstance(dataset, HDF5SessionDataset) else 0
     if held:
         memory = check_session_memory(num_workers, held, platform.memory_bytes)
         if memory.level == "warn":

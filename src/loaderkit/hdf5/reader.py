@@ -551,7 +551,11 @@ class SessionReader:
             try:
                 st = os.stat(self.paths[pos])
                 same = st.st_size == held.size and st.st_mtime_ns == held.mtime_ns
-                now_text = f"size {held.size} -> {st.st_size} bytes, modified since"
+                now_text = (
+                    f"size {held.size} -> {st.st_size} bytes"
+                    if st.st_size != held.size
+                    else "same size, modified since"
+                )
             except OSError as exc:
                 same, now_text = False, f"it cannot be examined any more ({exc})"
             if same:

@@ -89,7 +89,8 @@ class BlockShuffleSampler(DistributedSampler[int]):
             dataset holds sessions in memory (``held_capacity``: rows that span many chunks)
             and not all of them fit, at most one less than the sessions it holds (at least
             1): the spare place keeps a finished session from crowding out an active one,
-            so each process reads every session once per pass.
+            so each process reads every session once per pass (exactly, with a window of
+            1 or every session held).
         num_replicas: Number of ranks. Default from ``loaderkit.distributed.dist_info``.
         rank: This rank. Default from ``loaderkit.distributed.dist_info``.
         drop_last: Drop the tail so the samples divide evenly between ranks instead of padding
