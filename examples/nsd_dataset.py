@@ -1,24 +1,35 @@
-"""Natural Scenes Dataset (NSD) betas with loaderkit's HDF5SessionDataset.
+"""Natural Scenes Dataset (NSD) betas, as NSD stores them, with loaderkit's HDF5SessionDataset.
 
 NSD stores single-trial betas per subject in one file per scan session
-(``.../betas_fithrf_GLMdenoise_RR/betas_session01.hdf5`` ... ``betas_session40.hdf5``), each
-with a ``betas`` dataset of 750 trials x voxels in int16, scaled by 300 (divide by 300 to get
-percent signal change). The image shown on every trial comes from the experiment design
+(``.../betas_fithrf_GLMdenoise_RR/betas_session01.hdf5`` ... ``betas_session40.hdf5``). Each
+holds ``betas``, written from MATLAB with ``h5create(file, '/betas', size(betas), 'Datatype',
+'int16', 'ChunkSize', [1 1 1 750])``: h5py sees ``(750, Z, Y, X)`` (volumes) or ``(750, V)``
+(surfaces), int16 betas x 300 (divide by 300 for percent signal change), chunks ``(750, 1, ...)``:
+**each chunk is one voxel's 750 trials, so one trial touches every chunk** (a whole 1 GB file
+for the 1.8 mm volume). The image shown on every trial comes from the experiment design
 (``nsd_expdesign.mat``: ``masterordering`` and ``subjectim``), 30,000 trials per subject.
 
-``NSDBetas`` indexes any subset of global trials, converts betas to float32 in ``read``
-(and, batched, in ``read_rows``), and returns ``{"betas", "stimulus", "trial"}`` per sample.
-Point it at the real data with::
+What to pass (docs/hdf5.md, "NSD betas"):
+
+* ``shuffle="block"``: each worker reads a session once per pass (every chunk once) and serves
+  its trials from memory, within ``max_session_bytes`` (fitted to the machine; the loader's
+  plan says how many sessions fit);
+* or rewrite the files once with ``loaderkit rechunk --key betas --out DIR FILE...``: a trial
+  is then one read of its own bytes, and any order is fast.
+
+``NSDBetas`` indexes any subset of global trials and returns ``{"betas", "stimulus", "trial"}``
+per sample; its ``read`` calls the base ``read`` through ``super()`` and converts the row to
+float32. Point it at the real data with::
 
     ds = NSDBetas.from_directory(
         "/data/nsd/nsddata_betas/ppdata/subj01/func1pt8mm/betas_fithrf_GLMdenoise_RR",
         stimulus=image_ids,  # 30,000 ints: subjectim[subj - 1, masterordering - 1] - 1
         h5py_options={"locking": False},  # read-only network file systems
     )
+    loader = loaderkit.DataLoader(ds, batch_size=64, shuffle="block", num_workers=8, seed=0)
 
-``python examples/nsd_dataset.py`` generates a small NSD-shaped dataset in a temporary
-directory, reads it through a multi-worker DataLoader in block-shuffled order and checks every
-sample.
+``python examples/nsd_dataset.py`` writes a small dataset with NSD's layout in a temporary
+directory, reads it through a multi-worker loader in block order and checks every sample.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,14 +47,14 @@ from typing import Any
 import h5py
 import numpy as np
 import torch
-from torch.utils.data import DataLoader
 
-from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset, SampleIndex
+import loaderkit
+from loaderkit.hdf5 import HDF5SessionDataset, SampleIndex
 
 __all__ = ["NSDBetas", "main", "make_fake_nsd"]
 
 TRIALS_PER_SESSION = 750
-BETA_SCALE = 300.0
+BETA_SCALE = np.float32(300)
 _SESSION_FILE = re.compile(r"betas_session(\d+)\.(?:hdf5|h5)$")
 
 
@@ -57,8 +69,8 @@ class NSDBetas(HDF5SessionDataset):
         trials: Global trial numbers to include (default: every trial of every given
             session), e.g. only the trials of the shared 1,000 images.
         trials_per_session: 750 in NSD.
-        max_open_files: Files open at once per process.
-        h5py_options: Passed to ``h5py.File`` (e.g. ``{"locking": False}``).
+        **kwargs: For ``HDF5SessionDataset`` (``max_session_bytes``, ``max_open_files``,
+            ``h5py_options``, ...).
 
     Example:
         >>> ds = NSDBetas({1: "betas_session01.hdf5"}, stimulus=ids)  # doctest: +SKIP
@@ -73,16 +85,13 @@ class NSDBetas(HDF5SessionDataset):
         stimulus: Sequence[int] | np.ndarray | None = None,
         trials: Sequence[int] | np.ndarray | None = None,
         trials_per_session: int = TRIALS_PER_SESSION,
-        max_open_files: int = 8,
-        h5py_options: Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ) -> None:
         # Attributes used by build_index() are set before the base class builds the index.
         self.trials_per_session = trials_per_session
         self.stimulus = None if stimulus is None else np.asarray(stimulus, dtype=np.int64)
         self.trials = None if trials is None else np.asarray(trials, dtype=np.int64)
-        super().__init__(
-            files, key="betas", max_open_files=max_open_files, h5py_options=h5py_options
-        )
+        super().__init__(files, key="betas", **kwargs)
 
     @classmethod
     def from_directory(cls, root: str | os.PathLike[str], **kwargs: Any) -> NSDBetas:
@@ -128,30 +137,25 @@ class NSDBetas(HDF5SessionDataset):
             raise IndexError(f"trials beyond the rows stored in their session file: {too_far[:10]}")
         return SampleIndex(session_of, row_of)
 
-    def _stimulus_of(self, trial: int) -> int:
-        return -1 if self.stimulus is None else int(self.stimulus[trial])
-
     def read(self, session: Hashable, row: int) -> dict[str, Any]:
-        """One trial: float32 betas (int16 / 300), its image id and its global trial number."""
-        betas = self.h5dataset(session)[row].astype(np.float32) / np.float32(BETA_SCALE)
-        trial = self.global_trial(int(session), row)  # type: ignore[arg-type]
-        return {"betas": betas, "stimulus": self._stimulus_of(trial), "trial": trial}
+        """One trial: float32 betas (int16 / 300), its image id and its global trial number.
 
-    def read_rows(self, session: Hashable, start: int, stop: int) -> list[dict[str, Any]]:
-        """Consecutive trials with one slab read and one conversion (batched loading)."""
-        slab = self.h5dataset(session)[start:stop].astype(np.float32)
-        slab /= np.float32(BETA_SCALE)
-        first = self.global_trial(int(session), start)  # type: ignore[arg-type]
-        return [
-            {"betas": slab[k], "stimulus": self._stimulus_of(first + k), "trial": first + k}
-            for k in range(stop - start)
-        ]
+        The base ``read`` returns the stored int16 row; in block order it comes from the
+        session held in memory (read once per pass, every chunk once).
+        """
+        betas = super().read(session, row).astype(np.float32) / BETA_SCALE
+        trial = self.global_trial(int(session), row)  # type: ignore[call-overload]
+        stimulus = -1 if self.stimulus is None else int(self.stimulus[trial])
+        return {"betas": betas, "stimulus": stimulus, "trial": trial}
 
 
 def make_fake_nsd(
-    root: Path, *, sessions: int, trials: int, voxels: tuple[int, ...], seed: int = 0
+    root: Path, *, sessions: int, trials: int, voxels: int, seed: int = 0
 ) -> tuple[dict[int, Path], np.ndarray, dict[int, np.ndarray]]:
-    """Write NSD-shaped session files (int16 betas x 300) and a stimulus table.
+    """Write session files in NSD's layout and a stimulus table.
+
+    ``betas`` is ``(trials, voxels)`` int16 (betas x 300) with chunks ``(trials, 1)``: one chunk
+    per voxel, as MATLAB's ``h5create(..., 'ChunkSize', [1 1 1 750])`` writes them.
 
     Returns ``(files, stimulus, raw)``: session -> path, image id per global trial, and the
     int16 arrays written (for checking).
@@ -160,20 +164,21 @@ def make_fake_nsd(
     root.mkdir(parents=True, exist_ok=True)
     files, raw = {}, {}
     for s in range(1, sessions + 1):
-        data = rng.integers(-3000, 3000, size=(trials, *voxels), dtype=np.int16)
+        data = rng.integers(-3000, 3000, size=(trials, voxels), dtype=np.int16)
         path = root / f"betas_session{s:02d}.hdf5"
         with h5py.File(path, "w") as f:
-            f.create_dataset("betas", data=data, chunks=(1, *voxels))
+            f.create_dataset("betas", data=data, chunks=(trials, 1))
         files[s], raw[s] = path, data
     stimulus = rng.integers(0, 73000, size=sessions * trials)
     return files, stimulus, raw
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Generate a small NSD-like dataset, load it with workers and check every sample."""
+    """Write a small dataset in NSD's layout, load it with workers and check every sample."""
     parser = argparse.ArgumentParser(description="NSD betas through HDF5SessionDataset")
     parser.add_argument("--sessions", type=int, default=6)
     parser.add_argument("--trials", type=int, default=60, help="trials per session")
+    parser.add_argument("--voxels", type=int, default=500)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=2)
@@ -181,24 +186,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         _, stimulus, raw = make_fake_nsd(
-            Path(tmp), sessions=args.sessions, trials=args.trials, voxels=(6, 7, 5)
+            Path(tmp), sessions=args.sessions, trials=args.trials, voxels=args.voxels
         )
         # Every other trial, e.g. a train split; the trial map handles any subset.
         selected = np.arange(0, args.sessions * args.trials, 2)
-        ds = NSDBetas.from_directory(
-            tmp,
-            stimulus=stimulus,
-            trials=selected,
-            trials_per_session=args.trials,
-            max_open_files=4,
+        with warnings.catch_warnings():
+            # the layout is NSD's own: the hint's first remedy, block order, is used below
+            warnings.simplefilter("ignore", loaderkit.PerformanceHint)
+            ds = NSDBetas.from_directory(
+                tmp, stimulus=stimulus, trials=selected, trials_per_session=args.trials
+            )
+        loader = loaderkit.DataLoader(
+            ds,
+            batch_size=args.batch_size,
+            shuffle="block",
+            num_workers=args.workers,
+            seed=0,
         )
-        sampler = BlockShuffleSampler(ds, seed=0)
-        loader = DataLoader(
-            ds, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers
-        )
+        held = loader.plan["max_session_bytes"]
         checked = 0
         for epoch in range(args.epochs):
-            sampler.set_epoch(epoch)
             seen = []
             for batch in loader:
                 for betas, stim, trial in zip(
@@ -206,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ):
                     t = int(trial)
                     session, row = divmod(t, args.trials)
-                    want = raw[session + 1][row].astype(np.float32) / np.float32(BETA_SCALE)
+                    want = raw[session + 1][row].astype(np.float32) / BETA_SCALE
                     if not torch.equal(betas, torch.from_numpy(want)) or int(stim) != stimulus[t]:
                         print(f"mismatch at trial {t}")
                         return 1
@@ -215,12 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if sorted(seen) != selected.tolist():
                 print(f"epoch {epoch}: trials missing or repeated")
                 return 1
-        info = ds.cache_info()
-        ds.close()
+        loader.close()
     print(
         f"checked {checked} samples over {args.epochs} epochs from {args.sessions} sessions "
         f"({len(ds)} trials, batch {args.batch_size}, {args.workers} workers); "
-        f"main-process cache: {info.opens} opens"
+        f"max_session_bytes {held.value:,} ({held.reason})"
     )
     return 0
 

@@ -191,3 +191,37 @@ def test_copy_on_read(tmp_path: Path) -> None:
     assert data["shared_sequence_mib"] < data["list_mib"]
     assert data["walk_ms"] > 0
     assert data["hint"].startswith(f"dataset.items: list of {data['items']:,} tuples")
+
+
+def test_nsd_layout(tmp_path: Path) -> None:
+    data = _run("nsd_layout.py", tmp_path)
+    assert data["quick"] is True
+    assert data["layout"]["chunks"] == [750, 1] and data["layout"]["dtype"] == "int16"
+    rows = {row["row"]: row for row in data["rows"]}
+    assert set(rows) == {
+        "each session read whole once",
+        "seeds' dataset, 2 workers",
+        "loaderkit shuffle=True, 0 workers",
+        "loaderkit shuffle=True, 2 workers",
+        "loaderkit shuffle=True, max_session_bytes=0, 0 workers",
+        "loaderkit shuffle=True, max_session_bytes=0, 2 workers",
+        'loaderkit shuffle="block", 0 workers',
+        'loaderkit shuffle="block", 2 workers',
+        "after rechunk: shuffle=True, 2 workers",
+        "after rechunk --layout chunked: shuffle=True, 2 workers",
+    }
+    trials = data["layout"]["sessions"] * data["layout"]["trials"]
+    for name, row in rows.items():
+        assert row["samples_per_s"] > 0 and row["vs_bound"] > 0 and row["vs_seeds"] > 0
+        if name.startswith(("loaderkit", "after")):  # every sample of the pass checked
+            assert row["checked_samples"] == row["timed_samples"] == trials, name
+    assert rows["seeds' dataset, 2 workers"]["checked_samples"] == 2 * 64
+    assert rows["each session read whole once"]["vs_bound"] == 1.0
+    assert rows["loaderkit shuffle=True, 2 workers"]["max_session_bytes"] > 0  # in the plan
+    assert rows["loaderkit shuffle=True, max_session_bytes=0, 2 workers"]["max_session_bytes"] == 0
+    assert [t["target"].split(" >=")[0] for t in data["targets"]] == [
+        "block, 0 workers",
+        "shuffle=True, 2 workers",
+        "after rechunk, shuffle=True, 2 workers",
+    ]
+    assert data["rechunk_seconds"] > 0 and "real_size" not in data

@@ -1,4 +1,4 @@
-"""``loaderkit`` / ``python -m loaderkit``: info, doctor, bench and demo.
+"""``loaderkit`` / ``python -m loaderkit``: info, doctor, bench, demo and rechunk.
 
 The only module (with ``__main__``) that prints. Each command returns an exit code:
 
@@ -8,7 +8,9 @@ The only module (with ``__main__``) that prints. Each command returns an exit co
 * ``bench``: loader configurations measured on a dataset (yours with ``--dataset
   module:Class``, else generated session files), with a recommendation;
 * ``demo``: a self-contained run on generated NSD-like session files; exit 1 when a check
-  fails.
+  fails;
+* ``rechunk``: copies of session files with one dataset stored row by row, verified
+  (``loaderkit.hdf5.rechunk``); exit 1 when a file cannot be rewritten.
 """
 
 from __future__ import annotations
@@ -123,6 +125,82 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+class _ByteBars:
+    """tqdm bars for ``rechunk``'s ``progress(description, done, total)``: one per phase."""
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._description = ""
+        self._done = 0
+
+    def __call__(self, description: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        if description != self._description:
+            self.close()
+            self._bar = tqdm(
+                total=total,
+                desc=description,
+                unit="B",
+                unit_scale=True,
+                leave=False,
+                dynamic_ncols=True,
+            )
+            self._description, self._done = description, 0
+        self._bar.update(done - self._done)
+        self._done = done
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        self._bar, self._description = None, ""
+
+
+def _size_text(nbytes: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def _cmd_rechunk(args: argparse.Namespace) -> int:
+    from loaderkit.hdf5.rechunk import rechunk
+
+    bars = None if args.no_progress else _ByteBars()
+    try:
+        results = rechunk(
+            args.files,
+            args.key,
+            args.out,
+            layout=args.layout,
+            chunk_bytes=args.chunk_bytes,
+            overwrite=args.overwrite,
+            progress=bars,
+        )
+    except (OSError, KeyError, ValueError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"loaderkit rechunk: {message}", file=sys.stderr)
+        return 1
+    finally:
+        if bars is not None:
+            bars.close()
+    rows: list[Sequence[object]] = [("file", "copy", "shape", args.key, "size", "seconds")]
+    for r in results:
+        rows.append(
+            (
+                r.source,
+                r.target,
+                "x".join(map(str, r.shape)),
+                r.layout,
+                _size_text(r.nbytes),
+                f"{r.seconds:.1f}",
+            )
+        )
+    print(_table(rows))
+    print(f"\n{len(results)} file(s) rewritten and verified under {args.out}")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from loaderkit.bench import run_bench
     from loaderkit.errors import ConfigError
@@ -219,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="PyTorch data loading that is correct by default.",
     )
     parser.add_argument("--version", action="version", version=f"loaderkit {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{info,doctor,bench,demo}")
+    commands = parser.add_subparsers(dest="command", metavar="{info,doctor,bench,demo,rechunk}")
     commands.required = True
 
     info = commands.add_parser("info", help="platform, versions and recommended workers")
@@ -276,6 +354,40 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--epochs", type=_positive_int, default=3, help="training epochs (default 3)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(run=_cmd_demo)
+
+    from loaderkit.hdf5.rechunk import CHUNK_BYTES, LAYOUTS
+
+    rechunk = commands.add_parser(
+        "rechunk",
+        help="copy session files with one dataset stored row by row (verified)",
+        description=(
+            "Write, for each FILE, a copy with the same name under DIR with KEY stored row by "
+            "row (contiguous, or chunks of whole rows when the source is compressed), every "
+            "other object and attribute copied, values verified; a failure leaves nothing "
+            "under the final name, and a source is never written to."
+        ),
+    )
+    rechunk.add_argument("files", nargs="+", metavar="FILE", help="session files to rewrite")
+    rechunk.add_argument("--key", required=True, help="the dataset to store row by row")
+    rechunk.add_argument("--out", required=True, metavar="DIR", help="where the copies go")
+    rechunk.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="auto",
+        help="auto (default): contiguous unless the source is compressed or can grow, then "
+        "chunks of whole rows",
+    )
+    rechunk.add_argument(
+        "--chunk-bytes",
+        type=_positive_int,
+        default=CHUNK_BYTES,
+        help=f"bytes per chunk of whole rows for chunked copies (default {CHUNK_BYTES})",
+    )
+    rechunk.add_argument(
+        "--overwrite", action="store_true", help="replace copies already in DIR (never a source)"
+    )
+    rechunk.add_argument("--no-progress", action="store_true", help="no progress bars")
+    rechunk.set_defaults(run=_cmd_rechunk)
     return parser
 
 

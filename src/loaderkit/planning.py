@@ -25,7 +25,12 @@ import torch
 from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset
 
 from loaderkit import _torch
-from loaderkit.budgets import check_open_file_budget, check_shared_memory, fit_open_files
+from loaderkit.budgets import (
+    check_open_file_budget,
+    check_session_memory,
+    check_shared_memory,
+    fit_open_files,
+)
 from loaderkit.collate import collate
 from loaderkit.containers import survey_containers
 from loaderkit.distributed import dist_info
@@ -367,6 +372,29 @@ def _file_budget(
     return PlanEntry("max_open_files", requested, requested, reason), None
 
 
+def _session_budget(
+    dataset: Any, res: Resolution, platform: PlatformInfo
+) -> tuple[PlanEntry | None, int | None]:
+    """The plan entry for an HDF5 dataset's ``max_session_bytes``, and the value to apply.
+
+    Only for datasets whose rows span chunks shared with other rows (NSD betas): unset, the
+    budget fitted to this loader's processes and the machine's memory (applied); explicit,
+    kept, and the entry shows what unset would have given.
+    """
+    num_workers = res.values["num_workers"]
+    if not isinstance(dataset, HDF5SessionDataset) or not isinstance(num_workers, int):
+        return None, None
+    if dataset.session_memory_bytes == 0:
+        return None, None
+    budget = dataset.session_budget(max(0, num_workers), platform.memory_bytes)
+    requested = dataset.max_session_bytes_requested
+    if requested is None:
+        entry = PlanEntry("max_session_bytes", UNSET, budget.bytes, f"fits: {budget.reason}")
+        return entry, budget.bytes
+    reason = f"as given (unset would give {budget.bytes}: {budget.reason})"
+    return PlanEntry("max_session_bytes", requested, requested, reason), None
+
+
 def _check_resources(
     dataset: Any,
     request: LoaderRequest,
@@ -412,6 +440,11 @@ def _check_resources(
     )
     if shm.level == "warn":
         found.warnings.append(shm.message)
+    held = dataset.max_session_bytes if isinstance(dataset, HDF5SessionDataset) else 0
+    if held:
+        memory = check_session_memory(num_workers, held, platform.memory_bytes)
+        if memory.level == "warn":
+            found.warnings.append(memory.message)
 
 
 def plan_loader(
@@ -464,6 +497,11 @@ def plan_loader(
         found.entries.append(budget_entry)
     if open_files is not None:
         facts = replace(facts, max_open_files=open_files)
+    session_entry, session_bytes = _session_budget(dataset, res, platform)
+    if session_entry is not None:
+        found.entries.append(session_entry)
+    if session_bytes is not None:
+        dataset.set_session_bytes(session_bytes)  # before the checks and the block sampler
     _check_picklable(dataset, request, res, found)
     _check_copy_on_read(dataset, res, found)
     freeze_gc = _plan_gc_freeze(res, found)

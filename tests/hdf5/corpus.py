@@ -17,7 +17,9 @@ h5py directly:
   stripped as numpy strips them, then decoded as UTF-8); an array of strings (a sub-array field
   of strings, as pandas writes string blocks) is the nested ``list`` of ``str`` numpy's
   ``tolist`` gives;
-- variable-length arrays: a 1-D ``torch.Tensor`` in native order;
+- variable-length arrays: a 1-D ``torch.Tensor`` in native order; variable-length arrays of
+  strings (PyTables ``VLArray`` of ``StringAtom``): a ``list`` of ``str`` (``TextList``; nested
+  lists for string atoms of several strings), batched as a list of those lists;
 - compound rows: a ``dict`` field -> value with these rules applied recursively (nested
   compounds nested dicts, sub-array fields arrays of the field's shape);
 - several keys: a ``dict`` name -> sample; a key naming a group: one sample per dataset of the
@@ -233,6 +235,10 @@ def _vlen_array(value: Any, base: np.dtype) -> torch.Tensor:
     return torch.from_numpy(arr.astype(_native(arr.dtype), copy=True))
 
 
+class TextList(list):  # type: ignore[type-arg]
+    """The oracle's row of a variable-length array of strings: batched as a plain list."""
+
+
 def to_sample(value: Any, dtype: np.dtype) -> Any:
     """Convert what h5py returned for elements of ``dtype`` into the oracle's form."""
     dtype = np.dtype(dtype)
@@ -246,6 +252,9 @@ def to_sample(value: Any, dtype: np.dtype) -> Any:
         return _decode(value)
     base = h5py.check_vlen_dtype(dtype)
     if base is not None:
+        element = np.dtype(base).subdtype[0] if np.dtype(base).subdtype else np.dtype(base)
+        if element.kind in "SU":
+            return TextList(_decode_nested(np.asarray(value).tolist()))
         return _vlen_array(value, np.dtype(base))
     if dtype.kind in "biufc":
         return _native_numeric(value)
@@ -306,6 +315,8 @@ def expected_batch(samples: Sequence[Any]) -> Any:
     """``default_collate`` of the expected samples (numpy uint64 scalars, which torch's
     ``as_tensor`` refuses, become a uint64 tensor)."""
     first = samples[0]
+    if isinstance(first, TextList):  # lists of different lengths: never collated
+        return [list(s) for s in samples]
     if isinstance(first, Mapping):
         return {k: expected_batch([s[k] for s in samples]) for k in first}
     if isinstance(first, np.generic) and first.dtype == np.uint64:
@@ -1006,6 +1017,48 @@ def _pytables_vlarray(atom: str) -> Callable[[Path], Case]:
 
 for _atom in ("int32", "vlstring", "vlunicode"):
     _register(f"tables_vlarray_{_atom}", "ragged", _pytables_vlarray(_atom))
+
+
+def _pytables_vlarray_strings(pairs: bool) -> Callable[[Path], Case]:
+    """A ``VLArray`` of fixed-length strings (``StringAtom``): each row a list of strings.
+
+    ``pairs``: an atom of two strings per element (rows of ``(k, 2)`` strings), compressed.
+    """
+
+    def write(root: Path) -> Case:
+        tables = _tables()
+        name = f"tables_vlarray_strings{'_pairs_zlib' if pairs else ''}"
+        path = root / f"{name}.h5"
+        truth: list[Any] = []
+        with tables.open_file(str(path), "w") as f:
+            if pairs:
+                filters = tables.Filters(complevel=5, complib="zlib")
+                atom = tables.StringAtom(itemsize=4, shape=(2,))
+                v = f.create_vlarray("/", "labels", atom, filters=filters)
+                for i in range(ROWS):
+                    row = [[f"a{i}{k}", f"b{k}"] for k in range(i % 4)]
+                    v.append(np.array(row, dtype="S4").reshape(-1, 2))
+                    truth.append(TextList(row))
+            else:
+                v = f.create_vlarray("/", "labels", tables.StringAtom(itemsize=6))
+                for i in range(ROWS):
+                    row = [_text(i + k, _ASCII)[:6] for k in range(i % 3)]
+                    v.append(np.array([t.encode() for t in row], dtype="S6"))
+                    truth.append(TextList(row))
+        with h5py.File(path, "r") as f:
+            base = h5py.check_vlen_dtype(f["labels"].dtype)
+            assert base is not None and np.dtype(base).kind in "SV", base
+        return _case(name, path, "labels", "string", truth=truth)
+
+    return write
+
+
+for _pairs in (False, True):
+    _register(
+        f"tables_vlarray_strings{'_pairs_zlib' if _pairs else ''}",
+        "string",
+        _pytables_vlarray_strings(_pairs),
+    )
 
 
 def _pandas_table(data_columns: bool) -> Callable[[Path], Case]:

@@ -129,3 +129,120 @@ class Shuffled(HDF5SessionDataset):
     def build_index(self) -> SampleIndex:
         rng = np.random.default_rng(0)
         return SampleIndex(rng.integers(0, 2, 500), rng.integers(0, 50, 500))
+
+
+# ------------------------------------------------------------------ rows spanning many chunks
+
+
+def wide_rows(session: int, rows: int, row_shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """Values of a session whose rows span many chunks: distinct per session, row and column."""
+    n = int(np.prod(row_shape))
+    data = (np.arange(rows)[:, None] * 7 + np.arange(n)[None, :] * 3 + session * 1000) % 30011
+    return (data - 15000).astype(dtype).reshape(rows, *row_shape)
+
+
+def write_wide(
+    root: Path,
+    sessions: int,
+    rows: int,
+    row_shape: tuple[int, ...],
+    *,
+    chunk_rows: int | None = None,
+    dtype: str = "<i2",
+    compression: str | None = None,
+    skip_chunk: bool = False,
+) -> tuple[list[Path], list[np.ndarray]]:
+    """NSD-like files: ``betas`` of ``(rows, *row_shape)`` with chunks ``(chunk_rows, 1, ...)``.
+
+    ``skip_chunk`` leaves one chunk unwritten (it reads as the fill value, 0). Returns the
+    paths and the arrays as stored (what every read must give back, in native order).
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    paths, arrays = [], []
+    for s in range(sessions):
+        data = wide_rows(s, rows, row_shape, dtype)
+        path = root / f"betas_session{s + 1:02d}.hdf5"
+        chunks = (chunk_rows or rows, *(1,) * len(row_shape))
+        with h5py.File(path, "w") as f:
+            d = f.create_dataset(
+                "betas", shape=data.shape, dtype=dtype, chunks=chunks, compression=compression
+            )
+            if skip_chunk:
+                flat = data.reshape(rows, -1)
+                d2 = d  # write every column but the last one, chunk by chunk column
+                for col in range(flat.shape[1] - 1):
+                    index = np.unravel_index(col, row_shape)
+                    d2[(slice(None), *index)] = flat[:, col]
+                data = data.copy()
+                data.reshape(rows, -1)[:, -1] = 0
+            else:
+                d[...] = data
+        paths.append(path)
+        arrays.append(data.astype(np.dtype(dtype).newbyteorder("=")))
+    return paths, arrays
+
+
+#: What ``record_worker_start`` saw when this worker process started.
+WORKER_START: dict[str, int] = {}
+
+
+def _io_read() -> int:
+    try:
+        return int(psutil.Process().io_counters().read_chars)
+    except (AttributeError, NotImplementedError):  # not Linux
+        return -1
+
+
+def _reset_peak_rss() -> None:
+    """Start counting this process's peak RSS afresh (Linux: ``VmHWM`` reset)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:  # not Linux: the peak since the process started counts
+        return
+
+
+def peak_rss() -> int:
+    """Peak RSS of this process since ``_reset_peak_rss`` (or since it started)."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def record_worker_start(worker_id: int) -> None:
+    """``worker_init_fn``: this worker's RSS and bytes read before it reads anything.
+
+    The peak RSS counts from here (a spawned interpreter's start-up peaks higher than the
+    RSS it settles at).
+    """
+    del worker_id
+    _reset_peak_rss()
+    WORKER_START["rss"] = psutil.Process().memory_info().rss
+    WORKER_START["read"] = _io_read()
+
+
+def report_collate(batch: Sequence[Any]) -> dict[str, Any]:
+    """``collate_fn`` that measures the worker that read the batch (or the main process).
+
+    Returns the stacked rows with this process's pid, bytes read (``read_chars``), peak RSS
+    (``peak_rss``) and RSS at start, and the dataset's ``held_info()``.
+    """
+    import torch
+
+    info = torch.utils.data.get_worker_info()
+    held = info.dataset.held_info() if info is not None else None
+    return {
+        "rows": torch.from_numpy(np.stack([np.asarray(s) for s in batch])),
+        "pid": os.getpid(),
+        "read": _io_read() - WORKER_START.get("read", 0),
+        "peak_rss": peak_rss(),
+        "start_rss": WORKER_START.get("rss", 0),
+        "held": held,
+    }

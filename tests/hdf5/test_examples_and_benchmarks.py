@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import h5py
 import numpy as np
 import pytest
+
+from loaderkit import PerformanceHint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,14 +28,35 @@ def _load(relative: str, name: str) -> ModuleType:
 
 def test_nsd_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
     nsd = _load("examples/nsd_dataset.py", "nsd_dataset_example")
-    assert nsd.main(["--sessions", "3", "--trials", "20", "--workers", "2", "--epochs", "2"]) == 0
-    assert "checked 60 samples over 2 epochs from 3 sessions" in capsys.readouterr().out
+    args = ["--sessions", "3", "--trials", "20", "--voxels", "300", "--workers", "2"]
+    assert nsd.main([*args, "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "checked 60 samples over 2 epochs from 3 sessions" in out
+    assert "max_session_bytes 36,000 (fits: all 3 sessions per process" in out
+
+
+def test_nsd_example_uses_the_real_layout_and_super_read(tmp_path: Path) -> None:
+    nsd = _load("examples/nsd_dataset.py", "nsd_dataset_example")
+    files, stimulus, raw = nsd.make_fake_nsd(tmp_path, sessions=2, trials=30, voxels=40)
+    with h5py.File(files[1]) as f:  # NSD's own: int16 x 300, one chunk per voxel
+        assert f["betas"].dtype == np.int16 and f["betas"].chunks == (30, 1)
+    assert "super().read(session, row)" in inspect.getsource(nsd.NSDBetas.read)
+    with pytest.warns(PerformanceHint, match="30x read amplification"):
+        ds = nsd.NSDBetas(files, stimulus=stimulus, trials_per_session=30)
+    samples = ds.__getitems__(list(range(len(ds))))  # per item, through super().read()
+    assert ds.held_info().loads == 2  # each session read once, not once per trial
+    for i, sample in enumerate(samples):
+        session, row = ds.locate(i)
+        want = raw[session][row].astype(np.float32) / 300
+        np.testing.assert_array_equal(sample["betas"], want)
+        assert sample["trial"] == (session - 1) * 30 + row
 
 
 def test_nsd_dataset_subset_and_errors(tmp_path: Path) -> None:
     nsd = _load("examples/nsd_dataset.py", "nsd_dataset_example")
-    files, stimulus, raw = nsd.make_fake_nsd(tmp_path, sessions=2, trials=10, voxels=(2, 3))
-    ds = nsd.NSDBetas(files, stimulus=stimulus, trials=[19, 3, 4], trials_per_session=10)
+    files, stimulus, raw = nsd.make_fake_nsd(tmp_path, sessions=2, trials=10, voxels=16)
+    with pytest.warns(PerformanceHint):
+        ds = nsd.NSDBetas(files, stimulus=stimulus, trials=[19, 3, 4], trials_per_session=10)
     assert [ds.locate(i) for i in range(3)] == [(2, 9), (1, 3), (1, 4)]
     sample = ds[0]
     assert sample["trial"] == 19 and sample["stimulus"] == stimulus[19]
@@ -39,7 +64,7 @@ def test_nsd_dataset_subset_and_errors(tmp_path: Path) -> None:
     batch = ds.__getitems__([1, 2, 0])
     assert [b["trial"] for b in batch] == [3, 4, 19]
     np.testing.assert_array_equal(batch[1]["betas"], raw[1][4].astype(np.float32) / 300)
-    with pytest.raises(FileNotFoundError, match=r"\[3\]"):
+    with pytest.raises(FileNotFoundError, match=r"\[3\]"), pytest.warns(PerformanceHint):
         nsd.NSDBetas(files, trials=[25], trials_per_session=10)
 
 

@@ -10,8 +10,10 @@ constructor arguments), ``keys`` (what each file holds of the keys, read once), 
 ``types`` (HDF5 type -> sample), ``reading`` (which read strategy, runs of rows), ``filters``
 (compression filters available?), ``diagnose`` (causes established by checks), ``handles``
 (per-process file cache), ``index`` (packed sample index), ``layout`` (per-session layout,
-chunk cache, hints), ``rawio`` (``os.preadv`` reads, maps); ``sampler`` stands apart (it reads
-the dataset's public accessors only).
+chunk cache, hints), ``rawio`` (``os.preadv`` reads, maps, chunk maps), ``blocks`` (boxes of
+whole chunks), ``wide`` (rows that span many chunks, each chunk read once), ``held`` (sessions
+held in memory); ``sampler`` stands apart (it reads the dataset's public accessors only), and
+``rechunk`` rewrites files row by row (``loaderkit rechunk``).
 
 Example:
     >>> from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
@@ -24,8 +26,10 @@ from __future__ import annotations
 from loaderkit.errors import HDF5FileError
 from loaderkit.hdf5.dataset import HDF5SessionDataset
 from loaderkit.hdf5.handles import CacheInfo
+from loaderkit.hdf5.held import HeldInfo
 from loaderkit.hdf5.index import SampleIndex
 from loaderkit.hdf5.layout import SessionLayout, default_chunk_cache
+from loaderkit.hdf5.rechunk import RechunkResult, rechunk
 from loaderkit.hdf5.sampler import DEFAULT_BLOCK_SIZE, BlockShuffleSampler
 
 __all__ = [
@@ -34,7 +38,10 @@ __all__ = [
     "CacheInfo",
     "HDF5FileError",
     "HDF5SessionDataset",
+    "HeldInfo",
+    "RechunkResult",
     "SampleIndex",
     "SessionLayout",
     "default_chunk_cache",
+    "rechunk",
 ]

@@ -1,7 +1,8 @@
 """The constructor arguments of ``HDF5SessionDataset``, checked and normalised once.
 
 ``normalize_files`` turns ``files`` into session id -> absolute path, ``check_options`` checks
-``h5py_options`` (always read-only) and ``check_max_open_files`` the handle budget.
+``h5py_options`` (always read-only), ``check_max_open_files`` the handle budget and
+``check_max_session_bytes`` the budget of sessions held in memory.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from loaderkit.errors import ConfigError, warn
 
-__all__ = ["check_max_open_files", "check_options", "normalize_files"]
+__all__ = ["check_max_open_files", "check_max_session_bytes", "check_options", "normalize_files"]
 
 
 def check_max_open_files(max_open_files: Any) -> None:
@@ -31,6 +32,25 @@ def check_max_open_files(max_open_files: Any) -> None:
         raise ConfigError(
             f"max_open_files must be >= 1, got {max_open_files}: every read needs one open "
             "file. Use a small number such as 8 (the default)."
+        )
+
+
+def check_max_session_bytes(max_session_bytes: Any) -> None:
+    """``ConfigError`` unless ``max_session_bytes`` is an int >= 0.
+
+    Example:
+        >>> check_max_session_bytes(1 << 30)
+    """
+    if isinstance(max_session_bytes, bool) or not isinstance(max_session_bytes, int):
+        raise ConfigError(
+            f"max_session_bytes must be an int >= 0 (bytes), got {max_session_bytes!r}; it "
+            "bounds the rows of whole sessions each process holds in memory (0: none; "
+            "None: fitted to the machine)."
+        )
+    if max_session_bytes < 0:
+        raise ConfigError(
+            f"max_session_bytes must be >= 0, got {max_session_bytes}: pass 0 to hold no "
+            "session in memory, or leave it unset (None) to let loaderkit fit it."
         )
 
 

@@ -21,11 +21,24 @@ import h5py
 import numpy as np
 from torch.utils.data import Dataset
 
-from loaderkit.budgets import FILE_OVERHEAD_BYTES, FileBudget, fit_open_files
+from loaderkit.budgets import (
+    CHUNK_INDEX_BYTES,
+    FILE_OVERHEAD_BYTES,
+    FileBudget,
+    SessionBudget,
+    fit_open_files,
+    fit_session_bytes,
+)
 from loaderkit.errors import ConfigError, HDF5FileError, warn
-from loaderkit.hdf5.arguments import check_max_open_files, check_options, normalize_files
+from loaderkit.hdf5.arguments import (
+    check_max_open_files,
+    check_max_session_bytes,
+    check_options,
+    normalize_files,
+)
 from loaderkit.hdf5.diagnose import open_failure
 from loaderkit.hdf5.handles import CacheInfo
+from loaderkit.hdf5.held import HeldInfo
 from loaderkit.hdf5.index import (
     _ROW_BITS,
     _ROW_MASK,
@@ -131,9 +144,18 @@ class HDF5SessionDataset(Dataset):
             The file is checked before every copy, so a file truncated between reads is an
             ``HDF5FileError``; one truncated *during* a copy still ends the reading process
             with ``SIGBUS`` (the loader's error then names memory-mapped reads). Off by default.
+        max_session_bytes: For keys whose rows span many chunks (NSD betas: ``(750, V)``,
+            chunks ``(750, 1)``; see docs/hdf5.md): most bytes of whole sessions' rows each
+            process holds in memory, so that a session is read once while its rows are
+            served (least recently used dropped first). ``None`` (default): as many sessions
+            as fit a quarter of memory shared by the loader's processes
+            (``session_budget``; a ``loaderkit.DataLoader`` refits it and records it in its
+            plan). ``0``: nothing held; every batch reads its rows in one pass over their
+            sessions' chunks. An int is kept as given.
 
     Raises:
-        ConfigError: ``max_open_files < 1``, a ``mode`` other than ``"r"``, ``key=None`` with
+        ConfigError: ``max_open_files < 1``, ``max_session_bytes < 0``, a ``mode`` other
+            than ``"r"``, ``key=None`` with
             several datasets, row shapes/dtypes that differ between sessions, keys whose rows
             do not align, or a type no torch dtype holds (long double, 128-bit float, time,
             reference, opaque).
@@ -168,9 +190,12 @@ class HDF5SessionDataset(Dataset):
         max_open_files: int | None = None,
         h5py_options: Mapping[str, Any] | None = None,
         memory_map: bool = False,
+        max_session_bytes: int | None = None,
     ) -> None:
         if max_open_files is not None:
             check_max_open_files(max_open_files)
+        if max_session_bytes is not None:
+            check_max_session_bytes(max_session_bytes)
         self.files: dict[Hashable, Path] = normalize_files(files)
         self.key = key
         self.fields = None if fields is None else tuple(fields)
@@ -181,6 +206,10 @@ class HDF5SessionDataset(Dataset):
         self.max_open_files = max_open_files or _STANDALONE_FILES
         self.h5py_options: dict[str, Any] = check_options(h5py_options)
         self.memory_map = bool(memory_map)
+        #: The value passed (``None``: fitted to the machine, see ``session_budget``).
+        self.max_session_bytes_requested = max_session_bytes
+        #: Bytes of whole sessions held in memory per process, as used now.
+        self.max_session_bytes = max_session_bytes or 0
         self._ids: list[Hashable] = list(self.files)
         self._paths: list[str] = [os.fspath(p) for p in self.files.values()]
         self._position: dict[Hashable, int] = {sid: i for i, sid in enumerate(self._ids)}
@@ -211,6 +240,10 @@ class HDF5SessionDataset(Dataset):
         if max_open_files is None:
             soft, _ = open_file_limits()
             self.set_open_files(self.file_budget(0, soft, memory_bytes()).files)
+        if max_session_bytes is None:
+            self.set_session_bytes(self.session_budget(0, memory_bytes()).bytes)
+        else:
+            self.set_session_bytes(max_session_bytes)
 
     # ------------------------------------------------------------------ file budget
 
@@ -219,7 +252,8 @@ class HDF5SessionDataset(Dataset):
         """Memory one open session file may hold (chunk cache and HDF5's per-file state).
 
         The chunk cache counts for chunked data only; the per-file state is
-        ``loaderkit.budgets.FILE_OVERHEAD_BYTES``.
+        ``loaderkit.budgets.FILE_OVERHEAD_BYTES``, plus ``CHUNK_INDEX_BYTES`` when rows span
+        chunks shared with other rows (every read walks the whole chunk index).
 
         Example:
             >>> ds.file_memory_bytes  # doctest: +SKIP
@@ -230,7 +264,8 @@ class HDF5SessionDataset(Dataset):
             cache = max(
                 int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in self._reader.open_kwargs
             )
-        return cache + FILE_OVERHEAD_BYTES
+        index = CHUNK_INDEX_BYTES if any(self._reader.any_wide) else 0
+        return cache + FILE_OVERHEAD_BYTES + index
 
     def file_budget(
         self, num_workers: int, soft_limit: int | None, memory: int | None
@@ -287,6 +322,94 @@ class HDF5SessionDataset(Dataset):
         self.max_open_files = files
         self._reader.cache.max_open = files
 
+    # ------------------------------------------------------------------ sessions in memory
+
+    @property
+    def session_memory_bytes(self) -> int:
+        """Bytes the largest session's rows take when held in memory (``max_session_bytes``).
+
+        Counts the keys whose rows span chunks shared with other rows
+        (``SessionLayout.shares_chunks``),
+        the only ones held; 0 when there are none.
+
+        Example:
+            >>> ds.session_memory_bytes  # doctest: +SKIP
+            30000000
+        """
+        return max(self._reader.session_nbytes, default=0)
+
+    def session_budget(self, num_workers: int, memory: int | None) -> SessionBudget:
+        """The ``max_session_bytes`` that fits a loader with ``num_workers`` workers.
+
+        ``loaderkit.budgets.fit_session_bytes`` over this dataset's sessions and
+        ``session_memory_bytes``: as many whole sessions as fit a quarter of memory shared
+        by the loader's processes. Applied only when ``max_session_bytes`` was left unset.
+
+        Args:
+            num_workers: Worker processes of the loader (0: the main process only).
+            memory: Memory of the machine or container in bytes (``None``: unknown).
+
+        Returns:
+            The ``SessionBudget``.
+
+        Example:
+            >>> ds.session_budget(2, 24 << 30).sessions  # doctest: +SKIP
+            4
+        """
+        held = [n for n in self._reader.session_nbytes if n]
+        return fit_session_bytes(max(held, default=0), len(held), num_workers, memory)
+
+    def set_session_bytes(self, nbytes: int) -> None:
+        """Hold at most ``nbytes`` of whole sessions in memory per process from now on.
+
+        Sessions over the new bound are dropped now (in this process); worker processes
+        started later inherit the bound with the dataset.
+
+        Args:
+            nbytes: An int >= 0 (0: hold nothing).
+
+        Raises:
+            ConfigError: ``nbytes`` is not an int >= 0.
+
+        Example:
+            >>> ds.set_session_bytes(2 << 30)  # doctest: +SKIP
+        """
+        check_max_session_bytes(nbytes)
+        self.max_session_bytes = nbytes
+        self._reader.held.set_max_bytes(nbytes)
+
+    @property
+    def held_capacity(self) -> int | None:
+        """Whole sessions ``max_session_bytes`` holds at once (``None``: nothing to hold).
+
+        ``None`` when no key's rows span many chunks; 0 when not even one session fits (each
+        batch then reads its rows in one pass over their sessions' chunks).
+        ``BlockShuffleSampler`` keeps its window of active sessions within it, so that each
+        session is read once per pass in each process.
+
+        Example:
+            >>> ds.held_capacity  # doctest: +SKIP
+            4
+        """
+        size = self.session_memory_bytes
+        if size == 0:
+            return None
+        held = sum(1 for n in self._reader.session_nbytes if n)
+        return min(held, self.max_session_bytes // size)
+
+    def held_info(self) -> HeldInfo:
+        """Statistics of the sessions held in memory by the current process.
+
+        Returns:
+            ``HeldInfo(loads, hits, evictions, held, held_bytes, max_bytes)``; counters start
+            at zero in every new process.
+
+        Example:
+            >>> ds.held_info().loads  # doctest: +SKIP
+            4
+        """
+        return self._reader.held.info()
+
     # ------------------------------------------------------------------ construction helpers
 
     def _open_for_inspection(self, pos: int) -> h5py.File:
@@ -341,8 +464,8 @@ class HDF5SessionDataset(Dataset):
         for k, spec in enumerate(resolved):  # group keys: one row shape in every session
             shapes = {rec.layouts[k].row_shape for rec in records if rec.layouts[k].rows}
             uneven[k] = uneven[k] or (spec.members and len(shapes) > 1)
-            for pos, rec in enumerate(records):
-                advise(rec.layouts[k], self._ids[pos], spec.path)
+            if not spec.members:
+                advise([rec.layouts[k] for rec in records], self._ids, self._paths, spec.path)
         first = [rec.layouts[0] if rec.layouts else None for rec in records]
         return SessionReader(
             ids=self._ids,
@@ -361,6 +484,7 @@ class HDF5SessionDataset(Dataset):
             single=isinstance(self.key, str),
             label=f"{type(self).__name__} over {len(self._ids)} session(s)",
             uneven=[k for k, odd in enumerate(uneven) if odd],
+            max_session_bytes=self.max_session_bytes,
         )
 
     def _canonical(self, records: Sequence[SessionRecord]) -> list[int]:
@@ -632,7 +756,8 @@ class HDF5SessionDataset(Dataset):
     def close(self) -> None:
         """Close every file this dataset holds open in the current process.
 
-        The dataset stays usable: the next read reopens what it needs.
+        Sessions held in memory (``max_session_bytes``) are dropped too. The dataset stays
+        usable: the next read reopens what it needs.
 
         Example:
             >>> ds.close()  # doctest: +SKIP
@@ -640,6 +765,8 @@ class HDF5SessionDataset(Dataset):
         reader = self.__dict__.get("_reader")
         if reader is not None and reader.__dict__.get("cache") is not None:
             reader.cache.close()
+        if reader is not None and reader.__dict__.get("held") is not None:
+            reader.held.clear()
 
     def __enter__(self) -> HDF5SessionDataset:
         return self

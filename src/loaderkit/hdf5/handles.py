@@ -85,14 +85,17 @@ class Handle:
         watch: Reads through it must be followed by a check of the file (chunked data: HDF5
             reads chunks past a new end of the file as zeros).
         dirty: Read since it was last checked.
+        chunk_maps: Per key, where its column chunks lie (``rawio.chunk_map``), built at
+            the first read that needs it (``None``: not yet).
 
     Example:
         >>> Handle.__slots__[:4]
-        ('_mapped', 'datasets', 'dirty', 'fd')
+        ('_mapped', 'chunk_maps', 'datasets', 'dirty')
     """
 
     __slots__ = (
         "_mapped",
+        "chunk_maps",
         "datasets",
         "dirty",
         "fd",
@@ -128,6 +131,7 @@ class Handle:
         self.position = -1
         self.watch = False
         self.dirty = False
+        self.chunk_maps: list[Any] | None = None
 
     def close(self) -> None:
         """Close the maps and the file (and every object opened through it); never raises."""
@@ -135,6 +139,7 @@ class Handle:
         self.raws = []
         self.maps = []
         self.members = {}
+        self.chunk_maps = None
         for mapped in self._mapped:
             try:
                 mapped.close()

@@ -3,7 +3,7 @@
 ``SessionLayout`` describes the dataset read in one session file (shape, dtype, chunking,
 filters); ``describe_layout`` builds it, ``check_same_rows`` validates layouts across sessions,
 ``default_chunk_cache`` chooses HDF5's chunk-cache settings from it, and ``advise`` warns about
-layouts that read slowly.
+layouts that read slowly (``read_amplification``: what one sample reads versus returns).
 """
 
 from __future__ import annotations
@@ -17,8 +17,11 @@ import numpy as np
 
 from loaderkit import errors
 from loaderkit.errors import ConfigError, PerformanceHint, warn
+from loaderkit.hdf5.blocks import chunks_per_row
 
 __all__ = [
+    "MANY_CHUNKS",
+    "Amplification",
     "SessionLayout",
     "add_note",
     "advise",
@@ -27,6 +30,7 @@ __all__ = [
     "default_chunk_cache",
     "describe_layout",
     "open_kwargs",
+    "read_amplification",
 ]
 
 logger = logging.getLogger(__name__)
@@ -36,6 +40,10 @@ _CACHE_CHUNKS = 8
 _CACHE_MIN_BYTES = 8 << 20  # HDF5 2.0's own default: never less cache than plain h5py
 _CACHE_ONE_ROW_BYTES = 1 << 20
 _CACHE_MAX_BYTES = 64 << 20
+#: A row touching at least this many chunks "spans many chunks": the dataset warns
+#: (``advise``); when other rows share those chunks, batches read each chunk once per session
+#: (``loaderkit.hdf5.wide``) and sessions may be held in memory (``max_session_bytes``).
+MANY_CHUNKS = 8
 #: Most hash slots: HDF5 allocates and walks the slot table at every dataset open (millions of
 #: slots for tiny chunks cost 15 ms per open and tens of MiB per open file).
 _MAX_SLOTS = 100_000
@@ -51,6 +59,8 @@ class SessionLayout(NamedTuple):
         chunk_rows: Rows per chunk along the first axis, or ``None`` for contiguous storage.
         chunk_bytes: Bytes of one chunk, or ``None`` for contiguous storage.
         compression: Filter names (e.g. ``"gzip"``), empty when uncompressed.
+        chunk_shape: The chunk shape, sample axis first like ``(rows, *row_shape)``
+            (``None`` for contiguous storage).
 
     Example:
         >>> SessionLayout(750, (64, 64), np.dtype("f4"), None, None, ()).rows
@@ -63,6 +73,40 @@ class SessionLayout(NamedTuple):
     chunk_rows: int | None
     chunk_bytes: int | None
     compression: tuple[str, ...]
+    chunk_shape: tuple[int, ...] | None = None
+
+    @property
+    def chunks_per_row(self) -> int:
+        """Chunks one row (sample) touches (1 for contiguous data).
+
+        Example:
+            >>> lay = SessionLayout(750, (20000,), np.dtype("i2"), 750, 1500, (), (750, 1))
+            >>> lay.chunks_per_row, lay.shares_chunks
+            (20000, True)
+        """
+        if self.chunk_shape is None:
+            return 1
+        return chunks_per_row((self.rows, *self.row_shape), self.chunk_shape)
+
+    @property
+    def spans_many_chunks(self) -> bool:
+        """Whether one row touches ``MANY_CHUNKS`` chunks or more (the dataset warns)."""
+        return self.rows > 0 and self.chunks_per_row >= MANY_CHUNKS
+
+    @property
+    def shares_chunks(self) -> bool:
+        """Whether rows spanning many chunks share them with other rows (several per chunk).
+
+        One row then reads other rows' bytes too (read amplification): batches read each
+        chunk once per session (``loaderkit.hdf5.wide``) and whole sessions may be held in
+        memory (``max_session_bytes``). Chunks of one row each cost lookups, not bytes.
+
+        Example:
+            >>> lay = SessionLayout(6, (256, 256), np.dtype("f4"), 1, 16384, (), (1, 64, 64))
+            >>> lay.spans_many_chunks, lay.shares_chunks
+            (True, False)
+        """
+        return self.spans_many_chunks and (self.chunk_rows or 1) > 1
 
 
 def _next_prime(n: int) -> int:
@@ -218,6 +262,9 @@ def describe_layout(
         chunk_rows=None if chunks is None else int(chunks[axis]),
         chunk_bytes=chunk_bytes,
         compression=compression,
+        chunk_shape=None
+        if chunks is None
+        else (int(chunks[axis]), *(int(c) for k, c in enumerate(chunks) if k != axis)),
     )
 
 
@@ -286,36 +333,120 @@ def check_same_rows(
             )
 
 
-def advise(layout: SessionLayout, session: Hashable, key: str | None) -> None:
-    """Warn (``PerformanceHint``) when one row spans many chunks; log compressed chunking.
+class Amplification(NamedTuple):
+    """What reading one sample costs when its row spans several chunks.
+
+    Attributes:
+        chunks_per_row: Chunks one row touches.
+        chunk_bytes: Bytes of one chunk (uncompressed: what HDF5 reads and decodes).
+        bytes_read: Bytes of chunks one sample read on its own reads.
+        bytes_returned: Bytes of the sample.
+
+    Example:
+        >>> a = read_amplification(
+        ...     SessionLayout(750, (20000,), np.dtype("i2"), 750, 1500, (), (750, 1)))
+        >>> a.chunks_per_row, a.bytes_read, a.bytes_returned, a.ratio
+        (20000, 30000000, 40000, 750.0)
+    """
+
+    chunks_per_row: int
+    chunk_bytes: int
+    bytes_read: int
+    bytes_returned: int
+
+    @property
+    def ratio(self) -> float:
+        """Bytes read per byte returned (read amplification)."""
+        return self.bytes_read / max(1, self.bytes_returned)
+
+
+def read_amplification(layout: SessionLayout) -> Amplification:
+    """The chunks and bytes one sample of ``layout`` reads on its own, versus its size.
+
+    Example:
+        >>> read_amplification(SessionLayout(10, (4,), np.dtype("f4"), None, None, ())).ratio
+        1.0
+    """
+    row_bytes = int(np.prod(layout.row_shape, dtype=np.int64)) * max(1, layout.dtype.itemsize)
+    if layout.chunk_bytes is None:
+        return Amplification(1, 0, row_bytes, row_bytes)
+    chunks = layout.chunks_per_row
+    return Amplification(chunks, layout.chunk_bytes, chunks * layout.chunk_bytes, row_bytes)
+
+
+def _bytes_text(nbytes: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if nbytes >= size:
+            return f"{nbytes / size:.1f} {unit}"
+    return f"{int(nbytes)} bytes"
+
+
+def advise(
+    layouts: Sequence[SessionLayout],
+    ids: Sequence[Hashable],
+    paths: Sequence[str],
+    key: str | None,
+) -> None:
+    """Warn (``PerformanceHint``) once when rows of ``key`` span many chunks; log the rest.
+
+    The hint states the chunks one row touches, the bytes one sample reads versus the bytes
+    it returns (read amplification) and the remedies in order: ``shuffle="block"`` (each
+    session read once per pass and held in memory, ``max_session_bytes``), then
+    ``loaderkit rechunk`` (whole rows per chunk, once). Compressed chunks of several rows
+    are logged (``INFO``): block order keeps their reads chunk-aligned.
 
     Args:
-        layout: The session's layout.
-        session: Session id (for the message).
+        layouts: The key's layout in every session.
+        ids: Session ids, in the order of ``layouts``.
+        paths: File paths, in the order of ``layouts``.
         key: Name of the dataset (for the message).
 
     Example:
-        >>> advise(SessionLayout(10, (4,), np.dtype("f4"), 10, 160, ()), 0, "x")  # quiet
+        >>> advise([SessionLayout(10, (4,), np.dtype("f4"), 10, 160, (), (10, 4))], [0],
+        ...        ["a.h5"], "x")  # quiet: one chunk per row
     """
-    if layout.chunk_rows is None or layout.chunk_bytes is None:
-        return
-    row_elems = int(np.prod(layout.row_shape, dtype=np.int64)) if layout.row_shape else 1
-    chunk_elems = layout.chunk_bytes // max(1, layout.dtype.itemsize)
-    per_row = chunk_elems // max(1, layout.chunk_rows)
-    if per_row and row_elems > per_row * 8:
-        warn(
-            f"session {session!r}: one row of {key!r} spans "
-            f"{-(-row_elems // per_row)} chunks ({layout.chunk_bytes} bytes each, probably "
-            "h5py auto-chunking); every sample then reads many chunks. Rewrite with "
-            "chunks=(1, *row_shape) or contiguous storage.",
-            PerformanceHint,
+    wide = [k for k, lay in enumerate(layouts) if lay.spans_many_chunks]
+    if wide:
+        worst = max(wide, key=lambda k: read_amplification(layouts[k]).ratio)
+        lay, amp = layouts[worst], read_amplification(layouts[worst])
+        chunk_text = "x".join(str(c) for c in lay.chunk_shape or ())
+        filters = f", {'+'.join(lay.compression)}" if lay.compression else ""
+        head = (
+            f"rows of {key!r}: one row spans {amp.chunks_per_row:,} chunks (chunk shape "
+            f"{chunk_text}, {amp.chunk_bytes:,} bytes each{filters}) in {len(wide)} of "
+            f"{len(layouts)} session(s) (e.g. session {ids[worst]!r}, {paths[worst]})."
         )
-    elif layout.compression and layout.chunk_rows > 1:
+        rechunk = (
+            "rewrite the files once with whole rows per chunk: loaderkit rechunk --key "
+            f"{key} --out DIR FILE... (docs/hdf5.md, 'NSD')"
+        )
+        if lay.shares_chunks:
+            held = lay.rows * amp.bytes_returned
+            text = (
+                f"{head} Reading one sample on its own reads {_bytes_text(amp.bytes_read)} of "
+                f"chunks to return {_bytes_text(amp.bytes_returned)}: {amp.ratio:,.0f}x read "
+                "amplification. loaderkit reads the rows a batch needs from one session in one "
+                "pass over its chunks, so a shuffled batch still costs about a whole session "
+                'for every session it draws from. Remedies, in order: (1) shuffle="block" '
+                "(or BlockShuffleSampler): each process reads a session once per pass and "
+                f"serves its rows from memory ({_bytes_text(held)} per session, within "
+                f"max_session_bytes, fitted to the machine); (2) {rechunk}."
+            )
+        else:
+            text = (
+                f"{head} Each sample costs {amp.chunks_per_row:,} chunk reads (HDF5 looks up "
+                f"and reads every chunk on its own) for {_bytes_text(amp.bytes_returned)}, no "
+                f"more bytes than it returns. Remedy: {rechunk}."
+            )
+        warn(text, PerformanceHint)
+    for k, lay in enumerate(layouts):
+        if k in wide or not lay.compression or not lay.chunk_rows or lay.chunk_rows <= 1:
+            continue
         logger.info(
             "session %r: %r is compressed (%s) with %d rows per chunk: random rows "
             "decompress whole chunks; BlockShuffleSampler keeps reads chunk-aligned.",
-            session,
+            ids[k],
             key,
-            ",".join(layout.compression),
-            layout.chunk_rows,
+            ",".join(lay.compression),
+            lay.chunk_rows,
         )

@@ -12,6 +12,12 @@ and pickling, and hands its default reads here:
   converts byte order, enums and compounds itself), then split into samples and the collated
   batch (``loaderkit.collate.RowBatch``).
 
+Keys whose rows span many chunks that other rows share (``SessionLayout.shares_chunks``:
+NSD's ``(750, V)`` betas with chunks ``(750, 1)``) are read apart (``loaderkit.hdf5.wide``):
+a batch's rows of one session in one pass over that session's chunks, and whole sessions held
+in memory within ``max_session_bytes`` (``loaderkit.hdf5.held``), so that block order reads
+each session once.
+
 Never silently wrong: a file is compared with its ``SessionRecord`` when it is (re)opened, and
 with its identity at open (one ``fstat``) after every read and before every copy out of a
 memory map, so a file rewritten, shrunk or truncated under the dataset is an
@@ -21,6 +27,7 @@ memory map, so a file rewritten, shrunk or truncated under the dataset is an
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import os
@@ -43,11 +50,21 @@ from loaderkit.hdf5.diagnose import (
 )
 from loaderkit.hdf5.filters import pipeline
 from loaderkit.hdf5.handles import Handle, HandleCache
+from loaderkit.hdf5.held import HeldSession, HeldSessions
 from loaderkit.hdf5.index import _ROW_BITS, _ROW_MASK
 from loaderkit.hdf5.layout import SessionLayout, add_note, dataset_at
-from loaderkit.hdf5.rawio import map_rows, pread, preadv_possible, raw_location, read_direct
+from loaderkit.hdf5.rawio import (
+    ChunkMap,
+    chunk_map,
+    map_rows,
+    pread,
+    preadv_possible,
+    raw_location,
+    read_direct,
+)
 from loaderkit.hdf5.reading import plan_runs
 from loaderkit.hdf5.types import Kind, RowType, Samples, _dicts
+from loaderkit.hdf5.wide import read_rows_hdf5, read_rows_raw
 
 __all__ = ["KeySpec", "SessionReader", "SessionRecord"]
 
@@ -141,6 +158,8 @@ class SessionReader:
         single: A sample is one key's row, not a dict of keys.
         label: What to call the dataset in messages (its class name).
         uneven: Group keys whose per-sample datasets differ in shape (never stacked).
+        max_session_bytes: Most bytes of whole sessions held in memory in each process
+            (keys whose rows span many chunks; 0: none).
 
     Example:
         >>> SessionReader.read_one.__name__
@@ -164,6 +183,7 @@ class SessionReader:
         single: bool,
         label: str,
         uneven: Sequence[int] = (),
+        max_session_bytes: int = 0,
     ) -> None:
         self.ids = list(ids)
         self.paths = list(paths)
@@ -201,12 +221,29 @@ class SessionReader:
         self._spare: np.ndarray | None = None
         self._scratches: dict[tuple[int, np.dtype, tuple[int, ...]], np.ndarray] = {}
         self._ragged_names = [self._ragged(k) for k in range(len(self.types))]
+        #: Per session, per key: its rows span many chunks and are read apart (``wide``).
+        self.wide = [
+            tuple(
+                self._reads_wide(k, layout)
+                for k, layout in enumerate(rec.layouts[: len(self.types)])
+            )
+            for rec in self.records
+        ]
+        self.any_wide = [any(w[k] for w in self.wide) for k in range(len(self.types))]
+        self._some_wide = any(self.any_wide)  # one attribute test on the per-item path
+        #: Per session: bytes of its wide keys' rows, as held in memory.
+        self.session_nbytes = [
+            sum(rec.layouts[k].rows * self.row_bytes[k] for k, wide in enumerate(w) if wide)
+            for rec, w in zip(self.records, self.wide, strict=True)
+        ]
+        self.held = HeldSessions(max_session_bytes)
 
     # ------------------------------------------------------------------ pickling
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["cache"] = self.cache.max_open  # handles never travel: only the bound
+        state["held"] = self.held.max_bytes  # nor held rows
         state["_spare"] = None
         state["_scratches"] = {}
         return state
@@ -215,6 +252,21 @@ class SessionReader:
         self.__dict__.update(state)
         self.cache = HandleCache(
             self._open, int(state["cache"]), self.paths.__getitem__, on_evict=self._evicted
+        )
+        self.held = HeldSessions(int(state["held"]))
+
+    def _reads_wide(self, k: int, layout: SessionLayout) -> bool:
+        """Whether key ``k`` of a session with ``layout`` is read apart (rows span many chunks).
+
+        Numbers along axis 0 only; compound, string and ragged rows keep the run reads.
+        """
+        spec, rt = self.specs[k], self.types[k]
+        return (
+            layout.shares_chunks
+            and rt.kind is Kind.NUMBER
+            and spec.axis == 0
+            and not spec.members
+            and k not in self.uneven
         )
 
     # ------------------------------------------------------------------ messages
@@ -466,6 +518,152 @@ class SessionReader:
             pos = handle.position
             self.verify(handle, pos, "rows", -1)
 
+    # ------------------------------------------------------------------ rows spanning chunks
+
+    def _chunk_map(self, handle: Handle, k: int) -> ChunkMap | None:
+        """The raw chunk map of key ``k`` in an open file (built once per open), or ``None``."""
+        maps = handle.chunk_maps
+        if maps is None:
+            maps = handle.chunk_maps = [False] * len(self.specs)
+        found = maps[k]
+        if found is False:
+            found = maps[k] = None
+            if preadv_possible(self.open_kwargs[handle.position]) and handle.fd is not None:
+                found = maps[k] = chunk_map(handle.file, handle.datasets[k])
+        return found if isinstance(found, ChunkMap) else None
+
+    def _wide_rows(self, handle: Handle, k: int, rows: np.ndarray, out: np.ndarray) -> int:
+        """Rows (sorted) of key ``k`` from an open file into ``out``, every chunk read once."""
+        cmap = self._chunk_map(handle, k)
+        if cmap is not None:
+            return read_rows_raw(cmap, rows, out)
+        return read_rows_hdf5(handle.datasets[k], rows, out)
+
+    def _held(self, pos: int, index: int) -> HeldSession | None:
+        """Session ``pos`` held in memory, read whole now if it fits ``max_session_bytes``.
+
+        A held session is served only while its file is unchanged (one ``os.stat``).
+        """
+        held = self.held.get(pos)
+        if held is not None:
+            if self.swmr:
+                return held
+            try:
+                st = os.stat(self.paths[pos])
+                same = st.st_size == held.size and st.st_mtime_ns == held.mtime_ns
+                now_text = (
+                    f"size {held.size} -> {st.st_size} bytes"
+                    if st.st_size != held.size
+                    else "same size, modified since"
+                )
+            except OSError as exc:
+                same, now_text = False, f"it cannot be examined any more ({exc})"
+            if same:
+                return held
+            self.held.discard(pos)
+            self.cache.discard(self.canonical[pos])
+            error = HDF5FileError(
+                f"session {self.ids[pos]!r}: {self.paths[pos]} changed after its rows were read "
+                f"into memory ({now_text}); rows for dataset index {index} were not returned. "
+                "Never rewrite session files while a dataset over them is in use; create the "
+                "dataset again afterwards."
+            )
+            if index >= 0:
+                self.note(error, pos, -1, index)
+            raise error
+        nbytes = self.session_nbytes[pos]
+        if not self.held.fits(nbytes):
+            return None
+        handle = self.handle(pos, 0, index)
+        self.held.make_room(nbytes)
+        arrays: list[np.ndarray | None] = []
+        rows = self.records[pos].layouts
+        for k, wide in enumerate(self.wide[pos]):
+            if not wide:
+                arrays.append(None)
+                continue
+            rt = self.types[k]
+            out = self.held.buffer((rows[k].rows, *rt.row_shape), rt.mem_dtype)
+            try:
+                self._wide_rows(handle, k, np.arange(rows[k].rows), out)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                raise self.read_error(exc, pos, range(rows[k].rows), index, k) from exc
+            arrays.append(out)
+        self.verify(handle, pos, "rows", index)  # what was read is the file as it is
+        ident = handle.identity
+        held = HeldSession(
+            arrays,
+            size=ident.size if ident is not None else -1,
+            mtime_ns=ident.mtime_ns if ident is not None else -1,
+        )
+        if ident is not None:
+            self.held.put(pos, held)
+        return held
+
+    def _read_wide(self, k: int, pos: int, rows: np.ndarray, out: np.ndarray, index: int) -> None:
+        """Rows (sorted) of key ``k`` in session ``pos`` into ``out``: held, or one pass.
+
+        The caller holds the lock.
+        """
+        held = self._held(pos, index)
+        if held is not None:
+            source = held.arrays[k]
+            assert source is not None
+            np.take(source, rows, axis=0, out=out, mode="clip")  # rows checked at open
+            return
+        handle = self.handle(pos, int(rows[0]), index)
+        try:
+            self._wide_rows(handle, k, rows, out)
+        except MemoryError:
+            raise
+        except Exception as exc:
+            span = range(int(rows[0]), int(rows[-1]) + 1)
+            raise self.read_error(exc, pos, span, index, k) from exc
+        self.verify(handle, pos, "rows", index)
+
+    def _fill_wide(self, k: int, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
+        """``_fill`` for a key whose rows span many chunks in some session.
+
+        The batch is sorted by (session, row); each wide session's rows are read in one pass
+        over its chunks (or served from memory), other sessions' runs as usual.
+        """
+        n = keys.shape[0]
+        order = np.argsort(keys, kind="stable")
+        ordered = bool(np.all(order == np.arange(n)))
+        buf = out if ordered else np.empty_like(out)
+        skeys = keys if ordered else keys[order]
+        positions = skeys >> _ROW_BITS
+        cuts = np.flatnonzero(np.diff(positions)) + 1
+        bounds = [0, *cuts.tolist(), n]
+        segments = list(itertools.pairwise(bounds))
+        # sessions already held first: they are this batch's, and must not make room for
+        # the sessions it reads anew (least recently used go first)
+        segments.sort(key=lambda seg: self.held.get(int(positions[seg[0]]), touch=False) is None)
+        for s, e in segments:
+            pos = int(positions[s])
+            rows = skeys[s:e] & _ROW_MASK
+            index = int(idx[order[s]])
+            if self.wide[pos][k]:
+                self._read_wide(k, pos, rows, buf[s:e], index)
+                continue
+            handle = self.handle(pos, int(rows[0]), index)
+            brk = np.flatnonzero(np.diff(rows) != 1) + 1
+            starts = [0, *brk.tolist(), e - s]
+            for a, b in itertools.pairwise(starts):
+                first = int(rows[a])
+                try:
+                    self._fill_run(handle, k, pos, first, b - a, buf[s + a : s + b], index)
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    raise self.read_error(exc, pos, range(first, first + b - a), index, k) from exc
+            if handle.watch:
+                self.verify(handle, pos, "rows", index)
+        if not ordered:
+            out[order] = buf
+
     # ------------------------------------------------------------------ one sample
 
     def read_one(self, index: int, pos: int, row: int) -> Any:
@@ -501,6 +699,10 @@ class SessionReader:
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
         rt = self.types[k]
+        if self._some_wide and self.wide[pos][k]:  # a row touches every chunk: held, or a pass
+            sample = np.empty((1, *rt.row_shape), rt.mem_dtype)
+            self._read_wide(k, pos, np.array([row], np.int64), sample, index)
+            return sample[0] if rt.row_shape else sample[0][()]
         raw, mapped = handle.raws[k], handle.maps[k]
         if raw is not None:
             sample = np.empty(rt.row_shape, rt.read_dtype)
@@ -672,6 +874,9 @@ class SessionReader:
         out: np.ndarray,
     ) -> None:
         """Read the runs of ``keys`` for key ``k`` into ``out`` (request order)."""
+        if self.any_wide[k]:
+            self._fill_wide(k, idx, keys, out)
+            return
         n = idx.size
         buf = out if order is None else np.empty_like(out)
         # os.preadv takes the rows as bytes: exporting a record dtype's buffer is slow

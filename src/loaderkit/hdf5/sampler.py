@@ -85,7 +85,12 @@ class BlockShuffleSampler(DistributedSampler[int]):
             construction (so ``torch.manual_seed`` makes it reproducible); with several replicas
             ``None`` means ``0``, like ``DistributedSampler``, so all ranks agree.
         window: Sessions interleaved at a time. Default: the dataset's ``max_open_files`` (so a
-            worker's handle cache never thrashes), at most the number of sessions.
+            worker's handle cache never thrashes), at most the number of sessions. When the
+            dataset holds sessions in memory (``held_capacity``: rows that span many chunks)
+            and not all of them fit, at most one less than the sessions it holds (at least
+            1): the spare place keeps a finished session from crowding out an active one,
+            so each process reads every session once per pass (exactly, with a window of
+            1 or every session held).
         num_replicas: Number of ranks. Default from ``loaderkit.distributed.dist_info``.
         rank: This rank. Default from ``loaderkit.distributed.dist_info``.
         drop_last: Drop the tail so the samples divide evenly between ranks instead of padding
@@ -189,6 +194,9 @@ class BlockShuffleSampler(DistributedSampler[int]):
         present = int(np.unique(self._unit_sess).size)
         if window is None:
             cap = int(getattr(dataset, "max_open_files", present) or present)
+            held = getattr(dataset, "held_capacity", None)
+            if isinstance(held, int) and 0 < held < present:
+                cap = min(cap, max(1, held - 1))
             self.window = max(1, min(cap, present))
         else:
             self.window = check_int("window", window, minimum=1)

@@ -17,6 +17,9 @@ compound                       ``dict`` field -> value (nested dict of batches p
                                dicts for nested compounds)
 fixed / variable-length        ``str`` (UTF-8; undecodable     list of ``str``
 string                         bytes kept as surrogates)
+variable-length array of       ``list`` of ``str`` (nested     list of those lists
+strings (PyTables ``VLArray``  lists for string atoms of
+of ``StringAtom``)             several strings)
 variable-length array          1-D ``torch.Tensor``            ``RaggedBatchError``; use
                                                                ``loaderkit.pad_collate``
 time, reference, opaque,       refused at construction         --
@@ -134,6 +137,11 @@ def _nested(convert: Callable[[Any], Any], value: Any) -> Any:
     return convert(value)
 
 
+def _text_list(value: Any) -> list[Any]:
+    """A variable-length array of strings as a list of ``str`` (nested for string atoms)."""
+    return _nested(decode_text, np.asarray(value).tolist())
+
+
 def _dicts(names: Sequence[str], columns: Sequence[Samples]) -> list[dict[str, Any]]:
     """One dict per row from per-field sample builders."""
     rows = zip(*(column() for column in columns), strict=True)
@@ -175,7 +183,9 @@ class Kind(enum.Enum):
     Attributes:
         NUMBER: Numbers with a torch dtype: arrays, batched into one tensor.
         STRUCT: Compound rows (or several keys): a dict per sample, a dict of batches.
-        TEXT: Strings: ``str`` per sample, a list of ``str`` per batch.
+        TEXT: Strings: ``str`` per sample, a list of ``str`` per batch; rows that are
+            variable-length arrays of strings (``RowType.element`` set): a list of ``str``
+            per sample, a list of such lists per batch.
         RAGGED: Variable-length arrays: a 1-D tensor per sample, no stacked batch.
 
     Example:
@@ -201,7 +211,8 @@ class RowType:
         torch_dtype: The torch dtype of ``NUMBER`` rows (``None`` otherwise).
         swap: Bytes read around HDF5 are in the other byte order and must be swapped.
         fields: ``STRUCT`` only: ``(name, RowType)`` per field, in order.
-        element: ``RAGGED`` only: the native dtype of the elements.
+        element: ``RAGGED``: the native dtype of the elements; ``TEXT``: set when every row
+            is a variable-length array of strings, their dtype (e.g. ``S6``).
         record: ``STRUCT`` only: the file's own record dtype (byte order and offsets as
             stored) when whole records are read as they are and converted field by field in
             numpy, which is far cheaper than HDF5's compound conversion; ``None`` when HDF5
@@ -282,6 +293,10 @@ class RowType:
                 return np.ascontiguousarray(value, self.mem_dtype)
             return value
         if self.kind is Kind.TEXT:
+            if self.element is not None:  # a variable-length array of strings per element
+                if self.row_shape:
+                    return _nested(_text_list, np.asarray(value).tolist())
+                return _text_list(value)
             if self.row_shape:  # nested lists, as numpy's tolist() nests them
                 return _nested(decode_text, np.asarray(value).tolist())
             return decode_text(value)
@@ -323,8 +338,9 @@ class RowType:
             return functools.partial(list, array), tensor
         if self.kind is Kind.TEXT:
             texts = [self.sample(v) for v in values]
+            stacked = self.row_shape and self.element is None  # lists of equal length
             return functools.partial(list, texts), (
-                default_collate(texts) if self.row_shape else list(texts)
+                default_collate(texts) if stacked else list(texts)
             )
         if self.kind is Kind.RAGGED:
             return functools.partial(list, [self.sample(v) for v in values]), None
@@ -514,6 +530,9 @@ def _of(dtype: np.dtype, tid: Any, row_shape: tuple[int, ...], where: str) -> Ro
     vlen = h5py.check_vlen_dtype(dtype)
     if vlen is not None:
         base = np.dtype(vlen)
+        text = base.subdtype[0] if base.subdtype is not None else base
+        if text.kind in "SU" or h5py.check_string_dtype(text) is not None:
+            return RowType(Kind.TEXT, dtype, row_shape, element=base)  # PyTables VLArray
         if base.fields is not None or torch_dtype(base.newbyteorder("=")) is None:
             raise _refuse(where, f"variable-length arrays of {base}", "torch cannot hold")
         native = base.newbyteorder("=")

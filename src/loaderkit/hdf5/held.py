@@ -1,0 +1,179 @@
+"""Sessions held in memory: the rows of whole sessions read once and served from there.
+
+When one row spans many chunks (NSD betas: ``(750, V)``, chunks ``(750, 1)``), any read of a
+session's rows touches every chunk of it, so reading the session whole once costs about the
+same as reading one batch of it. ``HeldSessions`` keeps such sessions' rows in memory, per
+process, within ``max_bytes`` (the dataset's ``max_session_bytes``), least recently used
+dropped first; a dropped session's buffer is reused for the next one of the same size (no
+fresh allocation, no page faults). In block order a session's rows are served while it is
+held, so each session is read at most once per pass in each process.
+
+A held copy is only served while the file is what it was when read: its size and
+modification time are compared (one ``os.stat``) every time rows are served.
+
+One ``HeldSessions`` belongs to one dataset object in one process: a forked child starts
+empty (``get`` notices the new process), and nothing held is ever pickled.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = ["HeldInfo", "HeldSession", "HeldSessions"]
+
+
+@dataclass
+class HeldSession:
+    """The rows of one session, per key that is held (``None`` for the others).
+
+    Attributes:
+        arrays: Per key, ``(rows, *row_shape)`` in the native dtype, or ``None``.
+        size: The file's size when it was read.
+        mtime_ns: Its modification time then.
+
+    Example:
+        >>> HeldSession([np.zeros((750, 10), "i2"), None], size=1, mtime_ns=0).nbytes
+        15000
+    """
+
+    arrays: list[np.ndarray | None]
+    size: int
+    mtime_ns: int
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(a.nbytes for a in self.arrays if a is not None)
+
+
+class HeldInfo(NamedTuple):
+    """Statistics of one process's held sessions (reset in every new process).
+
+    Attributes:
+        loads: Sessions read whole into memory.
+        hits: Reads served from a held session.
+        evictions: Sessions dropped to make room.
+        held: Sessions held now.
+        held_bytes: Bytes held now.
+        max_bytes: The budget (``max_session_bytes``).
+
+    Example:
+        >>> HeldInfo(1, 5, 0, 1, 100, 1000).hits
+        5
+    """
+
+    loads: int
+    hits: int
+    evictions: int
+    held: int
+    held_bytes: int
+    max_bytes: int
+
+
+class HeldSessions:
+    """Whole sessions' rows held in memory, within ``max_bytes``, least recently used first out.
+
+    Args:
+        max_bytes: Most bytes held at once (0: nothing is held).
+
+    Example:
+        >>> held = HeldSessions(1 << 20)
+        >>> held.fits(1 << 21), held.get(0) is None
+        (False, True)
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max(0, int(max_bytes))
+        self._pid = os.getpid()
+        self._entries: OrderedDict[int, HeldSession] = OrderedDict()
+        self._spare: list[np.ndarray] = []
+        self.loads = self.hits = self.evictions = 0
+
+    def _own(self) -> None:
+        """Drop what a parent process held (this object was inherited by fork)."""
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._entries = OrderedDict()
+            self._spare = []
+            self.loads = self.hits = self.evictions = 0
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether a session of ``nbytes`` may be held at all."""
+        return 0 < nbytes <= self.max_bytes
+
+    def get(self, pos: int, *, touch: bool = True) -> HeldSession | None:
+        """The held session at position ``pos``, or ``None``.
+
+        With ``touch`` it becomes the most recently used (and counts as a hit).
+        """
+        self._own()
+        entry = self._entries.get(pos)
+        if entry is not None and touch:
+            self._entries.move_to_end(pos)
+            self.hits += 1
+        return entry
+
+    def make_room(self, nbytes: int) -> None:
+        """Drop least recently used sessions until ``nbytes`` more fit within ``max_bytes``."""
+        self._own()
+        held = sum(e.nbytes for e in self._entries.values())
+        while self._entries and held + nbytes > self.max_bytes:
+            _, old = self._entries.popitem(last=False)
+            held -= old.nbytes
+            self.evictions += 1
+            self._spare = [a for a in old.arrays if a is not None][:4]
+
+    def buffer(self, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
+        """An array to read a session into: a dropped session's buffer when one fits exactly."""
+        dtype = np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        for k, spare in enumerate(self._spare):
+            if spare.nbytes == nbytes:
+                del self._spare[k]
+                return spare.reshape(-1).view(np.uint8).view(dtype).reshape(tuple(shape))
+        return np.empty(tuple(shape), dtype)
+
+    def put(self, pos: int, entry: HeldSession) -> None:
+        """Hold ``entry`` as session ``pos`` (after ``make_room``)."""
+        self._own()
+        self._entries[pos] = entry
+        self._entries.move_to_end(pos)
+        self._spare = []
+        self.loads += 1
+
+    def discard(self, pos: int) -> None:
+        """Forget session ``pos`` (its file changed or failed)."""
+        self._own()
+        self._entries.pop(pos, None)
+
+    def set_max_bytes(self, max_bytes: int) -> None:
+        """Change the budget; sessions over it are dropped now."""
+        self.max_bytes = max(0, int(max_bytes))
+        self.make_room(0)
+
+    def clear(self) -> None:
+        """Drop every held session of this process."""
+        self._entries = OrderedDict()
+        self._spare = []
+
+    def info(self) -> HeldInfo:
+        """The statistics of this process."""
+        self._own()
+        return HeldInfo(
+            self.loads,
+            self.hits,
+            self.evictions,
+            len(self._entries),
+            sum(e.nbytes for e in self._entries.values()),
+            self.max_bytes,
+        )
+
+    def __len__(self) -> int:
+        self._own()
+        return len(self._entries)
