@@ -4,10 +4,14 @@
 fork-safe, thread-safe per-process cache of open files; ``BlockShuffleSampler`` shuffles
 blocks of consecutive rows so that batched reads stay sequential. See ``docs/hdf5.md``.
 
-Modules: ``dataset`` (the dataset class: hooks, accessors, pickling), ``arguments`` (its
-constructor arguments), ``keys`` (what each file holds of the keys, read once), ``reader``
-(``SessionReader``: handles, default reads and the checks that a file did not change),
-``types`` (HDF5 type -> sample), ``reading`` (which read strategy, runs of rows), ``filters``
+Modules: ``dataset`` (the dataset class: hooks, reading, pickling) with its bases ``access``
+(accessors), ``budgeting`` (open-file and held-session budgets) and ``inspection`` (what the
+files hold, read once at construction); ``arguments`` (its constructor arguments), ``keys``
+(what each file holds of the keys), ``records`` (``KeySpec``, ``SessionRecord``), ``reader``
+(``SessionReader``: default reads) with its bases ``sessionfiles`` (state, handles, the checks
+that a file did not change, error context) and ``widereads`` (keys whose rows span many
+chunks); ``types`` (HDF5 type -> sample), ``reading`` (which read strategy), ``runs`` (a batch
+cut into runs of consecutive rows), ``filters``
 (compression filters available?), ``diagnose`` (causes established by checks), ``handles``
 (per-process file cache), ``index`` (packed sample index), ``layout`` (per-session layout,
 chunk cache, hints), ``rawio`` (``os.preadv`` reads, maps, chunk maps), ``blocks`` (boxes of

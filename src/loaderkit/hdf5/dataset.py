@@ -1,7 +1,9 @@
 """``HDF5SessionDataset``: one map-style dataset over many per-session HDF5 files.
 
 This module holds the dataset class itself: its hooks (``read``, ``read_rows``,
-``build_index``, ``transform``), accessors, lifecycle and pickling. What the files hold is read
+``build_index``, ``transform``), reading, lifecycle and pickling; its bases add the accessors
+(``loaderkit.hdf5.access``), the file and memory budgets (``loaderkit.hdf5.budgeting``) and the
+construction steps (``loaderkit.hdf5.inspection``). What the files hold is read
 once, in the process that constructs the dataset (``loaderkit.hdf5.keys``: keys, layouts, types,
 filters, identities); the sample index is packed by ``loaderkit.hdf5.index``; files are opened
 lazily, read-only, in the process that reads, and read by ``loaderkit.hdf5.reader.SessionReader``
@@ -17,28 +19,18 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import h5py
 import numpy as np
 from torch.utils.data import Dataset
 
-from loaderkit.budgets import (
-    CHUNK_INDEX_BYTES,
-    FILE_OVERHEAD_BYTES,
-    FileBudget,
-    SessionBudget,
-    fit_open_files,
-    fit_session_bytes,
-)
-from loaderkit.errors import ConfigError, HDF5FileError, warn
+from loaderkit.errors import ConfigError, HDF5FileError
+from loaderkit.hdf5.access import SessionAccess
 from loaderkit.hdf5.arguments import (
     check_max_open_files,
     check_max_session_bytes,
     check_options,
     normalize_files,
 )
-from loaderkit.hdf5.diagnose import open_failure
-from loaderkit.hdf5.handles import CacheInfo
-from loaderkit.hdf5.held import HeldInfo
+from loaderkit.hdf5.budgeting import SessionBudgets
 from loaderkit.hdf5.index import (
     _ROW_BITS,
     _ROW_MASK,
@@ -47,35 +39,16 @@ from loaderkit.hdf5.index import (
     default_index,
     encode_index,
     lookup,
-    pack_index,
-    unpack_index,
 )
-from loaderkit.hdf5.keys import (
-    check_aligned,
-    check_rows,
-    inspect_session,
-    parse_keys,
-    row_types,
-    sample_type,
-)
+from loaderkit.hdf5.inspection import DatasetInspection
 from loaderkit.hdf5.layout import (
     SessionLayout,
-    _dataset_names,
     add_note,
-    advise,
     default_chunk_cache,
-    open_kwargs,
 )
-from loaderkit.hdf5.reader import KeySpec, SessionReader, SessionRecord
-from loaderkit.hdf5.reading import (
-    ReadMode,
-    overrides,
-    plan_runs,
-    read_mode,
-    read_runs_hook,
-    uses_default_read,
-)
-from loaderkit.hdf5.types import Kind, RowType
+from loaderkit.hdf5.reading import ReadMode, overrides, read_mode, uses_default_read
+from loaderkit.hdf5.runs import plan_runs
+from loaderkit.hdf5.types import Kind
 from loaderkit.platform import memory_bytes, open_file_limits
 
 __all__ = [
@@ -96,15 +69,13 @@ except ImportError:  # pragma: no cover - depends on the environment
 #: ``max_open_files`` while a dataset is being built with ``max_open_files=None`` (the index is
 #: built with it; the fitted budget replaces it before the first read).
 _STANDALONE_FILES = 8
-#: HDF5's own chunk cache size (2.0 and later), used when no ``rdcc_nbytes`` is passed.
-_HDF5_DEFAULT_CACHE = 8 << 20
 
 
 def _overrides(cls: type, name: str) -> bool:
     return overrides(cls, HDF5SessionDataset, name)
 
 
-class HDF5SessionDataset(Dataset):
+class HDF5SessionDataset(SessionAccess, SessionBudgets, DatasetInspection, Dataset):
     """A map-style dataset over per-session HDF5 files with a bounded per-process handle cache.
 
     Sample ``i`` is row ``locate(i)[1]`` of the session file ``locate(i)[0]``. The index is built
@@ -216,6 +187,7 @@ class HDF5SessionDataset(Dataset):
         self._item_fast = uses_default_read(type(self), HDF5SessionDataset)
         self._mode = read_mode(type(self), HDF5SessionDataset)
         self._transforms = _overrides(type(self), "transform")
+        self._custom_index = _overrides(type(self), "build_index")
         for sid, path in self.files.items():
             if not path.exists():
                 raise FileNotFoundError(
@@ -247,294 +219,9 @@ class HDF5SessionDataset(Dataset):
 
     # ------------------------------------------------------------------ file budget
 
-    @property
-    def file_memory_bytes(self) -> int:
-        """Memory one open session file may hold (chunk cache and HDF5's per-file state).
-
-        The chunk cache counts for chunked data only; the per-file state is
-        ``loaderkit.budgets.FILE_OVERHEAD_BYTES``, plus ``CHUNK_INDEX_BYTES`` when rows span
-        chunks shared with other rows (every read walks the whole chunk index).
-
-        Example:
-            >>> ds.file_memory_bytes  # doctest: +SKIP
-            9437184
-        """
-        cache = 0
-        if self._reader.chunked:
-            cache = max(
-                int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in self._reader.open_kwargs
-            )
-        index = CHUNK_INDEX_BYTES if any(self._reader.any_wide) else 0
-        return cache + FILE_OVERHEAD_BYTES + index
-
-    def file_budget(
-        self, num_workers: int, soft_limit: int | None, memory: int | None
-    ) -> FileBudget:
-        """The ``max_open_files`` that fits a loader with ``num_workers`` workers.
-
-        ``loaderkit.budgets.fit_open_files`` over this dataset's sessions and
-        ``file_memory_bytes``: every session when they fit under half the descriptor limit and
-        within a share of memory, fewer otherwise. Applied only when ``max_open_files`` was
-        left unset (``max_open_files_requested is None``); an explicit value always wins.
-
-        Args:
-            num_workers: Worker processes of the loader (0: the main process only).
-            soft_limit: Soft ``RLIMIT_NOFILE`` (``None``: unlimited).
-            memory: Memory of the machine or container in bytes (``None``: unknown).
-
-        Returns:
-            The ``FileBudget``.
-
-        Example:
-            >>> ds.file_budget(8, 1024, 24 << 30).files  # doctest: +SKIP
-            16
-        """
-        return fit_open_files(
-            len(self._ids),
-            num_workers,
-            soft_limit,
-            self.file_memory_bytes,
-            memory,
-            self.fds_per_file,
-        )
-
-    @property
-    def fds_per_file(self) -> int:
-        """Descriptors one open session file holds: 2 when its rows are memory-mapped.
-
-        Python's ``mmap`` keeps a duplicate of the file's descriptor while the map is open.
-        """
-        return 2 if self.memory_map and self._reader.contiguous else 1
-
-    def set_open_files(self, files: int) -> None:
-        """Keep at most ``files`` files open per process from now on (the loader's budget).
-
-        Files over the new bound are closed as others are opened. Worker processes started
-        later inherit the bound with the dataset.
-
-        Args:
-            files: An int >= 1.
-
-        Raises:
-            ConfigError: ``files`` is not an int >= 1.
-        """
-        check_max_open_files(files)
-        self.max_open_files = files
-        self._reader.cache.max_open = files
-
     # ------------------------------------------------------------------ sessions in memory
 
-    @property
-    def session_memory_bytes(self) -> int:
-        """Bytes the largest session's rows take when held in memory (``max_session_bytes``).
-
-        Counts the keys whose rows span chunks shared with other rows
-        (``SessionLayout.shares_chunks``),
-        the only ones held; 0 when there are none.
-
-        Example:
-            >>> ds.session_memory_bytes  # doctest: +SKIP
-            30000000
-        """
-        return max(self._reader.session_nbytes, default=0)
-
-    def session_budget(self, num_workers: int, memory: int | None) -> SessionBudget:
-        """The ``max_session_bytes`` that fits a loader with ``num_workers`` workers.
-
-        ``loaderkit.budgets.fit_session_bytes`` over this dataset's sessions and
-        ``session_memory_bytes``: as many whole sessions as fit a quarter of memory shared
-        by the loader's processes. Applied only when ``max_session_bytes`` was left unset.
-
-        Args:
-            num_workers: Worker processes of the loader (0: the main process only).
-            memory: Memory of the machine or container in bytes (``None``: unknown).
-
-        Returns:
-            The ``SessionBudget``.
-
-        Example:
-            >>> ds.session_budget(2, 24 << 30).sessions  # doctest: +SKIP
-            4
-        """
-        held = [n for n in self._reader.session_nbytes if n]
-        return fit_session_bytes(max(held, default=0), len(held), num_workers, memory)
-
-    def set_session_bytes(self, nbytes: int) -> None:
-        """Hold at most ``nbytes`` of whole sessions in memory per process from now on.
-
-        Sessions over the new bound are dropped now (in this process); worker processes
-        started later inherit the bound with the dataset.
-
-        Args:
-            nbytes: An int >= 0 (0: hold nothing).
-
-        Raises:
-            ConfigError: ``nbytes`` is not an int >= 0.
-
-        Example:
-            >>> ds.set_session_bytes(2 << 30)  # doctest: +SKIP
-        """
-        check_max_session_bytes(nbytes)
-        self.max_session_bytes = nbytes
-        self._reader.held.set_max_bytes(nbytes)
-
-    @property
-    def held_capacity(self) -> int | None:
-        """Whole sessions ``max_session_bytes`` holds at once (``None``: nothing to hold).
-
-        ``None`` when no key's rows span many chunks; 0 when not even one session fits (each
-        batch then reads its rows in one pass over their sessions' chunks).
-        ``BlockShuffleSampler`` keeps its window of active sessions within it, so that each
-        session is read once per pass in each process.
-
-        Example:
-            >>> ds.held_capacity  # doctest: +SKIP
-            4
-        """
-        size = self.session_memory_bytes
-        if size == 0:
-            return None
-        held = sum(1 for n in self._reader.session_nbytes if n)
-        return min(held, self.max_session_bytes // size)
-
-    def held_info(self) -> HeldInfo:
-        """Statistics of the sessions held in memory by the current process.
-
-        Returns:
-            ``HeldInfo(loads, hits, evictions, held, held_bytes, max_bytes)``; counters start
-            at zero in every new process.
-
-        Example:
-            >>> ds.held_info().loads  # doctest: +SKIP
-            4
-        """
-        return self._reader.held.info()
-
     # ------------------------------------------------------------------ construction helpers
-
-    def _open_for_inspection(self, pos: int) -> h5py.File:
-        sid, path = self._ids[pos], self._paths[pos]
-        try:
-            return h5py.File(path, "r", **self.h5py_options)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(
-                f"session {sid!r}: file {path} does not exist ({exc})."
-            ) from exc
-        except TypeError as exc:
-            raise ConfigError(
-                f"h5py_options {self.h5py_options!r} rejected by h5py.File: {exc}"
-            ) from exc
-        except Exception as exc:
-            locking = self.h5py_options.get("locking", True) is not False
-            hint, os_error = open_failure(path, locking=locking)
-            raise HDF5FileError(
-                *((os_error.errno,) if os_error is not None and os_error.errno else ()),
-                f"session {sid!r}: cannot open {path} as HDF5: {hint or 'HDF5 refused it'} "
-                f"(HDF5: {exc}).",
-            ) from (os_error or exc)
-
-    def _inspect_files(self) -> SessionReader:
-        """Read what every file holds (main process only) and build the reader over it."""
-        specs = parse_keys(self.key, self.sample_axis)
-        if specs is None:
-            found = self._autodetect_key()
-            specs = [] if found is None else parse_keys(found, self.sample_axis) or []
-            self.key = found
-        records: list[SessionRecord] = []
-        resolved: list[KeySpec] = list(specs)
-        uneven = [False] * len(specs)
-        for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
-            with self._open_for_inspection(pos) as f:
-                record, resolved, odd = inspect_session(f, specs, sid, path)
-            records.append(record)
-            uneven = [a or b for a, b in zip(uneven, odd, strict=True)]
-        files = list(zip(self._ids, self._paths, strict=True))
-        check_aligned(records, resolved, files)
-        types: list[RowType] = []
-        type_error: ConfigError | None = None
-        try:
-            check_rows(records, resolved, files)
-            types = row_types(records, resolved, self.fields, files, self._open_for_inspection)
-        except ConfigError as exc:
-            if self._item_fast:
-                raise
-            # ``read`` is overridden and may convert such rows itself: the base ``read``
-            # raises this when (and only when) an override calls it through ``super()``
-            type_error = exc
-        for k, spec in enumerate(resolved):  # group keys: one row shape in every session
-            shapes = {rec.layouts[k].row_shape for rec in records if rec.layouts[k].rows}
-            uneven[k] = uneven[k] or (spec.members and len(shapes) > 1)
-            if not spec.members:
-                advise([rec.layouts[k] for rec in records], self._ids, self._paths, spec.path)
-        first = [rec.layouts[0] if rec.layouts else None for rec in records]
-        return SessionReader(
-            ids=self._ids,
-            paths=self._paths,
-            canonical=self._canonical(records),
-            specs=resolved,
-            types=types,
-            type_error=type_error,
-            records=records,
-            open_kwargs=[
-                open_kwargs(lay, self.h5py_options, default_read=self._item_fast) for lay in first
-            ],
-            max_open=self.max_open_files,
-            memory_map=self.memory_map,
-            fast=self._item_fast,
-            single=isinstance(self.key, str),
-            label=f"{type(self).__name__} over {len(self._ids)} session(s)",
-            uneven=[k for k, odd in enumerate(uneven) if odd],
-            max_session_bytes=self.max_session_bytes,
-        )
-
-    def _canonical(self, records: Sequence[SessionRecord]) -> list[int]:
-        """Per session, the first session with the same file (path, symlink or hard link)."""
-        seen: dict[tuple[int, int], int] = {}
-        canonical = []
-        for pos, rec in enumerate(records):
-            ident = rec.identity
-            if ident is None:
-                canonical.append(pos)
-                continue
-            first = seen.setdefault((ident.device, ident.inode), pos)
-            if first != pos:
-                warn(
-                    f"sessions {self._ids[first]!r} ({self._paths[first]}) and "
-                    f"{self._ids[pos]!r} ({self._paths[pos]}) are the same file (same device "
-                    "and inode: a repeated path, a symlink or a hard link): its samples appear "
-                    "once per session. Remove one of them unless you mean to repeat the file."
-                )
-            canonical.append(first)
-        return canonical
-
-    def _autodetect_key(self) -> str | None:
-        with self._open_for_inspection(0) as f:
-            names = _dataset_names(f, limit=10**9)
-        if len(names) == 1:
-            return names[0]
-        if _overrides(type(self), "build_index") and not self._item_fast:
-            return None  # the subclass reads and indexes on its own
-        raise ConfigError(
-            f"key=None but session {self._ids[0]!r} ({self._paths[0]}) holds "
-            f"{len(names)} datasets {names[:25]}; pass key='<name of the per-sample dataset>', "
-            "several as key=('a', 'b'), or a group whose datasets are the samples."
-        )
-
-    def _index_key(self, index: Any) -> np.ndarray:
-        records = self._reader.records
-        check_rows = self._item_fast and all(rec.layouts for rec in records)
-        return pack_index(
-            index,
-            self._ids,
-            row_counts=[rec.layouts[0].rows for rec in records] if check_rows else None,
-            paths=self._paths,
-            key=self._key_name,
-        )
-
-    @property
-    def _key_name(self) -> str | None:
-        specs = self._reader.specs
-        return specs[0].path if len(specs) == 1 else None if not specs else str(self.key)
 
     # ------------------------------------------------------------------ hooks
 
@@ -610,148 +297,6 @@ class HDF5SessionDataset(Dataset):
         return [self.read(session, row) for row in range(start, stop)]
 
     # ------------------------------------------------------------------ files and handles
-
-    def _pos_of(self, session: Hashable) -> int:
-        try:
-            return self._position[session]
-        except (KeyError, TypeError):
-            raise KeyError(
-                f"unknown session {session!r}; sessions: {self._ids[:20]}"
-                + (" ..." if len(self._ids) > 20 else "")
-            ) from None
-
-    def file(self, session: Hashable) -> h5py.File:
-        """Return this process's open, read-only ``h5py.File`` for ``session`` (opened lazily).
-
-        The handle stays valid until it is evicted; from several threads, use it only inside
-        ``read``/``read_rows`` or while holding ``lock``.
-
-        Args:
-            session: Session id (a key of ``files``).
-
-        Returns:
-            The open file.
-
-        Example:
-            >>> ds.file(0).filename  # doctest: +SKIP
-            '/data/betas_session01.hdf5'
-        """
-        pos = self._pos_of(session)
-        with self.lock:
-            return self._reader.handle(pos, 0, -1).file
-
-    def h5dataset(self, session: Hashable, key: str | None = None) -> h5py.Dataset:
-        """Return the cached ``h5py.Dataset`` of ``key`` in ``session``'s file.
-
-        Cheaper than ``file(session)[key]`` (no name lookup per call).
-
-        Args:
-            session: Session id.
-            key: Which key, by its name (default: the first).
-
-        Returns:
-            The open ``h5py.Dataset`` (the ``h5py.Group`` for a group key).
-
-        Example:
-            >>> ds.h5dataset(0)[3].shape  # doctest: +SKIP
-            (64, 64)
-        """
-        pos = self._pos_of(session)
-        specs = self._reader.specs
-        if not specs:
-            raise ConfigError("h5dataset() needs key=; use file(session)[name] instead.")
-        names = [spec.name for spec in specs]
-        if key is not None and key not in names:
-            raise KeyError(f"h5dataset(): no key {key!r}; keys: {names}")
-        k = 0 if key is None else names.index(key)
-        with self.lock:
-            return self._reader.handle(pos, 0, -1).datasets[k]
-
-    @property
-    def lock(self) -> Any:
-        """The re-entrant lock guarding this process's handle cache."""
-        return self._reader.cache.lock
-
-    @property
-    def open_files(self) -> int:
-        """Number of files this dataset holds open in the current process."""
-        return len(self._reader.cache)
-
-    def cache_info(self) -> CacheInfo:
-        """Handle-cache statistics of the current process.
-
-        Returns:
-            ``CacheInfo(hits, misses, evictions, opens, open_files, max_open_files)``; counters
-            start at zero in every new process (fork or spawn).
-
-        Example:
-            >>> ds.cache_info().opens  # doctest: +SKIP
-            8
-        """
-        return self._reader.cache.info()
-
-    def layout(self, session: Hashable) -> SessionLayout | None:
-        """Return the layout of (the first) ``key`` in ``session`` (``None`` without a key).
-
-        Example:
-            >>> ds.layout(0).chunk_rows  # doctest: +SKIP
-            8
-        """
-        layouts = self._reader.records[self._pos_of(session)].layouts
-        return layouts[0] if layouts else None
-
-    @property
-    def sample_type(self) -> RowType | None:
-        """How a sample is typed (``None`` when ``read`` is overridden); see docs/hdf5.md.
-
-        Example:
-            >>> ds.sample_type.kind  # doctest: +SKIP
-            <Kind.NUMBER: 'number'>
-        """
-        reader = self._reader
-        if not self._item_fast or not reader.types:
-            return None
-        return sample_type(reader.types, reader.specs)
-
-    @property
-    def sample_nbytes(self) -> int | None:
-        """Bytes of one sample as the default ``read`` returns it (``None`` when overridden).
-
-        Counts fixed-size data (numbers, compound rows); ``None`` for variable-length rows.
-
-        Example:
-            >>> ds.sample_nbytes  # doctest: +SKIP
-            16384
-        """
-        reader = self._reader
-        if (
-            not self._item_fast
-            or not reader.types
-            or any(
-                rt.kind in (Kind.TEXT, Kind.RAGGED)
-                or rt.ragged_field() is not None
-                or rt.mem_dtype.hasobject
-                for rt in reader.types
-            )
-        ):
-            return None
-        return sum(reader.row_bytes)
-
-    @property
-    def session_ids(self) -> tuple[Hashable, ...]:
-        """Session ids in the order of ``files`` (position ``p`` in ``index_arrays``)."""
-        return tuple(self._ids)
-
-    def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Return read-only ``(session_positions, rows)`` arrays of the whole index.
-
-        ``session_positions[i]`` is the position of sample ``i``'s session in
-        ``session_ids``. Samplers use these to find contiguous rows.
-
-        Example:
-            >>> pos, rows = ds.index_arrays()  # doctest: +SKIP
-        """
-        return unpack_index(self._key)
 
     def close(self) -> None:
         """Close every file this dataset holds open in the current process.
@@ -913,7 +458,7 @@ class HDF5SessionDataset(Dataset):
         if mode is ReadMode.ROWS:
             with self.lock:
                 order, starts = plan_runs(keys, sort=self._reader.chunked, always=True)
-                batch = read_runs_hook(self._reader, self.read_rows, idx, keys, order, starts)
+                batch = self._reader.read_runs(self.read_rows, idx, keys, order, starts)
         else:
             batch = self._reader.read_batch(idx, keys)
         if self._transforms:

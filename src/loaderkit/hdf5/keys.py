@@ -20,7 +20,7 @@ from loaderkit.errors import ConfigError, HDF5FileError, check_int
 from loaderkit.hdf5.diagnose import identity_of, missing_sources
 from loaderkit.hdf5.filters import check_filters
 from loaderkit.hdf5.layout import SessionLayout, check_same_rows, dataset_at, describe_layout
-from loaderkit.hdf5.reader import KeySpec, SessionRecord
+from loaderkit.hdf5.records import KeySpec, SessionRecord
 from loaderkit.hdf5.types import RowType, row_type, struct_of, where
 
 __all__ = [

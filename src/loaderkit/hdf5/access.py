@@ -1,0 +1,182 @@
+"""What an ``HDF5SessionDataset`` says about its files: handles, layouts, types, the index.
+
+``SessionAccess`` is a base of ``HDF5SessionDataset``: this process's open ``h5py.File`` and
+``h5py.Dataset`` of a session, the handle cache's lock and statistics, each session's layout,
+the sample's type and size, and the index as arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import h5py
+import numpy as np
+
+from loaderkit.errors import ConfigError
+from loaderkit.hdf5.handles import CacheInfo
+from loaderkit.hdf5.index import (
+    unpack_index,
+)
+from loaderkit.hdf5.keys import (
+    sample_type,
+)
+from loaderkit.hdf5.layout import (
+    SessionLayout,
+)
+from loaderkit.hdf5.reader import SessionReader
+from loaderkit.hdf5.types import Kind, RowType
+
+__all__ = ["SessionAccess"]
+
+
+class SessionAccess:
+    """Accessors of a session dataset (a base class)."""
+
+    _reader: SessionReader
+    _ids: list[Hashable]
+    _position: dict[Hashable, int]
+    _key: np.ndarray
+    _item_fast: bool
+
+    def _pos_of(self, session: Hashable) -> int:
+        try:
+            return self._position[session]
+        except (KeyError, TypeError):
+            raise KeyError(
+                f"unknown session {session!r}; sessions: {self._ids[:20]}"
+                + (" ..." if len(self._ids) > 20 else "")
+            ) from None
+
+    def file(self, session: Hashable) -> h5py.File:
+        """Return this process's open, read-only ``h5py.File`` for ``session`` (opened lazily).
+
+        The handle stays valid until it is evicted; from several threads, use it only inside
+        ``read``/``read_rows`` or while holding ``lock``.
+
+        Args:
+            session: Session id (a key of ``files``).
+
+        Returns:
+            The open file.
+
+        Example:
+            >>> ds.file(0).filename  # doctest: +SKIP
+            '/data/betas_session01.hdf5'
+        """
+        pos = self._pos_of(session)
+        with self.lock:
+            return self._reader.handle(pos, 0, -1).file
+
+    def h5dataset(self, session: Hashable, key: str | None = None) -> h5py.Dataset:
+        """Return the cached ``h5py.Dataset`` of ``key`` in ``session``'s file.
+
+        Cheaper than ``file(session)[key]`` (no name lookup per call).
+
+        Args:
+            session: Session id.
+            key: Which key, by its name (default: the first).
+
+        Returns:
+            The open ``h5py.Dataset`` (the ``h5py.Group`` for a group key).
+
+        Example:
+            >>> ds.h5dataset(0)[3].shape  # doctest: +SKIP
+            (64, 64)
+        """
+        pos = self._pos_of(session)
+        specs = self._reader.specs
+        if not specs:
+            raise ConfigError("h5dataset() needs key=; use file(session)[name] instead.")
+        names = [spec.name for spec in specs]
+        if key is not None and key not in names:
+            raise KeyError(f"h5dataset(): no key {key!r}; keys: {names}")
+        k = 0 if key is None else names.index(key)
+        with self.lock:
+            return self._reader.handle(pos, 0, -1).datasets[k]
+
+    @property
+    def lock(self) -> Any:
+        """The re-entrant lock guarding this process's handle cache."""
+        return self._reader.cache.lock
+
+    @property
+    def open_files(self) -> int:
+        """Number of files this dataset holds open in the current process."""
+        return len(self._reader.cache)
+
+    def cache_info(self) -> CacheInfo:
+        """Handle-cache statistics of the current process.
+
+        Returns:
+            ``CacheInfo(hits, misses, evictions, opens, open_files, max_open_files)``; counters
+            start at zero in every new process (fork or spawn).
+
+        Example:
+            >>> ds.cache_info().opens  # doctest: +SKIP
+            8
+        """
+        return self._reader.cache.info()
+
+    def layout(self, session: Hashable) -> SessionLayout | None:
+        """Return the layout of (the first) ``key`` in ``session`` (``None`` without a key).
+
+        Example:
+            >>> ds.layout(0).chunk_rows  # doctest: +SKIP
+            8
+        """
+        layouts = self._reader.records[self._pos_of(session)].layouts
+        return layouts[0] if layouts else None
+
+    @property
+    def sample_type(self) -> RowType | None:
+        """How a sample is typed (``None`` when ``read`` is overridden); see docs/hdf5.md.
+
+        Example:
+            >>> ds.sample_type.kind  # doctest: +SKIP
+            <Kind.NUMBER: 'number'>
+        """
+        reader = self._reader
+        if not self._item_fast or not reader.types:
+            return None
+        return sample_type(reader.types, reader.specs)
+
+    @property
+    def sample_nbytes(self) -> int | None:
+        """Bytes of one sample as the default ``read`` returns it (``None`` when overridden).
+
+        Counts fixed-size data (numbers, compound rows); ``None`` for variable-length rows.
+
+        Example:
+            >>> ds.sample_nbytes  # doctest: +SKIP
+            16384
+        """
+        reader = self._reader
+        if (
+            not self._item_fast
+            or not reader.types
+            or any(
+                rt.kind in (Kind.TEXT, Kind.RAGGED)
+                or rt.ragged_field() is not None
+                or rt.mem_dtype.hasobject
+                for rt in reader.types
+            )
+        ):
+            return None
+        return sum(reader.row_bytes)
+
+    @property
+    def session_ids(self) -> tuple[Hashable, ...]:
+        """Session ids in the order of ``files`` (position ``p`` in ``index_arrays``)."""
+        return tuple(self._ids)
+
+    def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return read-only ``(session_positions, rows)`` arrays of the whole index.
+
+        ``session_positions[i]`` is the position of sample ``i``'s session in
+        ``session_ids``. Samplers use these to find contiguous rows.
+
+        Example:
+            >>> pos, rows = ds.index_arrays()  # doctest: +SKIP
+        """
+        return unpack_index(self._key)
