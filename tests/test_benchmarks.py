@@ -150,6 +150,7 @@ def test_handoff(tmp_path: Path) -> None:
         "torch hand-off + one more copy",
         "loaderkit slots",
         "loaderkit slots + one more copy",
+        "loaderkit slots, loop keeps every batch",
     }
     assert rows["main process only"]["ratio"] == 1.0
     assert all(r["samples_per_s"] > 0 and r["us_per_batch"] > 0 for r in rows.values())
@@ -160,10 +161,13 @@ def test_handoff(tmp_path: Path) -> None:
         "slots, 1 worker",
         "torch path, 2 workers",
         "slots, 2 workers",
+        "torch path, 2 workers, loop keeps every batch",
+        "slots, 2 workers, loop keeps every batch",
     }
     kept = hdf5["kept_every_batch"]
     assert kept["changed"] == 0 and kept["pooled"] > 0
     assert kept["pooled"] + kept["fallback"] == kept["batches"]
+    assert kept["copied_out"] > 0 and kept["keep_vs_drop"] > 0  # kept batches copied out here
 
 
 def test_copy_on_read(tmp_path: Path) -> None:

@@ -85,9 +85,12 @@ def test_in_a_worker_the_batch_is_allocated_in_shared_memory(tmp_path: Path) -> 
     loader = DataLoader(ds, batch_size=8, num_workers=2)
     assert loader.collate_fn is collate
     assert loader.plan["read_path"].value == "batch-native"
-    batches = list(loader)
+    shared, batches = [], []
+    for batch in loader:  # the loop lets each batch go: every one crosses in a slot
+        shared.append(batch.is_shared())
+        batches.append(batch.clone())
     loader.close()
-    assert all(b.is_shared() for b in batches)
+    assert all(shared)
     assert torch.equal(torch.cat(batches), _per_item(ds, list(range(60))))
 
 
