@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -246,3 +247,21 @@ def report_collate(batch: Sequence[Any]) -> dict[str, Any]:
         "start_rss": WORKER_START.get("rss", 0),
         "held": held,
     }
+
+
+def shuffled_with_repeats(n: int, seed: int = 0) -> list[int]:
+    """Every index of ``n`` once, half as many repeats, and the ends again, shuffled."""
+    rng = random.Random(seed)
+    order = list(range(n)) + [rng.randrange(n) for _ in range(n // 2)] + [n - 1, 0, 0]
+    rng.shuffle(order)
+    return order
+
+
+def load(loader: Any) -> list[Any]:
+    """Every batch of a loader. Its workers are shut down even when a batch raises: a failing
+    test's traceback would otherwise keep them alive until the interpreter exits (5 s each)."""
+    iterator = iter(loader)
+    try:
+        return list(iterator)
+    finally:
+        getattr(iterator, "_shutdown_workers", lambda: None)()

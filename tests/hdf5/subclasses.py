@@ -8,7 +8,6 @@ loaders. Module level, so spawned workers can import them.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from loaderkit import HDF5SessionDataset, create_dataloader
 from loaderkit.hdf5 import SampleIndex
 from tests.hdf5.corpus import SPECS, Case, assert_same, expected_batch, expected_samples
+from tests.hdf5.helpers import load, shuffled_with_repeats
 
 #: Cases read through loaders (every kind and layout the corpus has, a few of each);
 #: per item and batched reads cover every readable case. Per-sample reads are collated by
@@ -132,13 +132,6 @@ def open_as(cls: type[HDF5SessionDataset], case: Case, **kwargs: Any) -> HDF5Ses
     return cls(case.files, key=case.key, **case.options, **kwargs)
 
 
-def shuffled_with_repeats(n: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    order = list(range(n)) + [rng.randrange(n) for _ in range(n // 2)] + [n - 1, 0, 0]
-    rng.shuffle(order)
-    return order
-
-
 def check_reads(ds: HDF5SessionDataset, want: Sequence[Any]) -> None:
     """``ds`` gives ``want`` per item and through ``__getitems__`` (shuffled, with repeats)."""
     assert len(ds) == len(want)
@@ -149,15 +142,6 @@ def check_reads(ds: HDF5SessionDataset, want: Sequence[Any]) -> None:
     assert len(got) == len(order)
     for i, sample in zip(order, got, strict=True):
         assert_same(sample, want[i], f"__getitems__(...) sample {i}")
-
-
-def load(loader: Any) -> list[Any]:
-    """Every batch of a loader; its workers are shut down even when a batch raises."""
-    iterator = iter(loader)
-    try:
-        return list(iterator)
-    finally:
-        getattr(iterator, "_shutdown_workers", lambda: None)()
 
 
 def check_loader(ds: HDF5SessionDataset, want: Sequence[Any], **loader_args: Any) -> None:

@@ -11,7 +11,6 @@ an ``HDF5FileError`` that says so.
 
 from __future__ import annotations
 
-import random
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +38,7 @@ from tests.hdf5.corpus import (
     expected_batch,
     expected_samples,
 )
+from tests.hdf5.helpers import load, shuffled_with_repeats
 
 # A layout loaderkit would advise against is still a file it must read correctly.
 pytestmark = pytest.mark.filterwarnings("ignore::loaderkit.errors.PerformanceHint")
@@ -65,29 +65,12 @@ def open_dataset(case: Case, **kwargs: Any) -> HDF5SessionDataset:
     return HDF5SessionDataset(case.files, key=case.key, **case.options, **kwargs)
 
 
-def shuffled_with_repeats(n: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    order = list(range(n)) + [rng.randrange(n) for _ in range(n // 2)] + [n - 1, 0, 0]
-    rng.shuffle(order)
-    return order
-
-
 def scrub(message: str, case: Case) -> str:
     """``message`` without the case's file paths and names (they spell the case's name, which
     holds the very words the tests look for: "ragged", "lzo", "checksum", ...)."""
     for path in case.files.values():
         message = message.replace(path, "<path>").replace(Path(path).name, "<file>")
     return message
-
-
-def load(loader: Any) -> list[Any]:
-    """Every batch of a loader. Its workers are shut down even when a batch raises: a failing
-    test's traceback would otherwise keep them alive until the interpreter exits (5 s each)."""
-    iterator = iter(loader)
-    try:
-        return list(iterator)
-    finally:
-        getattr(iterator, "_shutdown_workers", lambda: None)()
 
 
 def test_the_corpus_lists_every_kind_of_case() -> None:
