@@ -225,6 +225,8 @@ class DirectQueue:
             feeder.join(CLOSE_WAIT_S)
         if self._close_nonblocking is not None:
             self._close_nonblocking()
+            # never write to the number again: the kernel may give it to another file
+            self._nonblocking = -1
         self._reader.close()
 
     def release(self) -> None:
