@@ -120,6 +120,9 @@ class DirectQueue:
                 fd = -1
             else:  # closed with the queue, or when it is collected: once either way
                 self._close_nonblocking = weakref.finalize(self, _close_fd, fd)
+                # not at interpreter exit while the queue lives: torch's iterators may still
+                # put on it then (their __del__), and the number must stay this pipe's
+                self._close_nonblocking.atexit = False
             self._nonblocking = fd
         return fd
 
