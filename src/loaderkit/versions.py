@@ -96,12 +96,17 @@ def torch_decision(platform: PlatformInfo) -> Decision[str]:
         return Decision(
             platform.torch_version, f"{head}; every torch internal it relies on checked"
         )
-    turned_off = "; ".join(
+    return Decision(
+        platform.torch_version,
+        f"{head}; changed in this torch, so fell back: {_fallbacks(platform)}",
+    )
+
+
+def _fallbacks(platform: PlatformInfo) -> str:
+    """Each piece that fell back and what it does instead."""
+    return "; ".join(
         f"{piece} -> {PIECES[piece][1] if piece in PIECES else 'torch public path'}"
         for piece in platform.torch_fallbacks
-    )
-    return Decision(
-        platform.torch_version, f"{head}; changed in this torch, so fell back: {turned_off}"
     )
 
 
@@ -111,7 +116,6 @@ def torch_fallback_warning(platform: PlatformInfo) -> str | None:
         return None
     return (
         f"torch {platform.torch_version} changed internals loaderkit relies on, so these fall "
-        f"back to torch's own path: {torch_decision(platform).reason.split('fell back: ')[1]}. "
-        "Loading works and stays correct; see loader.plan['torch'] and docs/platforms.md "
-        "('torch versions')."
+        f"back to torch's own path: {_fallbacks(platform)}. Loading works and stays correct; "
+        "see loader.plan['torch'] and docs/torch-versions.md."
     )
