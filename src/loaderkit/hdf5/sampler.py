@@ -289,7 +289,7 @@ class BlockShuffleSampler(DistributedSampler[int]):
             # Fixed for the seed: sessions in a random order, blocks in file order, then cut
             # into equal contiguous shares (balanced by rows).
             rng = self._rng(0)
-            sess_rank = np.empty(int(self._unit_sess.max()) + 1 if units else 0, np.int64)
+            sess_rank = np.empty(int(np.max(self._unit_sess)) + 1 if units else 0, np.int64)
             present = np.unique(self._unit_sess)
             sess_rank[present] = rng.permutation(present.shape[0])
             seq = np.argsort(sess_rank[self._unit_sess], kind="stable")
