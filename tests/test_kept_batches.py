@@ -30,7 +30,7 @@ import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from loaderkit import ConfigError, DevicePrefetcher, create_dataloader
+from loaderkit import ConfigError, DevicePrefetcher, _torch, create_dataloader
 from loaderkit import handoff as handoff_module
 from loaderkit.handoff import HandoffCounts, Receiver
 from loaderkit.passes import LoaderPass
@@ -135,12 +135,46 @@ def test_a_loop_keeping_every_batch_gets_them_unchanged_and_holds_no_descriptor(
     assert during - before <= 4, (before, during)  # not one descriptor per kept batch
 
 
+def _stock_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name == "loaderkit-kept-batches"]
+
+
 def test_a_loop_that_lets_its_batches_go_copies_none_out() -> None:
     with create_dataloader(Numbered(400), batch_size=4, num_workers=2) as loader:
-        total = sum(float(batch.sum()) for batch in loader)
+        iterator = iter(loader)
+        total = sum(float(batch.sum()) for batch in iterator)
         stats = loader.handoff_stats()
+        hooks = _torch.hooks_of(iterator)
+        assert isinstance(hooks, LoaderPass) and hooks.receiver is not None
+        assert hooks.receiver.stock._thread is None  # no memory faulted in for nobody
     assert total == 64 * sum(range(400))
     assert stats.kept == 0 and stats.fallback == 0 and stats.pooled == 100
+
+
+def test_the_stock_of_blocks_for_kept_batches() -> None:
+    stock = handoff_module._Stock(depth=2)
+    first = stock.take(1000)
+    assert first.numel() == 1000 and first.dtype == torch.uint8
+    assert len(_stock_threads()) == 1  # started by the first batch kept
+    import time
+
+    deadline = time.monotonic() + 10
+    while len(stock._ready) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ready = list(stock._ready)
+    assert len(ready) == 2 and all(b.numel() >= 1000 for b in ready)
+    block = stock.take(1000)
+    assert any(block.data_ptr() == b.data_ptr() for b in ready)  # from the stock
+    bigger = stock.take(5000)  # a bigger batch: the stock's smaller blocks are not used
+    assert bigger.numel() == 5000 and bigger.data_ptr() not in {b.data_ptr() for b in ready}
+    stock.close()
+    deadline = time.monotonic() + 10
+    while _stock_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _stock_threads() == [] and stock._ready == []
+    assert stock.take(10).numel() == 10  # still serves, without a stock
 
 
 _KEEP_UNDER_ULIMIT = """
