@@ -72,6 +72,7 @@ def test_resume(tmp_path: Path) -> None:
         assert all(s["ms_to_first_batch"] > 0 for s in scenarios.values())
 
 
+@pytest.mark.slow
 def test_feed(tmp_path: Path) -> None:
     data = _run("feed.py", tmp_path)
     prefetched = {"loaderkit default + DevicePrefetcher", "loaderkit block + DevicePrefetcher"}
@@ -170,6 +171,7 @@ def test_handoff(tmp_path: Path) -> None:
     assert kept["copied_out"] > 0 and kept["keep_vs_drop"] > 0  # kept batches copied out here
 
 
+@pytest.mark.slow
 def test_copy_on_read(tmp_path: Path) -> None:
     data = _run("copy_on_read.py", tmp_path)
     rows = {row["loader"]: row for row in data["rows"]}

@@ -52,7 +52,11 @@ def _kill_mid_epoch(context: str, rng: random.Random) -> tuple[BaseException, in
     return caught, victim
 
 
-@pytest.mark.parametrize(("context", "trials"), [("fork", 27), ("spawn", 3)])
+@pytest.mark.parametrize(
+    ("context", "trials"),
+    # 27 forks of the test process: about 50 s late in a whole run, where forking it is slow
+    [pytest.param("fork", 27, marks=pytest.mark.slow), ("spawn", 3)],
+)
 def test_every_sigkill_names_the_pid_and_the_signal(context: str, trials: int) -> None:
     rng = random.Random(23)
     for trial in range(trials):

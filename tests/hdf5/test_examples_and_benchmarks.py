@@ -68,6 +68,7 @@ def test_nsd_dataset_subset_and_errors(tmp_path: Path) -> None:
         nsd.NSDBetas(files, trials=[25], trials_per_session=10)
 
 
+@pytest.mark.slow
 def test_benchmark_quick_mode_returns_the_same_data(tmp_path: Path) -> None:
     bench = _load("benchmarks/hdf5_read.py", "hdf5_read_benchmark")
     results = bench.run_benchmark(quick=True, repeats=1, root=tmp_path)
