@@ -119,7 +119,7 @@ def test_preflight_catches_what_torch_would_fail_on() -> None:
     dataset = TransformDataset(Transform(lambda x: x))
     plain = torch.utils.data.DataLoader(dataset, num_workers=1, multiprocessing_context="spawn")
     # "Can't pickle local object" (Python <= 3.12), "Can't get local object" (3.13)
-    with pytest.raises(Exception, match="pickle|local object"), warnings.catch_warnings():
+    with pytest.raises(Exception, match=r"pickle|local object"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # what torch warns on the way differs by release
         next(iter(plain))
 
