@@ -19,6 +19,7 @@ never happens while the iterator or the worker is referenced: 2 per worker, 4 fo
 from __future__ import annotations
 
 import gc
+import inspect
 import multiprocessing.queues
 import os
 import time
@@ -29,7 +30,7 @@ from typing import Any
 import pytest
 import torch
 import torch.utils.data._utils.pin_memory as torch_pin_memory
-from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from loaderkit import create_dataloader
 from loaderkit.queues import DirectQueue
@@ -54,12 +55,13 @@ def fake_pinning(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
         return data
 
     accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None:  # torch 2.6+ asks torch.accelerator
+    if accelerator is not None:  # torch 2.6+ has torch.accelerator
         monkeypatch.setattr(accelerator, "is_available", lambda: True)
         monkeypatch.setattr(accelerator, "current_accelerator", lambda *a, **k: _FakeCuda())
         monkeypatch.setattr(accelerator, "current_device_index", lambda: 0)
         monkeypatch.setattr(accelerator, "set_device_index", lambda index: None)
-    else:  # older torch asks torch.cuda
+    if "torch.cuda.is_available()" in inspect.getsource(_BaseDataLoaderIter.__init__):
+        # torch before 2.7 decides whether an iterator pins by asking torch.cuda
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch_pin_memory, "pin_memory", pin)

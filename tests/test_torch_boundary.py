@@ -317,3 +317,69 @@ def test_doctor_says_which_torch_and_what_falls_back(
 
     check = next(c for c in run_checks(fake_platform(**fields)) if c.name == "torch")
     assert check.status == status and words in check.advice, check
+
+
+# ---------------------------------------------------------------- numpy bools in default_collate
+
+
+def test_numpy_bools_collate_as_newer_torch_collates_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    samples = [{"ok": np.True_, "x": np.float32(1.5)}, {"ok": np.False_, "x": np.float32(2.5)}]
+    on_this_torch = _torch.default_collate(samples)
+    # where torch refuses them (2.6 under numpy 2.4+), the repaired map gives the same batch
+    monkeypatch.setattr(_torch.collate, "NUMPY_BOOLS_COLLATE", False)
+    repaired = _torch.default_collate(samples)
+    for batch in (on_this_torch, repaired):
+        assert batch["ok"].dtype == torch.bool and batch["ok"].tolist() == [True, False]
+        assert batch["x"].dtype == torch.float32 and batch["x"].tolist() == [1.5, 2.5]
+    assert _torch.default_collate([np.True_]).tolist() == [True]
+
+
+def test_an_hdf5_dataset_on_a_torch_refusing_numpy_bools_collates_with_loaderkit(
+    tmp_path: Path,
+) -> None:
+    import h5py
+    import numpy as np
+
+    from loaderkit import HDF5SessionDataset
+    from loaderkit.collate import collate
+
+    path = tmp_path / "flags.h5"
+    with h5py.File(path, "w") as f:
+        f["flags"] = np.array([True, False, True, False])
+
+    class Flags(HDF5SessionDataset):  # read per sample: each flag a numpy bool
+        def __getitem__(self, index: int) -> Any:
+            return super().__getitem__(index)
+
+    dataset = Flags([path], key="flags")
+    assert dataset.read_path[0] == "per-sample"
+    refusing = fake_platform(numpy_bools_collate=False)
+
+    setup = plan_loader(dataset, LoaderRequest(batch_size=2), platform=refusing)
+    row = setup.plan["collate_fn"]
+    assert row.value == "loaderkit.collate" and "refuses numpy bool scalars" in row.reason
+    assert setup.torch_kwargs["collate_fn"] is collate
+    # this torch as it is, an explicit collate_fn, or no batching: left alone
+    for platform, request in [
+        (fake_platform(numpy_bools_collate=True), LoaderRequest(batch_size=2)),
+        (refusing, LoaderRequest(batch_size=2, collate_fn=list)),
+        (refusing, LoaderRequest(batch_size=None)),
+    ]:
+        kwargs = plan_loader(dataset, request, platform=platform).torch_kwargs
+        assert kwargs["collate_fn"] is not collate
+    with create_dataloader(dataset, batch_size=2) as loader:
+        assert [b.tolist() for b in loader] == [[True, False], [True, False]]
+
+
+def test_no_accelerator_is_none_where_torch_raises_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None:
+        pytest.skip("torch.accelerator came with torch 2.6")
+
+    def none_available() -> Any:  # torch 2.6 without a device (later releases give None)
+        raise RuntimeError("Cannot access accelerator device when none is available.")
+
+    monkeypatch.setattr(accelerator, "current_accelerator", none_available)
+    assert _torch.accelerator_type() is None

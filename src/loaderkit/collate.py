@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, cast
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import get_worker_info
 
 from loaderkit import _torch, worker
 from loaderkit.errors import RaggedBatchError
@@ -170,7 +170,7 @@ def pad_collate(batch: Any, padding_value: float = 0) -> Any:
     """
     samples = list(batch)
     if not samples:
-        return default_collate(samples)
+        return _torch.default_collate(samples)
     first = samples[0]
     if isinstance(first, Mapping) and not isinstance(first, (str, bytes)):
         return {key: pad_collate([s[key] for s in samples], padding_value) for key in first}
@@ -186,7 +186,7 @@ def pad_collate(batch: Any, padding_value: float = 0) -> Any:
             )
             lengths = torch.tensor([t.shape[0] for t in parts], dtype=torch.int64)
             return Padded(values, lengths)
-    return default_collate(samples)
+    return _torch.default_collate(samples)
 
 
 @functools.lru_cache(maxsize=64)
@@ -281,4 +281,4 @@ def collate(batch: Any) -> Any:
                 "that crops or pads every sample to one length, or batch_size=None."
             )
         return batch.tensor
-    return default_collate(batch)
+    return _torch.default_collate(batch)

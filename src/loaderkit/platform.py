@@ -84,6 +84,8 @@ class PlatformInfo:
             torch's public path. Empty (the default) when every probe passed.
         torch_loader_args: The arguments this torch's ``DataLoader`` accepts (``None``: not
             known, every argument is passed). An older torch is never given one it lacks.
+        numpy_bools_collate: torch's ``default_collate`` takes numpy bool scalars (``False``
+            for torch 2.6 under numpy 2.4 and later: ``loaderkit._torch.NUMPY_BOOLS_COLLATE``).
 
     Examples:
         >>> info = detect_platform()
@@ -115,6 +117,7 @@ class PlatformInfo:
     torch_threads_chosen: bool = False
     torch_fallbacks: tuple[str, ...] = ()
     torch_loader_args: frozenset[str] | None = None
+    numpy_bools_collate: bool = True
 
     @property
     def cuda_usable(self) -> bool:
@@ -357,4 +360,5 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
         torch_threads_chosen=threads_chosen,
         torch_fallbacks=tuple(probe.piece for probe in _torch.support().failed),
         torch_loader_args=_torch.loader_parameters(),
+        numpy_bools_collate=_torch.NUMPY_BOOLS_COLLATE,
     )

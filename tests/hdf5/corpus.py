@@ -313,13 +313,14 @@ def expected_samples(case: Case) -> list[Any]:
 
 def expected_batch(samples: Sequence[Any]) -> Any:
     """``default_collate`` of the expected samples (numpy uint64 scalars, which torch's
-    ``as_tensor`` refuses, become a uint64 tensor)."""
+    ``as_tensor`` refuses, become a uint64 tensor; numpy bools, which torch 2.6 refuses under
+    numpy 2.4, the bool tensor newer torch makes of them)."""
     first = samples[0]
     if isinstance(first, TextList):  # lists of different lengths: never collated
         return [list(s) for s in samples]
     if isinstance(first, Mapping):
         return {k: expected_batch([s[k] for s in samples]) for k in first}
-    if isinstance(first, np.generic) and first.dtype == np.uint64:
+    if isinstance(first, np.generic) and first.dtype in (np.uint64, np.bool_):
         return torch.from_numpy(np.array(samples))
     return default_collate(list(samples))
 

@@ -37,6 +37,8 @@ Examples:
 from __future__ import annotations
 
 from loaderkit._torch.collate import (
+    NUMPY_BOOLS_COLLATE,
+    default_collate,
     install_tensor_collate,
     is_exception_wrapper,
     pin_memory,
@@ -81,6 +83,7 @@ from loaderkit._torch.version import (
 __all__ = [
     "ARGUMENTS_SINCE",
     "CHECKED_ON",
+    "NUMPY_BOOLS_COLLATE",
     "PIECES",
     "TESTED_FROM",
     "TESTED_TO",
@@ -95,6 +98,7 @@ __all__ = [
     "as_sent_to_workers",
     "consume_base_seed_draw",
     "deaths_named",
+    "default_collate",
     "draw_seed",
     "forget_kept_iterator",
     "hooks_of",

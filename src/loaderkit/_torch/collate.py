@@ -12,10 +12,18 @@ Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
   recursion over the public ``Tensor.pin_memory`` where torch's helper is missing.
 * ``is_exception_wrapper``: what a worker sends when its dataset raised
   (``torch._utils.ExceptionWrapper``).
+* ``default_collate``: torch's ``default_collate``, with one repair: torch's rule for numpy
+  scalars calls ``torch.as_tensor`` on the list of them, which older torch (2.6 here) refuses
+  for numpy bools under numpy 2.4 and later (``'numpy.bool' object cannot be interpreted as an
+  integer``). Where a probe at import sees that, numpy bools are stacked through one array,
+  which gives the bool tensor newer torch gives.
 
 Examples:
     >>> tensor_rule() is not None
     True
+    >>> import numpy as np
+    >>> default_collate([np.True_, np.False_])
+    tensor([ True, False])
 """
 
 from __future__ import annotations
@@ -23,10 +31,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
+from torch.utils.data import default_collate as _torch_default_collate
 
 __all__ = [
+    "NUMPY_BOOLS_COLLATE",
     "TensorCollate",
+    "default_collate",
     "install_tensor_collate",
     "is_exception_wrapper",
     "pin_memory",
@@ -51,6 +63,40 @@ _TORCH_RULE: TensorCollate | None = None
 _MAP = getattr(_collate, "default_collate_fn_map", None)
 if isinstance(_MAP, dict) and callable(_MAP.get(torch.Tensor)):
     _TORCH_RULE = _MAP[torch.Tensor]
+
+
+def _numpy_bools_collate() -> bool:
+    """Whether torch's rule for numpy scalars takes numpy bools (a list of them to a tensor)."""
+    try:
+        torch.as_tensor([np.True_, np.False_])
+    except TypeError:
+        return False
+    return True
+
+
+#: ``False`` where this torch, with this numpy, refuses a list of numpy bools.
+NUMPY_BOOLS_COLLATE = _numpy_bools_collate()
+
+
+def _collate_numpy_bools(batch: Sequence[Any], *, collate_fn_map: Any = None) -> torch.Tensor:
+    """Numpy bool scalars as one bool tensor, through one array (what newer torch gives)."""
+    return torch.from_numpy(np.asarray(batch, dtype=np.bool_))
+
+
+def default_collate(batch: Any) -> Any:
+    """``default_collate`` as torch has it, numpy bool scalars included on every torch.
+
+    Args:
+        batch: A list of samples.
+
+    Returns:
+        What ``torch.utils.data.default_collate`` returns; where this torch refuses numpy
+        bools (``NUMPY_BOOLS_COLLATE``), they become a bool tensor as newer torch makes them.
+    """
+    if NUMPY_BOOLS_COLLATE or _collate is None or not isinstance(_MAP, dict):
+        return _torch_default_collate(batch)
+    # read at each call: inside a worker the map's tensor rule may be loaderkit's
+    return _collate.collate(batch, collate_fn_map={np.bool_: _collate_numpy_bools, **_MAP})
 
 
 def tensor_rule() -> TensorCollate | None:

@@ -28,7 +28,10 @@ def accelerator_type() -> str | None:
     """
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:
-        current = cast(Any, accelerator).current_accelerator()
+        try:
+            current = cast(Any, accelerator).current_accelerator()
+        except RuntimeError:  # torch 2.6 raises where there is none (later ones give None)
+            return None
         return None if current is None else str(current.type)
     if torch.cuda.is_available():
         return "cuda"

@@ -141,7 +141,7 @@ def resolve(
             True,
             f"{facts.type_name} defines __getitems__: each batch is read with one call",
         )
-    _resolve_collate(request, facts, res)
+    _resolve_collate(request, facts, platform, res)
     workers = res.values.get("num_workers")
     if request.handoff not in HANDOFF_CHOICES:
         resolve_handoff(platform, None, requested=request.handoff)  # raises, naming the choices
@@ -163,8 +163,15 @@ def resolve(
     return res.freeze()
 
 
-def _resolve_collate(request: LoaderRequest, facts: DatasetFacts, res: Draft) -> None:
-    """Record the dataset's read path; keep a batch read natively as it is (no re-stack)."""
+def _resolve_collate(
+    request: LoaderRequest, facts: DatasetFacts, platform: PlatformInfo, res: Draft
+) -> None:
+    """Record the dataset's read path; keep a batch read natively as it is (no re-stack).
+
+    loaderkit's HDF5 datasets give numpy scalars for scalar rows and record fields; where
+    this torch's ``default_collate`` refuses numpy bools (torch 2.6 under numpy 2.4+), their
+    batches go through ``loaderkit.collate``, which stacks them as newer torch does.
+    """
     if facts.read_path is None or facts.iterable:
         return
     path, reason = facts.read_path
@@ -172,12 +179,20 @@ def _resolve_collate(request: LoaderRequest, facts: DatasetFacts, res: Draft) ->
     if request.sample_seeding and path == "per-sample":
         reason += "; sample_seeding reads each index alone"
     res.record("read_path", UNSET, path, reason)
-    if path == "batch-native" and batching and request.collate_fn is None:
-        res.values["collate_fn"] = collate
-        res.record(
-            "collate_fn",
-            None,
-            "loaderkit.collate",
+    if not batching or request.collate_fn is not None:
+        return
+    if path == "batch-native":
+        why = (
             "batches read natively are already one tensor: returned as is (no split and "
-            "re-stack); anything else goes to default_collate",
+            "re-stack); anything else goes to default_collate"
         )
+    elif not platform.numpy_bools_collate:
+        why = (
+            f"torch {platform.torch_version}'s default_collate refuses numpy bool scalars "
+            "under this numpy: loaderkit.collate is default_collate that stacks them as "
+            "newer torch does"
+        )
+    else:
+        return
+    res.values["collate_fn"] = collate
+    res.record("collate_fn", None, "loaderkit.collate", why)
