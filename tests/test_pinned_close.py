@@ -179,8 +179,8 @@ def test_closed_iterator_owns_nothing(fake_pinning: list[int]) -> None:
     assert all(isinstance(q, (multiprocessing.queues.Queue, DirectQueue)) for q in queues)
     for q in queues:
         assert q._reader.closed and q._writer.closed
-        if isinstance(q, DirectQueue) and q._close_nonblocking is not None:
-            assert not q._close_nonblocking.alive  # its non-blocking descriptor is closed too
+        if isinstance(q, DirectQueue) and q._nonblocking is not None:
+            assert q._nonblocking.fd < 0  # its non-blocking descriptor is closed too
     for worker in iterator._workers:
         assert worker.exitcode is not None and not worker.is_alive()
         assert worker._popen.finalizer is None or not worker._popen.finalizer.still_active()

@@ -6,6 +6,7 @@ Real pipes and real processes (fork, spawn, forkserver). No test measures speed
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import queue
 import threading
@@ -181,6 +182,38 @@ def test_closed_queue_refuses_puts() -> None:
     with pytest.raises(ValueError, match="closed"):
         q.put(1)
     q.cancel_join_thread()
+
+
+class _PutsWhenCollected:
+    """Like torch's iterator: in a cycle with its queue, and its ``__del__`` puts on it."""
+
+    def __init__(self, q: DirectQueue) -> None:
+        self.q = q
+        self.me = self
+
+    def __del__(self) -> None:
+        try:
+            self.q.put(None)
+        except BaseException as error:  # pragma: no cover - the assertion reports it
+            _COLLECTED_ERRORS.append(error)
+
+
+_COLLECTED_ERRORS: list[BaseException] = []
+
+
+def test_a_put_from_a_del_in_the_queues_cycle_never_writes_to_a_closed_descriptor() -> None:
+    # The collector runs the queue's weakref finalizer (closing its descriptor) before the
+    # __del__ of an object in the same cycle: that put must not write to the closed number,
+    # which the kernel may already have given to another file.
+    _COLLECTED_ERRORS.clear()
+    for _ in range(20):
+        q = DirectQueue(multiprocessing.get_context("fork"))
+        q.put("open the descriptor")
+        assert q.get(timeout=5) == "open the descriptor"
+        _PutsWhenCollected(q)
+        del q
+        gc.collect()
+    assert _COLLECTED_ERRORS == []
 
 
 @pytest.mark.parametrize("method", CONTEXTS)

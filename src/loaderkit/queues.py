@@ -81,8 +81,7 @@ class DirectQueue:
         self._reader, self._writer = connection.Pipe(duplex=False)
         self._rlock = ctx.Lock()  # readers, across processes
         self._wlock = ctx.Lock()  # writers, across processes: whole messages
-        self._nonblocking: int | None = None
-        self._close_nonblocking: Any = None
+        self._nonblocking: _Descriptor | None = None
         self._clear_local_state()
         register_after_fork(self, DirectQueue._clear_local_state)
 
@@ -93,7 +92,6 @@ class DirectQueue:
     def __setstate__(self, state: tuple[Any, ...]) -> None:
         self._reader, self._writer, self._rlock, self._wlock = state
         self._nonblocking = None  # a new process: its own descriptor, opened when first needed
-        self._close_nonblocking = None
         self._clear_local_state()
 
     def _clear_local_state(self) -> None:
@@ -110,21 +108,21 @@ class DirectQueue:
     # ------------------------------------------------------------------ writing
 
     def _direct_fd(self) -> int:
-        """A non-blocking descriptor of the pipe's writing end (-1 where none can be had)."""
-        fd = self._nonblocking
-        if fd is None:
+        """A non-blocking descriptor of the pipe's writing end (``_NONE``, ``_CLOSED``)."""
+        descriptor = self._nonblocking
+        if descriptor is None:
             try:
                 path = f"/proc/self/fd/{self._writer.fileno()}"
-                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+                descriptor = _Descriptor(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
             except OSError:
-                fd = -1
+                descriptor = _Descriptor(_NONE)
             else:  # closed with the queue, or when it is collected: once either way
-                self._close_nonblocking = weakref.finalize(self, _close_fd, fd)
+                closer = weakref.finalize(self, descriptor.close)
                 # not at interpreter exit while the queue lives: torch's iterators may still
                 # put on it then (their __del__), and the number must stay this pipe's
-                self._close_nonblocking.atexit = False
-            self._nonblocking = fd
-        return fd
+                closer.atexit = False
+            self._nonblocking = descriptor
+        return descriptor.fd
 
     def put(self, obj: Any, block: bool = True, timeout: float | None = None) -> None:
         """Send ``obj`` (never blocks: what cannot be written at once goes to the feeder)."""
@@ -134,6 +132,11 @@ class DirectQueue:
         with self._lock:
             if len(data) + _FRAME_HEADER <= _ATOMIC and not self._pending:
                 fd = self._direct_fd()
+                if fd == _CLOSED:
+                    # the collector closed it with the queue's garbage (its callbacks run before
+                    # the __del__ of an iterator in the same cycle, which puts): undeliverable
+                    logger.debug("loaderkit: put on a queue being collected is dropped")
+                    return
                 # another process holds the lock for a direct write (microseconds) or while
                 # its feeder writes a large message: wait a little, then leave it to the feeder
                 if fd >= 0 and self._wlock.acquire(True, _WAIT_S):
@@ -226,10 +229,9 @@ class DirectQueue:
         feeder = self._feeder
         if feeder is not None and feeder is not threading.current_thread():
             feeder.join(CLOSE_WAIT_S)
-        if self._close_nonblocking is not None:
-            self._close_nonblocking()
+        if self._nonblocking is not None:
             # never write to the number again: the kernel may give it to another file
-            self._nonblocking = -1
+            self._nonblocking.close()
         self._reader.close()
 
     def release(self) -> None:
@@ -255,9 +257,29 @@ class DirectQueue:
             feeder.join()
 
 
-def _close_fd(fd: int) -> None:
-    with contextlib.suppress(OSError):
-        os.close(fd)
+#: ``_Descriptor.fd`` where none could be opened (messages go through the feeder).
+_NONE = -1
+#: ``_Descriptor.fd`` once closed (by ``close`` or when the queue was collected).
+_CLOSED = -2
+
+
+class _Descriptor:
+    """The queue's non-blocking descriptor, shared with the finalizer that closes it.
+
+    The number is forgotten when it is closed, whoever closes it first: a ``put`` after that
+    can never write into another file the kernel gave the number to.
+    """
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, _CLOSED
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class DirectContext:
