@@ -92,6 +92,11 @@ def torch_decision(platform: PlatformInfo) -> Decision[str]:
         if tested
         else f"untested: loaderkit is tested on torch {span}"
     )
+    if not platform.numpy_bools_collate:
+        head += (
+            "; its default_collate refuses numpy bool scalars under this numpy, so loaderkit's "
+            "HDF5 datasets collate them with loaderkit.collate"
+        )
     if not platform.torch_fallbacks:
         return Decision(
             platform.torch_version, f"{head}; every torch internal it relies on checked"
