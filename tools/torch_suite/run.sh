@@ -19,9 +19,9 @@ fi
 cd "$(dirname "$suite")"
 start=$SECONDS
 set +e
-PYTHONPATH="$here/shim:$extra${PYTHONPATH:+:$PYTHONPATH}" LOADER_VARIANT="$variant" \
 # --tb=native: pytest's own traceback formatting parses source with ast, which CPython 3.11.7
 # sometimes fails inside this suite ("AST constructor recursion depth mismatch", INTERNALERROR)
+PYTHONPATH="$here/shim:$extra${PYTHONPATH:+:$PYTHONPATH}" LOADER_VARIANT="$variant" \
 PYTHONDONTWRITEBYTECODE=1 python -m pytest -p no:cacheprovider -q -rA --timeout 120 --tb=native \
     -k "not TestStatefulDataLoaderEnumerate" --junitxml "$out/$variant.xml" \
     "$(basename "$suite")" "$@" > "$out/$variant.log" 2>&1
