@@ -15,8 +15,9 @@ Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
 * ``default_collate``: torch's ``default_collate``, with one repair: torch's rule for numpy
   scalars calls ``torch.as_tensor`` on the list of them, which older torch (2.6 here) refuses
   for numpy bools under numpy 2.4 and later (``'numpy.bool' object cannot be interpreted as an
-  integer``). Where a probe at import sees that, numpy bools are stacked through one array,
-  which gives the bool tensor newer torch gives.
+  integer``; under numpy 2.2-2.3 it warns that it soon will). Where a probe at import sees
+  that, numpy bools are stacked through one array, which gives the bool tensor newer torch
+  gives.
 
 Examples:
     >>> tensor_rule() is not None
@@ -28,6 +29,7 @@ Examples:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -66,11 +68,17 @@ if isinstance(_MAP, dict) and callable(_MAP.get(torch.Tensor)):
 
 
 def _numpy_bools_collate() -> bool:
-    """Whether torch's rule for numpy scalars takes numpy bools (a list of them to a tensor)."""
-    try:
-        torch.as_tensor([np.True_, np.False_])
-    except TypeError:
-        return False
+    """Whether torch's rule for numpy scalars takes numpy bools (a list of them to a tensor).
+
+    Under numpy 2.2-2.3 older torch only warns (``DeprecationWarning``: soon an error); that
+    counts as refusing them, and importing loaderkit stays silent (also under ``-W error``).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        try:
+            torch.as_tensor([np.True_, np.False_])
+        except (TypeError, DeprecationWarning):
+            return False
     return True
 
 

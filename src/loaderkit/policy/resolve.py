@@ -189,8 +189,8 @@ def _resolve_collate(
     elif not platform.numpy_bools_collate:
         why = (
             f"torch {platform.torch_version}'s default_collate refuses numpy bool scalars "
-            "under this numpy: loaderkit.collate is default_collate that stacks them as "
-            "newer torch does"
+            "under this numpy (or warns it soon will): loaderkit.collate is default_collate "
+            "that stacks them as newer torch does"
         )
     else:
         return
