@@ -16,6 +16,9 @@ import torch
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
+# the benchmarks' quick runs: several seconds each (CI runs them on torch 2.13 only)
+pytestmark = pytest.mark.slow
+
 
 def _run(script: str, tmp_path: Path) -> dict:
     out = tmp_path / "result.json"
@@ -30,7 +33,6 @@ def _run(script: str, tmp_path: Path) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.slow
 def test_loader_overhead(tmp_path: Path) -> None:
     data = _run("loader_overhead.py", tmp_path)
     assert [row["ratio"] > 0 for row in data["overhead"]] == [True, True]
@@ -72,7 +74,6 @@ def test_resume(tmp_path: Path) -> None:
         assert all(s["ms_to_first_batch"] > 0 for s in scenarios.values())
 
 
-@pytest.mark.slow
 def test_feed(tmp_path: Path) -> None:
     data = _run("feed.py", tmp_path)
     prefetched = {"loaderkit default + DevicePrefetcher", "loaderkit block + DevicePrefetcher"}
@@ -171,7 +172,6 @@ def test_handoff(tmp_path: Path) -> None:
     assert kept["copied_out"] > 0 and kept["keep_vs_drop"] > 0  # kept batches copied out here
 
 
-@pytest.mark.slow
 def test_copy_on_read(tmp_path: Path) -> None:
     data = _run("copy_on_read.py", tmp_path)
     rows = {row["loader"]: row for row in data["rows"]}
