@@ -85,7 +85,8 @@ class PlatformInfo:
         torch_loader_args: The arguments this torch's ``DataLoader`` accepts (``None``: not
             known, every argument is passed). An older torch is never given one it lacks.
         numpy_bools_collate: torch's ``default_collate`` takes numpy bool scalars (``False``
-            for torch 2.6 under numpy 2.4 and later: ``loaderkit._torch.NUMPY_BOOLS_COLLATE``).
+            where it refuses them, torch 2.6 under numpy 2.4+, or warns it soon will, torch 2.4
+            under numpy 2.2: ``loaderkit._torch.NUMPY_BOOLS_COLLATE``).
 
     Examples:
         >>> info = detect_platform()

@@ -169,8 +169,8 @@ def _resolve_collate(
     """Record the dataset's read path; keep a batch read natively as it is (no re-stack).
 
     loaderkit's HDF5 datasets give numpy scalars for scalar rows and record fields; where
-    this torch's ``default_collate`` refuses numpy bools (torch 2.6 under numpy 2.4+), their
-    batches go through ``loaderkit.collate``, which stacks them as newer torch does.
+    this torch's ``default_collate`` refuses numpy bools (``PlatformInfo.numpy_bools_collate``),
+    their batches go through ``loaderkit.collate``, which stacks them as newer torch does.
     """
     if facts.read_path is None or facts.iterable:
         return
