@@ -9,15 +9,19 @@ expects, so ``except ValueError`` / ``except TypeError`` / ``except OSError`` ke
     │   ├── ConfigError          (also ValueError)  an argument that cannot work
     │   │   └── ArgumentTypeError (also TypeError)  ... because it has the wrong type
     │   ├── HDF5FileError        (also OSError)     an HDF5 file that cannot be opened or read
+    │   ├── MissingKeyError      (also KeyError)    a dataset the HDF5 file does not have
     │   ├── RaggedBatchError     (also RuntimeError) rows of different lengths in one batch
-    │   └── ResourceLeakError                      LeakCheck(raise_on_leak=True) found growth
+    │   ├── ResourceLeakError                      LeakCheck(raise_on_leak=True) found growth
+    │   └── StorageError         (also OSError)     the session cache or an object store failed
+    │       └── StorageAccessError (also PermissionError) the store refused the credentials
     UserWarning
     └── LoaderkitWarning                            works, but not the way you probably want
         └── PerformanceHint                         works correctly, only slower than it could
 
 Protocol errors keep torch's and Python's types and are documented where they are raised:
-``IndexError`` for an index out of range, ``KeyError`` for a missing HDF5 key,
-``FileNotFoundError`` for a missing session file.
+``IndexError`` for an index out of range, ``KeyError`` for a missing HDF5 key (raised as
+``MissingKeyError``, so a key that is missing is told apart from one HDF5 cannot open),
+``FileNotFoundError`` for a missing session file (a missing remote object or bucket too).
 
 Filter warnings as a group (``warnings.simplefilter("ignore", LoaderkitWarning)``), or only
 the performance advice (``warnings.simplefilter("ignore", PerformanceHint)``) while keeping
@@ -38,9 +42,12 @@ __all__ = [
     "HDF5FileError",
     "LoaderkitError",
     "LoaderkitWarning",
+    "MissingKeyError",
     "PerformanceHint",
     "RaggedBatchError",
     "ResourceLeakError",
+    "StorageAccessError",
+    "StorageError",
     "add_note",
     "check_int",
     "warn",
@@ -95,6 +102,20 @@ class HDF5FileError(LoaderkitError, OSError):
     """
 
 
+class MissingKeyError(LoaderkitError, KeyError):
+    """A dataset path the session file does not have; the message lists the datasets it has.
+
+    A ``KeyError``, as h5py's own lookups raise, so ``except KeyError`` keeps working; a
+    ``LoaderkitError`` too, which tells it apart from the ``KeyError`` h5py raises when the
+    file's metadata is damaged ("Unable to synchronously open object (...)"): loaderkit turns
+    that one into an ``HDF5FileError`` naming the file.
+
+    Examples:
+        >>> isinstance(MissingKeyError("session 0: s0.h5 has no dataset 'x'"), KeyError)
+        True
+    """
+
+
 class RaggedBatchError(LoaderkitError, RuntimeError):
     """Samples of different lengths (variable-length HDF5 rows) cannot be stacked into a batch.
 
@@ -113,6 +134,33 @@ class ResourceLeakError(LoaderkitError):
 
     Examples:
         >>> issubclass(ResourceLeakError, LoaderkitError)
+        True
+    """
+
+
+class StorageError(LoaderkitError, OSError):
+    """The session cache or an object store failed: a full disk, no room within ``max_bytes``.
+
+    The message names the URL, the cache directory, the sizes involved and what to do. An
+    ``OSError`` too, built as ``StorageError(errno, message)`` where the cause has one (a full
+    disk keeps ``errno.ENOSPC``), so code that checks ``exc.errno`` keeps working.
+
+    Examples:
+        >>> import errno
+        >>> error = StorageError(errno.ENOSPC, "s3://b/s1.h5: the cache's disk is full")
+        >>> isinstance(error, OSError), error.errno == errno.ENOSPC
+        (True, True)
+    """
+
+
+class StorageAccessError(StorageError, PermissionError):
+    """An object store refused the request (HTTP 403, missing or wrong credentials).
+
+    The message names the URL and the fix: ``storage_options={"anon": True}`` for a public
+    bucket, or credentials for a private one. A ``PermissionError`` too, as fsspec raises.
+
+    Examples:
+        >>> isinstance(StorageAccessError("s3://b/s1.h5: access denied"), PermissionError)
         True
     """
 

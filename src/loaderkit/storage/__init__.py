@@ -1,0 +1,57 @@
+"""Session files where users keep them: URLs, one bounded cache per node, fetching ahead.
+
+This layer knows nothing of HDF5 or torch: it turns URLs into verified local files. ``hdf5/``
+asks it for a local path (``SessionCache.lease``) and says what it will need soon
+(``Prefetcher.ahead``); nothing else crosses the boundary. fsspec, s3fs and filelock are
+imported inside functions only (``import loaderkit`` imports none of them).
+
+Modules, and where each runs:
+
+- ``urls``: which names are URLs, glob expansion, the ``remote`` extra. *Main process*, once,
+  when the dataset is built.
+- ``objects``: ``ObjectInfo`` (size, ETag, mtime) and ``stat_objects``: one listing per prefix.
+  *Main process*; the infos travel to workers by pickling.
+- ``filesystems``: fsspec filesystems made lazily *in each process* that uses them, forgotten
+  at a fork (async filesystems are not fork-safe).
+- ``limits``: the cache's defaults fitted to the disk (pure) and the checks that refuse
+  impossible limits. *Main process*, at construction.
+- ``cache``: ``SessionCache``: ``lease`` in *any process* (main, workers, ranks, fetcher
+  threads); holds only its configuration, so it pickles to spawned workers.
+- ``entries``: the layout on disk, *shared by every process on the node*: complete files,
+  sidecars, ``.part`` downloads in flight, lock and lease files.
+- ``locks``: file locks (``filelock`` mutexes, ``flock`` leases), released by the OS when a
+  process dies, so nothing stale ever blocks a restart.
+- ``download``: one object to one file, verified; *in the process or fetcher thread* that
+  holds the entry's download lock.
+- ``fetcher``: ``Prefetcher``: *background threads in the reading process*, started on first
+  use; ``fetch_many`` for the CLI.
+"""
+
+from __future__ import annotations
+
+from loaderkit.storage.cache import CachedFile, CacheEntry, CacheStats, ClearResult, SessionCache
+from loaderkit.storage.fetcher import Prefetcher, fetch_many
+from loaderkit.storage.limits import CacheLimit, CacheLimits, DiskUsage, fit_cache_limits
+from loaderkit.storage.objects import ObjectInfo, stat_objects
+from loaderkit.storage.urls import REMOTE_EXTRA, expand, is_url, local_path, require_remote
+
+__all__ = [
+    "REMOTE_EXTRA",
+    "CacheEntry",
+    "CacheLimit",
+    "CacheLimits",
+    "CacheStats",
+    "CachedFile",
+    "ClearResult",
+    "DiskUsage",
+    "ObjectInfo",
+    "Prefetcher",
+    "SessionCache",
+    "expand",
+    "fetch_many",
+    "fit_cache_limits",
+    "is_url",
+    "local_path",
+    "require_remote",
+    "stat_objects",
+]

@@ -1,0 +1,538 @@
+"""``SessionCache``: one bounded directory of whole files per node, shared through file locks.
+
+Any process (main, DataLoader workers, other ranks on the node, the fetcher's threads) calls
+``lease(url, info)`` and gets a ``CachedFile``: a local path that stays on disk until the lease
+is closed. The ``SessionCache`` object itself holds only its configuration (picklable, sent to
+spawned workers as is); each process keeps its own counters (``stats()``). Everything shared
+lives in the directory (see ``loaderkit.storage.entries`` for the layout):
+
+- a hit takes the entry's lease (``flock(LOCK_SH)``) and touches its LRU time;
+- a miss takes the entry's download mutex; a second process wanting the same object waits on
+  it and then finds the file, so each object is fetched once per node. The downloader removes
+  a dead download's ``.part`` leftovers, makes room under the directory's accounting lock
+  (evicting least recently used entries that no process leases, until the cache's bytes plus
+  the reserved in-flight bytes plus this object fit ``max_bytes`` and the disk keeps
+  ``min_free``; if only leased entries are left, it waits with backoff up to ``room_timeout``),
+  downloads to a ``.part`` name, verifies size and MD5 ETag, applies ``transform``, fsyncs,
+  writes the sidecar and renames: no process ever sees a partial file under the final name;
+- an object whose identity (ETag or size + mtime) changed gets a new entry: the old one is
+  evicted at once if no process uses it, else left to its readers (POSIX keeps their open file
+  intact) and evicted by LRU later; the change is warned about once per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from loaderkit.errors import ConfigError, StorageError, warn
+from loaderkit.storage import entries
+from loaderkit.storage.download import download, fsync_directory, is_disk_full
+from loaderkit.storage.entries import EntryFiles, Stored
+from loaderkit.storage.filesystems import filesystem_for
+from loaderkit.storage.limits import (
+    CacheLimits,
+    DiskUsage,
+    check_limits,
+    fit_cache_limits,
+    format_bytes,
+)
+from loaderkit.storage.locks import Lease, mutex, try_exclusive
+from loaderkit.storage.objects import ObjectInfo
+from loaderkit.storage.urls import require_remote
+
+__all__ = ["CacheEntry", "CacheStats", "CachedFile", "ClearResult", "SessionCache", "Transform"]
+
+logger = logging.getLogger(__name__)
+
+Transform = Callable[[Path, Path], None]
+"""``transform(src, dst)``: writes the entry's stored form (``layout="rows"``) from the download."""
+
+Layout = Literal["stored", "rows"]
+
+_COUNTERS_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """What this process's leases did: hits, misses, bytes fetched, waiting, evictions.
+
+    Attributes:
+        hits: Leases served from the directory (including after waiting for another process).
+        misses: Leases that downloaded the object.
+        bytes_fetched: Bytes this process downloaded.
+        seconds_waiting: Time spent waiting for another process's download or for room.
+        evictions: Entries this process evicted.
+        free_bytes: Free bytes on the cache's disk now.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    bytes_fetched: int = 0
+    seconds_waiting: float = 0.0
+    evictions: int = 0
+    free_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One complete entry, for ``ls()`` and the CLI."""
+
+    url: str
+    size: int
+    path: Path
+    last_used: float
+    in_use: bool
+    layout: str
+    etag: str | None
+
+
+@dataclass(frozen=True)
+class ClearResult:
+    """What ``clear()`` did: entries removed, bytes freed, URLs skipped because in use."""
+
+    removed: int
+    freed_bytes: int
+    in_use: tuple[str, ...]
+
+
+class CachedFile:
+    """A leased local copy: ``path`` stays on disk until ``close()`` (or the ``with`` block ends).
+
+    Not picklable: a lease belongs to the process that took it.
+    """
+
+    def __init__(self, path: Path, info: ObjectInfo, lease: Lease) -> None:
+        self.path = path
+        self.info = info
+        self._lease = lease
+
+    @property
+    def closed(self) -> bool:
+        """Whether the lease was released."""
+        return not self._lease.held
+
+    def close(self) -> None:
+        """Release the lease; the entry may be evicted from now on. Idempotent."""
+        self._lease.close()
+
+    def __enter__(self) -> CachedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a CachedFile (a lease on a cache entry) belongs to its process")
+
+    def __repr__(self) -> str:
+        state = "released" if self.closed else "leased"
+        return f"<CachedFile {self.info.url} -> {self.path} ({state})>"
+
+
+class _Counters:
+    """This process's statistics (the fetcher's threads add to them too)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.values = {"hits": 0, "misses": 0, "bytes_fetched": 0, "evictions": 0}
+        self.waiting = 0.0
+        self.warned: set[str] = set()
+
+    def add(self, name: str, amount: int = 1, waiting: float = 0.0) -> None:
+        with self.lock:
+            self.values[name] += amount
+            self.waiting += waiting
+
+    def wait(self, seconds: float) -> None:
+        with self.lock:
+            self.waiting += seconds
+
+
+class SessionCache:
+    """One bounded cache directory per node, shared by every process on it through file locks.
+
+    Args:
+        dir: The directory (made if missing); default ``$LOADERKIT_CACHE``, else
+            ``~/.cache/loaderkit``. Put it on the node's local disk (NVMe), not a shared one.
+        max_bytes: Bound on the cached bytes; default 80 % of what the disk offers it.
+        min_free: Free bytes the disk keeps; default 5 % of the disk, at least 1 GiB.
+        prefetch: Sessions fetched ahead of the reader; default 2.
+        layout: ``"stored"`` keeps the bytes as stored; ``"rows"`` keeps what the lease's
+            ``transform`` writes (the HDF5 layer's row-chunked copy).
+        room_timeout: Seconds a download waits for leased entries to be released when nothing
+            else can be evicted, before ``StorageError``.
+
+    Raises:
+        ConfigError: A bad ``layout`` or limit, or the ``remote`` extra is not installed.
+
+    Examples:
+        >>> cache = SessionCache("/tmp/loaderkit-doc", max_bytes=2**30)  # doctest: +SKIP
+        >>> with cache.lease(url, info, {"anon": True}) as cached:  # doctest: +SKIP
+        ...     h5py.File(cached.path)
+    """
+
+    def __init__(
+        self,
+        dir: str | os.PathLike[str] | None = None,
+        max_bytes: int | None = None,
+        min_free: int | None = None,
+        prefetch: int | None = None,
+        layout: Layout = "stored",
+        *,
+        room_timeout: float = 600.0,
+    ) -> None:
+        require_remote("SessionCache")
+        if layout not in ("stored", "rows"):
+            raise ConfigError(f"layout must be 'stored' or 'rows', got {layout!r}")
+        if not room_timeout >= 0:
+            raise ConfigError(f"room_timeout must be a number of seconds >= 0, got {room_timeout}")
+        default = os.environ.get("LOADERKIT_CACHE") or Path.home() / ".cache" / "loaderkit"
+        self.dir = Path(dir if dir is not None else default).expanduser().absolute()
+        self.layout: Layout = layout
+        self.room_timeout = float(room_timeout)
+        self._objects.mkdir(parents=True, exist_ok=True)
+        tag = self.dir / entries.TAG
+        if not tag.exists():
+            tag.write_text(entries.TAG_TEXT)
+        self.limits: CacheLimits = fit_cache_limits(self.disk(), max_bytes, min_free, prefetch)
+        self._counters: _Counters | None = None
+
+    @property
+    def max_bytes(self) -> int:
+        """Bound on the cached bytes."""
+        return self.limits.max_bytes.value
+
+    @property
+    def min_free(self) -> int:
+        """Free bytes the disk keeps."""
+        return self.limits.min_free.value
+
+    @property
+    def prefetch(self) -> int:
+        """Sessions fetched ahead of the reader."""
+        return self.limits.prefetch.value
+
+    @property
+    def _objects(self) -> Path:
+        return self.dir / "objects"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_counters"] = None  # counters are per process
+        return state
+
+    def __repr__(self) -> str:
+        return (
+            f"SessionCache(dir={str(self.dir)!r}, max_bytes={self.max_bytes}, "
+            f"min_free={self.min_free}, prefetch={self.prefetch}, layout={self.layout!r})"
+        )
+
+    def disk(self) -> DiskUsage:
+        """The cache's disk now: total, free, and the bytes the cache holds."""
+        return DiskUsage.detect(self.dir, cached=self.du())
+
+    def check_limits(self, sizes: list[int], readers: int = 1) -> None:
+        """``ConfigError`` when the limits cannot hold these objects (``limits.check_limits``)."""
+        check_limits(self.limits, self.disk(), sizes, readers)
+
+    def stats(self) -> CacheStats:
+        """This process's counters and the disk's free bytes now."""
+        counters = self._state()
+        with counters.lock:
+            values = dict(counters.values)
+            waiting = counters.waiting
+        return CacheStats(seconds_waiting=waiting, free_bytes=self._free(), **values)
+
+    def lease(
+        self,
+        info: ObjectInfo,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        transform: Transform | None = None,
+        progress: Callable[[int], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> CachedFile:
+        """A local copy of ``info.url``, fetched if missing; kept on disk until closed.
+
+        Args:
+            info: The object as ``stat_objects`` listed it.
+            storage_options: Keyword arguments for the fsspec filesystem.
+            transform: ``transform(src, dst)`` writing the stored form (``layout="rows"``).
+            progress: Called with each downloaded block's byte count.
+            cancel: When set, a download in progress stops (``download.Cancelled``).
+
+        Returns:
+            The leased ``CachedFile``.
+
+        Raises:
+            FileNotFoundError: The object or its bucket does not exist.
+            StorageAccessError: The store refused the credentials.
+            StorageError: The disk filled up, no room came free within ``room_timeout``, or
+                the bytes did not verify.
+            ConfigError: The object is larger than ``max_bytes``.
+        """
+        counters = self._state()
+        files = EntryFiles(self._objects, entries.entry_key(info, self.layout))
+        lease = Lease(files.lease)
+        try:
+            if not files.data.exists():
+                started = time.monotonic()
+                with mutex(files.lock):
+                    waited = time.monotonic() - started
+                    if files.data.exists():
+                        counters.add("hits", waiting=waited)
+                    else:
+                        self._fetch(info, storage_options, files, transform, progress, cancel)
+                        counters.add("misses")
+            else:
+                counters.add("hits")
+            lease.touch()
+            return CachedFile(files.data, info, lease)
+        except BaseException:
+            lease.close()
+            raise
+
+    def _fetch(
+        self,
+        info: ObjectInfo,
+        storage_options: Mapping[str, Any] | None,
+        files: EntryFiles,
+        transform: Transform | None,
+        progress: Callable[[int], None] | None,
+        cancel: threading.Event | None,
+    ) -> None:
+        """Download into ``files`` (the caller holds the entry's mutex)."""
+        if info.size > self.max_bytes:
+            raise ConfigError(
+                f"{info.url} ({format_bytes(info.size)}, {info.size} bytes) is larger than "
+                f"SessionCache(max_bytes={self.max_bytes}): raise max_bytes"
+            )
+        for leftover in self._objects.glob(f"{files.key}.*.part"):
+            leftover.unlink(missing_ok=True)  # a dead process's download: we hold the mutex
+        fs = filesystem_for(info.url, storage_options)
+        part = self._reserve(info, files)
+        written = [part]
+        counters = self._state()
+
+        def counted(amount: int) -> None:
+            counters.add("bytes_fetched", amount)
+            if progress is not None:
+                progress(amount)
+
+        try:
+            download(fs, info, part, counted, cancel)
+            final = part
+            if transform is not None:
+                final = files.part(info.size)
+                written.append(final)
+                transform(part, final)
+                with open(final, "rb+") as handle:
+                    os.fsync(handle.fileno())
+                part.unlink()
+            entries.write_sidecar(files, info, self.layout, time.time())
+            os.replace(final, files.data)
+            fsync_directory(self._objects)
+            logger.debug("cached %s as %s", info.url, files.data)
+        except OSError as exc:
+            if is_disk_full(exc):
+                raise self._disk_full(info, exc) from exc
+            raise
+        finally:
+            for path in written:
+                path.unlink(missing_ok=True)
+
+    def _reserve(self, info: ObjectInfo, files: EntryFiles) -> Path:
+        """Make room for ``info.size`` bytes and create the ``.part`` file that reserves them."""
+        counters = self._state()
+        deadline = time.monotonic() + self.room_timeout
+        delay = 0.05
+        while True:
+            with mutex(self.dir / "accounting.lock"):
+                stored, parts = entries.scan(self._objects)
+                blocked = self._make_room(info, files, stored, parts)
+                if not blocked:
+                    part = files.part(info.size)
+                    part.touch(exist_ok=False)
+                    return part
+            now = time.monotonic()
+            if now >= deadline or blocked == "never":
+                raise StorageError(
+                    errno.ENOSPC,
+                    f"{info.url} ({format_bytes(info.size)}) does not fit the cache {self.dir}: "
+                    f"max_bytes={format_bytes(self.max_bytes)}, min_free="
+                    f"{format_bytes(self.min_free)}, {format_bytes(self._free())} free, and "
+                    f"every entry left is in use (waited {self.room_timeout:.0f} s). Raise "
+                    "max_bytes, lower prefetch or the number of readers, or free disk space",
+                )
+            pause = min(delay, deadline - now)
+            time.sleep(pause)
+            counters.wait(pause)
+            delay = min(delay * 2, 1.0)
+
+    def _make_room(
+        self, info: ObjectInfo, files: EntryFiles, stored: list[Stored], parts: list[entries.Part]
+    ) -> str:
+        """Evict until ``info`` fits; ``""`` when it does, ``"wait"`` or ``"never"`` if not."""
+        counters = self._state()
+        foreign = [part for part in parts if not self._clean_leftover(part)]
+        stale = [entry for entry in stored if entry.url == info.url and entry.files != files]
+        if stale and info.url not in counters.warned:
+            counters.warned.add(info.url)
+            old = stale[0].sidecar.get("identity", "?")
+            warn(
+                f"{info.url} changed in the store since it was cached ({old} -> "
+                f"{info.identity}): fetching it again"
+            )
+        total = sum(entry.size for entry in stored) + sum(
+            max(part.reserved, part.size) for part in foreign
+        )
+        pending = sum(max(part.reserved - part.size, 0) for part in foreign)
+        free = self._free() - pending
+        order = stale + sorted(
+            (entry for entry in stored if entry not in stale), key=lambda entry: entry.last_used
+        )
+        busy = False
+        for entry in order:
+            if self._fits(info.size, total, free) and entry not in stale:
+                break
+            if self._evict(entry):
+                total -= entry.size
+                free += entry.size
+            else:
+                busy = True
+        if self._fits(info.size, total, free):
+            return ""
+        return "wait" if busy or foreign else "never"
+
+    def _fits(self, size: int, total: int, free: int) -> bool:
+        return total + size <= self.max_bytes and free - size >= self.min_free
+
+    def _evict(self, entry: Stored) -> bool:
+        """Delete ``entry`` if no process leases it; whether it was deleted."""
+        with try_exclusive(entry.files.lease) as free:
+            if not free:
+                return False
+            entry.files.data.unlink(missing_ok=True)
+            entry.files.sidecar.unlink(missing_ok=True)
+            entry.files.lease.unlink(missing_ok=True)
+        self._state().add("evictions")
+        logger.debug("evicted %s (%d bytes)", entry.url, entry.size)
+        return True
+
+    def _clean_leftover(self, part: entries.Part) -> bool:
+        """Remove ``part`` if no process downloads its entry (a dead download's leftover)."""
+        import filelock
+
+        lock = mutex(self._objects / f"{part.key}.lock", timeout=0)
+        try:
+            lock.acquire()
+        except filelock.Timeout:  # its download is alive
+            return False
+        try:
+            part.path.unlink(missing_ok=True)
+            return True
+        finally:
+            lock.release()
+
+    def _disk_full(self, info: ObjectInfo, exc: OSError) -> StorageError:
+        return StorageError(
+            errno.ENOSPC,
+            f"{info.url}: the disk of the cache {self.dir} filled up while downloading "
+            f"{format_bytes(info.size)} ({format_bytes(self._free())} free, min_free="
+            f"{format_bytes(self.min_free)}, max_bytes={format_bytes(self.max_bytes)}): nothing "
+            "was kept. Free space on that disk, lower max_bytes, or point SessionCache(dir=...) "
+            f"or $LOADERKIT_CACHE at a larger disk ({exc.strerror})",
+        )
+
+    def _free(self) -> int:
+        return shutil.disk_usage(self.dir).free
+
+    def _state(self) -> _Counters:
+        counters = self._counters
+        if counters is None or counters.pid != os.getpid():
+            with _COUNTERS_LOCK:
+                counters = self._counters
+                if counters is None or counters.pid != os.getpid():
+                    counters = self._counters = _Counters()
+        return counters
+
+    def ls(self) -> list[CacheEntry]:
+        """Every complete entry, least recently used first, with whether a process uses it."""
+        stored, _ = entries.scan(self._objects)
+        listed = []
+        for entry in sorted(stored, key=lambda item: item.last_used):
+            with try_exclusive(entry.files.lease) as free:
+                in_use = not free
+            sidecar = entry.sidecar
+            listed.append(
+                CacheEntry(
+                    url=entry.url,
+                    size=entry.size,
+                    path=entry.files.data,
+                    last_used=entry.last_used,
+                    in_use=in_use,
+                    layout=str(sidecar.get("layout", "?")),
+                    etag=sidecar.get("etag"),
+                )
+            )
+        return listed
+
+    def du(self) -> int:
+        """Bytes the cache holds: complete entries and downloads in flight."""
+        stored, parts = entries.scan(self._objects)
+        return sum(entry.size for entry in stored) + sum(part.size for part in parts)
+
+    def clear(self) -> ClearResult:
+        """Remove every entry no process uses, and dead downloads' leftovers."""
+        with mutex(self.dir / "accounting.lock"):
+            stored, parts = entries.scan(self._objects)
+            for part in parts:
+                self._clean_leftover(part)
+            removed, freed, in_use = 0, 0, []
+            for entry in stored:
+                if self._evict(entry):
+                    removed, freed = removed + 1, freed + entry.size
+                else:
+                    in_use.append(entry.url)
+            for orphan in self._objects.glob("*.json"):
+                if not orphan.with_suffix(".data").exists():
+                    with contextlib.suppress(FileNotFoundError):
+                        orphan.unlink()
+        if in_use:
+            logger.info("kept %d cache entries in use: %s", len(in_use), ", ".join(in_use))
+        return ClearResult(removed, freed, tuple(in_use))
+
+    def describe(self) -> str:
+        """A few lines for the CLI and ``loaderkit doctor``: limits, usage, this process's stats."""
+        stats = self.stats()
+        lines = [
+            f"cache {self.dir} ({self.layout}): {format_bytes(self.du())} of max_bytes "
+            f"{format_bytes(self.max_bytes)}, {format_bytes(stats.free_bytes)} free",
+            f"  max_bytes: {self.limits.max_bytes.reason}",
+            f"  min_free={format_bytes(self.min_free)}: {self.limits.min_free.reason}",
+            f"  prefetch={self.prefetch}: {self.limits.prefetch.reason}",
+            f"  this process: {stats.hits} hits, {stats.misses} misses, "
+            f"{format_bytes(stats.bytes_fetched)} fetched, {stats.seconds_waiting:.1f} s "
+            f"waiting, {stats.evictions} evictions",
+        ]
+        return "\n".join(lines)
+
+
+def _after_fork_in_child() -> None:
+    global _COUNTERS_LOCK
+    _COUNTERS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

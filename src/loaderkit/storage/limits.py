@@ -1,0 +1,203 @@
+"""The cache's limits: defaults fitted to the disk (a pure function) and the checks on them.
+
+``DiskUsage.detect(dir)`` is the only place that reads the disk; ``fit_cache_limits`` and
+``check_limits`` are arithmetic on what it read, each value with its reason (as the loader's
+own ``Decision(value, reason)``), so that the plan can show why.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from loaderkit.errors import ConfigError, check_int
+
+__all__ = [
+    "CacheLimit",
+    "CacheLimits",
+    "DiskUsage",
+    "check_limits",
+    "fit_cache_limits",
+    "format_bytes",
+    "window_bytes",
+]
+
+GiB = 2**30
+DEFAULT_PREFETCH = 2
+MIN_FREE_FRACTION = 0.05
+MAX_BYTES_FRACTION = 0.8
+
+
+@dataclass(frozen=True)
+class CacheLimit:
+    """One limit's value and the one-line reason for it.
+
+    Examples:
+        >>> CacheLimit(2, "set by the caller").value
+        2
+    """
+
+    value: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class CacheLimits:
+    """The three limits of a ``SessionCache``, each with its reason."""
+
+    max_bytes: CacheLimit
+    min_free: CacheLimit
+    prefetch: CacheLimit
+
+
+@dataclass(frozen=True)
+class DiskUsage:
+    """What the cache's disk holds: total and free bytes, and the bytes already cached."""
+
+    total: int
+    free: int
+    cached: int
+
+    @classmethod
+    def detect(cls, directory: Path, cached: int = 0) -> DiskUsage:
+        """Read the disk under ``directory`` (which must exist)."""
+        usage = shutil.disk_usage(directory)
+        return cls(total=usage.total, free=usage.free, cached=cached)
+
+
+def format_bytes(count: float) -> str:
+    """Bytes for a message: ``'1.5 GiB'``.
+
+    Examples:
+        >>> format_bytes(3 * 2**30 // 2), format_bytes(512)
+        ('1.5 GiB', '512 B')
+    """
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(count) >= size:
+            return f"{count / size:.1f} {unit}"
+    return f"{int(count)} B"
+
+
+def fit_cache_limits(
+    disk: DiskUsage,
+    max_bytes: int | None = None,
+    min_free: int | None = None,
+    prefetch: int | None = None,
+) -> CacheLimits:
+    """The limits: the caller's values kept, the unset ones fitted to ``disk``.
+
+    - ``min_free``: 5 % of the disk, at least 1 GiB (and at most the disk): the node's other
+      programs keep room to write.
+    - ``max_bytes``: 80 % of what the cache could use (free space plus what it already holds),
+      less ``min_free``.
+    - ``prefetch``: 2 sessions ahead: reading one while the next ones arrive.
+
+    Args:
+        disk: The disk's sizes (``DiskUsage.detect``).
+        max_bytes: The caller's bound on the cache's size, if any.
+        min_free: The caller's bound on the disk's free space, if any.
+        prefetch: The caller's number of sessions to fetch ahead, if any.
+
+    Returns:
+        The three limits with their reasons.
+
+    Raises:
+        ConfigError: A value out of range (``max_bytes`` < 1, ``min_free`` or ``prefetch`` < 0).
+
+    Examples:
+        >>> limits = fit_cache_limits(DiskUsage(total=100 * GiB, free=50 * GiB, cached=0))
+        >>> format_bytes(limits.min_free.value), format_bytes(limits.max_bytes.value)
+        ('5.0 GiB', '36.0 GiB')
+        >>> limits.max_bytes.reason
+        '80 % of the 50.0 GiB the cache can use (50.0 GiB free + 0 B cached) less min_free'
+    """
+    if min_free is not None:
+        free_limit = CacheLimit(check_int("min_free", min_free, minimum=0), "set by the caller")
+    else:
+        value = min(max(int(disk.total * MIN_FREE_FRACTION), GiB), disk.total)
+        free_limit = CacheLimit(
+            value, f"5 % of the {format_bytes(disk.total)} disk, at least 1 GiB: room for others"
+        )
+    if max_bytes is not None:
+        max_limit = CacheLimit(check_int("max_bytes", max_bytes, minimum=1), "set by the caller")
+    else:
+        usable = disk.free + disk.cached
+        value = max(int(MAX_BYTES_FRACTION * (usable - free_limit.value)), 0)
+        max_limit = CacheLimit(
+            value,
+            f"80 % of the {format_bytes(usable)} the cache can use ({format_bytes(disk.free)} "
+            f"free + {format_bytes(disk.cached)} cached) less min_free",
+        )
+    if prefetch is not None:
+        ahead = CacheLimit(check_int("prefetch", prefetch, minimum=0), "set by the caller")
+    else:
+        ahead = CacheLimit(DEFAULT_PREFETCH, "2 sessions ahead: one is read while the next arrive")
+    return CacheLimits(max_bytes=max_limit, min_free=free_limit, prefetch=ahead)
+
+
+def window_bytes(sizes: Sequence[int], sessions: int) -> int:
+    """The most bytes ``sessions`` sessions at once can take: the largest ``sessions`` sizes.
+
+    Examples:
+        >>> window_bytes([5, 1, 9, 3], 2)
+        14
+    """
+    return sum(sorted(sizes, reverse=True)[: max(sessions, 0)])
+
+
+def check_limits(
+    limits: CacheLimits, disk: DiskUsage, sizes: Sequence[int], readers: int = 1
+) -> None:
+    """Refuse limits that cannot work for objects of these ``sizes`` read by ``readers``.
+
+    Each reader (a worker, a rank on the node) holds the session it reads and ``prefetch``
+    more: the window is the largest ``readers * (1 + prefetch)`` sessions. ``max_bytes`` must
+    hold the largest session and the window; the disk (free space plus what the cache holds,
+    less ``min_free``) must hold the largest session.
+
+    Args:
+        limits: The cache's limits.
+        disk: The disk's sizes now.
+        sizes: Every object's size in bytes (stored size; the ``rows`` layout is about the same).
+        readers: Processes on the node that read at the same time.
+
+    Raises:
+        ConfigError: A limit smaller than the largest session or than the window; the message
+            names both sizes and what to change.
+
+    Examples:
+        >>> limits = fit_cache_limits(DiskUsage(100 * GiB, 50 * GiB, 0), max_bytes=GiB)
+        >>> check_limits(limits, DiskUsage(100 * GiB, 50 * GiB, 0), [2 * GiB])
+        Traceback (most recent call last):
+        ...
+        loaderkit.errors.ConfigError: SessionCache(max_bytes=1.0 GiB) is smaller than the ...
+    """
+    if not sizes:
+        return
+    largest = max(sizes)
+    max_bytes = limits.max_bytes.value
+    if max_bytes < largest:
+        raise ConfigError(
+            f"SessionCache(max_bytes={format_bytes(max_bytes)}) is smaller than the largest "
+            f"session ({format_bytes(largest)}, {largest} bytes): raise max_bytes to at least "
+            f"{largest} bytes"
+        )
+    sessions = max(readers, 1) * (1 + limits.prefetch.value)
+    window = window_bytes(sizes, sessions)
+    if max_bytes < window:
+        raise ConfigError(
+            f"SessionCache(max_bytes={format_bytes(max_bytes)}) is smaller than the prefetch "
+            f"window ({format_bytes(window)}: {readers} reader(s) x (1 + prefetch="
+            f"{limits.prefetch.value}) sessions of up to {format_bytes(largest)}): raise "
+            f"max_bytes to at least {window} bytes or lower prefetch"
+        )
+    room = disk.free + disk.cached - limits.min_free.value
+    if room < largest:
+        raise ConfigError(
+            f"the cache's disk has room for {format_bytes(max(room, 0))} ("
+            f"{format_bytes(disk.free)} free + {format_bytes(disk.cached)} cached - min_free="
+            f"{format_bytes(limits.min_free.value)}), less than the largest session "
+            f"({format_bytes(largest)}): free space, lower min_free or use another dir"
+        )
