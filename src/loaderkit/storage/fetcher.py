@@ -143,10 +143,12 @@ class Prefetcher:
         self._here()
         with self._cond:
             self._cond.wait_for(
-                lambda: self._closed
-                or url in self._held
-                or url in self._errors
-                or (url not in self._wanted),
+                lambda: (
+                    self._closed
+                    or url in self._held
+                    or url in self._errors
+                    or (url not in self._wanted)
+                ),
                 timeout,
             )
             return url in self._held
