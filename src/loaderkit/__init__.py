@@ -15,6 +15,8 @@ from loaderkit.errors import (
     PerformanceHint,
     RaggedBatchError,
     ResourceLeakError,
+    StorageAccessError,
+    StorageError,
 )
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
@@ -33,6 +35,7 @@ from loaderkit.seeding import (
     worker_rng,
 )
 from loaderkit.sequence import SharedSequence
+from loaderkit.storage import CacheStats, SessionCache
 from loaderkit.transfer import to_device
 
 __version__ = "0.1.0"
@@ -40,6 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentTypeError",
     "BlockShuffleSampler",
+    "CacheStats",
     "ConfigError",
     "DataLoader",
     "DeterminismReport",
@@ -56,7 +60,10 @@ __all__ = [
     "PlatformInfo",
     "RaggedBatchError",
     "ResourceLeakError",
+    "SessionCache",
     "SharedSequence",
+    "StorageAccessError",
+    "StorageError",
     "__version__",
     "check_determinism",
     "create_dataloader",

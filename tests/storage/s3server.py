@@ -45,6 +45,8 @@ class S3Server:
         self._lock = threading.Lock()
         self.requests: list[Request] = []
         self.throttle: float = 0.0  # seconds slept per 16 KiB of an object body
+        self.active = 0  # object bodies being sent now
+        self.peak = 0  # the most at once since the last reset
         self._server = make_server("127.0.0.1", 0, self, threaded=True)
         self.url = f"http://127.0.0.1:{self._server.server_port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -69,22 +71,30 @@ class S3Server:
             )
             return [_DENIED]
         body = self._app(environ, start_response)
-        if self.throttle and request.method == "GET" and not request.query:
-            return self._slowly(body, self.throttle)
+        if request.method == "GET" and not request.query and request.path.count("/") > 1:
+            return self._counted(body, self.throttle)
         return body
 
-    @staticmethod
-    def _slowly(body: Iterable[bytes], pause: float) -> Iterator[bytes]:
-        for chunk in body:
-            for start in range(0, len(chunk), 16384):
-                yield chunk[start : start + 16384]
-                time.sleep(pause)
+    def _counted(self, body: Iterable[bytes], pause: float) -> Iterator[bytes]:
+        with self._lock:
+            self.active += 1
+            self.peak = max(self.peak, self.active)
+        try:
+            for chunk in body:
+                for start in range(0, len(chunk), 16384):
+                    yield chunk[start : start + 16384]
+                    if pause:
+                        time.sleep(pause)
+        finally:
+            with self._lock:
+                self.active -= 1
 
     def reset(self) -> None:
         """Forget every bucket (moto) and every counted request."""
         urllib.request.urlopen(urllib.request.Request(f"{self.url}/moto-api/reset", method="POST"))
         with self._lock:
             self.requests.clear()
+            self.peak = self.active
         self.throttle = 0.0
 
     def log(self) -> list[Request]:

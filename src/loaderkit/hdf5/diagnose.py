@@ -4,21 +4,42 @@ A hint is added to an error only when a check confirms its cause: the file's ide
 (``Identity``: device, inode, size, modification time) compared with what it was, a probe
 ``open`` (permission), the HDF5 signature in the file's first bytes, a probe lock (locking), or
 a re-read chunk by chunk (checksums). Message text, which holds user paths, is never searched.
+
+Damaged metadata: everything loaderkit reads of a file's metadata (opening objects, walking the
+file's tree, reading shapes, types and filters) runs inside ``metadata_errors``, which turns
+whatever HDF5 raises there (h5py raises ``RuntimeError``, ``KeyError``, ``OSError``,
+``ValueError``, ``TypeError``) into an ``HDF5FileError`` naming the session, the file, the object
+and HDF5's message, with the original as its cause and ``repair_advice``. loaderkit's own
+errors (``LoaderkitError``: ``MissingKeyError`` for a key the file does not have,
+``ConfigError``, ``HDF5FileError``) pass unchanged: ``dataset_at`` tells a missing key from one
+HDF5 cannot open by looking the name up (``key in file`` and the file's list of datasets).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
+
+from h5py import h5t
+
+from loaderkit.errors import HDF5FileError, LoaderkitError
 
 __all__ = [
     "Identity",
     "changes",
+    "damaged",
+    "hdf5_message",
     "identity_of",
+    "metadata_errors",
     "missing_sources",
+    "open_diagnosis",
     "open_failure",
+    "repair_advice",
     "signature_found",
+    "type_damage",
 ]
 
 #: HDF5's file signature; it sits at offset 0, 512, 1024, 2048, ... (after a user block).
@@ -146,34 +167,66 @@ def open_failure(path: str, *, locking: bool = True) -> tuple[str, OSError | Non
         >>> open_failure("/nonexistent/file.h5")[0]
         'the file does not exist'
     """
+    hint, os_error, _ = open_diagnosis(path, locking=locking)
+    return hint, os_error
+
+
+def open_diagnosis(path: str, *, locking: bool = True) -> tuple[str, OSError | None, str]:
+    """``open_failure``'s findings and what to do when the file itself is bad.
+
+    Returns:
+        ``(hint, os_error, advice)``: ``advice`` is empty where the hint already says what to
+        do (permission, a lock); otherwise the file's bytes are bad (empty, no signature, a
+        superblock or size HDF5 refuses) and it says so, with ``repair_advice``.
+
+    Example:
+        >>> open_diagnosis("/nonexistent/file.h5")[2]
+        ''
+    """
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError as exc:
-        return "the file does not exist", exc
+        return "the file does not exist", exc, ""
     except PermissionError as exc:
         return (
-            f"this process may not read it (errno {exc.errno}, permission denied): fix the "
-            "file's permissions or run as a user who can read it"
-        ), exc
+            (
+                f"this process may not read it (errno {exc.errno}, permission denied): fix the "
+                "file's permissions or run as a user who can read it"
+            ),
+            exc,
+            "",
+        )
     except OSError as exc:
-        return f"the operating system refuses to open it (errno {exc.errno}: {exc.strerror})", exc
+        return (
+            f"the operating system refuses to open it (errno {exc.errno}: {exc.strerror})",
+            exc,
+            "",
+        )
     try:
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)
+    advice = (
+        "The file is damaged or truncated where HDF5 starts reading it (its superblock, the "
+        f"metadata every read goes through), so none of it can be read. {repair_advice(path)}."
+    )
     if size == 0:
-        return "the file is empty (0 bytes)", None
+        return "the file is empty (0 bytes)", None, advice
     found = signature_found(path)
     if found is False:
         return (
-            "it has no HDF5 signature: it is not an HDF5 file, or its start is damaged "
-            "or was truncated"
-        ), None
+            (
+                "it has no HDF5 signature: it is not an HDF5 file, or its start is damaged "
+                "or was truncated"
+            ),
+            None,
+            advice,
+        )
     if locking:
         problem = _lock_problem(path)
         if problem:
-            return problem, None
-    return "", None
+            return problem, None, ""
+    return "", None, advice
 
 
 def missing_sources(dset: Any, path: str) -> list[str]:
@@ -210,3 +263,116 @@ def missing_sources(dset: Any, path: str) -> list[str]:
         if not any(os.path.exists(c) for c in candidates) and name not in missing:
             missing.append(name)
     return missing
+
+
+def repair_advice(path: str) -> str:
+    """What to do about a damaged file: get it again, check it, see how far it reads.
+
+    Example:
+        >>> repair_advice("s1.h5").split(";")[0]
+        'Re-download the file or restore it from a good copy'
+    """
+    return (
+        "Re-download the file or restore it from a good copy; `h5check "
+        f"{path}` checks its structure and `h5dump -H {path}` shows how far its "
+        "metadata reads"
+    )
+
+
+def hdf5_message(exc: BaseException) -> str:
+    """HDF5's own words in ``exc`` (a ``KeyError``'s text without the quotes it adds).
+
+    Example:
+        >>> hdf5_message(KeyError("Unable to synchronously open object (bad heap)"))
+        'Unable to synchronously open object (bad heap)'
+    """
+    if isinstance(exc, KeyError) and len(exc.args) == 1 and isinstance(exc.args[0], str):
+        return exc.args[0]
+    return str(exc) or type(exc).__name__
+
+
+def damaged(
+    exc: BaseException, *, session: Hashable, path: str, what: str, process: bool = False
+) -> HDF5FileError:
+    """An ``HDF5FileError``: HDF5 could not read ``what`` of the file's metadata.
+
+    Raise it ``from exc``: the original stays the cause.
+
+    Args:
+        exc: What h5py raised.
+        session: The session id.
+        path: The file.
+        what: The object being read, in words ("dataset 'betas'").
+        process: Name this process too (reads in workers).
+
+    Example:
+        >>> error = damaged(RuntimeError("wrong B-tree signature"), session=3, path="s3.h5",
+        ...                 what="dataset 'betas'")
+        >>> str(error).split(":")[0], "no read" in str(error)
+        ('session 3', True)
+    """
+    where = f" in process {os.getpid()}" if process else ""
+    return HDF5FileError(
+        f"session {session!r}: {path} is damaged: HDF5 cannot read the metadata of {what}"
+        f"{where} (HDF5: {hdf5_message(exc)}). The damage is in the file's metadata (object "
+        "headers, B-trees, heaps), which no read of this file can get past: none of its rows "
+        f"can be read. {repair_advice(path)}."
+    )
+
+
+@contextmanager
+def metadata_errors(
+    session: Hashable, path: str, what: str, *, process: bool = False
+) -> Iterator[None]:
+    """Turn what h5py raises while reading ``what``'s metadata into ``damaged(...)``.
+
+    loaderkit's own errors (``LoaderkitError``), ``MemoryError`` and a missing file pass
+    unchanged.
+
+    Args:
+        session: The session id.
+        path: The file.
+        what: The object being read, in words ("dataset 'betas'").
+        process: Name this process in the message (reads in workers).
+
+    Example:
+        >>> with metadata_errors(0, "s0.h5", "dataset 'x'"):
+        ...     pass
+    """
+    try:
+        yield
+    except (LoaderkitError, MemoryError, FileNotFoundError):
+        raise
+    except Exception as exc:
+        raise damaged(exc, session=session, path=path, what=what, process=process) from exc
+
+
+def type_damage(tid: Any) -> str:
+    """What is inconsistent in an HDF5 type that numpy cannot represent ("" when nothing is).
+
+    HDF5 refuses to build a compound whose members reach past its size, so a stored one that
+    does is damaged metadata, not a type loaderkit does not support.
+
+    Args:
+        tid: The HDF5 type (``dset.id.get_type()``).
+
+    Example:
+        >>> import h5py, numpy as np
+        >>> type_damage(h5py.h5t.py_create(np.dtype([("a", "<i4"), ("b", "<f8")])))
+        ''
+    """
+    try:
+        if tid.get_class() != h5t.COMPOUND:
+            return ""
+        size = tid.get_size()
+        for k in range(tid.get_nmembers()):
+            offset, member = tid.get_member_offset(k), tid.get_member_type(k).get_size()
+            if offset + member > size:
+                name = tid.get_member_name(k).decode(errors="replace")
+                return (
+                    f"member {name!r} of its compound type lies at bytes {offset}..."
+                    f"{offset + member} of a {size}-byte type"
+                )
+    except Exception as exc:  # a type HDF5 cannot even describe
+        return f"HDF5 cannot describe its type ({hdf5_message(exc)})"
+    return ""

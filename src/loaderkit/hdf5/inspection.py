@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError, warn
-from loaderkit.hdf5.diagnose import open_failure
+from loaderkit.hdf5.diagnose import metadata_errors, open_diagnosis
 from loaderkit.hdf5.index import (
     pack_index,
 )
@@ -68,11 +68,11 @@ class DatasetInspection:
             ) from exc
         except Exception as exc:
             locking = self.h5py_options.get("locking", True) is not False
-            hint, os_error = open_failure(path, locking=locking)
+            hint, os_error, advice = open_diagnosis(path, locking=locking)
             raise HDF5FileError(
                 *((os_error.errno,) if os_error is not None and os_error.errno else ()),
                 f"session {sid!r}: cannot open {path} as HDF5: {hint or 'HDF5 refused it'} "
-                f"(HDF5: {exc}).",
+                f"(HDF5: {exc}).{' ' + advice if advice else ''}",
             ) from (os_error or exc)
 
     def _inspect_files(self) -> SessionReader:
@@ -150,7 +150,8 @@ class DatasetInspection:
         return canonical
 
     def _autodetect_key(self) -> str | None:
-        with self._open_for_inspection(0) as f:
+        sid, path = self._ids[0], self._paths[0]
+        with self._open_for_inspection(0) as f, metadata_errors(sid, path, "the file's tree"):
             names = _dataset_names(f, limit=10**9)
         if len(names) == 1:
             return names[0]

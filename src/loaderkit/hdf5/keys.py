@@ -17,9 +17,15 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError, check_int
-from loaderkit.hdf5.diagnose import identity_of, missing_sources
+from loaderkit.hdf5.diagnose import identity_of, metadata_errors, missing_sources
 from loaderkit.hdf5.filters import check_filters
-from loaderkit.hdf5.layout import SessionLayout, check_same_rows, dataset_at, describe_layout
+from loaderkit.hdf5.layout import (
+    SessionLayout,
+    check_same_rows,
+    dataset_at,
+    describe_layout,
+    open_object,
+)
 from loaderkit.hdf5.records import KeySpec, SessionRecord
 from loaderkit.hdf5.types import RowType, row_type, struct_of, where
 
@@ -111,33 +117,37 @@ def inspect_session(
         groups), and per key whether a group's datasets differ in shape.
 
     Raises:
-        KeyError: A key is missing (the message lists the datasets present).
+        MissingKeyError: A key is missing (a ``KeyError``; the message lists the datasets
+            present).
         ConfigError: A bad axis, an empty group, or a group whose datasets differ in dtype.
-        HDF5FileError: A filter the data needs is not available.
+        HDF5FileError: A filter the data needs is not available, or HDF5 cannot read a key's
+            metadata (the file is damaged; the message names the object and what to do).
     """
-    fd = f.id.get_vfd_handle() if f.driver == "sec2" else None
-    identity = identity_of(fd if isinstance(fd, int) and fd >= 0 else path)
+    with metadata_errors(session, path, "the file"):
+        fd = f.id.get_vfd_handle() if f.driver == "sec2" else None
+        identity = identity_of(fd if isinstance(fd, int) and fd >= 0 else path)
     layouts: list[SessionLayout] = []
     members: list[tuple[str, ...] | None] = []
     resolved: list[KeySpec] = []
     uneven: list[bool] = []
     for spec in specs:
-        obj = f.get(spec.path)
-        if isinstance(obj, h5py.Group):
-            layout, names, odd = _group_layout(obj, spec, session, path)
-            layouts.append(layout)
-            members.append(names)
-            resolved.append(KeySpec(spec.name, spec.path, 0, members=True))
-            uneven.append(odd)
-            continue
-        dset = dataset_at(f, spec.path, session, path)
-        axis = _axis(spec, len(dset.shape or ()), session, path)
-        layouts.append(describe_layout(f, spec.path, session, path, axis=axis))
-        check_filters(dset, key=spec.path, session=session, path=path)
-        check_sources(dset, spec.path, session, path)
-        members.append(None)
-        resolved.append(KeySpec(spec.name, spec.path, axis))
-        uneven.append(False)
+        with metadata_errors(session, path, f"dataset {spec.path!r}"):
+            obj = open_object(f, spec.path)
+            if isinstance(obj, h5py.Group):
+                layout, names, odd = _group_layout(obj, spec, session, path)
+                layouts.append(layout)
+                members.append(names)
+                resolved.append(KeySpec(spec.name, spec.path, 0, members=True))
+                uneven.append(odd)
+                continue
+            dset = dataset_at(f, spec.path, session, path)
+            axis = _axis(spec, len(dset.shape or ()), session, path)
+            layouts.append(describe_layout(f, spec.path, session, path, axis=axis))
+            check_filters(dset, key=spec.path, session=session, path=path)
+            check_sources(dset, spec.path, session, path)
+            members.append(None)
+            resolved.append(KeySpec(spec.name, spec.path, axis))
+            uneven.append(False)
     return SessionRecord(identity, tuple(layouts), tuple(members)), resolved, uneven
 
 
@@ -209,6 +219,7 @@ def row_types(
 
     Raises:
         ConfigError: A type with no torch dtype, or ``fields`` that do not fit.
+        HDF5FileError: HDF5 cannot read a key's type (damaged metadata).
     """
     if fields is not None and len(specs) != 1:
         raise ConfigError(
@@ -220,7 +231,7 @@ def row_types(
         pos = next((p for p, rec in enumerate(records) if rec.layouts[k].rows), 0)
         layout = records[pos].layouts[k]
         sid, path = files[pos]
-        with open_file(pos) as f:
+        with open_file(pos) as f, metadata_errors(sid, path, f"the type of {spec.path!r}"):
             obj = f[spec.path]
             if spec.members:
                 names = records[pos].members[k]
@@ -228,7 +239,13 @@ def row_types(
                 obj = obj[names[0]]
             shape = layout.row_shape
             types.append(
-                row_type(obj, fields=fields, row_shape=shape, where=where(spec.path, sid, path))
+                row_type(
+                    obj,
+                    fields=fields,
+                    row_shape=shape,
+                    where=where(spec.path, sid, path),
+                    path=path,
+                )
             )
     return types
 

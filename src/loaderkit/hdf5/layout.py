@@ -16,8 +16,9 @@ import h5py
 import numpy as np
 
 from loaderkit import errors
-from loaderkit.errors import ConfigError, PerformanceHint, warn
+from loaderkit.errors import ConfigError, MissingKeyError, PerformanceHint, warn
 from loaderkit.hdf5.blocks import chunks_per_row
+from loaderkit.hdf5.diagnose import metadata_errors
 
 __all__ = [
     "MANY_CHUNKS",
@@ -30,6 +31,7 @@ __all__ = [
     "default_chunk_cache",
     "describe_layout",
     "open_kwargs",
+    "open_object",
     "read_amplification",
 ]
 
@@ -182,7 +184,7 @@ def add_note(exc: BaseException, note: str) -> None:
     errors.add_note(exc, note)
 
 
-def _dataset_names(f: h5py.File, limit: int = 25) -> list[str]:
+def _dataset_names(f: h5py.Group, limit: int = 25) -> list[str]:
     names: list[str] = []
 
     def visit(name: str, obj: object) -> None:
@@ -268,8 +270,51 @@ def describe_layout(
     )
 
 
-def dataset_at(f: h5py.File, key: str, session: Hashable, path: str) -> h5py.Dataset:
+def open_object(f: h5py.Group, key: str) -> Any:
+    """``f[key]``, or ``None`` when the file has no object there (a missing name, a broken link).
+
+    A name the file has whose object HDF5 cannot open (damaged metadata: h5py raises
+    ``KeyError("Unable to synchronously open object (...)")`` for it as for a missing name),
+    or a lookup in a file whose tree cannot be walked, re-raises h5py's exception: call it
+    inside ``diagnose.metadata_errors``, which names the file.
+
+    Example:
+        >>> import h5py, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "o.h5")
+        >>> with h5py.File(path, "w") as f:
+        ...     _ = f.create_dataset("x", data=np.zeros(3))
+        ...     open_object(f, "x").shape, open_object(f, "y")
+        ((3,), None)
+    """
+    try:
+        return f[key]
+    except KeyError:
+        try:
+            present = key in f or key.strip("/") in _dataset_names(f, limit=10**9)
+        except Exception:  # the file's tree cannot be walked either
+            present = True
+        if present:
+            raise  # h5py's own error for this object: its metadata cannot be read
+        return None
+
+
+def dataset_at(
+    f: h5py.Group, key: str, session: Hashable, path: str, *, fix: str = "Pass the right key=."
+) -> h5py.Dataset:
     """``f[key]`` as a dataset (links followed), or a ``KeyError`` listing the datasets present.
+
+    Args:
+        f: The open file (or a group of it).
+        key: The dataset's path.
+        session: Session id (for messages).
+        path: File path (for messages).
+        fix: The sentence ending the ``KeyError``'s message.
+
+    Raises:
+        MissingKeyError: The file has no dataset ``key`` (a ``KeyError``; the message lists
+            the datasets it has).
+        HDF5FileError: The file has ``key`` but HDF5 cannot open it, or cannot list the
+            file's objects: its metadata is damaged.
 
     Example:
         >>> import h5py, numpy as np, tempfile, os
@@ -279,17 +324,18 @@ def dataset_at(f: h5py.File, key: str, session: Hashable, path: str) -> h5py.Dat
         ...     dataset_at(f, "x", 0, path).shape
         (3,)
     """
-    try:
-        obj = f[key]
-    except KeyError:
-        raise KeyError(
+    with metadata_errors(session, path, f"{key!r}"):
+        obj = open_object(f, key)
+        present = None if isinstance(obj, h5py.Dataset) else _dataset_names(f)
+    if obj is None:
+        raise MissingKeyError(
             f"session {session!r}: {path} has no dataset {key!r} (or a link to it is broken); "
-            f"datasets present: {_dataset_names(f)}. Pass the right key=."
-        ) from None
+            f"datasets present: {present}. {fix}"
+        )
     if not isinstance(obj, h5py.Dataset):
-        raise KeyError(
+        raise MissingKeyError(
             f"session {session!r}: {key!r} in {path} is a group, not a dataset; datasets "
-            f"present: {_dataset_names(f)}."
+            f"present: {present}."
         )
     return obj
 

@@ -25,14 +25,17 @@ from loaderkit.errors import HDF5FileError
 from loaderkit.hdf5.diagnose import (
     Identity,
     changes,
+    hdf5_message,
     identity_of,
+    metadata_errors,
     missing_sources,
-    open_failure,
+    open_diagnosis,
+    repair_advice,
 )
 from loaderkit.hdf5.filters import pipeline
 from loaderkit.hdf5.handles import Handle, HandleCache
 from loaderkit.hdf5.held import HeldSessions
-from loaderkit.hdf5.layout import SessionLayout, add_note, dataset_at
+from loaderkit.hdf5.layout import SessionLayout, add_note, dataset_at, open_object
 from loaderkit.hdf5.rawio import (
     map_rows,
     pread,
@@ -210,7 +213,9 @@ class SessionFiles:
 
         The handle is closed. Checks, in order: did the file change since it was opened
         (``fstat``); does the dataset carry a Fletcher-32 checksum and which of the rows'
-        chunks fail on their own (damaged bytes). Otherwise HDF5's own message stands alone.
+        chunks fail on their own (damaged bytes). Otherwise HDF5's own message stands, with
+        what to do about a damaged file (HDF5 opened the file and the dataset, so the damage
+        is in the rows' chunks or in the index that finds them: other rows may read).
 
         Args:
             exc: What the read raised.
@@ -222,43 +227,53 @@ class SessionFiles:
         if isinstance(exc, HDF5FileError):
             self.cache.discard(self.canonical[pos])
             return exc
-        cause = self._read_cause(pos, key, rows)
+        try:
+            cause, changed = self._read_cause(pos, key, rows)
+        except Exception:  # a check that fails on a damaged file explains nothing
+            logger.debug("checking why a read failed failed", exc_info=True)
+            cause, changed = "", False
         what = f"row {rows.start}" if len(rows) == 1 else f"rows {rows.start}..{rows[-1]}"
         self.cache.discard(self.canonical[pos])
         name = self.specs[key].name if self.specs else None
+        path = self.paths[pos]
+        advice = (
+            ""
+            if changed
+            else " If the file did not change, the bytes holding these rows (or the index "
+            f"that finds them) are damaged; other rows may still read. {repair_advice(path)}."
+        )
         return HDF5FileError(
-            f"reading {what} of {name!r} from session {self.ids[pos]!r} ({self.paths[pos]}) "
-            f"for dataset index {index} failed in process {os.getpid()}: {cause or exc}"
-            f"{' (HDF5: ' + str(exc) + ')' if cause else ''}. The handle was closed."
+            f"reading {what} of {name!r} from session {self.ids[pos]!r} ({path}) "
+            f"for dataset index {index} failed in process {os.getpid()}: "
+            f"{cause or hdf5_message(exc)}"
+            f"{' (HDF5: ' + hdf5_message(exc) + ')' if cause else ''}. The handle was closed."
+            f"{advice}"
         )
 
-    def _read_cause(self, pos: int, key: int, rows: range) -> str:
+    def _read_cause(self, pos: int, key: int, rows: range) -> tuple[str, bool]:
+        """Why a read failed, as far as checks establish it, and whether the file changed."""
         entry = self.cache.peek(self.canonical[pos])
         if entry is not None and entry.identity is not None:
             try:
                 now = identity_of(self.paths[pos])
             except OSError as exc:
-                return f"the file is gone or unreadable now ({exc})"
+                return f"the file is gone or unreadable now ({exc})", True
             changed = changes(entry.identity, now)
             if changed:
-                return f"the file changed while it was open: {', '.join(changed)}"
+                return f"the file changed while it was open: {', '.join(changed)}", True
         if entry is None or key >= len(entry.datasets):
-            return ""
+            return "", False
         dset = entry.datasets[key]
-        try:
-            if not any(flt.id == 3 for flt in pipeline(dset)):
-                return ""
-        except Exception:
-            return ""
+        if not any(flt.id == 3 for flt in pipeline(dset)):
+            return "", False
         damaged = self._damaged_chunks(dset, self.specs[key].axis, rows)
         if not damaged:
-            return ""
+            return "", False
         spans = ", ".join(f"rows {a}..{b - 1}" for a, b in damaged)
         return (
             f"Fletcher-32 checksum mismatch: the chunk(s) holding {spans} are damaged "
-            "(the file's bytes differ from what was written). Restore the file from a good "
-            "copy; the other rows read correctly"
-        )
+            "(the file's bytes differ from what was written); the other rows read correctly"
+        ), False
 
     @staticmethod
     def _damaged_chunks(dset: h5py.Dataset, axis: int, rows: range) -> list[tuple[int, int]]:
@@ -271,7 +286,7 @@ class SessionFiles:
             stop = min(start + chunk, dset.shape[axis])
             try:
                 dset[axis_selection(axis, start, stop)]
-            except OSError:
+            except Exception:  # h5py raises OSError, damaged chunk indexes other errors
                 bad.append((start, stop))
             start = stop
         return bad
@@ -284,7 +299,7 @@ class SessionFiles:
         except MemoryError:
             raise
         except Exception as exc:
-            hint, os_error = open_failure(path, locking=self.locking)
+            hint, os_error, advice = open_diagnosis(path, locking=self.locking)
             if isinstance(os_error, FileNotFoundError):
                 raise FileNotFoundError(
                     os_error.errno,
@@ -294,7 +309,7 @@ class SessionFiles:
             error = HDF5FileError(
                 *((os_error.errno,) if os_error is not None and os_error.errno else ()),
                 f"session {sid!r}: cannot open {path} in process {os.getpid()}: "
-                f"{hint or 'HDF5 refused it'} (HDF5: {exc}).",
+                f"{hint or 'HDF5 refused it'} (HDF5: {exc}).{' ' + advice if advice else ''}",
             )
             raise error from (os_error or exc)
         try:
@@ -310,25 +325,26 @@ class SessionFiles:
         fd = f.id.get_vfd_handle() if f.driver == "sec2" else None
         fd = fd if isinstance(fd, int) and fd >= 0 else None
         identity = identity_of(fd if fd is not None else self.paths[pos])
-        objects = [f.get(spec.path) for spec in self.specs]  # each looked up once per open
-        self._check_record(objects, pos, identity)
-        datasets: list[Any] = []
-        raws: list[tuple[int, int] | None] = []
-        mapped: list[tuple[Any, np.ndarray] | None] = []
-        for k, (spec, obj) in enumerate(zip(self.specs, objects, strict=True)):
-            if spec.members:
-                datasets.append(obj)
-                raws.append(None)
-                mapped.append(None)
-                continue
-            raw = None
-            if self.fast and spec.axis == 0 and self.types[k].raw_ok and fd is not None:
-                raw = raw_location(f, obj)
-            datasets.append(obj)
-            raws.append(raw)
-            mapped.append(
-                map_rows(raw, obj.shape, obj.dtype) if raw is not None and self.memory_map else None
-            )
+        keys = ", ".join(repr(spec.path) for spec in self.specs) or "the file"
+        with metadata_errors(self.ids[pos], self.paths[pos], keys, process=True):
+            # each looked up once per open; a key HDF5 cannot open is damage, not "missing"
+            objects = [open_object(f, spec.path) for spec in self.specs]
+            self._check_record(objects, pos, identity)
+            raws: list[tuple[int, int] | None] = [
+                raw_location(f, obj)
+                if not spec.members
+                and self.fast
+                and spec.axis == 0
+                and self.types[k].raw_ok
+                and fd is not None
+                else None
+                for k, (spec, obj) in enumerate(zip(self.specs, objects, strict=True))
+            ]
+        datasets: list[Any] = list(objects)
+        mapped: list[tuple[Any, np.ndarray] | None] = [
+            map_rows(raw, obj.shape, obj.dtype) if raw is not None and self.memory_map else None
+            for raw, obj in zip(raws, objects, strict=True)
+        ]
         handle = Handle(f, datasets, raws, mapped, fd=fd, identity=identity)
         handle.position = pos
         handle.watch = any(  # HDF5 reads chunks past a new end of file as zeros

@@ -44,7 +44,8 @@ from h5py import h5t
 from torch.utils.data import default_collate, get_worker_info
 
 from loaderkit.collate import torch_dtype
-from loaderkit.errors import ConfigError
+from loaderkit.errors import ConfigError, HDF5FileError
+from loaderkit.hdf5.diagnose import repair_advice, type_damage
 
 __all__ = [
     "Kind",
@@ -449,6 +450,7 @@ def row_type(
     fields: Sequence[str] | None = None,
     row_shape: tuple[int, ...],
     where: str,
+    path: str = "FILE",
 ) -> RowType:
     """The ``RowType`` of ``dset``'s rows (only ``fields`` of a compound, when given).
 
@@ -457,6 +459,7 @@ def row_type(
         fields: Compound fields to read (``None``: all).
         row_shape: Shape of one row (the dataset's shape without its sample axis).
         where: What to call the dataset in messages ("dataset 'x' of session 0 (path)").
+        path: The file (for the advice about a damaged one).
 
     Returns:
         The row type.
@@ -464,6 +467,7 @@ def row_type(
     Raises:
         ConfigError: A type with no torch equivalent (long double, 128-bit float, time,
             reference, opaque), or ``fields`` that are not fields of a compound.
+        HDF5FileError: The stored type is inconsistent (damaged metadata).
 
     Example:
         >>> import h5py, tempfile, os
@@ -478,6 +482,13 @@ def row_type(
     try:
         dtype = dset.dtype
     except (TypeError, ValueError) as exc:  # time types, floats numpy cannot hold
+        damage = type_damage(tid)
+        if damage:
+            raise HDF5FileError(
+                f"{where} is damaged: {damage}, which HDF5 never writes (h5py: {exc}). The "
+                "damage is in the file's metadata, which no read of this dataset can get "
+                f"past. {repair_advice(path)}."
+            ) from exc
         raise _refuse(where, type_name(tid), f"numpy cannot represent ({exc})") from None
     rt = _of(dtype, tid, row_shape, where)
     if fields is None:

@@ -43,7 +43,7 @@ def entry_key(info: ObjectInfo, layout: str) -> str:
     """The entry's file stem: a hash of URL, identity and layout, then the object's name.
 
     Examples:
-        >>> entry_key(ObjectInfo("s3://b/betas_session01.hdf5", 10, "abc"), "stored")[-20:]
+        >>> entry_key(ObjectInfo("s3://b/betas_session01.hdf5", 10, "abc"), "stored")[-21:]
         '-betas_session01_hdf5'
     """
     digest = hashlib.sha256(f"{info.url}\n{info.identity}\n{layout}".encode()).hexdigest()[:24]
