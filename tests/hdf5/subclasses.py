@@ -127,6 +127,16 @@ class RawBytesRead(HDF5SessionDataset):
         return np.frombuffer(np.ascontiguousarray(value).tobytes(), np.uint8).copy()
 
 
+class WithStimIds(HDF5SessionDataset):
+    """Reads its label from a second dataset of the file (NSD: betas plus trial ids, issue 35)."""
+
+    def read(self, session: Hashable, row: int) -> Any:
+        return {
+            "betas": super().read(session, row),
+            "stim": self.h5dataset(session, "stim_ids")[row],
+        }
+
+
 def open_as(cls: type[HDF5SessionDataset], case: Case, **kwargs: Any) -> HDF5SessionDataset:
     """``cls`` over ``case``'s files, with the case's key and options."""
     return cls(case.files, key=case.key, **case.options, **kwargs)

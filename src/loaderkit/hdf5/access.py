@@ -13,7 +13,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from loaderkit.errors import ConfigError
+from loaderkit.errors import ArgumentTypeError, ConfigError
 from loaderkit.hdf5.handles import CacheInfo
 from loaderkit.hdf5.index import (
     unpack_index,
@@ -69,31 +69,59 @@ class SessionAccess:
             return self._reader.handle(pos, 0, -1).file
 
     def h5dataset(self, session: Hashable, key: str | None = None) -> h5py.Dataset:
-        """Return the cached ``h5py.Dataset`` of ``key`` in ``session``'s file.
+        """Return this process's cached ``h5py.Dataset`` of ``key`` in ``session``'s file.
 
-        Cheaper than ``file(session)[key]`` (no name lookup per call).
+        ``key`` is one of the dataset's keys, by its name (as given to ``key=``) or its path,
+        or the path of any other dataset in the file (trial ids, labels, timestamps beside
+        the per-sample data). Each is looked up once per process and open file and cached
+        with the file's handle, so it is cheaper than ``file(session)[key]`` (no name lookup
+        per call); it is closed, and looked up again at the next call, when the handle is
+        evicted (``max_open_files``) or ``close()`` is called. From several threads, use it
+        only inside ``read``/``read_rows`` or while holding ``lock``.
 
         Args:
             session: Session id.
-            key: Which key, by its name (default: the first).
+            key: A key's name, or the path of any dataset in the file (default: the first
+                key).
 
         Returns:
             The open ``h5py.Dataset`` (the ``h5py.Group`` for a group key).
 
+        Raises:
+            KeyError: An unknown session, or a path the file has no dataset at (a
+                ``MissingKeyError``; the message lists the file's datasets).
+            HDF5FileError: The file cannot be opened, or HDF5 cannot open the dataset
+                (damaged metadata); the message names the session, the file and the fix.
+            ConfigError: ``key`` left out on a dataset built without ``key=``.
+
         Example:
-            >>> ds.h5dataset(0)[3].shape  # doctest: +SKIP
-            (64, 64)
+            >>> class WithStimulus(HDF5SessionDataset):  # doctest: +SKIP
+            ...     def read(self, session, row):
+            ...         betas = super().read(session, row)
+            ...         return betas, int(self.h5dataset(session, "stim_ids")[row])
         """
         pos = self._pos_of(session)
         specs = self._reader.specs
-        if not specs:
-            raise ConfigError("h5dataset() needs key=; use file(session)[name] instead.")
-        names = [spec.name for spec in specs]
-        if key is not None and key not in names:
-            raise KeyError(f"h5dataset(): no key {key!r}; keys: {names}")
-        k = 0 if key is None else names.index(key)
+        if key is None and not specs:
+            raise ConfigError(
+                "h5dataset(session) without a name needs key=; pass the dataset's path: "
+                "h5dataset(session, 'name')."
+            )
+        if key is not None and not isinstance(key, str):
+            raise ArgumentTypeError(
+                f"h5dataset(): key must be a key's name or a dataset path (str), got "
+                f"{type(key).__name__} {key!r}."
+            )
+        k = next(
+            (k for k, spec in enumerate(specs) if key in (None, spec.name)),
+            next((k for k, spec in enumerate(specs) if key == spec.path), None),
+        )
         with self.lock:
-            return self._reader.handle(pos, 0, -1).datasets[k]
+            handle = self._reader.handle(pos, 0, -1)
+            if k is not None:
+                return handle.datasets[k]
+            assert key is not None
+            return self._reader.other_dataset(handle, pos, key)
 
     @property
     def lock(self) -> Any:

@@ -81,6 +81,8 @@ class Handle:
         fd: HDF5's file descriptor (sec2 driver), or ``None``.
         identity: The file's ``Identity`` when it was opened (``None``: not known).
         members: Per key that names a group of per-sample datasets, those looked up so far.
+        others: Other datasets of the file by path, looked up so far (``h5dataset(session,
+            path)`` for a path that is not a key); dropped when the handle is closed.
         position: The session position it was opened for.
         watch: Reads through it must be followed by a check of the file (chunked data: HDF5
             reads chunks past a new end of the file as zeros).
@@ -103,6 +105,7 @@ class Handle:
         "identity",
         "maps",
         "members",
+        "others",
         "position",
         "raws",
         "watch",
@@ -128,6 +131,7 @@ class Handle:
         self.fd = fd
         self.identity = identity
         self.members: dict[tuple[int, str], h5py.Dataset] = {}
+        self.others: dict[str, h5py.Dataset] = {}
         self.position = -1
         self.watch = False
         self.dirty = False
@@ -139,6 +143,7 @@ class Handle:
         self.raws = []
         self.maps = []
         self.members = {}
+        self.others = {}
         self.chunk_maps = None
         for mapped in self._mapped:
             try:

@@ -452,6 +452,25 @@ class SessionFiles:
             pos = handle.position
             self.verify(handle, pos, "rows", -1)
 
+    def other_dataset(self, handle: Handle, pos: int, path: str) -> h5py.Dataset:
+        """Dataset ``path`` of session ``pos``'s open file, looked up once per handle.
+
+        Raises:
+            MissingKeyError: The file has no dataset ``path`` (the message lists those it has).
+            HDF5FileError: HDF5 cannot open it (damaged metadata).
+        """
+        dset = handle.others.get(path)
+        if dset is None:
+            dset = dataset_at(
+                handle.file,
+                path,
+                self.ids[pos],
+                self.paths[pos],
+                fix="Pass the path of one of them to h5dataset(session, path).",
+            )
+            handle.others[path] = dset
+        return dset
+
     def _member(self, handle: Handle, k: int, pos: int, row: int) -> Any:
         """The whole dataset that is sample ``row`` of a group key, read into its mem dtype."""
         names = self.records[pos].members[k]
