@@ -15,6 +15,7 @@ Modules, and where each runs:
   at a fork (async filesystems are not fork-safe).
 - ``limits``: the cache's defaults fitted to the disk (pure) and the checks that refuse
   impossible limits. *Main process*, at construction.
+- ``records``: what ``lease`` hands out (``CachedFile``) and the per-process ``CacheStats``.
 - ``cache``: ``SessionCache``: ``lease`` in *any process* (main, workers, ranks, fetcher
   threads); holds only its configuration, so it pickles to spawned workers.
 - ``entries``: the layout on disk, *shared by every process on the node*: complete files,
@@ -29,10 +30,11 @@ Modules, and where each runs:
 
 from __future__ import annotations
 
-from loaderkit.storage.cache import CachedFile, CacheEntry, CacheStats, ClearResult, SessionCache
+from loaderkit.storage.cache import SessionCache, Transform
 from loaderkit.storage.fetcher import Prefetcher, fetch_many
 from loaderkit.storage.limits import CacheLimit, CacheLimits, DiskUsage, fit_cache_limits
 from loaderkit.storage.objects import ObjectInfo, stat_objects
+from loaderkit.storage.records import CachedFile, CacheEntry, CacheStats, ClearResult
 from loaderkit.storage.urls import REMOTE_EXTRA, expand, is_url, local_path, require_remote
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "ObjectInfo",
     "Prefetcher",
     "SessionCache",
+    "Transform",
     "expand",
     "fetch_many",
     "fit_cache_limits",

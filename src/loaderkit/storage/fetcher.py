@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from loaderkit.errors import ConfigError
-from loaderkit.storage.cache import CachedFile, SessionCache, Transform
+from loaderkit.storage.cache import SessionCache, Transform
 from loaderkit.storage.download import Cancelled
 from loaderkit.storage.objects import ObjectInfo
+from loaderkit.storage.records import CachedFile
 
 __all__ = ["Prefetcher", "fetch_many"]
 
