@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import h5py
 import pytest
 
 from loaderkit import HDF5FileError, HDF5SessionDataset, create_dataloader
@@ -29,12 +30,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The whole corpus must be read within this (a hang is a failure, not a stuck run).
 CHILD_TIMEOUT_S = 120
 #: The files of the corpus whose construction raised the three raw errors issue 35 quotes,
-#: before the fix (HDF5's words for one damage vary with what was read before it).
+#: before the fix (HDF5's words for one damage vary with what was read before it). Found with
+#: HDF5 ``ISSUE_35_HDF5`` (h5py 3.16): another HDF5 may lay the files out or read them
+#: differently; every other test here holds for any version.
 ISSUE_35_FILES = {
     "fletcher32_flips_0.h5": "RuntimeError: Object visitation failed (wrong B-tree signature)",
     "contiguous_head_flips_6.h5": "RuntimeError: Object visitation failed (addr overflow, ...)",
     "table_head_flips_5.h5": "KeyError: '... (datatype has unusually large # of unused bits",
 }
+ISSUE_35_HDF5 = "2.0.0"
 
 pytestmark = pytest.mark.filterwarnings("ignore::loaderkit.errors.PerformanceHint")
 
@@ -116,6 +120,8 @@ def test_wrong_only_where_h5py_is_wrong_too(
 def test_the_damages_issue_35_found_are_named_as_metadata_damage(
     corpus_outcomes: tuple[Path, list[dict[str, Any]]],
 ) -> None:
+    if h5py.version.hdf5_version != ISSUE_35_HDF5:
+        pytest.skip(f"the files were found with HDF5 {ISSUE_35_HDF5}")
     _, rows = corpus_outcomes
     by_file = {row["file"]: row for row in rows}
     for name in ISSUE_35_FILES:
