@@ -10,7 +10,9 @@ The only module (with ``__main__``) that prints. Each command returns an exit co
 * ``demo``: a self-contained run on generated NSD-like session files; exit 1 when a check
   fails;
 * ``rechunk``: copies of session files with one dataset stored row by row, verified
-  (``loaderkit.hdf5.rechunk``); exit 1 when a file cannot be rewritten.
+  (``loaderkit.hdf5.rechunk``); exit 1 when a file cannot be rewritten;
+* ``fetch`` and ``cache ls|du|clear``: a node's session cache (``loaderkit.cli_cache``, which
+  prints too).
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from loaderkit import __version__
-from loaderkit.doctor import FAIL, PASS, WARN, run_checks, software_versions
+from loaderkit.cli_cache import add_commands as add_cache_commands
+from loaderkit.doctor import (
+    FAIL,
+    PASS,
+    WARN,
+    run_checks,
+    session_cache_report,
+    software_versions,
+)
 from loaderkit.platform import detect_platform
 from loaderkit.policy import recommended_num_workers, resolve_num_workers
 
@@ -66,7 +76,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    checks = run_checks(detect_platform(), max_open_files=args.max_open_files)
+    checks = run_checks(
+        detect_platform(), max_open_files=args.max_open_files, cache=session_cache_report()
+    )
     marks = {PASS: "PASS", WARN: "WARN", FAIL: "FAIL"}
     for check in checks:
         print(f"[{marks[check.status]}] {check.name}: {check.finding}")
@@ -297,7 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="PyTorch data loading that is correct by default.",
     )
     parser.add_argument("--version", action="version", version=f"loaderkit {__version__}")
-    commands = parser.add_subparsers(dest="command", metavar="{info,doctor,bench,demo,rechunk}")
+    commands = parser.add_subparsers(
+        dest="command", metavar="{info,doctor,bench,demo,rechunk,fetch,cache}"
+    )
     commands.required = True
 
     info = commands.add_parser("info", help="platform, versions and recommended workers")
@@ -388,6 +402,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rechunk.add_argument("--no-progress", action="store_true", help="no progress bars")
     rechunk.set_defaults(run=_cmd_rechunk)
+    add_cache_commands(commands)
     return parser
 
 

@@ -17,7 +17,16 @@ from loaderkit.platform import PlatformInfo
 from loaderkit.policy import recommended_num_workers as _recommended
 from loaderkit.versions import torch_decision
 
-__all__ = ["FAIL", "PASS", "WARN", "Check", "run_checks", "software_versions"]
+__all__ = [
+    "FAIL",
+    "PASS",
+    "WARN",
+    "CacheReport",
+    "Check",
+    "run_checks",
+    "session_cache_report",
+    "software_versions",
+]
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 _GIB = 2**30
@@ -250,12 +259,78 @@ def _file_locking(environ: Mapping[str, str]) -> Check:
     )
 
 
+@dataclass(frozen=True)
+class CacheReport:
+    """The node's session cache as read once (``session_cache_report``), for ``_session_cache``.
+
+    Attributes:
+        dir: The cache directory.
+        text: ``SessionCache.describe()``: usage, limits, hits, misses, bytes fetched, seconds
+            waiting, evictions, free disk.
+        free: Free bytes on its disk.
+        min_free: The free bytes it keeps.
+    """
+
+    dir: str
+    text: str
+    free: int
+    min_free: int
+
+
+def session_cache_report(environ: Mapping[str, str] | None = None) -> CacheReport | None:
+    """The session cache that remote datasets would use here, if it exists (else ``None``).
+
+    ``$LOADERKIT_CACHE``, else ``~/.cache/loaderkit``; ``None`` also without the ``remote``
+    extra.
+    """
+    env = os.environ if environ is None else environ
+    directory = env.get("LOADERKIT_CACHE") or os.path.expanduser("~/.cache/loaderkit")
+    if not os.path.isdir(directory):
+        return None
+    try:
+        from loaderkit.storage import SessionCache
+
+        cache = SessionCache(directory)
+        stats = cache.stats()
+        return CacheReport(str(cache.dir), cache.describe(), stats.free_bytes, cache.min_free)
+    except Exception:  # no extra, or an unreadable directory: nothing to report
+        return None
+
+
+def _session_cache(report: CacheReport | None) -> Check:
+    if report is None:
+        return Check(
+            "session cache",
+            PASS,
+            "none here ($LOADERKIT_CACHE or ~/.cache/loaderkit does not exist)",
+            "remote session files (s3://, gs://...) are fetched into it whole; put it on the "
+            "node's local disk (NVMe): export LOADERKIT_CACHE=/local/nvme/loaderkit",
+        )
+    finding = "; ".join(line.strip() for line in report.text.splitlines())
+    if report.free < report.min_free:
+        return Check(
+            "session cache",
+            WARN,
+            finding,
+            "its disk has less free space than min_free: entries will be evicted early or "
+            "downloads refused; free space, or run `loaderkit cache clear`",
+        )
+    return Check(
+        "session cache",
+        PASS,
+        finding,
+        "`loaderkit fetch URL...` warms it before a job; `loaderkit cache ls|du|clear` shows "
+        "and empties it",
+    )
+
+
 def run_checks(
     platform: PlatformInfo,
     *,
     max_open_files: int = 8,
     versions: Mapping[str, str] | None = None,
     environ: Mapping[str, str] | None = None,
+    cache: CacheReport | None = None,
 ) -> list[Check]:
     """Run every doctor check.
 
@@ -264,6 +339,7 @@ def run_checks(
         max_open_files: The HDF5 handle budget per process to plan for.
         versions: Software versions (default: ``software_versions``).
         environ: Environment (default: ``os.environ``).
+        cache: The node's session cache (``session_cache_report``), if any.
 
     Returns:
         One ``Check`` per topic, in display order.
@@ -282,4 +358,5 @@ def run_checks(
         _torch(platform),
         _versions(software_versions() if versions is None else versions),
         _file_locking(os.environ if environ is None else environ),
+        _session_cache(cache),
     ]

@@ -395,7 +395,12 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             no_sources = OrderSources(generators=(), global_rng=False, stateful=())
             return no_sources if owner is None else order_sources(owner)
 
-        return PassIndices(base, record, sources)
+        def watcher() -> Any:
+            owner = loader()
+            make = None if owner is None else getattr(owner.dataset, "prefetch_watcher", None)
+            return make() if callable(make) else None
+
+        return PassIndices(base, record, sources, watcher)
 
     # ------------------------------------------------------------------ resume
 
@@ -582,4 +587,14 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         Examples:
             >>> print(DataLoader(list(range(4)), training=False).describe())  # doctest: +SKIP
         """
-        return self.plan.describe()
+        text = self.plan.describe()
+        stats = getattr(self.dataset, "cache_stats", None)
+        now = stats() if callable(stats) else None
+        if now is not None:  # a dataset read through a session cache: its counters now
+            text += (
+                f"\ncache now (this process, its prefetcher included): {now.hits} hits, "
+                f"{now.misses} misses, {now.bytes_fetched} bytes fetched, "
+                f"{now.seconds_waiting:.1f} s waiting, {now.evictions} evictions, "
+                f"{now.free_bytes} bytes free"
+            )
+        return text

@@ -366,6 +366,14 @@ def _file_budget(
     )
     requested = dataset.max_open_files_requested
     if requested is None:
+        cached = dataset.cached_open_files(max(0, num_workers))
+        if cached is not None and cached < budget.files:
+            reason = (
+                f"fits the session cache: each open file leases its entry, and "
+                f"{max(1, num_workers)} reader(s) x {cached} file(s) + the prefetch window fit "
+                f"its max_bytes (otherwise: {budget.reason})"
+            )
+            return PlanEntry("max_open_files", UNSET, cached, reason), cached
         entry = PlanEntry("max_open_files", UNSET, budget.files, f"fits: {budget.reason}")
         return entry, budget.files
     reason = f"as given (unset would give {budget.files}: {budget.reason})"
@@ -500,6 +508,9 @@ def plan_loader(
     session_entry, session_bytes = _session_budget(dataset, res, platform)
     if session_entry is not None:
         found.entries.append(session_entry)
+    if isinstance(dataset, HDF5SessionDataset) and isinstance(res.values["num_workers"], int):
+        for name, given, value, reason in dataset.cache_plan(max(0, res.values["num_workers"])):
+            found.entries.append(PlanEntry(name, value if given else UNSET, value, reason))
     if session_bytes is not None:
         dataset.set_session_bytes(session_bytes)  # before the checks and the block sampler
     _check_picklable(dataset, request, res, found)

@@ -37,6 +37,7 @@ from torch.utils.data import DistributedSampler, IterableDataset, RandomSampler,
 
 from loaderkit import _torch
 from loaderkit.errors import ConfigError
+from loaderkit.lookahead import look_ahead
 
 __all__ = [
     "STATE_FORMAT",
@@ -228,6 +229,8 @@ class PassIndices:
         sampler: The index sampler.
         record: Returns the loader's current pass record (None: pass through).
         sources: Returns the loader's ``OrderSources``.
+        watcher: Returns the dataset's prefetch watcher for a pass, or ``None``
+            (``loaderkit.lookahead``: indices drawn a little ahead, same order).
 
     Examples:
         >>> record = PassRecord(epoch=0, skip=2, resumed=True)
@@ -236,10 +239,11 @@ class PassIndices:
         [[4, 5]]
     """
 
-    def __init__(self, sampler: Any, record: Any, sources: Any) -> None:
+    def __init__(self, sampler: Any, record: Any, sources: Any, watcher: Any = None) -> None:
         self.sampler = sampler
         self._record = record
         self._sources = sources
+        self._watcher = watcher
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -262,6 +266,10 @@ class PassIndices:
             iterator = iter(self.sampler)
             first = next(iterator, _END)
         if first is _END:
+            return
+        watcher = None if self._watcher is None else self._watcher()
+        if watcher is not None:  # a dataset that fetches what comes next: draw a little ahead
+            yield from look_ahead(first, iterator, watcher)
             return
         yield first
         # next(), not ``yield from``: that calls iter() again, and some iterators reset there

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from loaderkit.errors import ConfigError, warn
+from loaderkit.storage.urls import is_url, local_path
 
 __all__ = ["check_max_open_files", "check_max_session_bytes", "check_options", "normalize_files"]
 
@@ -54,12 +55,15 @@ def check_max_session_bytes(max_session_bytes: Any) -> None:
         )
 
 
-def normalize_files(files: Any) -> dict[Hashable, Path]:
-    """``files`` (a mapping id -> path or a sequence of paths) as id -> absolute ``Path``.
+def normalize_files(files: Any) -> dict[Hashable, Path | str]:
+    """``files`` (a mapping id -> name or a sequence of names) as id -> absolute ``Path``.
+
+    A URL (``s3://...``; ``loaderkit.storage.is_url``) stays the ``str`` it is (a ``Path``
+    would fold its ``//``); a ``file://`` URL becomes the local ``Path`` it names.
 
     Example:
-        >>> list(normalize_files(["a.h5"]))
-        [0]
+        >>> normalize_files(["a.h5", "s3://bucket/b.h5"])[1]
+        's3://bucket/b.h5'
     """
     if isinstance(files, (str, bytes, os.PathLike)):
         raise ConfigError(
@@ -77,13 +81,16 @@ def normalize_files(files: Any) -> dict[Hashable, Path]:
         )
     if not items:
         raise ConfigError("files is empty: pass at least one session file.")
-    out: dict[Hashable, Path] = {}
+    out: dict[Hashable, Path | str] = {}
     for sid, path in items:
         if not isinstance(path, (str, os.PathLike)):
             raise ConfigError(
                 f"session {sid!r}: expected a path (str or os.PathLike), got {type(path).__name__}."
             )
-        out[sid] = Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+        if is_url(path):
+            out[sid] = os.fspath(path)
+            continue
+        out[sid] = Path(os.path.abspath(os.path.expanduser(local_path(path))))
     return out
 
 

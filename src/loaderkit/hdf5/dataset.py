@@ -31,6 +31,7 @@ from loaderkit.hdf5.arguments import (
     normalize_files,
 )
 from loaderkit.hdf5.budgeting import SessionBudgets
+from loaderkit.hdf5.cached import CachedSessions
 from loaderkit.hdf5.index import (
     _ROW_BITS,
     _ROW_MASK,
@@ -48,8 +49,10 @@ from loaderkit.hdf5.layout import (
 )
 from loaderkit.hdf5.reading import ReadMode, overrides, read_mode, uses_default_read
 from loaderkit.hdf5.runs import plan_runs
+from loaderkit.hdf5.sources import SessionSources, session_names
 from loaderkit.hdf5.types import Kind
 from loaderkit.platform import memory_bytes, open_file_limits
+from loaderkit.storage import SessionCache
 
 __all__ = [
     "HDF5FileError",
@@ -75,7 +78,7 @@ def _overrides(cls: type, name: str) -> bool:
     return overrides(cls, HDF5SessionDataset, name)
 
 
-class HDF5SessionDataset(SessionAccess, SessionBudgets, DatasetInspection, Dataset):
+class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetInspection, Dataset):
     """A map-style dataset over per-session HDF5 files with a bounded per-process handle cache.
 
     Sample ``i`` is row ``locate(i)[1]`` of the session file ``locate(i)[0]``. The index is built
@@ -89,7 +92,11 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, DatasetInspection, Datas
     variable-length arrays a 1-D tensor; types with no torch dtype are refused here.
 
     Args:
-        files: Mapping session id -> path, or a sequence of paths (ids ``0..n-1``).
+        files: Mapping session id -> path, or a sequence of paths (ids ``0..n-1``). Paths may
+            be fsspec URLs (``s3://``, ``gs://``, ``az://``, ``https://``...) and, in a
+            sequence, URL globs (``s3://bucket/betas_session*.hdf5``: expanded and sorted
+            once, here). ``self.files`` maps each id to a ``pathlib.Path`` for a local file
+            and to the URL ``str`` for a remote one. See docs/remote.md.
         key: The HDF5 dataset the default ``read`` returns rows of: a path (links are
             followed), a tuple/list of paths (a sample is a dict path -> row, rows aligned), or
             a mapping name -> path (a dict name -> row). A path naming a *group* makes every
@@ -123,6 +130,13 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, DatasetInspection, Datas
             (``session_budget``; a ``loaderkit.DataLoader`` refits it and records it in its
             plan). ``0``: nothing held; every batch reads its rows in one pass over their
             sessions' chunks. An int is kept as given.
+        storage_options: Keyword arguments for the fsspec filesystem of URLs, passed
+            unchanged (``{"anon": True}``, ``{"endpoint_url": ...}``, credentials).
+        cache: The node's ``loaderkit.SessionCache`` that sessions are read through (whole
+            files, fetched ahead in the loader's order). URLs always use one (default:
+            ``SessionCache()``, in ``$LOADERKIT_CACHE`` or ``~/.cache/loaderkit``); local
+            paths only when it is given (a shared filesystem in front of local NVMe).
+            Metadata of remote files is read with range requests and kept in the cache.
 
     Raises:
         ConfigError: ``max_open_files < 1``, ``max_session_bytes < 0``, a ``mode`` other
@@ -130,7 +144,9 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, DatasetInspection, Datas
             several datasets, row shapes/dtypes that differ between sessions, keys whose rows
             do not align, or a type no torch dtype holds (long double, 128-bit float, time,
             reference, opaque).
-        FileNotFoundError: A file is missing (the message names the session and path).
+        FileNotFoundError: A file, object or bucket is missing (the message names the
+            session and path, or the URL).
+        StorageAccessError: The store refused the credentials (a ``PermissionError``).
         HDF5FileError: A file is not readable HDF5 (an ``OSError``), or a compression filter
             the data needs is not available (the message names it and its package).
         KeyError: ``key`` is missing from a file (the message lists the datasets present).
@@ -162,12 +178,17 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, DatasetInspection, Datas
         h5py_options: Mapping[str, Any] | None = None,
         memory_map: bool = False,
         max_session_bytes: int | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        cache: SessionCache | None = None,
     ) -> None:
         if max_open_files is not None:
             check_max_open_files(max_open_files)
         if max_session_bytes is not None:
             check_max_session_bytes(max_session_bytes)
-        self.files: dict[Hashable, Path] = normalize_files(files)
+        self.files: dict[Hashable, Path | str] = normalize_files(
+            session_names(files, storage_options)
+        )
+        self.storage_options = None if storage_options is None else dict(storage_options)
         self.key = key
         self.fields = None if fields is None else tuple(fields)
         self.sample_axis = sample_axis
@@ -188,13 +209,17 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, DatasetInspection, Datas
         self._mode = read_mode(type(self), HDF5SessionDataset)
         self._transforms = _overrides(type(self), "transform")
         self._custom_index = _overrides(type(self), "build_index")
+        self._sources = SessionSources.build(self._ids, self._paths, storage_options, cache)
+        #: The node cache remote (and, when given, local) sessions are read through.
+        self.cache = None if self._sources is None else self._sources.cache
         for sid, path in self.files.items():
-            if not path.exists():
+            if isinstance(path, Path) and not path.exists():
                 raise FileNotFoundError(
                     f"session {sid!r}: file {path} does not exist. Check the path (and that the "
                     "file system is mounted) or remove the session from `files`."
                 )
         self._reader = self._inspect_files()
+        self._reader.sources = self._sources
         try:
             try:
                 index = self.build_index()
@@ -211,7 +236,8 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, DatasetInspection, Datas
             self._reader.cache.close()  # never leave a file open in the constructing process
         if max_open_files is None:
             soft, _ = open_file_limits()
-            self.set_open_files(self.file_budget(0, soft, memory_bytes()).files)
+            budget = self.file_budget(0, soft, memory_bytes()).files
+            self.set_open_files(min(budget, self.cached_open_files(0) or budget))
         if max_session_bytes is None:
             self.set_session_bytes(self.session_budget(0, memory_bytes()).bytes)
         else:
@@ -312,6 +338,9 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, DatasetInspection, Datas
             reader.cache.close()
         if reader is not None and reader.__dict__.get("held") is not None:
             reader.held.clear()
+        sources = self.__dict__.get("_sources")
+        if sources is not None:
+            sources.close()
 
     def __enter__(self) -> HDF5SessionDataset:
         return self

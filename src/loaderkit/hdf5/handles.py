@@ -89,6 +89,8 @@ class Handle:
         dirty: Read since it was last checked.
         chunk_maps: Per key, where its column chunks lie (``rawio.chunk_map``), built at
             the first read that needs it (``None``: not yet).
+        lease: The cache's lease on the local copy of a remote (or cached) session, held as
+            long as the file is open and released when it is closed (``None``: read in place).
 
     Example:
         >>> Handle.__slots__[:4]
@@ -103,6 +105,7 @@ class Handle:
         "fd",
         "file",
         "identity",
+        "lease",
         "maps",
         "members",
         "others",
@@ -136,6 +139,7 @@ class Handle:
         self.watch = False
         self.dirty = False
         self.chunk_maps: list[Any] | None = None
+        self.lease: Any = None
 
     def close(self) -> None:
         """Close the maps and the file (and every object opened through it); never raises."""
@@ -155,6 +159,12 @@ class Handle:
             self.file.close()
         except Exception:  # closing must not fail (interpreter shutdown, broken file)
             logger.debug("closing an HDF5 handle failed", exc_info=True)
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            try:
+                lease.close()  # after the file: the entry may be evicted from now on
+            except Exception:
+                logger.debug("releasing a cache lease failed", exc_info=True)
 
 
 def foreign_file_ids(path: str | os.PathLike[str]) -> list[h5f.FileID]:

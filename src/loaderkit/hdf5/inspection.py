@@ -33,7 +33,10 @@ from loaderkit.hdf5.layout import (
 )
 from loaderkit.hdf5.reader import SessionReader
 from loaderkit.hdf5.records import KeySpec, SessionRecord
+from loaderkit.hdf5.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
+from loaderkit.hdf5.sources import SessionSources
 from loaderkit.hdf5.types import RowType
+from loaderkit.storage import ObjectInfo
 
 __all__ = ["DatasetInspection"]
 
@@ -53,9 +56,19 @@ class DatasetInspection:
     memory_map: bool
     max_open_files: int
     max_session_bytes: int
+    _sources: SessionSources | None
 
-    def _open_for_inspection(self, pos: int) -> h5py.File:
+    def _remote_info(self, pos: int) -> ObjectInfo | None:
+        """The object session ``pos`` is, when it is a URL (its metadata is read remotely)."""
+        sources = self._sources
+        return None if sources is None else sources.remote.get(pos)
+
+    def _open_for_inspection(self, pos: int) -> Any:
         sid, path = self._ids[pos], self._paths[pos]
+        info = self._remote_info(pos)
+        if info is not None:
+            assert self._sources is not None
+            return open_remote(info, sid, self._sources.storage_options)
         try:
             return h5py.File(path, "r", **self.h5py_options)
         except FileNotFoundError as exc:
@@ -85,9 +98,15 @@ class DatasetInspection:
         records: list[SessionRecord] = []
         resolved: list[KeySpec] = list(specs)
         uneven = [False] * len(specs)
+        remote, known = self._inspect_remote(specs)
         for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
-            with self._open_for_inspection(pos) as f:
-                record, resolved, odd = inspect_session(f, specs, sid, path)
+            if pos in remote:
+                record, resolved, odd = remote[pos]
+            else:
+                with self._open_for_inspection(pos) as f:
+                    record, resolved, odd = inspect_session(f, specs, sid, path)
+                if self._sources is not None and self._sources.cached(pos):
+                    record = record._replace(identity=None)  # read from the cache's copy
             records.append(record)
             uneven = [a or b for a, b in zip(uneven, odd, strict=True)]
         files = list(zip(self._ids, self._paths, strict=True))
@@ -96,7 +115,9 @@ class DatasetInspection:
         type_error: ConfigError | None = None
         try:
             check_rows(records, resolved, files)
-            types = row_types(records, resolved, self.fields, files, self._open_for_inspection)
+            types = row_types(
+                records, resolved, self.fields, files, self._open_for_inspection, known
+            )
         except ConfigError as exc:
             if self._item_fast:
                 raise
@@ -129,6 +150,32 @@ class DatasetInspection:
             max_session_bytes=self.max_session_bytes,
         )
 
+    def _inspect_remote(
+        self, specs: Sequence[KeySpec]
+    ) -> tuple[
+        dict[int, tuple[SessionRecord, list[KeySpec], list[bool]]],
+        dict[tuple[int, int], RowType | Exception],
+    ]:
+        """Remote sessions' records and row types (``remotemeta``: range reads, kept)."""
+        sources = self._sources
+        infos = {} if sources is None else sources.remote
+        if not infos:
+            return {}, {}
+        assert sources is not None
+        found = inspect_remote(
+            infos,
+            self._ids,
+            specs,
+            self.fields,
+            sources.storage_options,
+            MetaStore(sources.cache.dir),
+        )
+        records = {
+            pos: (rec.record, list(rec.resolved), list(rec.uneven)) for pos, rec in found.items()
+        }
+        known = {(pos, k): rt for pos, rec in found.items() for k, rt in enumerate(rec.types)}
+        return records, known
+
     def _canonical(self, records: Sequence[SessionRecord]) -> list[int]:
         """Per session, the first session with the same file (path, symlink or hard link)."""
         seen: dict[tuple[int, int], int] = {}
@@ -151,8 +198,14 @@ class DatasetInspection:
 
     def _autodetect_key(self) -> str | None:
         sid, path = self._ids[0], self._paths[0]
-        with self._open_for_inspection(0) as f, metadata_errors(sid, path, "the file's tree"):
-            names = _dataset_names(f, limit=10**9)
+        info = self._remote_info(0)
+        if info is not None:
+            assert self._sources is not None
+            storage = self._sources
+            names = tree_names(info, sid, storage.storage_options, MetaStore(storage.cache.dir))
+        else:
+            with self._open_for_inspection(0) as f, metadata_errors(sid, path, "the file's tree"):
+                names = _dataset_names(f, limit=10**9)
         if len(names) == 1:
             return names[0]
         if self._custom_index and not self._item_fast:

@@ -100,6 +100,8 @@ def inspect_session(
     specs: Sequence[KeySpec],
     session: Hashable,
     path: str,
+    *,
+    identity: bool = True,
 ) -> tuple[SessionRecord, list[KeySpec], list[bool]]:
     """What session file ``f`` holds of every key: its ``SessionRecord``.
 
@@ -111,6 +113,8 @@ def inspect_session(
         specs: The keys (``axis`` may be negative here).
         session: Session id (for messages).
         path: File path (for messages).
+        identity: Record the local file's ``Identity`` (``False`` for a file read through a
+            cache: the store's identity keys the cached copy, whose own differs).
 
     Returns:
         The record, the specs resolved for this file (non-negative axis, ``members`` set for
@@ -123,9 +127,11 @@ def inspect_session(
         HDF5FileError: A filter the data needs is not available, or HDF5 cannot read a key's
             metadata (the file is damaged; the message names the object and what to do).
     """
-    with metadata_errors(session, path, "the file"):
-        fd = f.id.get_vfd_handle() if f.driver == "sec2" else None
-        identity = identity_of(fd if isinstance(fd, int) and fd >= 0 else path)
+    found = None
+    if identity:
+        with metadata_errors(session, path, "the file"):
+            fd = f.id.get_vfd_handle() if f.driver == "sec2" else None
+            found = identity_of(fd if isinstance(fd, int) and fd >= 0 else path)
     layouts: list[SessionLayout] = []
     members: list[tuple[str, ...] | None] = []
     resolved: list[KeySpec] = []
@@ -148,7 +154,7 @@ def inspect_session(
             members.append(None)
             resolved.append(KeySpec(spec.name, spec.path, axis))
             uneven.append(False)
-    return SessionRecord(identity, tuple(layouts), tuple(members)), resolved, uneven
+    return SessionRecord(found, tuple(layouts), tuple(members)), resolved, uneven
 
 
 def check_sources(dset: h5py.Dataset, key: str, session: Hashable, path: str) -> None:
@@ -204,6 +210,7 @@ def row_types(
     fields: Sequence[str] | None,
     files: Sequence[tuple[Hashable, str]],
     open_file: Any,
+    known: Mapping[tuple[int, int], RowType | Exception] | None = None,
 ) -> list[RowType]:
     """One ``RowType`` per key, from the first session holding rows of it.
 
@@ -213,6 +220,8 @@ def row_types(
         fields: Compound fields to read (single key only).
         files: ``(session id, path)`` per session.
         open_file: ``open_file(pos)`` opens session ``pos``'s file for inspection.
+        known: ``(pos, key) -> RowType`` (or the error it raised) already found, as for
+            remote sessions whose metadata is kept in the cache: those files are not opened.
 
     Returns:
         The row types.
@@ -231,6 +240,12 @@ def row_types(
         pos = next((p for p, rec in enumerate(records) if rec.layouts[k].rows), 0)
         layout = records[pos].layouts[k]
         sid, path = files[pos]
+        found = (known or {}).get((pos, k))
+        if isinstance(found, Exception):
+            raise found
+        if found is not None:
+            types.append(found)
+            continue
         with open_file(pos) as f, metadata_errors(sid, path, f"the type of {spec.path!r}"):
             obj = f[spec.path]
             if spec.members:

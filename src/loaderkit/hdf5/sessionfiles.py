@@ -44,6 +44,7 @@ from loaderkit.hdf5.rawio import (
     read_direct,
 )
 from loaderkit.hdf5.records import KeySpec, SessionRecord, axis_selection, read_slab
+from loaderkit.hdf5.sources import SessionSources
 from loaderkit.hdf5.types import Kind, RowType
 
 __all__ = ["SessionFiles"]
@@ -84,6 +85,9 @@ class SessionFiles:
         >>> SessionFiles.verify.__name__
         'verify'
     """
+
+    #: The sessions read through a ``SessionCache`` (``None``: every file read in place).
+    sources: SessionSources | None = None
 
     def __init__(
         self,
@@ -255,7 +259,7 @@ class SessionFiles:
         entry = self.cache.peek(self.canonical[pos])
         if entry is not None and entry.identity is not None:
             try:
-                now = identity_of(self.paths[pos])
+                now = identity_of(self.paths[pos] if entry.lease is None else entry.file.filename)
             except OSError as exc:
                 return f"the file is gone or unreadable now ({exc})", True
             changed = changes(entry.identity, now)
@@ -292,8 +296,26 @@ class SessionFiles:
         return bad
 
     def _open(self, pos: int) -> Handle:
-        """Open session ``pos``'s file and check it against its record (the cache's opener)."""
-        sid, path = self.ids[pos], self.paths[pos]
+        """Open session ``pos``'s file and check it against its record (the cache's opener).
+
+        A session read through a ``SessionCache`` (``sources``) is leased first: h5py opens
+        the local copy, and the handle holds the lease until it is closed.
+        """
+        sources = self.sources
+        if sources is None or not sources.cached(pos):
+            return self._open_path(pos, self.paths[pos])
+        lease = sources.lease(pos)
+        try:
+            handle = self._open_path(pos, str(lease.path))
+        except BaseException:
+            lease.close()
+            raise
+        handle.lease = lease
+        return handle
+
+    def _open_path(self, pos: int, path: str) -> Handle:
+        """Open ``path`` as session ``pos``'s file (its own, or the cache's copy)."""
+        sid = self.ids[pos]
         try:
             f = h5py.File(path, "r", **self.open_kwargs[pos])
         except MemoryError:

@@ -57,8 +57,8 @@ class WideReads(SessionFiles):
         """
         held = self.held.get(pos)
         if held is not None:
-            if self.swmr:
-                return held
+            if self.swmr or (self.sources is not None and self.sources.cached(pos)):
+                return held  # a cached copy is one version of the object: it cannot change
             try:
                 st = os.stat(self.paths[pos])
                 same = st.st_size == held.size and st.st_mtime_ns == held.mtime_ns

@@ -69,10 +69,13 @@ def download(
     """
     import fsspec.callbacks
 
+    reported = [0]
+
     class _Progress(fsspec.callbacks.Callback):
         def relative_update(self, inc: int = 1) -> None:
             if cancel is not None and cancel.is_set():
                 raise Cancelled(info.url)
+            reported[0] += inc
             if progress is not None:
                 progress(inc)
 
@@ -89,6 +92,8 @@ def download(
     if cancel is not None and cancel.is_set():
         raise Cancelled(info.url)
     got = target.stat().st_size
+    if not reported[0] and progress is not None:
+        progress(got)  # a filesystem that copies without reporting (fsspec's local one)
     if got != info.size:
         raise StorageError(
             errno.EIO,

@@ -31,10 +31,16 @@ _pid = os.getpid()
 def protocol_of(url: str) -> str:
     """The protocol chain of a URL: ``"s3"``, ``"https"``, ``"simplecache::s3"``.
 
+    A plain local path (no ``://``) is ``"file"``: the cache can front a shared filesystem.
+
     Examples:
         >>> protocol_of("s3://bucket/key.h5"), protocol_of("simplecache::s3://b/k")
         ('s3', 'simplecache::s3')
+        >>> protocol_of("/lustre/nsd/betas_session01.hdf5")
+        'file'
     """
+    if "://" not in url:
+        return "file"
     return url.split("://", 1)[0].lower()
 
 
@@ -52,7 +58,8 @@ def filesystem_for(url: str, storage_options: Mapping[str, Any] | None = None) -
     """This process's fsspec filesystem for ``url``'s protocol and ``storage_options``.
 
     Args:
-        url: A URL (only its protocol chain matters).
+        url: A URL (only its protocol chain matters), or a local path (fsspec's local
+            filesystem: the cache copies shared-filesystem files with it).
         storage_options: Keyword arguments for the filesystem, passed to fsspec unchanged.
 
     Returns:
@@ -105,7 +112,7 @@ def _make(url: str, storage_options: Mapping[str, Any] | None) -> Any:
 
     try:
         fs, _ = fsspec.core.url_to_fs(
-            url.split("://", 1)[0] + "://", skip_instance_cache=True, **dict(storage_options or {})
+            protocol_of(url) + "://", skip_instance_cache=True, **dict(storage_options or {})
         )
     except ImportError as exc:
         raise ConfigError(

@@ -14,13 +14,18 @@ Lock files may be deleted while locked (filelock deletes its own on release; the
 deletes a lease file while it holds it exclusively): every lock is taken, then checked to be on
 the file that the path still names, and taken again if not, so two processes never hold "the"
 lock on two different files. ``flock`` locks belong to an open file description: a forked
-child shares its parent's, so the lease lasts until both have closed it.
+child shares its parent's, so the lease lasts until both have closed it. A forked child
+therefore closes its copies of every lease at once (``os.register_at_fork``): a lease belongs
+to the process that took it, and a worker forked while its parent held leases (the
+prefetcher's window, open session files) must not keep those entries pinned after the parent
+lets them go.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,8 @@ from typing import Any
 from loaderkit.errors import ConfigError
 
 __all__ = ["Lease", "mutex", "try_exclusive"]
+
+_LIVE_LEASES: weakref.WeakSet[Lease] = weakref.WeakSet()
 
 
 def _fcntl() -> Any:
@@ -74,6 +81,7 @@ class Lease:
                 raise
             if _names(path, fd):
                 self._fd: int | None = fd
+                _LIVE_LEASES.add(self)
                 return
             os.close(fd)  # the evictor deleted the file meanwhile: lock the new one
 
@@ -115,6 +123,15 @@ def try_exclusive(path: Path) -> Iterator[bool]:
         yield _names(path, fd)  # a file deleted meanwhile is not the entry's: treat as busy
     finally:
         os.close(fd)
+
+
+def _after_fork_in_child() -> None:
+    for lease in list(_LIVE_LEASES):
+        lease.close()  # this child's copy: the parent's lease stays until the parent closes
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _names(path: Path, fd: int) -> bool:

@@ -10,6 +10,7 @@ its ``identity``.
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -66,8 +67,11 @@ def stat_objects(
 ) -> dict[str, ObjectInfo]:
     """Size, ETag and mtime of each URL: one listing call per distinct parent prefix.
 
+    Local paths (``file://`` or plain, for a cache in front of a shared filesystem) are
+    ``os.stat``-ed instead: size and modification time, no ETag.
+
     Args:
-        urls: Object URLs (no globs: ``expand`` them first).
+        urls: Object URLs (no globs: ``expand`` them first) or local paths.
         storage_options: Keyword arguments for the fsspec filesystem, passed unchanged.
 
     Returns:
@@ -84,11 +88,14 @@ def stat_objects(
     """
     wanted = list(dict.fromkeys(urls))
     groups: dict[tuple[str, str], list[str]] = {}
+    found: dict[str, ObjectInfo] = {}
     for url in wanted:
+        if protocol_of(url) == "file":  # a local (shared filesystem) path: one stat each
+            found[url] = _local_info(url)
+            continue
         fs = filesystem_for(url, storage_options)
         parent = strip(fs, url).rstrip("/").rsplit("/", 1)[0]
         groups.setdefault((protocol_of(url), parent), []).append(url)
-    found: dict[str, ObjectInfo] = {}
     for (protocol, parent), members in groups.items():
         fs = filesystem_for(members[0], storage_options)
         if protocol.split("::")[-1] in _NO_LISTING:
@@ -167,6 +174,17 @@ def _bucket_exists(fs: Any, bucket: str) -> bool:
     except Exception:  # refused or anything else: not evidence that it is missing
         return True
     return True
+
+
+def _local_info(name: str) -> ObjectInfo:
+    path = name[len("file://") :] if name.lower().startswith("file://") else name
+    try:
+        st = os.stat(path)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(exc.errno, f"{name}: no such file", path) from exc
+    except PermissionError as exc:
+        raise access_error(name, exc) from exc
+    return ObjectInfo(name, st.st_size, None, st.st_mtime_ns / 1e9)
 
 
 def _info(url: str, entry: Mapping[str, Any]) -> ObjectInfo:

@@ -1,0 +1,144 @@
+"""What a session dataset read through a ``SessionCache`` adds: fetch order, budgets, stats.
+
+``CachedSessions`` is a base of ``HDF5SessionDataset`` (a no-op for datasets read in place):
+
+- ``prefetch_watcher()``: the loader (``loaderkit.resume.PassIndices``, main process) draws
+  indices a little ahead of torch and tells the returned ``OrderWatcher`` which sessions come
+  next; it moves this process's prefetch window (``SessionSources.ahead``);
+- ``cached_open_files(num_workers)``: the most files each process may keep open (each holds a
+  lease on its cache entry, which cannot be evicted) so that the prefetch window still fits
+  ``max_bytes``;
+- ``cache_plan(num_workers)``: the plan's ``cache`` and ``prefetch`` rows; ``cache_stats()``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from loaderkit.hdf5.index import _ROW_BITS
+from loaderkit.hdf5.reader import SessionReader
+from loaderkit.hdf5.sources import OrderWatcher, SessionSources
+from loaderkit.storage import CacheStats, SessionCache
+from loaderkit.storage.limits import format_bytes
+
+__all__ = ["CachedSessions"]
+
+
+class CachedSessions:
+    """Fetch order, budgets and statistics of sessions read through a cache (a base class)."""
+
+    _sources: SessionSources | None
+    _reader: SessionReader
+    _key: np.ndarray
+    max_open_files: int
+
+    @property
+    def session_cache(self) -> SessionCache | None:
+        """The node cache sessions are read through (``None``: all read in place)."""
+        return None if self._sources is None else self._sources.cache
+
+    def cache_stats(self) -> CacheStats | None:
+        """This process's cache counters: hits, misses, bytes fetched, waiting, evictions.
+
+        Example:
+            >>> ds.cache_stats().misses  # doctest: +SKIP
+            4
+        """
+        return None if self._sources is None else self._sources.stats()
+
+    def prefetch_watcher(self) -> OrderWatcher | None:
+        """A watcher of the loader's coming indices that fetches their sessions ahead.
+
+        Called by ``loaderkit.DataLoader`` at the start of every pass, in the process that
+        draws the indices; ``None`` when nothing is fetched (local files, ``prefetch=0``).
+
+        Example:
+            >>> ds.prefetch_watcher() is None  # doctest: +SKIP
+            False
+        """
+        sources = self._sources
+        if sources is None or sources.cache.prefetch <= 0:
+            return None
+        rows = max((rec.layouts[0].rows for rec in self._reader.records if rec.layouts), default=1)
+        horizon = (self.max_open_files + sources.cache.prefetch + 1) * max(rows, 1)
+        return OrderWatcher(sources, self._session_positions, horizon)
+
+    def _session_positions(self, indices: np.ndarray) -> np.ndarray:
+        keys = self._key
+        idx = np.asarray(indices)
+        if idx.dtype.kind not in "iu":
+            return np.zeros(0, np.int64)
+        idx = idx[(idx >= -len(keys)) & (idx < len(keys))]  # bad ones fail in the reader
+        return np.asarray(keys[idx]) >> _ROW_BITS
+
+    def cached_open_files(self, num_workers: int) -> int | None:
+        """Most files each reading process may keep open so the cache never blocks.
+
+        Every open file leases its cache entry; with the prefetch window
+        (``1 + prefetch`` sessions) they must fit ``max_bytes``:
+        ``readers x max_open_files + 1 + prefetch`` sessions of the largest size.
+        ``None`` when nothing is read through a cache.
+
+        Args:
+            num_workers: The loader's workers (0: the main process reads).
+        """
+        sources = self._sources
+        if sources is None:
+            return None
+        largest = max(sources.sizes(), default=0)
+        if largest <= 0:
+            return None
+        capacity = sources.cache.max_bytes // largest
+        room = capacity - (1 + sources.cache.prefetch)
+        return max(1, room // max(1, num_workers))
+
+    def cache_plan(self, num_workers: int) -> list[tuple[str, bool, object, str]]:
+        """The plan's ``cache`` and ``prefetch`` rows: ``(name, given, value, reason)`` each.
+
+        ``given``: the caller chose the value (``cache=``, ``prefetch=``).
+
+        Example:
+            >>> [row[0] for row in ds.cache_plan(2)]  # doctest: +SKIP
+            ['cache', 'prefetch']
+        """
+        sources = self._sources
+        if sources is None:
+            return []
+        cache = sources.cache
+        limits = cache.limits
+        stats = cache.stats()
+        remote = len(sources.remote)
+        local = len(sources.infos) - remote
+        what = ", ".join(
+            part
+            for part in (
+                f"{remote} remote session(s)" if remote else "",
+                f"{local} local session(s) copied" if local else "",
+            )
+            if part
+        )
+        reason = (
+            f"{what}, {format_bytes(sum(sources.sizes()))} in all; layout {cache.layout!r}; "
+            f"max_bytes {format_bytes(cache.max_bytes)} ({limits.max_bytes.reason}); min_free "
+            f"{format_bytes(cache.min_free)} ({limits.min_free.reason}); "
+            f"{format_bytes(stats.free_bytes)} free; {stats.hits} hits, {stats.misses} misses, "
+            f"{format_bytes(stats.bytes_fetched)} fetched, {stats.seconds_waiting:.1f} s "
+            f"waiting, {stats.evictions} evictions (this process)"
+        )
+        where = (
+            "in the main process, in the loader's order (each worker's reads find the files "
+            f"there); at most {self.max_open_files} open per process"
+            if num_workers > 0
+            else "in this process, in the loader's order"
+        )
+        ahead = (
+            f"{limits.prefetch.reason}: {cache.prefetch} session(s) ahead of the one read, "
+            f"fetched {where}"
+            if cache.prefetch > 0
+            else "prefetch=0: each session is fetched when first opened"
+        )
+        given = limits.prefetch.reason == "set by the caller"
+        return [
+            ("cache", sources.given, str(cache.dir), reason),
+            ("prefetch", given, cache.prefetch, ahead),
+        ]

@@ -1,0 +1,262 @@
+"""What remote session files hold, read with range requests and kept in the cache directory.
+
+Runs in the process that constructs the dataset (the main process), once per object version:
+
+- ``inspect_remote`` opens each object with h5py through an fsspec file (small blocks, block
+  cache: only the superblock, object headers, B-trees and attributes are fetched, never the
+  rows), runs the same inspection as for a local file (``keys.inspect_session``) and the row
+  types (``types.row_type``), several objects at once in a small thread pool;
+- the result is kept in ``<cache dir>/meta/<key>.pkl``, ``<key>`` a hash of the URL, the
+  object's identity (ETag, or size and mtime) and what was asked (keys, axis, fields), written
+  under a temporary name and renamed. A later construction over unchanged objects reads these
+  files and sends no request per object (only ``stat_objects``' listing).
+
+The cache directory must be trusted like any cache of the user's own (the records are pickles).
+What depends on the local copy (raw offsets, chunk maps, memory maps) is found when the cached
+file is opened by a reading process, never here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import logging
+import os
+import pickle
+import secrets
+from collections.abc import Hashable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+
+from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError
+from loaderkit.hdf5.keys import inspect_session
+from loaderkit.hdf5.layout import _dataset_names
+from loaderkit.hdf5.records import KeySpec, SessionRecord
+from loaderkit.hdf5.types import RowType, row_type, where
+from loaderkit.storage import ObjectInfo
+from loaderkit.storage.filesystems import filesystem_for, strip
+
+__all__ = ["META_BLOCK", "MetaStore", "RemoteRecord", "inspect_remote", "open_remote", "tree_names"]
+
+logger = logging.getLogger(__name__)
+
+#: Bytes per range request while reading an object's metadata (fsspec's block cache).
+META_BLOCK = 256 * 1024
+#: Objects inspected at once.
+META_THREADS = 4
+_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class RemoteRecord:
+    """What one remote session file holds of the keys (``keys.inspect_session``'s result).
+
+    Attributes:
+        record: The ``SessionRecord`` (its identity is ``None``: the store's keys the copy).
+        resolved: The keys as resolved for this file.
+        uneven: Per key, whether a group's datasets differ in shape.
+        types: Per key, the ``RowType`` of its rows, or the error finding it raised.
+    """
+
+    record: SessionRecord
+    resolved: tuple[KeySpec, ...]
+    uneven: tuple[bool, ...]
+    types: tuple[RowType | Exception, ...]
+
+
+class MetaStore:
+    """Pickled inspection results in ``<cache dir>/meta``, written atomically.
+
+    Examples:
+        >>> import tempfile
+        >>> store = MetaStore(Path(tempfile.mkdtemp()))
+        >>> info = ObjectInfo("s3://b/s1.h5", 10, "abc")
+        >>> store.put(store.key(info, "names"), ["x"])
+        >>> store.get(store.key(info, "names"))
+        ['x']
+    """
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.dir = Path(cache_dir) / "meta"
+
+    @staticmethod
+    def key(info: ObjectInfo, what: str) -> str:
+        """The file stem for ``what`` of this object version."""
+        text = f"{_FORMAT}\n{h5py.version.version}\n{info.url}\n{info.identity}\n{what}"
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def get(self, key: str) -> Any:
+        """The stored value, or ``None`` when there is none (or it cannot be read)."""
+        try:
+            return pickle.loads((self.dir / f"{key}.pkl").read_bytes())
+        except FileNotFoundError:
+            return None
+        except Exception:  # a damaged or foreign file: inspect again
+            logger.debug("unreadable metadata record %s", key, exc_info=True)
+            return None
+
+    def put(self, key: str, value: Any) -> None:
+        """Store ``value`` (nothing when it does not pickle)."""
+        try:
+            data = pickle.dumps(value)
+        except Exception:
+            logger.debug("metadata record %s does not pickle; not kept", key, exc_info=True)
+            return
+        self.dir.mkdir(parents=True, exist_ok=True)
+        temporary = self.dir / f"{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        try:
+            temporary.write_bytes(data)
+            os.replace(temporary, self.dir / f"{key}.pkl")
+        except OSError:  # a full or read-only disk: the next construction inspects again
+            logger.debug("could not keep metadata record %s", key, exc_info=True)
+            temporary.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def open_remote(
+    info: ObjectInfo, session: Hashable, storage_options: Mapping[str, Any] | None
+) -> Iterator[h5py.File]:
+    """``info.url`` opened by h5py through fsspec: range reads of ``META_BLOCK`` bytes.
+
+    Raises:
+        HDF5FileError: The object is not readable HDF5 (the message names session and URL).
+        StorageAccessError: The store refused the credentials.
+    """
+    fs = filesystem_for(info.url, storage_options)
+    path = strip(fs, info.url)
+    try:
+        raw = fs.open(path, "rb", block_size=META_BLOCK, cache_type="blockcache", size=info.size)
+    except TypeError:  # a filesystem whose files take no ``size``
+        raw = fs.open(path, "rb", block_size=META_BLOCK, cache_type="blockcache")
+    try:
+        try:
+            f = h5py.File(raw, "r")
+        except (OSError, ValueError) as exc:
+            if isinstance(exc, PermissionError | FileNotFoundError | LoaderkitError):
+                raise
+            raise HDF5FileError(
+                f"session {session!r}: cannot open {info.url} as HDF5 ({exc}). Check that the "
+                "object is an HDF5 file and that it was uploaded whole"
+            ) from exc
+        try:
+            yield f
+        finally:
+            f.close()
+    finally:
+        raw.close()
+
+
+def tree_names(
+    info: ObjectInfo,
+    session: Hashable,
+    storage_options: Mapping[str, Any] | None,
+    store: MetaStore,
+) -> list[str]:
+    """Every dataset's path in the object (for ``key=None``), kept in ``store``."""
+    key = store.key(info, "names")
+    names = store.get(key)
+    if isinstance(names, list):
+        return names
+    with _gc_paused(), open_remote(info, session, storage_options) as f:
+        names = _dataset_names(f, limit=10**9)
+    store.put(key, names)
+    return names
+
+
+def inspect_remote(
+    infos: Mapping[int, ObjectInfo],
+    ids: Sequence[Hashable],
+    specs: Sequence[KeySpec],
+    fields: Sequence[str] | None,
+    storage_options: Mapping[str, Any] | None,
+    store: MetaStore,
+) -> dict[int, RemoteRecord]:
+    """Each object's ``RemoteRecord``: from ``store``, else read through fsspec and kept.
+
+    Args:
+        infos: Position -> the object as listed.
+        ids: Session ids, by position (for messages).
+        specs: The keys (as ``keys.parse_keys`` gives them).
+        fields: Compound fields to read.
+        storage_options: For the fsspec filesystem.
+        store: Where records are kept.
+
+    Returns:
+        Position -> record, for every position of ``infos``.
+
+    Raises:
+        MissingKeyError, ConfigError, HDF5FileError: As for local files, naming the URL.
+    """
+    what = repr((tuple(specs), None if fields is None else tuple(fields)))
+    found: dict[int, RemoteRecord] = {}
+    todo: list[int] = []
+    for pos, info in infos.items():
+        record = store.get(store.key(info, what))
+        if isinstance(record, RemoteRecord):
+            found[pos] = record
+        else:
+            todo.append(pos)
+    if not todo:
+        return found
+
+    def one(pos: int) -> RemoteRecord:
+        info = infos[pos]
+        with open_remote(info, ids[pos], storage_options) as f:
+            return _inspect(f, specs, fields, ids[pos], info.url)
+
+    with _gc_paused(), ThreadPoolExecutor(min(META_THREADS, len(todo))) as pool:
+        for pos, record in zip(todo, pool.map(one, todo), strict=True):
+            found[pos] = record
+            store.put(store.key(infos[pos], what), record)
+    logger.debug("inspected %d remote session(s), %d from the cache", len(todo), len(found))
+    return found
+
+
+def _inspect(
+    f: h5py.File,
+    specs: Sequence[KeySpec],
+    fields: Sequence[str] | None,
+    session: Hashable,
+    url: str,
+) -> RemoteRecord:
+    record, resolved, uneven = inspect_session(f, specs, session, url, identity=False)
+    types: list[RowType | Exception] = []
+    for k, spec in enumerate(resolved):
+        obj = f[spec.path]
+        names = record.members[k]
+        if spec.members and names:
+            obj = obj[names[0]]
+        try:
+            types.append(
+                row_type(
+                    obj,
+                    fields=fields if len(resolved) == 1 else None,
+                    row_shape=record.layouts[k].row_shape,
+                    where=where(spec.path, session, url),
+                    path=url,
+                )
+            )
+        except (ConfigError, HDF5FileError) as exc:
+            types.append(exc)
+    return RemoteRecord(record, tuple(resolved), tuple(uneven), tuple(types))
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No garbage collection while h5py reads through Python file objects.
+
+    A collection on fsspec's IO thread that finalises an h5py object needs h5py's global lock,
+    which the thread waiting for that IO holds (h5py issue 2019, dask 7547).
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
