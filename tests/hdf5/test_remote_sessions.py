@@ -288,3 +288,17 @@ def test_doctor_reports_the_session_cache(warm: SessionCache) -> None:
     check = run_checks(detect_platform(), cache=report)[-1]
     assert check.name == "session cache" and "misses" in check.finding and "free" in check.finding
     assert run_checks(detect_platform(), cache=None)[-1].status == "pass"
+
+
+def test_a_rows_layout_cache_reads_the_same_samples_row_wise(s3: Remote, tmp_path: Path) -> None:
+    cache = _cache(tmp_path, layout="rows")
+    local = HDF5SessionDataset(s3.paths[:2], key="x")
+    ds = HDF5SessionDataset(s3.urls[:2], key="x", storage_options=s3.options, cache=cache)
+    order = np.random.default_rng(1).permutation(len(ds))[:40].tolist()
+    for got, want in zip(ds.__getitems__(order), local.__getitems__(order), strict=True):
+        assert np.array_equal(got, want)
+    assert ds._reader.contiguous  # the copy is stored row by row: os.preadv of rows
+    handle = ds._reader.cache.peek(0)
+    assert handle is not None and handle.raws[0] is not None
+    assert [entry.layout for entry in cache.ls()] == ["rows", "rows"]
+    ds.close()

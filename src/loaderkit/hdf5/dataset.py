@@ -220,6 +220,8 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
                 )
         self._reader = self._inspect_files()
         self._reader.sources = self._sources
+        if self._sources is not None:
+            self._sources.use_keys(self._reader.specs)
         try:
             try:
                 index = self.build_index()

@@ -34,6 +34,7 @@ from loaderkit.hdf5.layout import (
 from loaderkit.hdf5.reader import SessionReader
 from loaderkit.hdf5.records import KeySpec, SessionRecord
 from loaderkit.hdf5.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
+from loaderkit.hdf5.rowcache import cached_record
 from loaderkit.hdf5.sources import SessionSources
 from loaderkit.hdf5.types import RowType
 from loaderkit.storage import ObjectInfo
@@ -105,8 +106,9 @@ class DatasetInspection:
             else:
                 with self._open_for_inspection(pos) as f:
                     record, resolved, odd = inspect_session(f, specs, sid, path)
-                if self._sources is not None and self._sources.cached(pos):
-                    record = record._replace(identity=None)  # read from the cache's copy
+                    if self._sources is not None and self._sources.cached(pos):
+                        layout = self._sources.cache.layout  # read from the cache's copy
+                        record = cached_record(record, f, resolved, layout)
             records.append(record)
             uneven = [a or b for a, b in zip(uneven, odd, strict=True)]
         files = list(zip(self._ids, self._paths, strict=True))
@@ -169,6 +171,7 @@ class DatasetInspection:
             self.fields,
             sources.storage_options,
             MetaStore(sources.cache.dir),
+            sources.cache.layout,
         )
         records = {
             pos: (rec.record, list(rec.resolved), list(rec.uneven)) for pos, rec in found.items()

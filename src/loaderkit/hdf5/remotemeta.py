@@ -37,6 +37,7 @@ from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError
 from loaderkit.hdf5.keys import inspect_session
 from loaderkit.hdf5.layout import _dataset_names
 from loaderkit.hdf5.records import KeySpec, SessionRecord
+from loaderkit.hdf5.rowcache import cached_record
 from loaderkit.hdf5.types import RowType, row_type, where
 from loaderkit.storage import ObjectInfo
 from loaderkit.storage.filesystems import filesystem_for, strip
@@ -175,6 +176,7 @@ def inspect_remote(
     fields: Sequence[str] | None,
     storage_options: Mapping[str, Any] | None,
     store: MetaStore,
+    layout: str = "stored",
 ) -> dict[int, RemoteRecord]:
     """Each object's ``RemoteRecord``: from ``store``, else read through fsspec and kept.
 
@@ -185,6 +187,7 @@ def inspect_remote(
         fields: Compound fields to read.
         storage_options: For the fsspec filesystem.
         store: Where records are kept.
+        layout: The cache's layout (``"rows"``: the first key as its row-wise copy stores it).
 
     Returns:
         Position -> record, for every position of ``infos``.
@@ -192,7 +195,7 @@ def inspect_remote(
     Raises:
         MissingKeyError, ConfigError, HDF5FileError: As for local files, naming the URL.
     """
-    what = repr((tuple(specs), None if fields is None else tuple(fields)))
+    what = repr((tuple(specs), None if fields is None else tuple(fields), layout))
     found: dict[int, RemoteRecord] = {}
     todo: list[int] = []
     for pos, info in infos.items():
@@ -207,7 +210,7 @@ def inspect_remote(
     def one(pos: int) -> RemoteRecord:
         info = infos[pos]
         with open_remote(info, ids[pos], storage_options) as f:
-            return _inspect(f, specs, fields, ids[pos], info.url)
+            return _inspect(f, specs, fields, ids[pos], info.url, layout)
 
     with _gc_paused(), ThreadPoolExecutor(min(META_THREADS, len(todo))) as pool:
         for pos, record in zip(todo, pool.map(one, todo), strict=True):
@@ -223,8 +226,10 @@ def _inspect(
     fields: Sequence[str] | None,
     session: Hashable,
     url: str,
+    layout: str,
 ) -> RemoteRecord:
     record, resolved, uneven = inspect_session(f, specs, session, url, identity=False)
+    record = cached_record(record, f, resolved, layout)
     types: list[RowType | Exception] = []
     for k, spec in enumerate(resolved):
         obj = f[spec.path]

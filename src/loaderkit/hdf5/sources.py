@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError, StorageError
+from loaderkit.hdf5.records import KeySpec
+from loaderkit.hdf5.rowcache import RowsTransform, rows_key
 from loaderkit.storage import (
     CachedFile,
     CacheStats,
@@ -149,6 +151,12 @@ class SessionSources:
         infos = {pos: listed[names[pos]] for pos in cached}
         cache.check_limits([info.size for info in infos.values()], readers=1)
         return cls(ids, infos, cache, storage_options, given=given)
+
+    def use_keys(self, specs: Sequence[KeySpec]) -> None:
+        """The keys read: with ``layout="rows"`` the cache stores the first one row by row."""
+        spec = rows_key(specs)
+        if self.cache.layout == "rows" and spec is not None:
+            self.transform = RowsTransform(spec.path)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
