@@ -17,7 +17,12 @@ cut into runs of consecutive rows), ``filters``
 chunk cache, hints), ``rawio`` (``os.preadv`` reads, maps, chunk maps), ``blocks`` (boxes of
 whole chunks), ``wide`` (rows that span many chunks, each chunk read once), ``held`` (sessions
 held in memory); ``sampler`` stands apart (it reads the dataset's public accessors only), and
-``rechunk`` rewrites files row by row (``loaderkit rechunk``).
+``rechunk`` rewrites files row by row (``loaderkit rechunk``). Sessions read through a node
+cache (remote URLs, or local paths with ``cache=``): ``sources`` (which sessions, leases,
+the prefetch window and the ``OrderWatcher`` the loader feeds), ``remotemeta`` (their metadata
+by range reads, kept in the cache directory), ``cached`` (fetch order, budgets and plan rows of
+the dataset) and ``rowcache`` (``SessionCache(layout="rows")``); ``loaderkit.storage`` below
+does the fetching and knows nothing of HDF5.
 
 Example:
     >>> from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
