@@ -64,14 +64,14 @@ class Prefetcher:
         self.window = cache.prefetch if window is None else int(window)
         self.threads = threads
         self.transform = transform
-        self._reset()
+        self._start_fresh()
 
-    def _reset(self) -> None:
+    def _start_fresh(self) -> None:
         """Fresh per-process state (a new process forgets its parent's threads and leases)."""
         self._pid = os.getpid()
         self._cond = threading.Condition()
         self._cancel = threading.Event()
-        self._workers: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []
         self._queue: list[str] = []
         self._wanted: list[str] = []
         self._held: dict[str, CachedFile] = {}
@@ -85,11 +85,11 @@ class Prefetcher:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._reset()
+        self._start_fresh()
 
     def _here(self) -> None:
         if self._pid != os.getpid():
-            self._reset()  # a forked child: the parent's threads do not exist here
+            self._start_fresh()  # a forked child: the parent's threads do not exist here
 
     def ahead(self, upcoming: Iterable[str]) -> None:
         """Move the window to the first ``window`` URLs of ``upcoming`` (the order from now on).
@@ -120,11 +120,11 @@ class Prefetcher:
                 for url in window
                 if url not in self._held and url not in self._in_flight and url not in self._errors
             ]
-            while len(self._workers) < min(self.threads, len(self._queue) + len(self._in_flight)):
+            while len(self._threads) < min(self.threads, len(self._queue) + len(self._in_flight)):
                 worker = threading.Thread(
-                    target=self._run, name=f"loaderkit-prefetch-{len(self._workers)}", daemon=True
+                    target=self._run, name=f"loaderkit-prefetch-{len(self._threads)}", daemon=True
                 )
-                self._workers.append(worker)
+                self._threads.append(worker)
                 worker.start()
             self._cond.notify_all()
 
@@ -170,7 +170,7 @@ class Prefetcher:
             self._cond.notify_all()
         for lease in held:
             lease.close()
-        for worker in self._workers:
+        for worker in self._threads:
             worker.join(timeout)
 
     def __enter__(self) -> Prefetcher:
