@@ -35,7 +35,7 @@ def test_fetches_the_window_in_order_bounded_and_holds_it(bucket: Bucket, cache_
     bucket.server.throttle = 0.005
     cache = SessionCache(cache_dir, max_bytes=GiB, min_free=0, prefetch=3)
     with Prefetcher(cache, infos, bucket.options, threads=1) as fetcher:
-        assert fetcher._workers == []  # no thread before the first ahead()
+        assert fetcher._threads == []  # no thread before the first ahead()
         fetcher.ahead([urls[4], urls[1], urls[1], urls[5], urls[0]])  # window: s4, s1, s5
         for url in (urls[4], urls[1], urls[5]):
             assert fetcher.wait(url, timeout=30)
@@ -69,7 +69,7 @@ def test_close_cancels_a_download_in_flight_promptly(bucket: Bucket, cache_dir: 
     started = time.monotonic()
     fetcher.close(timeout=5)
     assert time.monotonic() - started < 1.0
-    assert not any(worker.is_alive() for worker in fetcher._workers)
+    assert not any(worker.is_alive() for worker in fetcher._threads)
     assert not list(objects.glob("*.data")) and not list(objects.glob("*.part"))
     fetcher.close()  # idempotent
 
@@ -83,7 +83,7 @@ def test_travels_as_configuration_and_a_forked_child_starts_no_thread(
         fetcher.ahead(list(infos))
         assert fetcher.wait(next(iter(infos)), timeout=30)
         copy = pickle.loads(pickle.dumps(fetcher))
-        assert copy.held() == [] and copy._workers == [] and copy.window == 1
+        assert copy.held() == [] and copy._threads == [] and copy.window == 1
         context = multiprocessing.get_context("fork")
         queue = context.Queue()
         child = context.Process(target=_child_state, args=(fetcher, queue))
@@ -93,7 +93,7 @@ def test_travels_as_configuration_and_a_forked_child_starts_no_thread(
 
 
 def _child_state(fetcher: Prefetcher, queue: object) -> None:
-    queue.put((fetcher.held(), len(fetcher._workers)))  # type: ignore[attr-defined]
+    queue.put((fetcher.held(), len(fetcher._threads)))  # type: ignore[attr-defined]
 
 
 def test_fetch_many_reports_progress(bucket: Bucket, cache_dir: Path) -> None:
