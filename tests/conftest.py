@@ -9,6 +9,45 @@ import pytest
 from loaderkit.platform import PlatformInfo, detect_platform
 
 
+# ---------------------------------------------------------------- test tiers
+#
+# `python -m pytest` (the README's command) runs the fast tier: every module and every public
+# behaviour, in about five minutes on two cores. Long scenarios are marked `slow`
+# (multi-process launches, soaks, SIGKILL trials, benchmark quick runs, the docs site build,
+# framework launches, cells that repeat a path a fast cell takes): `python -m pytest -m slow`
+# runs them alone, `python -m pytest --all` runs both. An explicit `-m` always wins.
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all",
+        action="store_true",
+        default=False,
+        help="run the slow tier too (by default `pytest` runs the fast tier: `-m 'not slow'`)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--all") or config.option.markexpr:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if item.get_closest_marker("slow") is None]
+        config.stash[_SLOW_LEFT] = len(slow)
+
+
+_SLOW_LEFT = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    left = config.stash.get(_SLOW_LEFT, 0)
+    if left:
+        terminalreporter.write_line(
+            f"fast tier: {left} slow tests not run (`python -m pytest -m slow`, or `--all`)"
+        )
+
+
 def fake_platform(**overrides: Any) -> PlatformInfo:
     """This machine's PlatformInfo with some fields replaced (Windows, macOS, CUDA, ...)."""
     return dataclasses.replace(detect_platform(), **overrides)

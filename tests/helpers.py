@@ -20,6 +20,33 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 from loaderkit import _torch, worker_rng
 from loaderkit.resources import worker_processes
 
+# ---------------------------------------------------------------- test tiers
+
+#: Every start method, in the order torch documents them.
+START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def tiered(values: Any, fast: Any, *, ids: Any = None) -> list[Any]:
+    """``values`` as parameters; those not in ``fast`` are marked ``slow`` (``pytest -m slow``).
+
+    The README's test command (the fast tier) keeps one cell per distinct code path; the cells
+    that take a path another fast cell already takes (another start method that pickles the
+    same way, another case read the same way) run in the slow tier, which CI runs too. Tuples
+    are unpacked into several arguments. A caller says in a comment which path each fast cell
+    covers.
+
+    Example:
+        >>> [bool(p.marks) for p in tiered(["fork", "spawn", "forkserver"], {"fork", "spawn"})]
+        [False, False, True]
+    """
+    params = []
+    for n, value in enumerate(values):
+        args = value if isinstance(value, tuple) else (value,)
+        marks = () if value in fast else (pytest.mark.slow,)
+        params.append(pytest.param(*args, marks=marks, id=None if ids is None else ids[n]))
+    return params
+
+
 # ---------------------------------------------------------------- datasets
 
 

@@ -11,6 +11,7 @@ from torch.utils.data import TensorDataset
 
 from loaderkit import create_dataloader
 from loaderkit.collate_context import CollateWithContext
+from tests.helpers import tiered
 
 
 def failing_collate(batch: list[Any]) -> Any:
@@ -34,7 +35,8 @@ def test_main_process_collate_error_has_the_note() -> None:
     assert "a batch of 4 samples" in text and "main process (pid" in text
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+# a spawned worker's error crosses the same queue as a forked one's; spawn in the slow tier
+@pytest.mark.parametrize("context", tiered(["fork", "spawn"], {"fork"}))
 def test_worker_collate_error_keeps_type_and_names_the_worker(context: str) -> None:
     loader = create_dataloader(
         TensorDataset(torch.arange(8.0)),

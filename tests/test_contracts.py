@@ -35,6 +35,8 @@ def test_docstring_examples_run(name: str) -> None:
     assert result.failed == 0, f"{result.failed} of {result.attempted} examples failed in {name}"
 
 
+# slow tier: a cold mypy run over the package takes about 35 s (CONTRIBUTING.md: `mypy`)
+@pytest.mark.slow
 def test_mypy_reports_no_errors() -> None:
     if shutil.which("mypy") is None and importlib.util.find_spec("mypy") is None:
         pytest.skip("mypy is not installed (it is in the test extra)")

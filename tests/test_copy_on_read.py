@@ -23,6 +23,7 @@ from loaderkit import (
 from loaderkit import containers as containers_module
 from loaderkit.containers import ContainerFinding, ContainerSurvey, survey_containers
 from loaderkit.policy.memory import COPY_ON_READ_BYTES, advise_copy_on_read, resolve_gc_freeze
+from tests.helpers import tiered
 from tests.memory_helpers import FreezeCount, ItemsDataset, trial_items
 
 MIB = 2**20
@@ -288,7 +289,7 @@ def test_subset_indices_in_a_list_are_found() -> None:
     assert hint.startswith("dataset.indices: list of 1,000,000 ints")
 
 
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.parametrize("method", tiered(["spawn", "forkserver"], {"spawn"}))
 def test_spawned_loaders_get_a_row_but_no_copy_on_read_hint(method: str) -> None:
     hints, loader = _hints(
         ItemsDataset(trial_items(200_000)), num_workers=2, multiprocessing_context=method

@@ -266,6 +266,7 @@ def test_hdf5_block_shards_and_session_partition(tmp_path, partition) -> None:
 # ---------------------------------------------------------------- the helper on CUDA hosts
 
 
+@pytest.mark.slow  # launches ranks in fresh interpreters
 def test_ranks_are_spawned_once_cuda_is_initialised(monkeypatch, tmp_path) -> None:
     from tests import dist_utils
 

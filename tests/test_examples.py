@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import tiered
+
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
@@ -68,6 +70,7 @@ def test_inference() -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # a torchrun launch of two ranks
 def test_ddp_train_with_torchrun() -> None:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     launcher = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
@@ -94,6 +97,7 @@ def test_ddp_train_with_torchrun() -> None:
     [(1, 2), (2, 0)],
     ids=["one_device", "ddp"],
 )
+@pytest.mark.slow  # Lightning's own launcher (one device, then two DDP ranks)
 def test_lightning_datamodule(devices: int, workers: int) -> None:
     pytest.importorskip("lightning")
     out = _run(
@@ -113,7 +117,8 @@ def test_lightning_datamodule(devices: int, workers: int) -> None:
     assert "worker processes left: 0" in out
 
 
-@pytest.mark.parametrize(("before", "after"), [("2", "0"), ("0", "2")])
+# fast: saved with 2 workers, resumed in-process; 0 -> 2 resumes through the same state (slow)
+@pytest.mark.parametrize(("before", "after"), tiered([("2", "0"), ("0", "2")], {("2", "0")}))
 def test_resume_training(before: str, after: str) -> None:
     out = _run(
         sys.executable,

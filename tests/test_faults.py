@@ -11,7 +11,13 @@ import torch
 
 from loaderkit import HDF5SessionDataset, create_dataloader
 from loaderkit.resources import snapshot
-from tests.helpers import FailingSessions, child_pids, wait_children_gone, write_h5_sessions
+from tests.helpers import (
+    FailingSessions,
+    child_pids,
+    tiered,
+    wait_children_gone,
+    write_h5_sessions,
+)
 
 
 def _mentions_dead_worker(error: BaseException, pid: int, signal_name: str) -> bool:
@@ -28,7 +34,8 @@ def _session_files_open(root) -> list[str]:
     return [p for p in snapshot(children=False).open_files if p.startswith(str(root))]
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+# a spawned worker's exception crosses the same queue as a forked one's; spawn in the slow tier
+@pytest.mark.parametrize("context", tiered(["fork", "spawn"], {"fork"}))
 def test_worker_exception_keeps_type_and_names_session_path_and_index(tmp_path, context) -> None:
     paths = write_h5_sessions(tmp_path)
     dataset = FailingSessions(paths, key="betas", bad_row=7)

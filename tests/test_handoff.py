@@ -26,9 +26,13 @@ from loaderkit.handoff import HandoffCounts, Receiver
 from loaderkit.wire import FREE, HEADER, SlotBatch
 from loaderkit.worker import HandoffConfig, WorkerPool
 from tests.conftest import fake_platform
-from tests.helpers import child_pids, needs_in_order, wait_children_gone
+from tests.helpers import START_METHODS, child_pids, needs_in_order, tiered, wait_children_gone
 
-CONTEXTS = ["fork", "spawn", "forkserver"]
+#: Fast tier: fork (slots inherited) and spawn (slots sent to a fresh interpreter); forkserver
+#: sends them the way spawn does and runs in the slow tier.
+CONTEXTS = tiered(START_METHODS, {"fork", "spawn"})
+#: A killed worker: fork in the fast tier (the same teardown path under every start method).
+KILLED_CONTEXTS = tiered(START_METHODS, {"fork"})
 Pair = namedtuple("Pair", ["x", "y"])
 
 
@@ -195,7 +199,7 @@ def test_out_of_order_and_resume() -> None:
     resumed.close()
 
 
-@pytest.mark.parametrize("context", CONTEXTS)
+@pytest.mark.parametrize("context", KILLED_CONTEXTS)
 @pytest.mark.parametrize("persistent", [True, False])
 def test_killed_worker_leaves_nothing(context: str, persistent: bool) -> None:
     before_shm = shm_entries()

@@ -37,6 +37,7 @@ from loaderkit.passes import LoaderPass
 from loaderkit.wire import FREE, SlotBatch
 from loaderkit.worker import HandoffConfig, WorkerPool
 from tests.conftest import fake_platform
+from tests.helpers import tiered
 from tests.test_handoff import FakePin, _pickle_in_worker
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,7 +110,8 @@ def _fds() -> int:
     return psutil.Process().num_fds()
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
+# spawn keeps batches the way fork does (its slots: tests/test_handoff.py, fast); slow tier
+@pytest.mark.parametrize("context", tiered(["fork", "spawn"], {"fork"}))
 def test_a_loop_keeping_every_batch_gets_them_unchanged_and_holds_no_descriptor(
     context: str,
 ) -> None:

@@ -20,10 +20,12 @@ from tests.helpers import (
     Transform,
     TransformDataset,
     child_pids,
+    tiered,
     tuple_collate,
 )
 
-SPAWNING = ["spawn", "forkserver"]
+#: Both pickle what crosses to a worker; forkserver takes spawn's path and runs in the slow tier.
+SPAWNING = tiered(["spawn", "forkserver"], {"spawn"})
 
 
 def _local_function():

@@ -19,10 +19,15 @@ import torch
 from loaderkit import create_dataloader
 from loaderkit.queues import DirectContext, DirectQueue, direct_writes_possible
 from tests.conftest import fake_platform
+from tests.helpers import START_METHODS, tiered
 
 pytestmark = pytest.mark.skipif(not direct_writes_possible(), reason="Linux pipes only")
 
-CONTEXTS = ["fork", "spawn", "forkserver"]
+#: The raw queue: fork in the fast tier (a spawned writer takes the same pickled-descriptor
+#: path as the slot loaders' spawned workers below, which are fast).
+WRITER_CONTEXTS = tiered(START_METHODS, {"fork"})
+#: Loaders: fork (inherited descriptors) and spawn (descriptors pickled); forkserver as spawn.
+CONTEXTS = tiered(START_METHODS, {"fork", "spawn"})
 BIG = 200_000  # bytes: more than a pipe holds
 
 
@@ -131,7 +136,7 @@ def _writer(q: DirectQueue, who: int, n: int) -> None:
     q.join_thread()
 
 
-@pytest.mark.parametrize("method", CONTEXTS)
+@pytest.mark.parametrize("method", WRITER_CONTEXTS)
 def test_writers_in_other_processes(method: str) -> None:
     """Messages of several processes arrive whole, each process's in its order."""
     ctx = multiprocessing.get_context(method)

@@ -11,6 +11,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 from loaderkit import ArgumentTypeError, SharedSequence, create_dataloader
+from tests.helpers import START_METHODS, tiered
 from tests.memory_helpers import ItemsDataset, ReadEverything, trial_items
 
 ITEMS = [
@@ -153,7 +154,8 @@ def test_it_is_smaller_than_the_objects() -> None:
     assert SharedSequence(items).nbytes < objects / 3
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn", "forkserver"])
+# fork: inherited pages; spawn: the buffer re-attached from a pickled handle (forkserver: the same)
+@pytest.mark.parametrize("context", tiered(START_METHODS, {"fork", "spawn"}))
 def test_workers_read_it_under_every_start_method(context: str) -> None:
     items = trial_items(2000)
     dataset = ItemsDataset(SharedSequence(items))

@@ -16,10 +16,10 @@ from torch.utils.data import DistributedSampler
 
 import loaderkit
 from loaderkit import LoaderkitWarning, create_dataloader
-from tests.helpers import SharedStateDataset, SquareDataset, double
+from tests.helpers import SharedStateDataset, SquareDataset, double, tiered
 
 
-@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+@pytest.mark.parametrize("context", tiered(["spawn", "forkserver"], {"spawn"}))
 def test_multiprocessing_primitives_reach_spawned_workers(context) -> None:
     """upstream: test_get_worker_info, test_proper_exit (mp.Value, Event, Semaphore)."""
     dataset = SharedStateDataset(context)

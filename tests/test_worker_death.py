@@ -54,8 +54,13 @@ def _kill_mid_epoch(context: str, rng: random.Random) -> tuple[BaseException, in
 
 @pytest.mark.parametrize(
     ("context", "trials"),
-    # 27 forks of the test process: about 50 s late in a whole run, where forking it is slow
-    [pytest.param("fork", 27, marks=pytest.mark.slow), ("spawn", 3)],
+    # fast: 3 forked trials (the kill, the message and the teardown are the same under every
+    # start method); slow: 27 forked trials (every victim position) and 3 spawned ones
+    [
+        ("fork", 3),
+        pytest.param("fork", 27, marks=pytest.mark.slow),
+        pytest.param("spawn", 3, marks=pytest.mark.slow),
+    ],
 )
 def test_every_sigkill_names_the_pid_and_the_signal(context: str, trials: int) -> None:
     rng = random.Random(23)

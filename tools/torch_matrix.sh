@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Run the README's test command against one torch release, in a fresh virtual environment.
 #
-# Usage: tools/torch_matrix.sh TORCH_VERSION [PYTHON_VERSION] [-- extra pytest arguments]
+# Usage: tools/torch_matrix.sh [--prepare] TORCH_VERSION [PYTHON_VERSION] [-- extra pytest arguments]
 #   tools/torch_matrix.sh 2.9.1                  # the default python3
 #   tools/torch_matrix.sh 2.4.1 3.10             # under Python 3.10 (pyenv's 3.10.x)
 #   tools/torch_matrix.sh 2.14.1 3.13 -- -x tests/test_loader.py
+#   tools/torch_matrix.sh --prepare 2.9.1        # only make the venv (CI downloads ahead)
 #
 # torch 2.13.0 installs the CPU build from this machine's disk; any other release comes from
 # the package index (a CUDA build, about 3 GB with its dependencies; it runs on the CPU here).
@@ -15,8 +16,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+prepare_only=0
+if [ "${1:-}" = "--prepare" ]; then
+    prepare_only=1
+    shift
+fi
 if [ $# -lt 1 ]; then
-    sed -n '2,13p' "$0" >&2
+    sed -n '2,14p' "$0" >&2
     exit 2
 fi
 torch_version="$1"
@@ -52,6 +58,10 @@ if [ ! -x "$venv/bin/python" ] || \
     "$python" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --upgrade pip
     "$venv/bin/python" -m pip install --quiet "torch==$torch_version"
+fi
+if [ "$prepare_only" = 1 ]; then
+    echo "torch_matrix: $venv has torch $torch_version"
+    exit 0
 fi
 # shellcheck disable=SC1091
 source "$venv/bin/activate"

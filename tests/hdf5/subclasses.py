@@ -162,14 +162,44 @@ def check_loader(ds: HDF5SessionDataset, want: Sequence[Any], **loader_args: Any
         assert_same(batch, expected_batch(want[b * BATCH : (b + 1) * BATCH]), f"batch {b}")
 
 
+#: The loader cells of the fast tier, one per distinct read path in workers (the other cases'
+#: ``w2`` cells read the same way and run in the slow tier; every case's ``w0`` cell stays fast,
+#: and per item and batched reads of every case are fast in each pattern module).
+FAST_WORKER_CASES = {
+    "num_i2_be_gzip": "numbers read straight into one batch tensor (chunked, byte-swapped)",
+    "compound_nested_contig": "compound rows as nested dicts, collated per sample",
+    "str_vlen_utf8": "variable-length strings, collated as lists",
+    "keys_mapping": "several keys per sample, rows aligned",
+}
+
+
 def loader_params() -> list[Any]:
-    """``(case, workers, context)`` for the loader tests of a pattern module."""
+    """``(case, workers, context)`` for the loader tests of a pattern module.
+
+    Cells whose path a fast cell already takes are marked ``slow`` (see ``FAST_WORKER_CASES``);
+    one spawn cell is fast (the subclass pickled into a fresh interpreter).
+    """
     params = [
-        pytest.param(name, workers, None, id=f"{name}-w{workers}")
+        pytest.param(
+            name,
+            workers,
+            None,
+            id=f"{name}-w{workers}",
+            marks=() if workers == 0 or name in FAST_WORKER_CASES else (pytest.mark.slow,),
+        )
         for name in LOADER_CASES
         for workers in (0, 2)
     ]
-    params += [pytest.param(name, 2, "spawn", id=f"{name}-spawn") for name in SPAWN_CASES]
+    params += [
+        pytest.param(
+            name,
+            2,
+            "spawn",
+            id=f"{name}-spawn",
+            marks=() if name == SPAWN_CASES[-1] else (pytest.mark.slow,),
+        )
+        for name in SPAWN_CASES
+    ]
     return params
 
 

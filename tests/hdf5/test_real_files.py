@@ -39,6 +39,7 @@ from tests.hdf5.corpus import (
     expected_samples,
 )
 from tests.hdf5.helpers import load, shuffled_with_repeats
+from tests.helpers import tiered
 
 # A layout loaderkit would advise against is still a file it must read correctly.
 pytestmark = pytest.mark.filterwarnings("ignore::loaderkit.errors.PerformanceHint")
@@ -143,7 +144,8 @@ def test_records_cross_torchs_shared_memory_path_too(cases: dict[str, Case], nam
     assert loader.plan["handoff"].value == "torch"
 
 
-@pytest.mark.parametrize("name", SPAWN_CASES)
+# fast: one spawned case (the dataset pickled by path); the others read as forked workers do
+@pytest.mark.parametrize("name", tiered(SPAWN_CASES, {SPAWN_CASES[0]}))
 def test_spawned_workers_read_the_same(cases: dict[str, Case], name: str) -> None:
     assert_loader_reads_the_oracle(cases[name], num_workers=2, multiprocessing_context="spawn")
 

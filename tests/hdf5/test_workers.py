@@ -12,8 +12,10 @@ from torch.utils.data import DataLoader
 
 from loaderkit.hdf5 import BlockShuffleSampler
 from tests.hdf5.helpers import Probe, expected, hdf5_fds, row_value, write_sessions
+from tests.helpers import START_METHODS, tiered
 
-CONTEXTS = ["fork", "spawn", "forkserver"]
+#: fork: handles reopened after fork; spawn: paths only pickled (forkserver: as spawn, slow tier)
+CONTEXTS = tiered(START_METHODS, {"fork", "spawn"})
 
 
 def _collect(loader: DataLoader) -> tuple[list[int], list[np.ndarray], list[int], set[int]]:
