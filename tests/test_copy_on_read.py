@@ -310,8 +310,12 @@ def test_a_failing_survey_is_only_a_row(monkeypatch) -> None:
     assert "RuntimeError: odd object" in loader.plan["copy_on_read"].reason
 
 
+# fast: fork (frozen) and spawn (nothing inherited); forkserver freezes as fork does (slow tier)
 @pytest.mark.parametrize(
-    ("method", "frozen"), [("fork", True), ("forkserver", True), ("spawn", False)]
+    ("method", "frozen"),
+    tiered(
+        [("fork", True), ("forkserver", True), ("spawn", False)], {("fork", True), ("spawn", False)}
+    ),
 )
 def test_workers_freeze_what_they_inherit(method: str, frozen: bool) -> None:
     with create_dataloader(

@@ -20,7 +20,7 @@ from loaderkit import (
 )
 from loaderkit.seeding import SampleSeeder, epoch_seed, validate_seed
 from tests.dist_utils import run_distributed
-from tests.helpers import ClosableDataset, FlagDataset, RandomDataset, set_worker_flag
+from tests.helpers import ClosableDataset, FlagDataset, RandomDataset, set_worker_flag, tiered
 
 BAD_SEEDS = [
     (True, TypeError),
@@ -122,8 +122,11 @@ def _rows(loader: Any, epochs: int = 2) -> list[torch.Tensor]:
     return out
 
 
+# fast: forked workers, persistent or not; spawned workers seed the same way (seed_worker in
+# the worker; spawned seeding is also checked by the fast sample-seeded resume under spawn)
 @pytest.mark.parametrize(
-    ("context", "persistent"), [("fork", False), ("fork", True), ("spawn", True)]
+    ("context", "persistent"),
+    tiered([("fork", False), ("fork", True), ("spawn", True)], {("fork", False), ("fork", True)}),
 )
 def test_worker_streams(context: str, persistent: bool) -> None:
     def build(seed: int) -> Any:

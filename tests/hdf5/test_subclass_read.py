@@ -29,6 +29,7 @@ from tests.hdf5.subclasses import (
     open_as,
     readable,
 )
+from tests.helpers import tiered
 
 pytestmark = pytest.mark.filterwarnings("ignore::loaderkit.errors.PerformanceHint")
 
@@ -87,8 +88,11 @@ def test_the_issues_override_per_item_and_batched(tmp_path: Path) -> None:
         assert ds.read_path[0] == "per-sample"
 
 
+# fast: in this process, in forked workers; spawn and forkserver pickle the subclass as the
+# spawn cell of test_super_read_in_loaders does (slow tier)
 @pytest.mark.parametrize(
-    ("workers", "context"), [(0, None), (2, "fork"), (2, "spawn"), (2, "forkserver")]
+    ("workers", "context"),
+    tiered([(0, None), (2, "fork"), (2, "spawn"), (2, "forkserver")], {(0, None), (2, "fork")}),
 )
 def test_the_issues_override_in_loaders(tmp_path: Path, workers: int, context: str | None) -> None:
     want = torch.from_numpy(np.stack(scaled()))
