@@ -8,7 +8,6 @@ import pytest
 
 from loaderkit.platform import PlatformInfo, detect_platform
 
-
 # ---------------------------------------------------------------- test tiers
 #
 # `python -m pytest` (the README's command) runs the fast tier: every module and every public
