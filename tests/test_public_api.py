@@ -65,6 +65,11 @@ def test_errors_hierarchy() -> None:
     assert issubclass(loaderkit.ArgumentTypeError, loaderkit.LoaderkitError)
     assert issubclass(loaderkit.ArgumentTypeError, TypeError)
     assert issubclass(loaderkit.HDF5FileError, OSError)
+    assert issubclass(loaderkit.MissingKeyError, KeyError)
+    assert issubclass(loaderkit.MissingKeyError, loaderkit.LoaderkitError)
+    assert issubclass(loaderkit.StorageError, OSError)
+    assert issubclass(loaderkit.StorageAccessError, PermissionError)
+    assert issubclass(loaderkit.StorageAccessError, loaderkit.StorageError)
     assert issubclass(loaderkit.LoaderkitWarning, UserWarning)
     assert issubclass(loaderkit.PerformanceHint, loaderkit.LoaderkitWarning)
     classes = [
