@@ -1,4 +1,5 @@
-"""Fixtures for the storage tests: a real S3 API on 127.0.0.1 (see ``s3server``), a bucket."""
+"""Fixtures for the storage tests: a real S3 API on 127.0.0.1 (see ``s3server``), a bucket, and
+a real HTTP server with Range support (``httpserver``) over a temporary directory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.storage.httpserver import HTTPFileServer
 from tests.storage.s3server import BUCKET, KEY, SECRET, S3Server
 
 
@@ -75,3 +77,19 @@ def cache_dir(tmp_path: Path) -> Path:
     path = tmp_path / "cache"
     os.makedirs(path)
     return path
+
+
+@pytest.fixture
+def http_files(tmp_path: Path) -> Iterator[HTTPFileServer]:
+    """An HTTP server (Range, HEAD, ETag, Last-Modified) over ``tmp_path / "www"``."""
+    pytest.importorskip("aiohttp")  # fsspec's http filesystem
+    from loaderkit.storage import filesystems
+
+    filesystems.reset()
+    root = tmp_path / "www"
+    root.mkdir()
+    server = HTTPFileServer(root)
+    try:
+        yield server
+    finally:
+        server.close()

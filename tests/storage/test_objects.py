@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import http.server
+import os
 import threading
 from collections.abc import Iterator
 
@@ -12,6 +13,7 @@ import pytest
 from loaderkit.errors import StorageAccessError
 from loaderkit.storage import ObjectInfo, stat_objects
 from tests.storage.conftest import Bucket
+from tests.storage.httpserver import HTTPFileServer
 from tests.storage.s3server import REFUSED_KEY
 
 
@@ -86,3 +88,20 @@ def test_http_403_is_an_access_error(forbidden_http: str) -> None:
     url = f"{forbidden_http}/data/s0.h5"
     with pytest.raises(StorageAccessError, match=r"s0\.h5: the store refused access"):
         stat_objects([url])
+
+
+def test_http_objects_are_keyed_by_etag_else_last_modified(http_files: HTTPFileServer) -> None:
+    path = http_files.root / "s0.h5"
+    path.write_bytes(b"a" * 100)
+    url = f"{http_files.url}/s0.h5"
+    info = stat_objects([url])[url]
+    assert (info.size, info.etag) == (100, hashlib.md5(b"a" * 100).hexdigest())
+    assert info.mtime is not None  # from Last-Modified (an HTTP date)
+    http_files.etag = False  # a plain web server: Last-Modified only
+    before = stat_objects([url])[url]
+    path.write_bytes(b"b" * 100)  # same size, other bytes, a later mtime
+    os.utime(path, (before.mtime + 5, before.mtime + 5))  # type: ignore[operator]
+    after = stat_objects([url])[url]
+    assert before.etag is None and before.mtime is not None
+    assert after.identity != before.identity  # the cache fetches the new version
+    assert [r.method for r in http_files.log()] == ["HEAD"] * 3  # no byte read

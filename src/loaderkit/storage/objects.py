@@ -10,6 +10,7 @@ its ``identity``.
 from __future__ import annotations
 
 import datetime
+import email.utils
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,9 @@ __all__ = ["ObjectInfo", "access_error", "refused", "stat_objects"]
 
 _BUCKET_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
 _NO_LISTING = frozenset({"http", "https"})
+#: Where listings give the modification time: s3fs, local/others, gcsfs, and fsspec's http
+#: filesystem (the ``Last-Modified`` header, an RFC 9110 date).
+_MTIME_FIELDS = ("LastModified", "mtime", "last_modified", "updated", "Last-Modified")
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,7 @@ def _info(url: str, entry: Mapping[str, Any]) -> ObjectInfo:
         raise FileNotFoundError(f"{url}: the store did not report a size for this object")
     etag = next((entry[k] for k in ("ETag", "etag", "e_tag") if entry.get(k)), None)
     mtime = next(
-        (entry[k] for k in ("LastModified", "mtime", "last_modified", "updated") if entry.get(k)),
+        (entry[k] for k in _MTIME_FIELDS if entry.get(k)),
         None,
     )
     return ObjectInfo(
@@ -211,4 +215,8 @@ def _seconds(value: Any) -> float | None:
     try:
         return datetime.datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
     except ValueError:
+        pass
+    try:  # an HTTP date: "Wed, 25 Nov 2026 02:14:35 GMT"
+        return email.utils.parsedate_to_datetime(str(value)).timestamp()
+    except (TypeError, ValueError):
         return None
