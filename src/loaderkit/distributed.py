@@ -20,6 +20,7 @@ __all__ = [
     "accelerate_initialized",
     "dist_info",
     "launcher_int",
+    "local_world_size",
     "process_rank_and_world",
 ]
 
@@ -135,3 +136,20 @@ def dist_info() -> DistInfo:
         local_world_size=_or(launcher_int("LOCAL_WORLD_SIZE"), world_size),
         accelerate=accelerate,
     )
+
+
+def local_world_size() -> int:
+    """Processes of this job on this node (ranks that share its disk and its session cache).
+
+    From the default process group when one is initialized (``dist_info``); otherwise from the
+    launcher's ``LOCAL_WORLD_SIZE`` (torchrun sets it before the group exists, when datasets
+    are often built); 1 outside any launcher.
+
+    Examples:
+        >>> local_world_size() >= 1
+        True
+    """
+    info = dist_info()
+    if info.initialized:
+        return max(1, info.local_world_size)
+    return max(1, _or(launcher_int("LOCAL_WORLD_SIZE"), 1))

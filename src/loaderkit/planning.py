@@ -33,7 +33,7 @@ from loaderkit.budgets import (
 )
 from loaderkit.collate import collate
 from loaderkit.containers import survey_containers
-from loaderkit.distributed import dist_info
+from loaderkit.distributed import dist_info, local_world_size
 from loaderkit.errors import ConfigError, PerformanceHint, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.plan import UNSET, Plan, PlanEntry, short_repr
@@ -369,9 +369,9 @@ def _file_budget(
         cached = dataset.cached_open_files(max(0, num_workers))
         if cached is not None and cached < budget.files:
             reason = (
-                f"fits the session cache: each open file leases its entry, and "
-                f"{max(1, num_workers)} reader(s) x {cached} file(s) + the prefetch window fit "
-                f"its max_bytes (otherwise: {budget.reason})"
+                f"fits the session cache: {local_world_size()} rank(s) x ({max(1, num_workers)} "
+                f"reader(s) x {cached} file(s) + the prefetch window) fit its max_bytes "
+                f"(each open file leases its entry; otherwise: {budget.reason})"
             )
             return PlanEntry("max_open_files", UNSET, cached, reason), cached
         entry = PlanEntry("max_open_files", UNSET, budget.files, f"fits: {budget.reason}")

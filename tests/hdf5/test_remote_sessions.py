@@ -302,3 +302,24 @@ def test_a_rows_layout_cache_reads_the_same_samples_row_wise(s3: Remote, tmp_pat
     assert handle is not None and handle.raws[0] is not None
     assert [entry.layout for entry in cache.ls()] == ["rows", "rows"]
     ds.close()
+
+
+def test_the_ranks_on_the_node_share_the_cache_limits(
+    s3: Remote, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4 local ranks x (1 open + prefetch 1) sessions do not fit 5 sessions' max_bytes."""
+    size = max(s3.sizes)
+    cache = _cache(tmp_path, max_bytes=5 * size, prefetch=1)
+    one = HDF5SessionDataset(s3.urls, key="x", storage_options=s3.options, cache=cache)
+    assert one.max_open_files == 3  # 5 sessions - a window of 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's, before init_process_group
+    two = HDF5SessionDataset(s3.urls, key="x", storage_options=s3.options, cache=cache)
+    assert two.max_open_files == 1  # (5 - 2 x 2) // 2 ranks
+    assert two.cached_open_files(2, ranks=1) == 1 and two.cached_open_files(0, ranks=1) == 3
+    with DataLoader(two, batch_size=16, num_workers=0) as loader:
+        assert "1 file(s) + the prefetch window" in loader.describe()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    with pytest.raises(ConfigError, match=r"4 reader\(s\) on this node") as info:
+        HDF5SessionDataset(s3.urls, key="x", storage_options=s3.options, cache=cache)
+    assert f"max_bytes={5 * size / 2**20:.1f} MiB" in str(info.value)
+    assert f"at least {sum(s3.sizes)} bytes" in str(info.value)  # 8 > the 6 sessions there are

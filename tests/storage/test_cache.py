@@ -39,8 +39,8 @@ def test_defaults_fitted_to_the_disk_with_reasons() -> None:
     ("max_bytes", "sizes", "readers", "match"),
     [
         (100, [150, 10], 1, r"max_bytes=100 B\) is smaller than the largest session \(150 B"),
-        (250, [100, 100, 100], 1, r"smaller than the prefetch window \(300 B: 1 reader"),
-        (700, [100] * 8, 2, r"prefetch window \(600 B: 2 reader"),
+        (250, [100, 100, 100], 1, r"smaller than the prefetch window \(300 B, 300 bytes: 1 reader"),
+        (700, [100] * 8, 2, r"prefetch window \(600 B, 600 bytes: 2 reader\(s\) on this node"),
     ],
 )
 def test_impossible_limits_name_both_sizes(

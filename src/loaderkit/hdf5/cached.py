@@ -6,8 +6,8 @@
   indices a little ahead of torch and tells the returned ``OrderWatcher`` which sessions come
   next; it moves this process's prefetch window (``SessionSources.ahead``);
 - ``cached_open_files(num_workers)``: the most files each process may keep open (each holds a
-  lease on its cache entry, which cannot be evicted) so that the prefetch window still fits
-  ``max_bytes``;
+  lease on its cache entry, which cannot be evicted) so that every local rank's files and
+  prefetch window still fit ``max_bytes``;
 - ``cache_plan(num_workers)``: the plan's ``cache`` and ``prefetch`` rows; ``cache_stats()``.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from loaderkit.distributed import local_world_size
 from loaderkit.hdf5.index import _ROW_BITS
 from loaderkit.hdf5.reader import SessionReader
 from loaderkit.hdf5.sources import OrderWatcher, SessionSources
@@ -71,16 +72,17 @@ class CachedSessions:
         idx = idx[(idx >= -len(keys)) & (idx < len(keys))]  # bad ones fail in the reader
         return np.asarray(keys[idx]) >> _ROW_BITS
 
-    def cached_open_files(self, num_workers: int) -> int | None:
+    def cached_open_files(self, num_workers: int, ranks: int | None = None) -> int | None:
         """Most files each reading process may keep open so the cache never blocks.
 
-        Every open file leases its cache entry; with the prefetch window
-        (``1 + prefetch`` sessions) they must fit ``max_bytes``:
-        ``readers x max_open_files + 1 + prefetch`` sessions of the largest size.
-        ``None`` when nothing is read through a cache.
+        Every open file leases its cache entry; every rank on the node shares the cache and has
+        its own prefetch window (``1 + prefetch`` sessions), so
+        ``ranks x (readers x max_open_files + 1 + prefetch)`` sessions of the largest size must
+        fit ``max_bytes``. ``None`` when nothing is read through a cache.
 
         Args:
             num_workers: The loader's workers (0: the main process reads).
+            ranks: Ranks on this node; default ``loaderkit.distributed.local_world_size()``.
         """
         sources = self._sources
         if sources is None:
@@ -88,9 +90,10 @@ class CachedSessions:
         largest = max(sources.sizes(), default=0)
         if largest <= 0:
             return None
+        ranks = max(1, local_world_size() if ranks is None else ranks)
         capacity = sources.cache.max_bytes // largest
-        room = capacity - (1 + sources.cache.prefetch)
-        return max(1, room // max(1, num_workers))
+        room = capacity - ranks * (1 + sources.cache.prefetch)
+        return max(1, room // (ranks * max(1, num_workers)))
 
     def cache_plan(self, num_workers: int) -> list[tuple[str, bool, object, str]]:
         """The plan's ``cache`` and ``prefetch`` rows: ``(name, given, value, reason)`` each.

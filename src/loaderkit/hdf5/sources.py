@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from loaderkit.distributed import local_world_size
 from loaderkit.errors import ConfigError, HDF5FileError, StorageError
 from loaderkit.hdf5.records import KeySpec
 from loaderkit.hdf5.rowcache import RowsTransform, rows_key
@@ -134,7 +135,9 @@ class SessionSources:
         Raises:
             FileNotFoundError: An object, its bucket or a local file is missing (named).
             StorageAccessError: The store refused the credentials.
-            ConfigError: The cache cannot hold the largest session or the prefetch window.
+            ConfigError: The cache cannot hold the largest session, or every local rank's
+                open session and prefetch window (``LOCAL_WORLD_SIZE`` ranks share the node's
+                cache directory).
         """
         if cache is not None and not isinstance(cache, SessionCache):
             raise ConfigError(
@@ -149,7 +152,7 @@ class SessionSources:
             cache = SessionCache()
         listed = stat_objects([names[pos] for pos in cached], storage_options)
         infos = {pos: listed[names[pos]] for pos in cached}
-        cache.check_limits([info.size for info in infos.values()], readers=1)
+        cache.check_limits([info.size for info in infos.values()], readers=local_world_size())
         return cls(ids, infos, cache, storage_options, given=given)
 
     def use_keys(self, specs: Sequence[KeySpec]) -> None:

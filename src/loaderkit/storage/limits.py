@@ -161,7 +161,8 @@ def check_limits(
         limits: The cache's limits.
         disk: The disk's sizes now.
         sizes: Every object's size in bytes (stored size; the ``rows`` layout is about the same).
-        readers: Processes on the node that read at the same time.
+        readers: Processes on the node that read at the same time, each with its prefetch
+            window (the ranks on the node: ``loaderkit.distributed.local_world_size``).
 
     Raises:
         ConfigError: A limit smaller than the largest session or than the window; the message
@@ -189,9 +190,10 @@ def check_limits(
     if max_bytes < window:
         raise ConfigError(
             f"SessionCache(max_bytes={format_bytes(max_bytes)}) is smaller than the prefetch "
-            f"window ({format_bytes(window)}: {readers} reader(s) x (1 + prefetch="
-            f"{limits.prefetch.value}) sessions of up to {format_bytes(largest)}): raise "
-            f"max_bytes to at least {window} bytes or lower prefetch"
+            f"window ({format_bytes(window)}, {window} bytes: {readers} reader(s) on this node "
+            f"(ranks sharing the cache) x (1 open + prefetch={limits.prefetch.value}) sessions "
+            f"of up to {format_bytes(largest)}): raise max_bytes to at least {window} bytes "
+            "or lower prefetch"
         )
     room = disk.free + disk.cached - limits.min_free.value
     if room < largest:
