@@ -229,3 +229,30 @@ def test_rows_layout_keeps_what_the_transform_wrote(bucket: Bucket, cache_dir: P
     with cache.lease(info, bucket.options, transform=reverse) as cached:
         assert cached.path.read_bytes() == payload(0, 10 * KIB)[::-1]
     assert cache.ls()[0].layout == "rows"
+
+
+def test_a_killed_transforms_scratch_directory_is_removed_when_unlocked(
+    bucket: Bucket, cache_dir: Path
+) -> None:
+    from loaderkit.storage import entries
+    from loaderkit.storage.locks import mutex
+
+    first, second = _put(bucket, 2, 10 * KIB)
+    cache = SessionCache(cache_dir, max_bytes=GiB, min_free=0, layout="rows")
+    files = entries.EntryFiles(cache_dir / "objects", entries.entry_key(first, "rows"))
+    scratch = Path(f"{files.part(first.size)}.d")  # as RowsTransform names it beside its output
+    (scratch / "nested").mkdir(parents=True)
+    (scratch / "nested" / "s0.h5").write_bytes(bytes(3 * KIB))
+    assert cache.du() == 3 * KIB  # counted while it is there
+    with mutex(files.lock):  # its download alive elsewhere: kept
+        cache.lease(second, bucket.options, transform=shutil.copyfile).close()
+        assert scratch.is_dir()
+        cache.clear()
+        assert scratch.is_dir()
+    cache.clear()  # the lock free: a dead one's leftover
+    assert not scratch.exists()
+    (scratch / "nested").mkdir(parents=True)  # and the entry's own download removes it
+    with cache.lease(first, bucket.options, transform=shutil.copyfile) as cached:
+        assert cached.path.read_bytes() == payload(0, 10 * KIB)
+    assert not scratch.exists()
+    assert not [p for p in (cache_dir / "objects").iterdir() if ".part" in p.name]

@@ -221,8 +221,8 @@ class SessionCache:
                 f"{info.url} ({format_bytes(info.size)}, {info.size} bytes) is larger than "
                 f"SessionCache(max_bytes={self.max_bytes}): raise max_bytes"
             )
-        for leftover in self._objects.glob(f"{files.key}.*.part"):
-            leftover.unlink(missing_ok=True)  # a dead process's download: we hold the mutex
+        for leftover in self._objects.glob(f"{files.key}.*.part*"):
+            entries.remove_part(leftover)  # a dead process's download or scratch: we hold the mutex
         fs = filesystem_for(info.url, storage_options)
         part = self._reserve(info, files)
         written = [part]
@@ -334,7 +334,7 @@ class SessionCache:
         return True
 
     def _clean_leftover(self, part: entries.Part) -> bool:
-        """Remove ``part`` if no process downloads its entry (a dead download's leftover)."""
+        """Remove ``part`` (a file, or a ``.part.d`` scratch) if no process downloads its entry."""
         import filelock
 
         lock = mutex(self._objects / f"{part.key}.lock", timeout=0)
@@ -343,7 +343,7 @@ class SessionCache:
         except filelock.Timeout:  # its download is alive
             return False
         try:
-            part.path.unlink(missing_ok=True)
+            entries.remove_part(part.path)
             return True
         finally:
             lock.release()

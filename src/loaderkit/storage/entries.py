@@ -9,6 +9,7 @@ Layout (shared by every process on the node; nothing else is shared)::
     <dir>/objects/<key>.lock         filelock: the object's download mutex (while downloading)
     <dir>/objects/<key>.lease        flock(LOCK_SH) by each process using it; mtime = last use
     <dir>/objects/<key>.<n>.<pid>.<token>.part   a download in flight, n bytes reserved
+    <dir>/objects/<key>.<n>.<pid>.<token>.part.d a transform's scratch directory (``rows``)
 
 ``<key>`` is a hash of the URL, the object's identity and the layout, then the file's name
 (``3f2a...-betas_session01_hdf5``): a changed object gets a new entry, never a file replaced
@@ -23,13 +24,23 @@ import json
 import os
 import re
 import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loaderkit.storage.objects import ObjectInfo
 
-__all__ = ["EntryFiles", "Part", "Stored", "entry_key", "read_sidecar", "scan", "write_sidecar"]
+__all__ = [
+    "EntryFiles",
+    "Part",
+    "Stored",
+    "entry_key",
+    "read_sidecar",
+    "remove_part",
+    "scan",
+    "write_sidecar",
+]
 
 TAG = "CACHEDIR.TAG"
 TAG_TEXT = (
@@ -134,7 +145,7 @@ def read_sidecar(files: EntryFiles) -> dict[str, Any]:
 
 
 def scan(objects: Path) -> tuple[list[Stored], list[Part]]:
-    """Every complete entry and every ``.part`` file in ``objects``, as they are now."""
+    """Every complete entry and every ``.part`` file (and ``.part.d`` directory) in ``objects``."""
     stored: list[Stored] = []
     parts: list[Part] = []
     names: list[str] = []
@@ -150,9 +161,28 @@ def scan(objects: Path) -> tuple[list[Stored], list[Part]]:
             elif name.endswith(".part"):
                 pieces = name.split(".")
                 parts.append(Part(path, pieces[0], int(pieces[1]), path.stat().st_size))
+            elif name.endswith(".part.d"):  # a transform's scratch directory: bytes, no reserve
+                parts.append(Part(path, name.split(".")[0], 0, _tree_bytes(path)))
         except (FileNotFoundError, ValueError, IndexError):
             continue  # evicted or finished meanwhile, or not one of ours
     return stored, parts
+
+
+def remove_part(path: Path) -> None:
+    """Delete a ``.part`` file or a ``.part.d`` scratch directory (gone already: fine)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _tree_bytes(directory: Path) -> int:
+    total = 0
+    for root, _, names in os.walk(directory):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, name)).st_size
+    return total
 
 
 def _last_used(files: EntryFiles) -> float:
