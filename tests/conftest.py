@@ -26,25 +26,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _fast_tier(config: pytest.Config) -> bool:
+    return not (config.getoption("--all") or config.option.markexpr)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--all") or config.option.markexpr:
+    if not _fast_tier(config):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if item.get_closest_marker("slow") is None]
-        config.stash[_SLOW_LEFT] = len(slow)
 
 
-_SLOW_LEFT = pytest.StashKey[int]()
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    left = config.stash.get(_SLOW_LEFT, 0)
-    if left:
-        terminalreporter.write_line(
-            f"fast tier: {left} slow tests not run (`python -m pytest -m slow`, or `--all`)"
-        )
+def pytest_report_header(config: pytest.Config) -> str:
+    if _fast_tier(config):
+        return "tier: fast (slow tests deselected: `python -m pytest -m slow`, or `--all`)"
+    return f"tier: {'all' if config.getoption('--all') else repr(config.option.markexpr)}"
 
 
 def fake_platform(**overrides: Any) -> PlatformInfo:

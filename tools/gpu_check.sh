@@ -47,7 +47,8 @@ echo "== gpu_check: full test suite"
 
 echo "== gpu_check: CUDA tests must run, not skip"
 junit="$(mktemp -d)/cuda.xml"
-"$python" -m pytest -q -rs -m cuda -p no:cacheprovider --junitxml "$junit" "$@"
+# -n 0: the CUDA tests in one process (one GPU; they count streams, memory and descriptors)
+"$python" -m pytest -q -rs -n 0 -m cuda -p no:cacheprovider --junitxml "$junit" "$@"
 "$python" - "$junit" <<'PY'
 import sys
 import xml.etree.ElementTree as ET
