@@ -12,6 +12,15 @@ Two halves that must agree:
   layout the first key's storage as the copy will have it, so that the reader takes the
   row-wise fast path (``os.preadv`` of contiguous rows) from the start.
 
+Fork safety: the transform runs h5py in a prefetch thread of the main process, and the loader
+forks non-persistent workers at every pass while that thread may be inside h5py. A child forked
+then inherits h5py's global lock held by a thread that does not exist in it (h5py < 3.14
+deadlocks at the child's first h5py call; h5py#2584) and HDF5's state mid-write. So every
+transform holds ``FORK_GUARD`` and an ``os.register_at_fork(before=...)`` hook takes it too: a
+fork waits until no transform runs (the hook runs before h5py's own, registered at its import:
+Python calls ``before`` hooks last-registered first), and a transform waits until the fork is
+done. The child gets a fresh guard.
+
 Example:
     >>> RowsTransform("betas").key
     'betas'
@@ -21,6 +30,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,7 +40,10 @@ import numpy as np
 from loaderkit.hdf5.rechunk import CHUNK_BYTES, _choose_layout, rechunk
 from loaderkit.hdf5.records import KeySpec, SessionRecord
 
-__all__ = ["RowsTransform", "cached_record", "rows_key"]
+__all__ = ["FORK_GUARD", "RowsTransform", "cached_record", "rows_key"]
+
+#: Held by every running ``RowsTransform`` and across every ``os.fork`` of this process.
+FORK_GUARD = threading.RLock()
 
 
 def rows_key(specs: Sequence[KeySpec]) -> KeySpec | None:
@@ -50,14 +63,18 @@ class RowsTransform:
         self.key = key
 
     def __call__(self, src: Path, dst: Path) -> None:
-        """Write ``dst`` from ``src`` (a scratch directory beside ``dst``, removed after)."""
-        out = Path(f"{dst}.d")
-        out.mkdir()
-        try:
-            (result,) = rechunk([src], self.key, out, layout="auto")
-            os.replace(result.target, dst)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
+        """Write ``dst`` from ``src`` (a scratch directory beside ``dst``, removed after).
+
+        Holds ``FORK_GUARD`` throughout: this process does not fork while it runs.
+        """
+        with FORK_GUARD:
+            out = Path(f"{dst}.d")
+            out.mkdir()
+            try:
+                (result,) = rechunk([src], self.key, out, layout="auto")
+                os.replace(result.target, dst)
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
 
     def __repr__(self) -> str:
         return f"RowsTransform({self.key!r})"
@@ -82,3 +99,24 @@ def cached_record(
             chunk_rows=int(chunks[0]), chunk_bytes=nbytes, chunk_shape=tuple(map(int, chunks))
         )
     return record._replace(layouts=(stored, *record.layouts[1:]))
+
+
+def _before_fork() -> None:
+    FORK_GUARD.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    FORK_GUARD.release()
+
+
+def _after_fork_in_child() -> None:
+    global FORK_GUARD
+    FORK_GUARD = threading.RLock()  # the parent's is held by the forking thread
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )
