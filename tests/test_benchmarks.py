@@ -231,3 +231,40 @@ def test_nsd_layout(tmp_path: Path) -> None:
         "after rechunk, shuffle=True, 2 workers",
     ]
     assert data["rechunk_seconds"] > 0 and "real_size" not in data
+
+
+def test_remote(tmp_path: Path) -> None:
+    data = _run("remote.py", tmp_path)
+    assert data["quick"] is True
+    assert data["layout"]["chunks"] == [750, 1] and data["layout"]["dtype"] == "int16"
+    assert [t["row"] for t in data["targets"]] == [
+        "first epoch, empty cache",
+        "second epoch, cache warm",
+        "naive: h5py.File(s3fs.open(url))",
+        "max_bytes = 1/4 of the data: bytes per epoch",
+        "max_bytes = 1/4 of the data: peak directory",
+        "2 ranks x 2 workers, one node",
+        "construction over 40 sessions, second",
+    ]
+    sessions, data_bytes = data["layout"]["sessions"], data["layout"]["data_bytes"]
+    epochs = data["epochs"]
+    assert epochs["same_order_everywhere"] and epochs["values_checked"] > 0
+    # the first epoch fetches each session whole once (metadata came at construction), the
+    # second fetches nothing
+    assert epochs["requests_first"]["get"] == sessions
+    assert epochs["requests_first"]["bytes"] == data_bytes
+    assert epochs["requests_second"].get("get", 0) == 0
+    assert epochs["requests_second"]["bytes"] == 0
+    assert data["naive"]["samples_per_s"] > 0 and data["naive"]["ratio"] > 0
+    quarter = data["quarter"]
+    assert quarter["max_bytes"] == data_bytes // 4
+    assert max(quarter["bytes_per_epoch"]) <= 1.05 * data_bytes
+    assert quarter["peak_dir_bytes"] <= quarter["peak_bound"]
+    ranks = data["ranks"]
+    assert ranks["whole_gets_per_object"] == [1] * sessions  # once per node
+    assert ranks["whole_object_bytes"] == data_bytes
+    first, second = data["construction"]["runs"]
+    assert first["requests"].get("get", 0) == 0  # the index from range reads only
+    assert first["requests"]["range"] >= data["construction"]["sessions"]
+    assert second["requests"].get("range", 0) == second["requests"].get("get", 0) == 0
+    assert second["requests"]["list"] == first["requests"]["list"] >= 1  # listing only
