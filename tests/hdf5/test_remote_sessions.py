@@ -323,3 +323,75 @@ def test_the_ranks_on_the_node_share_the_cache_limits(
         HDF5SessionDataset(s3.urls, key="x", storage_options=s3.options, cache=cache)
     assert f"max_bytes={5 * size / 2**20:.1f} MiB" in str(info.value)
     assert f"at least {sum(s3.sizes)} bytes" in str(info.value)  # 8 > the 6 sessions there are
+
+
+def _lz4_session(s3: Remote, tmp_path: Path) -> tuple[str, SessionCache]:
+    """An LZ4-compressed session in the bucket, its metadata record kept in a fresh cache."""
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    import h5py
+
+    path = tmp_path / "lz4.h5"
+    with h5py.File(path, "w") as f:
+        data = np.arange(96 * 64, dtype=np.float32).reshape(96, 64)
+        f.create_dataset("x", data=data, chunks=(8, 64), **hdf5plugin.LZ4())
+    url = s3.put("lz4.h5", path)
+    cache = _cache(tmp_path)
+    HDF5SessionDataset([url], key="x", storage_options=s3.options, cache=cache).close()
+    assert list((cache.dir / "meta").glob("*.pkl"))  # kept: the next construction reads none
+    s3.server.requests.clear()
+    return url, cache
+
+
+def _refused_lz4(text: str, url: str) -> bool:
+    return (
+        text.startswith(f"session 0: dataset 'x' in {url}")
+        and "LZ4" in text
+        and "32004" in text
+        and "hdf5plugin" in text
+    )
+
+
+def test_a_missing_filter_is_refused_at_construction_from_kept_records(
+    s3: Remote, tmp_path: Path
+) -> None:
+    """The second construction reads no file: the kept filter ids are checked instead."""
+    from h5py import h5z
+
+    url, cache = _lz4_session(s3, tmp_path)
+    import hdf5plugin
+
+    assert h5z.unregister_filter(32004)  # this process loses the plugin
+    try:
+        with pytest.raises(HDF5FileError) as info:
+            HDF5SessionDataset([url], key="x", storage_options=s3.options, cache=cache)
+    finally:
+        hdf5plugin.register("lz4", force=True)
+    assert _refused_lz4(str(info.value), url), info.value
+    assert not s3.range_gets(url) and not s3.whole_gets(url)  # from the records alone
+
+
+@pytest.mark.slow
+def test_a_missing_filter_plugin_package_is_refused_from_kept_records(
+    s3: Remote, tmp_path: Path
+) -> None:
+    """As above in a process without hdf5plugin at all (and an empty HDF5_PLUGIN_PATH)."""
+    url, cache = _lz4_session(s3, tmp_path)
+    plugins = tmp_path / "no-plugins"
+    plugins.mkdir()
+    code = (
+        "import sys; sys.modules['hdf5plugin'] = None\n"
+        "from loaderkit import HDF5SessionDataset, SessionCache\n"
+        f"cache = SessionCache({str(cache.dir)!r})\n"
+        "try:\n"
+        f"    HDF5SessionDataset([{url!r}], key='x', storage_options={s3.options!r}, cache=cache)\n"
+        "    print('built')\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, '|', exc)\n"
+    )
+    env = dict(os.environ, HDF5_PLUGIN_PATH=str(plugins))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    name, _, text = out.stdout.partition(" | ")
+    assert name == "HDF5FileError" and _refused_lz4(text, url), out
+    assert not s3.range_gets(url) and not s3.whole_gets(url)

@@ -9,7 +9,7 @@ registers the common third-party filters in every process that imports loaderkit
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from typing import NamedTuple
 
 import h5py
@@ -17,7 +17,7 @@ from h5py import h5z
 
 from loaderkit.errors import HDF5FileError
 
-__all__ = ["Filter", "check_filters", "pipeline"]
+__all__ = ["Filter", "check_available", "check_filters", "needed_filters", "pipeline"]
 
 #: Registered HDF5 filter ids: (name, where to get it). Ids from the HDF Group's registry.
 KNOWN_FILTERS: dict[int, tuple[str, str]] = {
@@ -92,6 +92,57 @@ def _applied(dset: h5py.Dataset, k: int) -> bool:
         return True
 
 
+def needed_filters(dset: h5py.Dataset) -> tuple[Filter, ...]:
+    """The filters ``dset``'s rows need: its pipeline, less optional filters never applied.
+
+    What a dataset's metadata record keeps, so that a later construction that reads no file
+    (``loaderkit.hdf5.remotemeta``) still checks them (``check_available``).
+
+    Example:
+        >>> import h5py, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "n.h5")
+        >>> with h5py.File(path, "w") as f:
+        ...     d = f.create_dataset("x", data=np.zeros(8), chunks=(4,), compression="gzip")
+        ...     [flt.id for flt in needed_filters(d)]
+        [1]
+    """
+    return tuple(
+        flt for k, flt in enumerate(pipeline(dset)) if not flt.optional or _applied(dset, k)
+    )
+
+
+def check_available(filters: Iterable[Filter], *, key: str, session: Hashable, path: str) -> None:
+    """Raise ``HDF5FileError`` if one of ``filters`` (as ``needed_filters`` gave) is missing here.
+
+    Args:
+        filters: The filters the dataset's rows need.
+        key: Its name (for the message).
+        session: Session id (for the message).
+        path: File path or URL (for the message).
+
+    Raises:
+        HDF5FileError: Names the filter, its id, the session, the file and where to get it.
+
+    Example:
+        >>> check_available([Filter(1, "deflate", False)], key="x", session=0, path="s.h5")
+    """
+    for flt in filters:
+        if h5z.filter_avail(flt.id):
+            continue
+        name, source = KNOWN_FILTERS.get(flt.id, (flt.name, ""))
+        where = (
+            f"Install it: {source}."
+            if source
+            else "No package is known for it: ask the file's author which filter wrote it, "
+            "and set HDF5_PLUGIN_PATH to a directory holding its plugin."
+        )
+        raise HDF5FileError(
+            f"session {session!r}: dataset {key!r} in {path} is compressed with the {name} "
+            f"filter (HDF5 filter id {flt.id}; the file calls it {flt.name!r}), which is not "
+            f"available in this process, so no row can be read. {where}"
+        )
+
+
 def check_filters(dset: h5py.Dataset, *, key: str, session: Hashable, path: str) -> None:
     """Raise ``HDF5FileError`` if a filter ``dset`` needs is not available in this process.
 
@@ -113,20 +164,4 @@ def check_filters(dset: h5py.Dataset, *, key: str, session: Hashable, path: str)
         ...     d = f.create_dataset("x", data=np.zeros(8), chunks=(4,), compression="gzip")
         ...     check_filters(d, key="x", session=0, path=path)  # gzip is always there
     """
-    for k, flt in enumerate(pipeline(dset)):
-        if h5z.filter_avail(flt.id):
-            continue
-        if flt.optional and not _applied(dset, k):
-            continue
-        name, source = KNOWN_FILTERS.get(flt.id, (flt.name, ""))
-        where = (
-            f"Install it: {source}."
-            if source
-            else "No package is known for it: ask the file's author which filter wrote it, "
-            "and set HDF5_PLUGIN_PATH to a directory holding its plugin."
-        )
-        raise HDF5FileError(
-            f"session {session!r}: dataset {key!r} in {path} is compressed with the {name} "
-            f"filter (HDF5 filter id {flt.id}; the file calls it {flt.name!r}), which is not "
-            f"available in this process, so no row can be read. {where}"
-        )
+    check_available(needed_filters(dset), key=key, session=session, path=path)

@@ -34,6 +34,7 @@ from typing import Any
 import h5py
 
 from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError
+from loaderkit.hdf5.filters import Filter, check_available, needed_filters
 from loaderkit.hdf5.keys import inspect_session
 from loaderkit.hdf5.layout import _dataset_names
 from loaderkit.hdf5.records import KeySpec, SessionRecord
@@ -50,7 +51,7 @@ logger = logging.getLogger(__name__)
 META_BLOCK = 256 * 1024
 #: Objects inspected at once.
 META_THREADS = 4
-_FORMAT = 1
+_FORMAT = 2  # 2: the filters each key needs
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,20 @@ class RemoteRecord:
         resolved: The keys as resolved for this file.
         uneven: Per key, whether a group's datasets differ in shape.
         types: Per key, the ``RowType`` of its rows, or the error finding it raised.
+        filters: Per key, its dataset's name and the filters its rows need: checked again in
+            every construction that uses the record (a plugin may be missing there).
     """
 
     record: SessionRecord
     resolved: tuple[KeySpec, ...]
     uneven: tuple[bool, ...]
     types: tuple[RowType | Exception, ...]
+    filters: tuple[tuple[str, tuple[Filter, ...]], ...] = ()
+
+    def check_filters(self, session: Hashable, url: str) -> None:
+        """``HDF5FileError`` when a filter some key needs is not available in this process."""
+        for key, needed in self.filters:
+            check_available(needed, key=key, session=session, path=url)
 
 
 class MetaStore:
@@ -201,6 +210,7 @@ def inspect_remote(
     for pos, info in infos.items():
         record = store.get(store.key(info, what))
         if isinstance(record, RemoteRecord):
+            record.check_filters(ids[pos], info.url)  # no file read: the kept filter ids
             found[pos] = record
         else:
             todo.append(pos)
@@ -231,11 +241,15 @@ def _inspect(
     record, resolved, uneven = inspect_session(f, specs, session, url, identity=False)
     record = cached_record(record, f, resolved, layout)
     types: list[RowType | Exception] = []
+    filters: list[tuple[str, tuple[Filter, ...]]] = []
     for k, spec in enumerate(resolved):
         obj = f[spec.path]
         names = record.members[k]
+        key = spec.path
         if spec.members and names:
-            obj = obj[names[0]]
+            obj, key = obj[names[0]], f"{spec.path}/{names[0]}"
+        if isinstance(obj, h5py.Dataset):
+            filters.append((key, needed_filters(obj)))
         try:
             types.append(
                 row_type(
@@ -248,7 +262,7 @@ def _inspect(
             )
         except (ConfigError, HDF5FileError) as exc:
             types.append(exc)
-    return RemoteRecord(record, tuple(resolved), tuple(uneven), tuple(types))
+    return RemoteRecord(record, tuple(resolved), tuple(uneven), tuple(types), tuple(filters))
 
 
 @contextlib.contextmanager
