@@ -58,6 +58,19 @@ def _rank(
     return {"epoch": epoch, "state": state}
 
 
+def _rank_spawned_workers(
+    rank: int, world: int, urls: list[str], options: dict[str, Any], caches: list[str]
+) -> list[Any]:
+    """One rank: an epoch with 2 spawned workers (each leases from the shared directory)."""
+    cache = SessionCache(caches[0], room_timeout=30)
+    dataset = HDF5SessionDataset(urls, key="x", storage_options=options, cache=cache)
+    with DataLoader(
+        dataset, batch_size=GLOBAL // world, shuffle="block", seed=SEED, training=True,
+        num_workers=2, multiprocessing_context="spawn",
+    ) as loader:  # fmt: skip
+        return [rows(batch) for batch in loader]
+
+
 def _merge(per_rank: list[list[Any]]) -> list[Any]:
     return [[s for batches in per_rank for s in batches[k]] for k in range(len(per_rank[0]))]
 
@@ -120,6 +133,18 @@ def test_a_mid_epoch_resume_reads_what_local_files_give(
         loader.load_state_dict(state)
         rest = [rows(batch) for batch in loader]
     assert first + rest == local_epochs[0]
+
+
+@pytest.mark.slow  # 2 ranks x 2 spawned workers: four fresh interpreters besides the ranks
+def test_two_ranks_two_spawned_workers_fetch_each_object_once_per_node(
+    s3: Remote, local_epochs: list[list[Any]], tmp_path: Path
+) -> None:
+    """As the forked test above, with workers that unpickle the dataset in fresh interpreters."""
+    s3.server.requests.clear()
+    caches = [str(tmp_path / "cache")]
+    epochs = run_distributed(_rank_spawned_workers, 2, tmp_path, s3.urls, s3.options, caches)
+    assert {url: s3.whole_gets(url) for url in s3.urls} == {url: 1 for url in s3.urls}
+    assert _merge(epochs) == local_epochs[0]
 
 
 @pytest.mark.slow
