@@ -15,9 +15,8 @@ from typing import Any
 
 import h5py
 import numpy as np
-import pytest
 
-from tests.storage.s3server import KEY, SECRET, S3Server
+from tests.storage.s3server import KEY, SECRET, S3Server, serving
 
 SESSIONS = 6
 ROWS = 96
@@ -76,30 +75,17 @@ class Remote:
 
 def start(root: Path, sessions: int = SESSIONS) -> Iterator[Remote]:
     """The server with ``sessions`` sessions uploaded (for a module-scoped fixture)."""
-    pytest.importorskip("moto.server")
-    pytest.importorskip("s3fs")
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in {
-            "AWS_ACCESS_KEY_ID": KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET,
-            "AWS_DEFAULT_REGION": "us-east-1",
-        }.items():
-            patch.setenv(name, value)
-        patch.delenv("AWS_PROFILE", raising=False)
-        server = S3Server()
+    with serving() as server:
         remote = Remote(server, root)
-        try:
-            remote.client().create_bucket(Bucket=BUCKET)
-            for s in range(sessions):
-                path = root / f"betas_session{s:02d}.h5"
-                write_session(path, s)
-                remote.paths.append(str(path))
-                remote.urls.append(remote.put(path.name, path))
-                remote.sizes.append(os.path.getsize(path))
-            server.requests.clear()
-            yield remote
-        finally:
-            server.close()
+        remote.client().create_bucket(Bucket=BUCKET)
+        for s in range(sessions):
+            path = root / f"betas_session{s:02d}.h5"
+            write_session(path, s)
+            remote.paths.append(str(path))
+            remote.urls.append(remote.put(path.name, path))
+            remote.sizes.append(os.path.getsize(path))
+        server.requests.clear()
+        yield remote
 
 
 def rows(batch: Any) -> list[tuple[int, int]]:

@@ -12,27 +12,13 @@ from typing import Any
 import pytest
 
 from tests.storage.httpserver import HTTPFileServer
-from tests.storage.s3server import BUCKET, KEY, SECRET, S3Server
+from tests.storage.s3server import BUCKET, KEY, SECRET, S3Server, serving
 
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
-    pytest.importorskip("moto.server")
-    pytest.importorskip("s3fs")
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in {
-            "AWS_ACCESS_KEY_ID": KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET,
-            "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_SESSION_TOKEN": "testing",
-        }.items():
-            patch.setenv(name, value)
-        patch.delenv("AWS_PROFILE", raising=False)
-        server = S3Server()
-        try:
-            yield server
-        finally:
-            server.close()
+    with serving() as server:
+        yield server
 
 
 @dataclass

@@ -7,6 +7,7 @@ kill a download mid-file) and can refuse one access key with S3's own 403 ``Acce
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import urllib.request
@@ -14,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 from werkzeug.serving import make_server
 
 BUCKET = "loaderkit-test"
@@ -116,3 +118,27 @@ class S3Server:
 
     def close(self) -> None:
         self._server.shutdown()
+
+
+@contextlib.contextmanager
+def serving() -> Iterator[S3Server]:
+    """moto's S3 server on 127.0.0.1, with dummy credentials in the environment meanwhile.
+
+    Skips the test (or module) where moto's server or s3fs is not installed.
+    """
+    pytest.importorskip("moto.server")
+    pytest.importorskip("s3fs")
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {
+            "AWS_ACCESS_KEY_ID": KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_SESSION_TOKEN": "testing",
+        }.items():
+            patch.setenv(name, value)
+        patch.delenv("AWS_PROFILE", raising=False)
+        server = S3Server()
+        try:
+            yield server
+        finally:
+            server.close()
