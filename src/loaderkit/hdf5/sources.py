@@ -286,6 +286,7 @@ class OrderWatcher:
         self._drawn = 0
         self._read = 0
         self._sent: list[int] | None = None
+        self._changed = True  # the runs changed since the window was last computed
 
     def drawn(self, item: Any) -> None:
         """One more item (a batch of indices, or one index) drawn from the sampler."""
@@ -295,6 +296,7 @@ class OrderWatcher:
         for pos in np.asarray(self._positions(np.asarray(item).reshape(-1))).tolist():
             if pos != last:
                 self._runs.append((number, pos))
+                self._changed = True
                 last = pos
 
     def reading(self) -> None:
@@ -303,8 +305,10 @@ class OrderWatcher:
         self._read += 1
         while self._runs and self._runs[0][0] < number:
             self._runs.popleft()
-        if self.sources is None:
-            return
+            self._changed = True
+        if self.sources is None or not self._changed:
+            return  # same runs ahead, same window: once per session change, not per batch
+        self._changed = False
         window = self._window(self.sources.cache.prefetch + 1)
         if window != self._sent:
             self._sent = window

@@ -77,6 +77,7 @@ class Prefetcher:
         self._held: dict[str, CachedFile] = {}
         self._in_flight: set[str] = set()
         self._errors: dict[str, BaseException] = {}
+        self._waiting = 0  # callers in wait()
         self._closed = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -95,7 +96,8 @@ class Prefetcher:
         """Move the window to the first ``window`` URLs of ``upcoming`` (the order from now on).
 
         URLs that left the window are released (a download in flight finishes, then is
-        released); new ones are queued in order.
+        released); new ones already complete in the cache are leased here, in the caller's
+        thread (a warm pass wakes no thread), the others queued in order.
 
         Raises:
             KeyError: A URL that ``infos`` does not describe.
@@ -115,18 +117,31 @@ class Prefetcher:
             self._wanted = window
             for url in [url for url in self._held if url not in window]:
                 self._held.pop(url).close()
-            self._queue = [
-                url
-                for url in window
-                if url not in self._held and url not in self._in_flight and url not in self._errors
-            ]
+            self._queue = []
+            for url in window:
+                if url in self._held or url in self._in_flight or url in self._errors:
+                    continue
+                cached = self._lease_cached(url)
+                if cached is not None:
+                    self._held[url] = cached  # warm: no thread woken, nothing to download
+                else:
+                    self._queue.append(url)
             while len(self._threads) < min(self.threads, len(self._queue) + len(self._in_flight)):
                 worker = threading.Thread(
                     target=self._run, name=f"loaderkit-prefetch-{len(self._threads)}", daemon=True
                 )
                 self._threads.append(worker)
                 worker.start()
-            self._cond.notify_all()
+            if self._queue or self._waiting:
+                self._cond.notify_all()
+
+    def _lease_cached(self, url: str) -> CachedFile | None:
+        """``url``'s entry leased now if the cache holds it (``None``: a thread fetches it)."""
+        try:
+            return self.cache.lease_cached(self.infos[url])
+        except OSError:  # the thread's lease reports it (named) where it is needed
+            logger.debug("leasing %s from the cache failed; queued", url, exc_info=True)
+            return None
 
     def held(self) -> list[str]:
         """The URLs whose leases the prefetcher holds now, in window order."""
@@ -143,15 +158,19 @@ class Prefetcher:
         """Wait until ``url`` is held (``True``), failed, or left the window (``False``)."""
         self._here()
         with self._cond:
-            self._cond.wait_for(
-                lambda: (
-                    self._closed
-                    or url in self._held
-                    or url in self._errors
-                    or (url not in self._wanted)
-                ),
-                timeout,
-            )
+            self._waiting += 1
+            try:
+                self._cond.wait_for(
+                    lambda: (
+                        self._closed
+                        or url in self._held
+                        or url in self._errors
+                        or (url not in self._wanted)
+                    ),
+                    timeout,
+                )
+            finally:
+                self._waiting -= 1
             return url in self._held
 
     def close(self, timeout: float = 5.0) -> None:
