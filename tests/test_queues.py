@@ -206,12 +206,16 @@ class _PutsWhenCollected:
 _COLLECTED_ERRORS: list[BaseException] = []
 
 
-def test_a_put_from_a_del_in_the_queues_cycle_never_writes_to_a_closed_descriptor() -> None:
+# each round reproduces the collector's order (finalizer first); 20 rounds in the slow tier
+@pytest.mark.parametrize("rounds", tiered([3, 20], {3}))
+def test_a_put_from_a_del_in_the_queues_cycle_never_writes_to_a_closed_descriptor(
+    rounds: int,
+) -> None:
     # The collector runs the queue's weakref finalizer (closing its descriptor) before the
     # __del__ of an object in the same cycle: that put must not write to the closed number,
     # which the kernel may already have given to another file.
     _COLLECTED_ERRORS.clear()
-    for _ in range(20):
+    for _ in range(rounds):
         q = DirectQueue(multiprocessing.get_context("fork"))
         q.put("open the descriptor")
         assert q.get(timeout=5) == "open the descriptor"

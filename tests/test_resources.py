@@ -251,6 +251,9 @@ def test_leak_check_reports_workers_copying_a_list_apart_from_this_process() -> 
     assert not report.leaked()  # reported, never judged
 
 
+# slow tier: an epoch over 700,000 items in 2 workers; LeakCheck's worker report is fast in
+# the list test above, and SharedSequence's reads in tests/test_sequence.py
+@pytest.mark.slow
 def test_leak_check_shows_a_shared_sequence_copies_nothing() -> None:
     from loaderkit import SharedSequence
     from tests.memory_helpers import trial_items

@@ -173,11 +173,12 @@ FAST_WORKER_CASES = {
 }
 
 
-def loader_params() -> list[Any]:
+def loader_params(*, spawn_fast: bool = False) -> list[Any]:
     """``(case, workers, context)`` for the loader tests of a pattern module.
 
-    Cells whose path a fast cell already takes are marked ``slow`` (see ``FAST_WORKER_CASES``);
-    one spawn cell is fast (the subclass pickled into a fresh interpreter).
+    Cells whose path a fast cell already takes are marked ``slow`` (see ``FAST_WORKER_CASES``).
+    ``spawn_fast``: one spawn cell is fast (the subclass pickled by reference into a fresh
+    interpreter: the same for every hook, so only ``test_subclass_read.py`` asks for it).
     """
     params = [
         pytest.param(
@@ -196,7 +197,7 @@ def loader_params() -> list[Any]:
             2,
             "spawn",
             id=f"{name}-spawn",
-            marks=() if name == SPAWN_CASES[-1] else (pytest.mark.slow,),
+            marks=() if spawn_fast and name == SPAWN_CASES[-1] else (pytest.mark.slow,),
         )
         for name in SPAWN_CASES
     ]

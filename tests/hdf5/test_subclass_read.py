@@ -41,7 +41,7 @@ def test_super_read_gives_what_the_base_gives(corpus_cases: dict[str, Case], nam
         check_reads(ds, expected_samples(case))
 
 
-@pytest.mark.parametrize(("name", "workers", "context"), loader_params())
+@pytest.mark.parametrize(("name", "workers", "context"), loader_params(spawn_fast=True))
 def test_super_read_in_loaders(
     corpus_cases: dict[str, Case], name: str, workers: int, context: str | None
 ) -> None:
