@@ -200,7 +200,8 @@ def test_out_of_order_and_resume() -> None:
 
 
 @pytest.mark.parametrize("context", KILLED_CONTEXTS)
-@pytest.mark.parametrize("persistent", [True, False])
+# fast: persistent workers (the pool kept across passes); the other cell is a second SIGKILL trial
+@pytest.mark.parametrize("persistent", tiered([True, False], {True}))
 def test_killed_worker_leaves_nothing(context: str, persistent: bool) -> None:
     before_shm = shm_entries()
     before = child_pids()

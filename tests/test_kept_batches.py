@@ -225,6 +225,7 @@ def _keep_under_ulimit(tmp_path: Path, handoff: str) -> subprocess.CompletedProc
     )
 
 
+@pytest.mark.slow  # a soak: 6,000 kept batches in a fresh interpreter under ulimit -n 1024
 def test_keeping_6000_batches_under_ulimit_1024_finishes(tmp_path: Path) -> None:
     result = _keep_under_ulimit(tmp_path, "auto")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

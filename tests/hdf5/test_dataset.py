@@ -384,6 +384,7 @@ def test_errors_in_read_keep_type_and_gain_context(paths: list[Path]) -> None:
 # ---------------------------------------------------------------- threads
 
 
+@pytest.mark.slow  # a soak: many threads over a 1-file LRU (thread safety: fast tests above)
 def test_threads_hammering_a_small_lru(tmp_path: Path) -> None:
     p = write_sessions(tmp_path, [30, 30, 30, 30, 30], chunks=4)
     p2 = write_sessions(tmp_path / "contig", [30, 30, 30, 30, 30])

@@ -20,6 +20,7 @@ from loaderkit import HDF5FileError, HDF5SessionDataset, create_dataloader
 from loaderkit.errors import MissingKeyError
 from tests.hdf5.helpers import row_value, write_sessions
 from tests.hdf5.subclasses import WithStimIds
+from tests.helpers import tiered
 
 ROWS = (10, 7)
 
@@ -120,8 +121,15 @@ def _expected(ds: HDF5SessionDataset) -> list[tuple[np.ndarray, int]]:
     return out
 
 
+# fast: this process and forked workers; spawned workers unpickle the subclass by path as
+# tests/hdf5/test_workers.py's fast spawn cell does (slow tier)
 @pytest.mark.parametrize(
-    ("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")], ids=["main", "fork", "spawn"]
+    ("workers", "context"),
+    tiered(
+        [(0, None), (2, "fork"), (2, "spawn")],
+        {(0, None), (2, "fork")},
+        ids=["main", "fork", "spawn"],
+    ),
 )
 def test_a_subclass_reading_a_second_dataset_in_loaders(
     paths: list[Path], workers: int, context: str | None

@@ -144,8 +144,9 @@ def test_records_cross_torchs_shared_memory_path_too(cases: dict[str, Case], nam
     assert loader.plan["handoff"].value == "torch"
 
 
-# fast: one spawned case (the dataset pickled by path); the others read as forked workers do
-@pytest.mark.parametrize("name", tiered(SPAWN_CASES, {SPAWN_CASES[0]}))
+# slow tier: the dataset pickled by path into spawned workers is fast in
+# tests/hdf5/test_workers.py; these cases read there as forked workers do
+@pytest.mark.parametrize("name", tiered(SPAWN_CASES, set()))
 def test_spawned_workers_read_the_same(cases: dict[str, Case], name: str) -> None:
     assert_loader_reads_the_oracle(cases[name], num_workers=2, multiprocessing_context="spawn")
 
