@@ -395,3 +395,45 @@ def test_a_missing_filter_plugin_package_is_refused_from_kept_records(
     name, _, text = out.stdout.partition(" | ")
     assert name == "HDF5FileError" and _refused_lz4(text, url), out
     assert not s3.range_gets(url) and not s3.whole_gets(url)
+
+
+def _construct(urls: list[str], options: dict[str, Any], cache_dir: str, barrier: Any) -> None:
+    from loaderkit.storage import filesystems
+
+    filesystems.reset()  # this process's own client, as a rank makes
+    barrier.wait()
+    HDF5SessionDataset(
+        urls, key="x", storage_options=options, cache=SessionCache(cache_dir)
+    ).close()
+
+
+def test_ranks_constructing_at_once_read_each_objects_metadata_once(
+    s3: Remote, tmp_path: Path
+) -> None:
+    """Two processes on one node build the index together: one reads, the other waits."""
+    import multiprocessing as mp
+
+    alone = _cache(tmp_path / "alone")
+    s3.server.requests.clear()
+    HDF5SessionDataset(s3.urls, key="x", storage_options=s3.options, cache=alone).close()
+    once = {url: len(s3.range_gets(url)) for url in s3.urls}
+    ctx = mp.get_context("fork")
+    barrier = ctx.Barrier(2)
+    s3.server.requests.clear()
+    s3.server.throttle = 0.002  # slow replies: the two constructions overlap
+    try:
+        procs = [
+            ctx.Process(
+                target=_construct, args=(s3.urls, s3.options, str(tmp_path / "node"), barrier)
+            )
+            for _ in range(2)
+        ]
+        for proc in procs:
+            proc.start()
+        for proc in procs:
+            proc.join(120)
+    finally:
+        s3.server.throttle = 0.0
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    assert {url: len(s3.range_gets(url)) for url in s3.urls} == once
+    assert len(list((tmp_path / "node" / "meta").glob("*.pkl"))) == files.SESSIONS

@@ -8,8 +8,9 @@ Runs in the process that constructs the dataset (the main process), once per obj
   types (``types.row_type``), several objects at once in a small thread pool;
 - the result is kept in ``<cache dir>/meta/<key>.pkl``, ``<key>`` a hash of the URL, the
   object's identity (ETag, or size and mtime) and what was asked (keys, axis, fields), written
-  under a temporary name and renamed. A later construction over unchanged objects reads these
-  files and sends no request per object (only ``stat_objects``' listing).
+  under a temporary name and renamed, under a per-record file lock: ranks constructing at once
+  on one node read each object's metadata once. A later construction over unchanged objects
+  reads these files and sends no request per object (only ``stat_objects``' listing).
 
 The cache directory must be trusted like any cache of the user's own (the records are pickles).
 What depends on the local copy (raw offsets, chunk maps, memory maps) is found when the cached
@@ -25,7 +26,7 @@ import logging
 import os
 import pickle
 import secrets
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +43,7 @@ from loaderkit.hdf5.rowcache import cached_record
 from loaderkit.hdf5.types import RowType, row_type, where
 from loaderkit.storage import ObjectInfo
 from loaderkit.storage.filesystems import filesystem_for, strip
+from loaderkit.storage.locks import mutex
 
 __all__ = ["META_BLOCK", "MetaStore", "RemoteRecord", "inspect_remote", "open_remote", "tree_names"]
 
@@ -110,6 +112,37 @@ class MetaStore:
             logger.debug("unreadable metadata record %s", key, exc_info=True)
             return None
 
+    def get_or_make(self, key: str, make: Callable[[], Any], valid: Callable[[Any], bool]) -> Any:
+        """The stored value if ``valid``, else ``make()``'s, stored: once per node.
+
+        The first process to ask holds the record's lock (``<key>.lock``, an inter-process
+        file lock the operating system releases if the process dies) while it reads the
+        object; the node's other processes (ranks building the same dataset at once) wait
+        for it and then read the record it kept, so each object's metadata is read once per
+        node, not once per rank. A directory that takes no lock (read-only) falls back to
+        reading unlocked.
+        """
+        value = self.get(key)
+        if valid(value):
+            return value
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            lock = mutex(self.dir / f"{key}.lock")
+            lock.acquire()
+        except OSError:
+            logger.debug("no lock for metadata record %s; reading unlocked", key, exc_info=True)
+            value = make()
+            self.put(key, value)
+            return value
+        try:
+            value = self.get(key)  # kept by another process meanwhile
+            if not valid(value):
+                value = make()
+                self.put(key, value)
+            return value
+        finally:
+            lock.release()
+
     def put(self, key: str, value: Any) -> None:
         """Store ``value`` (nothing when it does not pickle)."""
         try:
@@ -168,14 +201,13 @@ def tree_names(
     store: MetaStore,
 ) -> list[str]:
     """Every dataset's path in the object (for ``key=None``), kept in ``store``."""
-    key = store.key(info, "names")
-    names = store.get(key)
-    if isinstance(names, list):
-        return names
-    with _gc_paused(), open_remote(info, session, storage_options) as f:
-        names = _dataset_names(f, limit=10**9)
-    store.put(key, names)
-    return names
+
+    def read() -> list[str]:
+        with _gc_paused(), open_remote(info, session, storage_options) as f:
+            return _dataset_names(f, limit=10**9)
+
+    names = store.get_or_make(store.key(info, "names"), read, lambda v: isinstance(v, list))
+    return list(names)
 
 
 def inspect_remote(
@@ -219,13 +251,20 @@ def inspect_remote(
 
     def one(pos: int) -> RemoteRecord:
         info = infos[pos]
-        with open_remote(info, ids[pos], storage_options) as f:
-            return _inspect(f, specs, fields, ids[pos], info.url, layout)
+
+        def read() -> RemoteRecord:
+            with open_remote(info, ids[pos], storage_options) as f:
+                return _inspect(f, specs, fields, ids[pos], info.url, layout)
+
+        record = store.get_or_make(
+            store.key(info, what), read, lambda v: isinstance(v, RemoteRecord)
+        )
+        record.check_filters(ids[pos], info.url)  # kept by another process: checked here
+        return record
 
     with _gc_paused(), ThreadPoolExecutor(min(META_THREADS, len(todo))) as pool:
         for pos, record in zip(todo, pool.map(one, todo), strict=True):
             found[pos] = record
-            store.put(store.key(infos[pos], what), record)
     logger.debug("inspected %d remote session(s), %d from the cache", len(todo), len(found))
     return found
 
