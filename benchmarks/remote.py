@@ -20,8 +20,11 @@ Rows, side by side in one run (``--repeats`` interleaved rounds of the epoch row
 
 - first epoch with an empty cache (``SessionCache`` in a fresh directory; the dataset built
   before the clock starts) against max(every byte at B, the same epoch over local files);
-- the cache-warm epochs (the median of the 3 passes after the first) against the same passes
-  over local files (``training=True``: persistent workers, so no start-up in either);
+- the cache-warm epochs (the median of the 9 passes after the first) against the same passes
+  over local files (``training=True``: persistent workers, so no start-up in either); both
+  loaders stay open and their passes alternate, so both sides see the same moments of the
+  machine (a warm pass is tens of milliseconds: the sessions' rows are already in the
+  workers' memory, so this row measures what reading through the cache adds per pass);
 - every object downloaded whole through the proxy (s3fs ``cat_file``, one after another): what
   the link gives;
 - the naive read, ``h5py.File(s3fs.open(url))`` per session (handles kept), the first samples
@@ -86,7 +89,8 @@ MANY = 40  # sessions for the construction row
 MANY_VOXELS = 64
 BATCH = 64
 WORKERS = 2
-WARM = 3  # cache-warm passes timed after the first (median): one pass is a fraction of a second
+WARM = 9  # cache-warm passes of each side after the first (median; the two sides alternate):
+# one pass is a few tens of milliseconds, so a few passes would measure the machine's noise
 TRIALS = nsd_layout.TRIALS
 
 FIRST = "first epoch, empty cache"
@@ -308,17 +312,14 @@ def run(
         reference: list[list[tuple[int, int]]] | None = None
         checked = 0
         for r in range(repeats):
+            loaders: dict[str, tuple[HDF5SessionDataset, Any]] = {}
             for side in ("local", "remote") if r % 2 == 0 else ("remote", "local"):
                 gc.collect()
                 if side == "local":
                     ds = HDF5SessionDataset([str(p) for p in paths], key="betas")
                     loader = _loader(ds)
-                    times, orders = _epochs(loader, 1 + WARM)
-                    loader.close()
-                    ds.close()
+                    times, orders = _epochs(loader, 1)
                     local_first.append(times[0])
-                    local_second.append(statistics.median(times[1:]))
-                    orders = orders[:2]
                 else:
                     cache_dir = tmp / f"cache-epochs-{r}"
                     filesystems.reset()
@@ -335,12 +336,7 @@ def run(
                     counts_first.append(_counts(server, PREFIX))
                     stats = ds.cache_stats()
                     waiting.append(stats.seconds_waiting if stats is not None else None)
-                    server.clear()
-                    warm, later = _epochs(loader, WARM)
-                    counts_second.append(_counts(server, PREFIX))
-                    orders.append(later[0])
                     remote_first.append(times[0])
-                    remote_second.append(statistics.median(warm))
                     if r == 0:  # untimed: values equal the files'
                         rng = np.random.default_rng(r)
                         for i in rng.choice(len(ds), size=min(256, len(ds)), replace=False):
@@ -349,13 +345,30 @@ def run(
                             if row[0] != t or row[1] != s or row.sum() != sums[s, t]:
                                 raise AssertionError(f"sample {i} differs from the local file")
                             checked += 1
-                    loader.close()
-                    ds.close()
-                    shutil.rmtree(cache_dir, ignore_errors=True)
+                loaders[side] = (ds, loader)
                 if reference is None:
                     reference = orders
                 elif orders != reference:
                     same_order = False
+            # warm passes: both loaders open (persistent workers), alternating pass by pass,
+            # so that both sides see the same moments of this shared machine
+            server.clear()
+            warm: dict[str, list[float]] = {"local": [], "remote": []}
+            seen: dict[str, list[list[tuple[int, int]]]] = {"local": [], "remote": []}
+            for i in range(WARM):
+                for side in ("local", "remote") if (r + i) % 2 == 0 else ("remote", "local"):
+                    times, later = _epochs(loaders[side][1], 1)
+                    warm[side].append(times[0])
+                    seen[side].extend(later)
+            if seen["local"] != seen["remote"]:  # epoch i of one side reads epoch i of the other's
+                same_order = False
+            counts_second.append(_counts(server, PREFIX))
+            local_second.append(statistics.median(warm["local"]))
+            remote_second.append(statistics.median(warm["remote"]))
+            for ds, loader in loaders.values():
+                loader.close()
+                ds.close()
+            shutil.rmtree(tmp / f"cache-epochs-{r}", ignore_errors=True)
         assert reference is not None
         if sorted(reference[0]) != [(s, t) for s in range(sessions) for t in range(TRIALS)]:
             raise AssertionError("an epoch did not read every trial once")

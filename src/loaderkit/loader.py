@@ -592,8 +592,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         now = stats() if callable(stats) else None
         if now is not None:  # a dataset read through a session cache: its counters now
             text += (
-                "\ncache now (this process and its prefetcher; workers' own leases are not "
-                f"counted): {now.hits} hits, "
+                "\ncache now (this process, its prefetcher and its workers): "
+                f"{now.hits} hits, "
                 f"{now.misses} misses, {now.bytes_fetched} bytes fetched, "
                 f"{now.seconds_waiting:.1f} s waiting, {now.evictions} evictions, "
                 f"{now.free_bytes} bytes free"

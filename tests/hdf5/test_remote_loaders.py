@@ -194,3 +194,22 @@ def test_a_cache_of_a_quarter_of_the_data_completes_block_order_epochs(
     assert peak[0] <= cache.max_bytes + size
     assert cache.du() <= cache.max_bytes
     assert cache.stats().evictions >= SESSIONS - 2
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_describe_counts_what_the_workers_fetched(s3: Remote, tmp_path: Path, method: str) -> None:
+    """prefetch=0: each session is fetched by the worker that opens it, not the main process."""
+    cache = SessionCache(tmp_path / "cache", prefetch=0, room_timeout=30)
+    dataset = HDF5SessionDataset(s3.urls, key="x", storage_options=s3.options, cache=cache)
+    with DataLoader(
+        dataset, batch_size=GLOBAL, shuffle="block", seed=SEED, num_workers=2,
+        multiprocessing_context=method,
+    ) as loader:  # fmt: skip
+        assert len([rows(batch) for batch in loader]) == len(dataset) // GLOBAL
+        text = loader.describe()
+    stats = dataset.cache_stats()
+    assert stats is not None
+    assert stats.misses == SESSIONS and stats.bytes_fetched == sum(s3.sizes)
+    assert cache.stats(this_process=True).misses == 0  # the main process fetched nothing
+    assert f"{SESSIONS} misses, {sum(s3.sizes)} bytes fetched" in text
+    dataset.close()

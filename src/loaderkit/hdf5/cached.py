@@ -39,7 +39,7 @@ class CachedSessions:
         return None if self._sources is None else self._sources.cache
 
     def cache_stats(self) -> CacheStats | None:
-        """This process's cache counters: hits, misses, bytes fetched, waiting, evictions.
+        """Cache counters of this process and its workers: hits, misses, bytes, waiting, evictions.
 
         Example:
             >>> ds.cache_stats().misses  # doctest: +SKIP
@@ -66,10 +66,12 @@ class CachedSessions:
 
     def _session_positions(self, indices: np.ndarray) -> np.ndarray:
         keys = self._key
-        idx = np.asarray(indices)
-        if idx.dtype.kind not in "iu":
+        idx = np.asarray(indices).reshape(-1)
+        if idx.dtype.kind not in "iu" or not idx.size:
             return np.zeros(0, np.int64)
-        idx = idx[(idx >= -len(keys)) & (idx < len(keys))]  # bad ones fail in the reader
+        n = len(keys)
+        if idx.min() < -n or idx.max() >= n:  # once per batch: cheaper than always masking
+            idx = idx[(idx >= -n) & (idx < n)]  # bad ones fail in the reader
         return np.asarray(keys[idx]) >> _ROW_BITS
 
     def cached_open_files(self, num_workers: int, ranks: int | None = None) -> int | None:
@@ -126,7 +128,7 @@ class CachedSessions:
             f"{format_bytes(cache.min_free)} ({limits.min_free.reason}); "
             f"{format_bytes(stats.free_bytes)} free; {stats.hits} hits, {stats.misses} misses, "
             f"{format_bytes(stats.bytes_fetched)} fetched, {stats.seconds_waiting:.1f} s "
-            f"waiting, {stats.evictions} evictions (this process)"
+            f"waiting, {stats.evictions} evictions (this process and its workers)"
         )
         where = (
             "in the main process, in the loader's order (each worker's reads find the files "

@@ -293,7 +293,13 @@ class OrderWatcher:
         number = self._drawn
         self._drawn += 1
         last = self._runs[-1][1] if self._runs else None
-        for pos in np.asarray(self._positions(np.asarray(item).reshape(-1))).tolist():
+        positions = np.asarray(self._positions(item)).reshape(-1)
+        if not positions.size:
+            return
+        first = int(positions[0])
+        if first == last and (positions == first).all():
+            return  # the usual case in block order: the whole item in the current session
+        for pos in positions.tolist():
             if pos != last:
                 self._runs.append((number, pos))
                 self._changed = True

@@ -3,7 +3,8 @@
 Any process (main, DataLoader workers, other ranks on the node, the fetcher's threads) calls
 ``lease(url, info)`` and gets a ``CachedFile``: a local path that stays on disk until the lease
 is closed. The ``SessionCache`` object itself holds only its configuration (picklable, sent to
-spawned workers as is); each process keeps its own counters (``stats()``). Everything shared
+spawned workers as is); each process keeps its own counters and adds them to the totals of
+every process using the same cache object (``stats()``; ``records.Totals``). Everything shared
 lives in the directory (see ``loaderkit.storage.entries`` for the layout):
 
 - a hit takes the entry's lease (``flock(LOCK_SH)``) and touches its LRU time;
@@ -47,7 +48,14 @@ from loaderkit.storage.limits import (
 )
 from loaderkit.storage.locks import Lease, mutex, try_exclusive
 from loaderkit.storage.objects import ObjectInfo
-from loaderkit.storage.records import CachedFile, CacheEntry, CacheStats, ClearResult, Counters
+from loaderkit.storage.records import (
+    CachedFile,
+    CacheEntry,
+    CacheStats,
+    ClearResult,
+    Counters,
+    Totals,
+)
 from loaderkit.storage.urls import require_remote
 
 __all__ = ["SessionCache", "Transform"]
@@ -109,6 +117,7 @@ class SessionCache:
         if not tag.exists():
             tag.write_text(entries.TAG_TEXT)
         self.limits: CacheLimits = fit_cache_limits(self.disk(), max_bytes, min_free, prefetch)
+        self._totals = Totals.create(self.dir / "stats")
         self._counters: Counters | None = None
 
     @property
@@ -149,12 +158,25 @@ class SessionCache:
         """``ConfigError`` when the limits cannot hold these objects (``limits.check_limits``)."""
         check_limits(self.limits, self.disk(), sizes, readers)
 
-    def stats(self) -> CacheStats:
-        """This process's counters and the disk's free bytes now."""
-        counters = self._state()
-        with counters.lock:
-            values = dict(counters.values)
-            waiting = counters.waiting
+    def stats(self, *, this_process: bool = False) -> CacheStats:
+        """The counters now, and the disk's free bytes.
+
+        Args:
+            this_process: Only this process's counters. Default: summed over every process
+                that uses this cache object: the one that made it and those it reached by
+                fork or pickling (DataLoader workers, fetcher threads included).
+
+        Examples:
+            >>> SessionCache("/tmp/loaderkit-doc").stats().hits  # doctest: +SKIP
+            0
+        """
+        if this_process:
+            counters = self._state()
+            with counters.lock:
+                values = dict(counters.values)
+                waiting = counters.waiting
+        else:
+            values, waiting = self._totals.read()
         return CacheStats(seconds_waiting=waiting, free_bytes=self._free(), **values)
 
     def lease(
@@ -387,7 +409,7 @@ class SessionCache:
             with _COUNTERS_LOCK:
                 counters = self._counters
                 if counters is None or counters.pid != os.getpid():
-                    counters = self._counters = Counters()
+                    counters = self._counters = Counters(self._totals)
         return counters
 
     def ls(self) -> list[CacheEntry]:
@@ -437,7 +459,7 @@ class SessionCache:
         return ClearResult(removed, freed, tuple(in_use))
 
     def describe(self) -> str:
-        """A few lines for the CLI and ``loaderkit doctor``: limits, usage, this process's stats."""
+        """A few lines for the CLI and ``loaderkit doctor``: limits, usage, the counters."""
         stats = self.stats()
         lines = [
             f"cache {self.dir} ({self.layout}): {format_bytes(self.du())} of max_bytes "
@@ -445,7 +467,7 @@ class SessionCache:
             f"  max_bytes: {self.limits.max_bytes.reason}",
             f"  min_free={format_bytes(self.min_free)}: {self.limits.min_free.reason}",
             f"  prefetch={self.prefetch}: {self.limits.prefetch.reason}",
-            f"  this process: {stats.hits} hits, {stats.misses} misses, "
+            f"  this cache's processes: {stats.hits} hits, {stats.misses} misses, "
             f"{format_bytes(stats.bytes_fetched)} fetched, {stats.seconds_waiting:.1f} s "
             f"waiting, {stats.evictions} evictions",
         ]
