@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 
@@ -213,3 +214,39 @@ def test_describe_counts_what_the_workers_fetched(s3: Remote, tmp_path: Path, me
     assert cache.stats(this_process=True).misses == 0  # the main process fetched nothing
     assert f"{SESSIONS} misses, {sum(s3.sizes)} bytes fetched" in text
     dataset.close()
+
+
+def _window(epoch: list[list[tuple[int, int]]], size: int) -> set[int]:
+    """The first ``size`` distinct sessions of batches, in order."""
+    window: list[int] = []
+    for batch in epoch:
+        for session, _ in batch:
+            if session not in window:
+                window.append(session)
+    return set(window[:size])
+
+
+def test_a_resumed_pass_fetches_from_the_restored_position(
+    s3: Remote, local_epochs: list[list[Any]], tmp_path: Path
+) -> None:
+    """The first downloads after load_state_dict are the sessions the restored pass reads next."""
+    stop = 20
+    with _loader(s3.paths, 1, None, None) as local:
+        iterator = iter(local)
+        done = [rows(next(iterator)) for _ in range(stop)]
+        state = local.state_dict()
+        del iterator
+    expected = _window(local_epochs[0][stop:], 2)  # prefetch=1: the session read and the next
+    assert expected != _window(local_epochs[0], 2)  # not what a pass from its start fetches
+    s3.server.requests.clear()
+    cache = SessionCache(tmp_path / "fresh", prefetch=1, room_timeout=30)
+    with _loader(s3.urls, 1, s3.options, cache) as loader:
+        loader.load_state_dict(state)
+        rest = [rows(batch) for batch in loader]
+    assert done + rest == local_epochs[0]
+    paths = [f"/{files.BUCKET}{urlparse(url).path}" for url in s3.urls]
+    gets = [
+        r.path for r in s3.server.log() if r.method == "GET" and r.range is None and r.path in paths
+    ]
+    first = {paths.index(path) for path in gets[:2]}
+    assert first == expected, (first, expected)
