@@ -356,6 +356,18 @@ class Network:
         """Requests by kind (``list``, ``get``, ``range``, ``head``, ...)."""
         return dict(Counter(r.kind for r in self.log()))
 
+    @property
+    def pid(self) -> int | None:
+        """The child's process id."""
+        return self._process.pid
+
+    def cpu_seconds(self) -> float:
+        """CPU time the server and the proxy (the child process) used so far."""
+        import psutil
+
+        times = psutil.Process(self._process.pid).cpu_times()
+        return float(times.user + times.system)
+
     def proxy_stats(self) -> dict[str, int]:
         """Connections, requests and bytes sent back by the proxy since it started."""
         return dict(self._ask("proxy"))

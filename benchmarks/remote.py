@@ -45,6 +45,7 @@ local; loaderkit (first epoch) >= 50 x the naive samples/s; quarter cache: bytes
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pickle
@@ -129,6 +130,20 @@ def _epochs(loader: Any, n: int) -> tuple[list[float], list[list[tuple[int, int]
         times.append(time.perf_counter() - started)
         orders.append(order)
     return times, orders
+
+
+def _cpu_now(server: _s3.Network) -> float:
+    """CPU seconds of this process and its live children but the server (the loader's workers)."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        if child.pid == server.pid:
+            continue
+        with contextlib.suppress(psutil.Error):  # a child that just ended
+            total += sum(child.cpu_times()[:2])
+    return float(total)
 
 
 def _dir_bytes(root: Path) -> int:
@@ -308,6 +323,7 @@ def run(
         # ---- epochs: local vs remote, interleaved rounds
         local_first, local_second, remote_first, remote_second = [], [], [], []
         construct, counts_first, counts_second, waiting = [], [], [], []
+        cpu_first: list[tuple[float, float]] = []  # (this process + its workers, server)
         same_order = True
         reference: list[list[tuple[int, int]]] | None = None
         checked = 0
@@ -332,7 +348,9 @@ def run(
                     construct.append(time.perf_counter() - started)
                     loader = _loader(ds)
                     server.clear()
+                    cpu = (_cpu_now(server), server.cpu_seconds())
                     times, orders = _epochs(loader, 1)
+                    cpu_first.append((_cpu_now(server) - cpu[0], server.cpu_seconds() - cpu[1]))
                     counts_first.append(_counts(server, PREFIX))
                     stats = ds.cache_stats()
                     waiting.append(stats.seconds_waiting if stats is not None else None)
@@ -389,6 +407,9 @@ def run(
             "first_vs_bound": med(remote_first) / first_bound,
             "second_vs_local": med(local_second) / med(remote_second),
             "requests_first": counts_first[0],
+            "remote_first_cpu_s": [a for a, _ in cpu_first],
+            "server_first_cpu_s": [b for _, b in cpu_first],
+            "cpus": os.cpu_count(),
             "requests_second": counts_second[0],  # the WARM passes together
         }
 
@@ -608,8 +629,11 @@ def format_table(r: dict[str, Any]) -> str:
         f"| remote: {FIRST} | {med(e['remote_first_s']):.2f} s | "
         f"{e['samples'] / med(e['remote_first_s']):,.0f} | {_req(e['requests_first'])} | "
         f"{_mb(e['requests_first']['bytes'])} |",
-        f"| remote: first epoch, time the main process waited for downloads | "
+        f"| remote: first epoch, time readers waited for downloads (all processes) | "
         f"{med(e['remote_first_seconds_waiting']):.2f} s | | | |",
+        f"| remote: first epoch, CPU seconds: this process and its workers; the S3 server "
+        f"and proxy (on the same {e['cpus']} cores) | {med(e['remote_first_cpu_s']):.2f} s; "
+        f"{med(e['server_first_cpu_s']):.2f} s | | | |",
         f"| remote: {SECOND} | {med(e['remote_second_s']):.2f} s | "
         f"{e['samples'] / med(e['remote_second_s']):,.0f} | {_req(e['requests_second'])} | "
         f"{_mb(e['requests_second']['bytes'])} |",
