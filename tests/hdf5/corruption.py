@@ -192,11 +192,28 @@ def read_loaderkit(path: Path, want: np.ndarray) -> tuple[str, str]:
     return ("exact" if same(got, want) else "wrong"), ""
 
 
+def read_rechunk(path: Path) -> tuple[str, str]:
+    """``(outcome, error text)`` of ``loaderkit rechunk``'s function on ``path``: ``done``, a
+    ``named`` error (a loaderkit error naming the file, with the repair advice) or ``raw``."""
+    from loaderkit.errors import LoaderkitError
+    from loaderkit.hdf5.rechunk import rechunk
+
+    out = path.parent / "rechunked" / path.stem
+    try:
+        rechunk([path], KEY, out)
+    except Exception as exc:
+        text = str(exc)
+        ok = isinstance(exc, LoaderkitError) and str(path) in text and "h5check" in text
+        return ("named" if ok else "raw"), f"{type(exc).__name__}: {text}"
+    return "done", ""
+
+
 def classify(item: Damaged) -> dict[str, str]:
     """What h5py and loaderkit make of one damaged file (a JSON-ready dict)."""
     want = truth(item.base)
     h5, h5_error = read_h5py(item.path, want)
     lk, lk_error = read_loaderkit(item.path, want)
+    rc, rc_error = read_rechunk(item.path)
     return {
         "file": item.path.name,
         "base": item.base,
@@ -206,6 +223,8 @@ def classify(item: Damaged) -> dict[str, str]:
         "loaderkit": lk,
         "loaderkit_error": lk_error,
         "names_file": str(item.path) in lk_error,
+        "rechunk": rc,
+        "rechunk_error": rc_error,
     }
 
 

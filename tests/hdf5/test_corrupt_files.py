@@ -107,6 +107,21 @@ def test_no_raw_error_no_crash_no_hang(corpus_outcomes: tuple[Path, list[dict[st
     assert not bad, table(rows) + "\n" + "\n".join(bad)
 
 
+def test_rechunk_names_every_damaged_source(
+    corpus_outcomes: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    """``loaderkit rechunk`` over the same corpus: a copy, or an error naming the file."""
+    _, rows = corpus_outcomes
+    bad = [
+        f"{row['file']}: {row['rechunk']}: {row['rechunk_error'][:300]}"
+        for row in rows
+        if row.get("rechunk") not in ("done", "named")
+    ]
+    counts = collections.Counter(row.get("rechunk") for row in rows)
+    assert not bad, f"rechunk: {dict(counts)}\n" + "\n".join(bad)
+    assert counts["named"] > 0 and counts["done"] > 0
+
+
 def test_wrong_only_where_h5py_is_wrong_too(
     corpus_outcomes: tuple[Path, list[dict[str, Any]]],
 ) -> None:

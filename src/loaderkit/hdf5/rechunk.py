@@ -26,6 +26,7 @@ existing file unless ``overwrite=True``. The command line is ``loaderkit rechunk
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -38,8 +39,9 @@ import h5py
 import numpy as np
 from h5py import h5d, h5s, h5z
 
-from loaderkit.errors import ConfigError, HDF5FileError
+from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError
 from loaderkit.hdf5.blocks import column_blocks
+from loaderkit.hdf5.diagnose import hdf5_message, repair_advice
 from loaderkit.hdf5.layout import _dataset_names, add_note
 from loaderkit.hdf5.rawio import chunk_map
 from loaderkit.hdf5.wide import BLOCK_CHUNKS, read_rows_raw
@@ -141,7 +143,42 @@ def _plan_targets(
     return pairs
 
 
+@contextlib.contextmanager
+def _reading(source: Path, what: str) -> Iterator[None]:
+    """h5py's errors while reading ``what`` of ``source``: an ``HDF5FileError`` naming it.
+
+    The message carries the repair advice; loaderkit's own errors and ``MemoryError`` pass.
+    """
+    try:
+        yield
+    except (LoaderkitError, MemoryError):
+        raise
+    except Exception as exc:
+        raise HDF5FileError(
+            f"rechunk: cannot read {what} of {source}: the file is damaged (HDF5: "
+            f"{hdf5_message(exc)}). {repair_advice(str(source))}."
+        ) from exc
+
+
+def _open_source(source: Path) -> h5py.File:
+    """``source`` opened for reading, or an ``HDF5FileError`` naming it and what to do."""
+    try:
+        return h5py.File(source, "r")
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError | PermissionError):
+            raise
+        raise HDF5FileError(
+            f"rechunk: cannot open {source} as HDF5 ({hdf5_message(exc)}). "
+            f"{repair_advice(str(source))}."
+        ) from exc
+
+
 def _dataset(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
+    with _reading(path, f"dataset {key!r}"):
+        return _lookup(f, key, path)
+
+
+def _lookup(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
     link = f.get(key, getlink=True)
     if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
         raise ConfigError(
@@ -151,7 +188,7 @@ def _dataset(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
     obj = f.get(key)
     if not isinstance(obj, h5py.Dataset):
         what = "a group" if isinstance(obj, h5py.Group) else "missing"
-        raise KeyError(
+        raise MissingKeyError(
             f"rechunk: {path} has no dataset {key!r} ({what}); datasets present: "
             f"{_dataset_names(f)}. Pass the right --key."
         )
@@ -291,17 +328,26 @@ def _write(
     chunks: tuple[int, ...] | None,
     block_bytes: int,
     report: Callable[[str, int], None],
+    source: Path,
 ) -> None:
     """Write the copy to ``tmp`` (the key's values streamed in blocks)."""
     path = src.name.lstrip("/")
     userblock = src_file.userblock_size  # e.g. MATLAB v7.3 files: kept, byte for byte
     with h5py.File(tmp, "w", libver=src_file.libver, userblock_size=userblock) as out:
         holder: list[h5py.Dataset] = []
-        _copy_tree(src_file, out, path, lambda g, n: holder.append(_create_key(src, g, n, chunks)))
+        with _reading(source, "the objects and attributes"):
+            _copy_tree(
+                src_file, out, path, lambda g, n: holder.append(_create_key(src, g, n, chunks))
+            )
         (target,) = holder
         if src.size == 0:
             return
-        read = _box_reader(src_file, src)
+        reader = _box_reader(src_file, src)
+
+        def read(box: tuple[slice, ...]) -> np.ndarray:
+            with _reading(source, f"the rows {box} of {key!r}"):
+                return reader(box)
+
         column_chunked = src.chunks is not None and tuple(src.chunks[1:]) != tuple(src.shape[1:])
         if chunks is None or not column_chunked or src.ndim == 1:
             done = 0
@@ -429,13 +475,10 @@ def _rechunk_one(
     tmp = target.parent / f".{target.name}.rechunk-{os.getpid()}.tmp"
     scratch = target.parent / f".{target.name}.rechunk-{os.getpid()}.scratch"
     try:
-        try:
-            src_file = h5py.File(source, "r")
-        except OSError as exc:
-            raise HDF5FileError(f"cannot open {source} as HDF5 ({exc})") from exc
-        with src_file:
+        with _open_source(source) as src_file:
             src = _dataset(src_file, key, source)
-            chunks = _choose_layout(src, layout, chunk_bytes)
+            with _reading(source, f"dataset {key!r}"):
+                chunks = _choose_layout(src, layout, chunk_bytes)
             nbytes = int(src.size) * src.dtype.itemsize
             total = max(1, nbytes)
 
@@ -443,10 +486,10 @@ def _rechunk_one(
                 if progress is not None:
                     progress(f"{source.name}: {phase}", min(done, total), total)
 
-            _write(src_file, src, tmp, scratch, key, chunks, block_bytes, report)
+            _write(src_file, src, tmp, scratch, key, chunks, block_bytes, report, source)
             _remove(scratch)
             _copy_userblock(source, tmp, src_file.userblock_size)
-            with h5py.File(tmp, "r") as out:
+            with h5py.File(tmp, "r") as out, _reading(source, "the objects, verifying the copy"):
                 _verify(src_file, out, key, block_bytes, report)
             shape = tuple(int(n) for n in src.shape)
         with open(tmp, "rb") as handle:
@@ -535,11 +578,10 @@ def rechunk(
     sources = [Path(f).expanduser().absolute() for f in files]
     pairs = _plan_targets(sources, out, overwrite=overwrite)
     for source, _ in pairs:  # every source readable, with the key, before writing anything
-        try:
-            with h5py.File(source, "r") as f:
-                _choose_layout(_dataset(f, key, source), layout, chunk_bytes)
-        except OSError as exc:
-            raise HDF5FileError(f"rechunk: cannot open {source} as HDF5 ({exc}).") from exc
+        with _open_source(source) as f:
+            dset = _dataset(f, key, source)
+            with _reading(source, f"dataset {key!r}"):
+                _choose_layout(dset, layout, chunk_bytes)
     out.mkdir(parents=True, exist_ok=True)
     return [
         _rechunk_one(source, target, key, layout, chunk_bytes, block_bytes, progress)
