@@ -26,7 +26,7 @@ from typing import Any
 from loaderkit._torch import ARGUMENTS_SINCE, PIECES, TESTED_FROM, TESTED_TO, parse_version
 from loaderkit.errors import ArgumentTypeError
 from loaderkit.platform import PlatformInfo
-from loaderkit.policy import Decision
+from loaderkit.plan import Decision
 
 __all__ = ["fit_torch_arguments", "torch_decision", "torch_fallback_warning"]
 

@@ -1,9 +1,9 @@
 """The types the policies exchange: the caller's request, facts, decisions, the resolution.
 
 ``LoaderRequest`` is what the caller passed, ``DatasetFacts`` what the policies need to know
-about the dataset, ``Decision`` one policy's answer, ``Draft`` the resolution while ``resolve``
-fills it in and ``Resolution`` the frozen result; ``TorchArguments`` are the keyword arguments
-for torch's ``DataLoader`` built from it.
+about the dataset, ``Decision`` one policy's answer (defined in ``loaderkit.plan``, re-exported
+here), ``Draft`` the resolution while ``resolve`` fills it in and ``Resolution`` the frozen
+result; ``TorchArguments`` are the keyword arguments for torch's ``DataLoader`` built from it.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
 from loaderkit.distributed import DistInfo
-from loaderkit.plan import UNSET, PlanEntry
+from loaderkit.plan import UNSET, Decision, PlanEntry
 
 __all__ = [
     "DatasetFacts",
@@ -29,23 +29,7 @@ __all__ = [
     "torch_arguments",
 ]
 
-T = TypeVar("T")
-
-
 ShuffleValue = bool | None | Literal["block"]
-
-
-@dataclass(frozen=True)
-class Decision(Generic[T]):
-    """A policy's answer: the value to use and a one-line reason.
-
-    Examples:
-        >>> Decision(0, "Windows: workers disabled").value
-        0
-    """
-
-    value: T
-    reason: str
 
 
 @dataclass(frozen=True)
