@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from loaderkit import LoaderkitWarning, PerformanceHint, create_dataloader, resources
-from loaderkit.resources import LeakCheck, ResourceLeakError, compare, snapshot
+from loaderkit import LoaderkitWarning, PerformanceHint, create_dataloader
+from loaderkit.memory import resources
+from loaderkit.memory.resources import LeakCheck, ResourceLeakError, compare, snapshot
 from tests.helpers import SquareDataset
 
 
@@ -201,7 +202,7 @@ def test_leak_message_names_the_startup_it_did_not_count(
 
 def test_docstring_examples_pass_in_a_fresh_interpreter() -> None:
     # The first loader of a process must not look like a leak (the LeakCheck example).
-    code = "import doctest, loaderkit.resources as r; print(doctest.testmod(r).failed)"
+    code = "import doctest, loaderkit.memory.resources as r; print(doctest.testmod(r).failed)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )

@@ -11,7 +11,7 @@ through ``loaderkit.planning.plan_loader``, and adds:
   sampler, the batch sampler (and its sampler) and the dataset when they have one; code that
   calls ``sampler.set_epoch(e)`` itself, as torch requires, is followed, not overridden;
 * ``DataLoader.state_dict`` / ``DataLoader.load_state_dict``: resume mid-epoch after the last
-  batch the caller received, exactly, with any number of workers (``loaderkit.resume``);
+  batch the caller received, exactly, with any number of workers (``loaderkit.order.resume``);
 * ``DataLoader.plan`` / ``DataLoader.describe``: what was asked, what is used, and why.
 """
 
@@ -28,14 +28,9 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from loaderkit import _torch
 from loaderkit.errors import ConfigError, check_int, warn
-from loaderkit.handoff import HandoffCounts, HandoffStats
-from loaderkit.hooks import call_hook
-from loaderkit.passes import LoaderPass
-from loaderkit.plan import Plan
-from loaderkit.planning import plan_loader
-from loaderkit.platform import PlatformInfo
-from loaderkit.policy import LoaderRequest
-from loaderkit.resume import (
+from loaderkit.machine.platform import PlatformInfo
+from loaderkit.order.hooks import call_hook
+from loaderkit.order.resume import (
     STATE_FORMAT,
     STATE_VERSION,
     OrderSources,
@@ -47,9 +42,14 @@ from loaderkit.resume import (
     next_pass_start,
     order_sources,
 )
-from loaderkit.sample_seeding import sample_seeding_view
-from loaderkit.seeding import SampleSeeder, WorkerInit, epoch_seed
-from loaderkit.teardown import shutdown_iterator
+from loaderkit.order.sample_seeding import sample_seeding_view
+from loaderkit.order.seeding import SampleSeeder, WorkerInit, epoch_seed
+from loaderkit.passes import LoaderPass
+from loaderkit.plan import Plan
+from loaderkit.planning import plan_loader
+from loaderkit.policy import LoaderRequest
+from loaderkit.workers.handoff import HandoffCounts, HandoffStats
+from loaderkit.workers.teardown import shutdown_iterator
 
 __all__ = ["DataLoader", "loaders_built_since"]
 

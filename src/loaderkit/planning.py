@@ -25,19 +25,16 @@ import torch
 from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset
 
 from loaderkit import _torch
-from loaderkit.budgets import (
-    check_open_file_budget,
-    check_session_memory,
-    check_shared_memory,
-    fit_open_files,
-)
-from loaderkit.collate import collate
-from loaderkit.containers import survey_containers
-from loaderkit.distributed import dist_info, local_world_size
 from loaderkit.errors import ConfigError, PerformanceHint, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
+from loaderkit.machine.distributed import dist_info, local_world_size
+from loaderkit.machine.platform import PlatformInfo, detect_platform
+from loaderkit.machine.versions import fit_torch_arguments, torch_decision, torch_fallback_warning
+from loaderkit.memory.containers import survey_containers
+from loaderkit.memory.preflight import check_pickle
+from loaderkit.order.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
+from loaderkit.order.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
 from loaderkit.plan import UNSET, Plan, PlanEntry, short_repr
-from loaderkit.platform import PlatformInfo, detect_platform
 from loaderkit.policy import (
     DatasetFacts,
     LoaderRequest,
@@ -47,11 +44,14 @@ from loaderkit.policy import (
     torch_arguments,
     unpicklable_is_error,
 )
+from loaderkit.policy.budgets import (
+    check_open_file_budget,
+    check_session_memory,
+    check_shared_memory,
+    fit_open_files,
+)
 from loaderkit.policy.memory import advise_copy_on_read, resolve_gc_freeze
-from loaderkit.preflight import check_pickle
-from loaderkit.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
-from loaderkit.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
-from loaderkit.versions import fit_torch_arguments, torch_decision, torch_fallback_warning
+from loaderkit.workers.collate import collate
 
 __all__ = ["LARGE_PICKLE_BYTES", "LoaderSetup", "dataset_facts", "plan_loader"]
 

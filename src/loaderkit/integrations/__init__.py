@@ -2,6 +2,9 @@
 
 ``loaderkit.integrations.lightning`` needs ``pip install "loaderkit[lightning]"``; loaderkit's
 core never imports a framework. The framework-neutral helper ``close_loaders`` lives here.
+
+Imports go down only, to the loader (``loaderkit.loader``); nothing in loaderkit imports
+this folder.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal
 
-from loaderkit.distributed import DistInfo
+from loaderkit.machine.distributed import DistInfo
 from loaderkit.plan import UNSET, Decision, PlanEntry
 
 __all__ = [
@@ -92,7 +92,7 @@ class SamplerChoice:
     USER = "user"  # the caller's sampler / batch_sampler, untouched
     DEFAULT = "default"  # torch's own Sequential/RandomSampler (from `shuffle`)
     DISTRIBUTED = "distributed"  # torch DistributedSampler (training without a seed)
-    ELASTIC = "elastic"  # loaderkit.samplers.ElasticSampler (training with a seed)
+    ELASTIC = "elastic"  # loaderkit.order.samplers.ElasticSampler (training with a seed)
     EXACT_SHARD = "exact_shard"  # every sample exactly once across ranks (evaluation)
     SHARD_BATCHES = "shard_batches"  # a user batch_sampler split between ranks
     BLOCK = "block"  # loaderkit.BlockShuffleSampler (shuffle="block")
@@ -106,7 +106,7 @@ class TorchArguments:
     built for it (samplers, generator, worker initializer).
 
     Examples:
-        >>> from loaderkit.platform import detect_platform
+        >>> from loaderkit.machine.platform import detect_platform
         >>> from loaderkit.policy import resolve
         >>> res = resolve(LoaderRequest(batch_size=4), DatasetFacts(), detect_platform())
         >>> torch_arguments(res).kwargs()["batch_size"]
@@ -152,10 +152,11 @@ class Resolution:
         start_method: The start method workers will use.
         defers_sharding: True when ``distributed="auto"`` leaves sharding to Accelerate's
             ``accelerator.prepare`` (the loader warns if it is iterated unprepared).
-        handoff_slots: Batch slots per worker of loaderkit's hand-off (``loaderkit.worker``);
+        handoff_slots: Batch slots per worker of loaderkit's hand-off
+        (``loaderkit.workers.worker``);
             0 when batches take torch's path.
         main_threads: torch's intra-op threads in this process during a pass
-            (``loaderkit.threads``); ``None`` leaves them alone.
+            (``loaderkit.machine.threads``); ``None`` leaves them alone.
     """
 
     values: Mapping[str, Any]

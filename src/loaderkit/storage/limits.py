@@ -154,7 +154,7 @@ def check_limits(
         disk: The disk's sizes now.
         sizes: Every object's size in bytes (stored size; the ``rows`` layout is about the same).
         readers: Processes on the node that read at the same time, each with its prefetch
-            window (the ranks on the node: ``loaderkit.distributed.local_world_size``).
+            window (the ranks on the node: ``loaderkit.machine.distributed.local_world_size``).
 
     Raises:
         ConfigError: A limit smaller than the largest session or than the window; the message

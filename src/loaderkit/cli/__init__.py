@@ -11,8 +11,14 @@ The only module (with ``__main__``) that prints. Each command returns an exit co
   fails;
 * ``rechunk``: copies of session files with one dataset stored row by row, verified
   (``loaderkit.hdf5.rechunk``); exit 1 when a file cannot be rewritten;
-* ``fetch`` and ``cache ls|du|clear``: a node's session cache (``loaderkit.cli_cache``, which
+* ``fetch`` and ``cache ls|du|clear``: a node's session cache (``loaderkit.cli.cache``, which
   prints too).
+
+The folder is the command line, the top layer: this module (the parser and ``main``),
+``cache`` (``fetch`` and ``cache``), ``bench`` (configurations measured side by side),
+``demo`` (the demo job; ``make_sessions`` for the examples), ``doctor`` (checks with advice),
+``__main__`` (``python -m loaderkit.cli``). Imports go down into every other layer; nothing
+outside this folder imports it but ``loaderkit.__main__``.
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from loaderkit import __version__
-from loaderkit.cli_cache import add_commands as add_cache_commands
-from loaderkit.doctor import (
+from loaderkit.cli.cache import add_commands as add_cache_commands
+from loaderkit.cli.doctor import (
     FAIL,
     PASS,
     WARN,
@@ -33,7 +39,7 @@ from loaderkit.doctor import (
     session_cache_report,
     software_versions,
 )
-from loaderkit.platform import detect_platform
+from loaderkit.machine.platform import detect_platform
 from loaderkit.policy import recommended_num_workers, resolve_num_workers
 
 __all__ = ["main"]
@@ -111,7 +117,7 @@ def _progress(enabled: bool) -> Any:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from loaderkit.demo import run_demo
+    from loaderkit.cli.demo import run_demo
 
     report = run_demo(
         args.root,
@@ -214,7 +220,7 @@ def _cmd_rechunk(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from loaderkit.bench import run_bench
+    from loaderkit.cli.bench import run_bench
     from loaderkit.errors import ConfigError
 
     try:
@@ -421,7 +427,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     return int(args.run(args))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

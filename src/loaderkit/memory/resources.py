@@ -38,7 +38,7 @@ import psutil
 import torch
 
 from loaderkit.errors import ResourceLeakError, warn
-from loaderkit.platform import PlatformInfo, detect_platform
+from loaderkit.machine.platform import PlatformInfo, detect_platform
 
 __all__ = [
     "ChildProcess",

@@ -24,8 +24,8 @@ import torch
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import HDF5SessionDataset
 from loaderkit.loader import DataLoader
-from loaderkit.resources import compare, snapshot, worker_processes
-from loaderkit.seeding import check_determinism, seed_everything
+from loaderkit.memory.resources import compare, snapshot, worker_processes
+from loaderkit.order.seeding import check_determinism, seed_everything
 
 __all__ = ["DemoReport", "DemoSessions", "make_sessions", "run_demo"]
 

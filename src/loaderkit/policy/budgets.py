@@ -521,7 +521,7 @@ def check_shared_memory(
     Workers hand batches to the main process through shared memory; up to
     ``prefetch_factor x num_workers`` batches are in flight at once. A too-small ``/dev/shm``
     (Docker's default is 64 MB) kills workers with a bus error. With loaderkit's slot pool
-    (``pool_slots`` per worker, ``loaderkit.worker``) the batches live in anonymous shared
+    (``pool_slots`` per worker, ``loaderkit.workers.worker``) the batches live in anonymous shared
     memory that ``/dev/shm``'s size does not limit; ``/dev/shm`` then only holds batches that
     found no free slot (at most as many as without the pool), and the pool itself,
     ``num_workers x pool_slots`` batches, is memory the loader keeps: it warns above a quarter
