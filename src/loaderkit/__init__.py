@@ -15,7 +15,7 @@ start), ``device`` (to the GPU), ``storage`` (where files live), ``hdf5`` (readi
 ``loaderkit.transfer``) still import, as the same module objects (``loaderkit._moved``).
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from loaderkit._moved import install as _install_moved
 from loaderkit._moved import moved_attribute as _moved_attribute
@@ -38,7 +38,7 @@ from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.loader import DataLoader
 from loaderkit.machine.platform import PlatformInfo, detect_platform
-from loaderkit.memory.resources import LeakCheck
+from loaderkit.memory.leakcheck import LeakCheck
 from loaderkit.memory.sequence import SharedSequence
 from loaderkit.order.seeding import (
     DeterminismReport,
@@ -55,7 +55,7 @@ from loaderkit.workers.collate import Padded, pad_collate
 
 _install_moved()  # first thing after the imports: the old module paths resolve from here on
 
-if not TYPE_CHECKING:  # a type checker would otherwise accept any name imported from here
+if not _TYPE_CHECKING:  # a type checker would otherwise accept any name imported from here
 
     def __getattr__(name: str) -> object:
         """``loaderkit.transfer`` and the other old module paths, as attributes."""

@@ -29,7 +29,7 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 from loaderkit import _torch
 from loaderkit.errors import ConfigError, check_int, warn
 from loaderkit.machine.platform import PlatformInfo
-from loaderkit.order.hooks import call_hook
+from loaderkit.order.hooks import call_hook, epoch_targets
 from loaderkit.order.resume import (
     STATE_FORMAT,
     STATE_VERSION,
@@ -248,7 +248,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self._epoch: int | None = None
         self._epoch_requested = False  # loader.set_epoch() called since the last pass
         self._epochs_set: dict[int, Any] = {}  # id(target) -> the epoch it was last left at
-        for target in self._epoch_targets():  # as built: any later change is the caller's
+        # as built: any later change is the caller's
+        for target in epoch_targets(self.sampler, self.batch_sampler, self.dataset):
             self._epochs_set[id(target)] = getattr(target, "epoch", None)
         self._live_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
         self._pass: PassRecord | None = None  # the current or most recent pass
@@ -284,20 +285,6 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self._next_epoch = check_int("epoch", epoch, minimum=0)
         self._epoch_requested = True
 
-    def _epoch_targets(self) -> list[Any]:
-        targets: list[Any] = []
-        seen: set[int] = set()
-        for obj in (
-            self.sampler,
-            self.batch_sampler,
-            getattr(self.batch_sampler, "sampler", None),
-            self.dataset,
-        ):
-            if obj is not None and id(obj) not in seen:
-                seen.add(id(obj))
-                targets.append(obj)
-        return targets
-
     def _external_epoch(self, targets: list[Any]) -> int | None:
         """An epoch the caller set directly on a sampler (classic ``sampler.set_epoch(e)``)."""
         for target in targets:
@@ -308,7 +295,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         return None
 
     def _begin_pass(self) -> int:
-        targets = self._epoch_targets()
+        targets = epoch_targets(self.sampler, self.batch_sampler, self.dataset)
         epoch = self._next_epoch
         resume, self._resume = self._resume, None
         if resume is not None:

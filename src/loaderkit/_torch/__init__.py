@@ -21,6 +21,7 @@ piece, each saying which torch releases it was checked on:
 ``devices``        the current accelerator (``torch.accelerator`` from 2.6, CUDA before)
 ``datapipes``      how torch sends DataPipes to workers
 ``probes``         one probe per piece, run once per process (``support()``)
+``version``        torch's version, parsed, and the releases loaderkit is tested on
 =================  =========================================================================
 
 A gate, not a crash: nothing here touches a private name at import time in a way that can fail,
