@@ -308,21 +308,14 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for documentation and tests)."""
-    parser = argparse.ArgumentParser(
-        prog="loaderkit",
-        description="PyTorch data loading that is correct by default.",
-    )
-    parser.add_argument("--version", action="version", version=f"loaderkit {__version__}")
-    commands = parser.add_subparsers(
-        dest="command", metavar="{info,doctor,bench,demo,rechunk,fetch,cache}"
-    )
-    commands.required = True
-
+def _add_info(commands: Any) -> None:
+    """``loaderkit info``."""
     info = commands.add_parser("info", help="platform, versions and recommended workers")
     info.set_defaults(run=_cmd_info)
 
+
+def _add_doctor(commands: Any) -> None:
+    """``loaderkit doctor``."""
     doctor = commands.add_parser("doctor", help="check this machine, with advice")
     doctor.add_argument(
         "--max-open-files",
@@ -332,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(run=_cmd_doctor)
 
+
+def _add_bench(commands: Any) -> None:
+    """``loaderkit bench``: the dataset, the configurations, how long."""
     bench = commands.add_parser("bench", help="measure loader configurations on a dataset")
     bench.add_argument(
         "--dataset",
@@ -364,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.set_defaults(run=_cmd_bench)
 
+
+def _add_demo(commands: Any) -> None:
+    """``loaderkit demo``."""
     demo = commands.add_parser("demo", help="a self-contained run on generated session files")
     demo.add_argument(
         "--root", metavar="DIR", help="where generated files go (default: a temporary directory)"
@@ -375,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(run=_cmd_demo)
 
+
+def _add_rechunk(commands: Any) -> None:
+    """``loaderkit rechunk``: the files, the key, where the copies go, the layout."""
     from loaderkit.hdf5.rechunk import CHUNK_BYTES, LAYOUTS
 
     rechunk = commands.add_parser(
@@ -408,6 +410,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rechunk.add_argument("--no-progress", action="store_true", help="no progress bars")
     rechunk.set_defaults(run=_cmd_rechunk)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="loaderkit",
+        description="PyTorch data loading that is correct by default.",
+    )
+    parser.add_argument("--version", action="version", version=f"loaderkit {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", metavar="{info,doctor,bench,demo,rechunk,fetch,cache}"
+    )
+    commands.required = True
+
+    for add in (_add_info, _add_doctor, _add_bench, _add_demo, _add_rechunk):
+        add(commands)
     add_cache_commands(commands)
     return parser
 
