@@ -1,7 +1,7 @@
 """Old module paths of loaderkit (before the layout of issue 36) and the finder that keeps them.
 
-Until 0.1 the package root held every module (``loaderkit.transfer``, ``loaderkit.samplers``,
-...). They now live in a folder per stage (``loaderkit.device.transfer``,
+Before that layout the package root held every module (``loaderkit.transfer``,
+``loaderkit.samplers``, ...). They now live in a folder per stage (``loaderkit.device.transfer``,
 ``loaderkit.order.samplers``, ...; see ``docs/architecture.md``). ``MOVED`` maps each old path
 to its new one, and ``MovedFinder`` (installed by ``loaderkit/__init__.py`` on
 ``sys.meta_path``) makes ``import loaderkit.transfer`` return the module object of the new
