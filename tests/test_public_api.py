@@ -175,6 +175,14 @@ def test_old_paths_keep_names_and_identity() -> None:
     assert pad_collate is loaderkit.pad_collate
     sampler = loaderkit.order.samplers.ShardSampler(range(4), num_replicas=1, rank=0)
     assert isinstance(sampler, ShardSampler)
+    # a pickle made before the layout names the class by its old module path
+    import pickle
+
+    old_pickle = pickle.dumps(sampler, protocol=2).replace(
+        b"loaderkit.order.samplers", b"loaderkit.samplers"
+    )
+    assert b"loaderkit.samplers" in old_pickle
+    assert list(pickle.loads(old_pickle)) == list(sampler)
 
 
 def test_old_path_monkeypatch_reaches_the_new_module(monkeypatch) -> None:
