@@ -17,7 +17,7 @@ For each: the workers' unique memory (USS, mean per worker) after the first batc
 the epoch, the growth in between as a share of the list's objects (per worker), and samples/s
 over the epoch after the first batch (median over the rounds; its ratio to the list under
 torch and under loaderkit). Also: the cost of loaderkit's walk over the dataset that finds the
-list (``loaderkit.containers.survey_containers``, median of repeats) and the hint it raises.
+list (``loaderkit.memory.containers.survey_containers``, median of repeats) and the hint it raises.
 Targets (issue 30): with the remedy, growth <= 10 % of the list's size per worker and samples/s
 >= 0.8x the plain list; the walk < 50 ms.
 """
@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _cli import emit, parser
 
 from loaderkit import PerformanceHint, SharedSequence, create_dataloader
-from loaderkit.containers import survey_containers
-from loaderkit.resources import worker_processes, worker_uss
+from loaderkit.memory.containers import survey_containers
+from loaderkit.memory.resources import worker_processes, worker_uss
 
 _MIB = 2**20
 BATCH = 4096

@@ -58,7 +58,7 @@ except ImportError:  # imported as a module from elsewhere (tests)
     import _cli
 
 from loaderkit import DataLoader, HDF5SessionDataset, create_dataloader
-from loaderkit.collate import RowBatch, batch_buffer, collate
+from loaderkit.workers.collate import RowBatch, batch_buffer, collate
 
 SHAPE = (1, 96, 96)
 

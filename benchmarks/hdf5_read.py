@@ -19,12 +19,12 @@ Then the **types** rows (real files hold more than native float32): the same byt
 stored as native float32, big-endian float32 (``>f4``, as older instruments and Fortran/IDL
 tools write), a compound record (a PyTables/pandas-style table row: an image sub-array field
 and scalar fields) and the same compound big-endian; each read batched (``__getitems__`` +
-``loaderkit.collate``, block order) and per item (``ds[i]`` + ``default_collate``). Targets:
+``loaderkit.workers.collate``, block order) and per item (``ds[i]`` + ``default_collate``). Targets:
 every batched row >= 0.8x the native batched read of the same bytes, and >= 5x its own
 per-item read. ``--types-only`` runs just these rows.
 
 Every strategy delivers each batch as a training loop receives it: one tensor, collated as
-torch's fetcher does (``default_collate`` of the samples; ``loaderkit.collate`` for
+torch's fetcher does (``default_collate`` of the samples; ``loaderkit.workers.collate`` for
 loaderkit's batched reads, which return the tensor they read into).
 
 Fairness: a fresh reader (fresh dataset, fresh chunk cache) per strategy and repeat, every file
@@ -62,8 +62,8 @@ except ImportError:  # imported as a module from elsewhere (tests)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _workloads import WORKLOADS, Workload, make_workload
 
-from loaderkit.collate import collate
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
+from loaderkit.workers.collate import collate
 
 __all__ = ["STRATEGIES", "TARGETS", "evaluate_targets", "format_table", "main", "run_benchmark"]
 

@@ -42,9 +42,9 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from loaderkit.device.prefetch import DevicePrefetcher
+from loaderkit.device.transfer import to_device
 from loaderkit.errors import LoaderkitWarning
-from loaderkit.prefetch import DevicePrefetcher
-from loaderkit.transfer import to_device
 
 __all__ = ["main", "run_benchmark"]
 

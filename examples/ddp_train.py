@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from loaderkit import HDF5SessionDataset, create_dataloader, seed_everything
-from loaderkit.demo import make_sessions
+from loaderkit.cli.demo import make_sessions
 
 
 class BetaSessions(HDF5SessionDataset):

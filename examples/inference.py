@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from loaderkit import HDF5SessionDataset, LeakCheck, create_dataloader
-from loaderkit.demo import make_sessions
+from loaderkit.cli.demo import make_sessions
 
 
 def predict(

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from loaderkit import HDF5SessionDataset, create_dataloader
-from loaderkit.demo import make_sessions
+from loaderkit.cli.demo import make_sessions
 from loaderkit.integrations.lightning import LoaderkitCallback
 
 

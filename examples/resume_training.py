@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from loaderkit import DataLoader, HDF5SessionDataset, worker_rng
-from loaderkit.demo import make_sessions
+from loaderkit.cli.demo import make_sessions
 
 
 class Augmented(HDF5SessionDataset):

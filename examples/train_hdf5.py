@@ -28,7 +28,7 @@ from loaderkit import (
     create_dataloader,
     seed_everything,
 )
-from loaderkit.demo import make_sessions
+from loaderkit.cli.demo import make_sessions
 
 
 class BetaSessions(HDF5SessionDataset):

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from loaderkit.platform import PlatformInfo, detect_platform
+from loaderkit.machine.platform import PlatformInfo, detect_platform
 
 # ---------------------------------------------------------------- test tiers
 #

@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from loaderkit import _torch, worker_rng
-from loaderkit.resources import worker_processes
+from loaderkit.memory.resources import worker_processes
 
 # ---------------------------------------------------------------- test tiers
 

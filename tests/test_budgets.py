@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from loaderkit import ConfigError, DataLoader, HDF5SessionDataset, LoaderkitWarning
-from loaderkit.budgets import (
+from loaderkit.policy.budgets import (
     FDS_MAIN_MARGIN,
     FDS_PER_WORKER,
     check_open_file_budget,

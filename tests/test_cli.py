@@ -9,7 +9,7 @@ import pytest
 
 from loaderkit import __version__
 from loaderkit.cli import main
-from loaderkit.doctor import FAIL, PASS, WARN, run_checks
+from loaderkit.cli.doctor import FAIL, PASS, WARN, run_checks
 from tests.conftest import LINUX_314, WINDOWS, fake_platform
 
 VERSIONS = {"python": "3.11.7", "torch": "2.13.0", "h5py": "3.16.0", "HDF5": "2.0.0"}
@@ -26,7 +26,7 @@ def test_info_prints_every_platform_field_and_the_worker_table(capsys) -> None:
     out = capsys.readouterr().out
     from dataclasses import fields
 
-    from loaderkit.platform import PlatformInfo
+    from loaderkit.machine.platform import PlatformInfo
 
     for field in fields(PlatformInfo):
         assert field.name in out

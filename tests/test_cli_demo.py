@@ -6,9 +6,8 @@ import json
 
 import pytest
 
-from loaderkit import demo
-from loaderkit.cli import main
-from loaderkit.seeding import DeterminismReport
+from loaderkit.cli import demo, main
+from loaderkit.order.seeding import DeterminismReport
 
 
 def test_demo_runs_and_passes_its_checks(tmp_path, capsys) -> None:

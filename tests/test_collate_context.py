@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from loaderkit import create_dataloader
-from loaderkit.collate_context import CollateWithContext
+from loaderkit.workers.collate_context import CollateWithContext
 from tests.helpers import tiered
 
 

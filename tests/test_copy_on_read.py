@@ -20,8 +20,8 @@ from loaderkit import (
     create_dataloader,
     planning,
 )
-from loaderkit import containers as containers_module
-from loaderkit.containers import ContainerFinding, ContainerSurvey, survey_containers
+from loaderkit.memory import containers as containers_module
+from loaderkit.memory.containers import ContainerFinding, ContainerSurvey, survey_containers
 from loaderkit.policy.memory import COPY_ON_READ_BYTES, advise_copy_on_read, resolve_gc_freeze
 from tests.helpers import tiered
 from tests.memory_helpers import FreezeCount, ItemsDataset, trial_items
@@ -335,7 +335,7 @@ def test_torch_loaders_are_left_alone() -> None:
 
 
 def test_doctor_explains_copy_on_read_for_fork(make_platform) -> None:
-    from loaderkit.doctor import run_checks
+    from loaderkit.cli.doctor import run_checks
 
     checks = {c.name: c for c in run_checks(make_platform(start_method="fork"))}
     assert "copy-on-read" in checks["start method"].advice

@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch.utils.data import BatchSampler, DistributedSampler, SequentialSampler
 
 from loaderkit import LoaderkitWarning, create_dataloader
-from loaderkit.samplers import ShardedBatchSampler, ShardSampler
+from loaderkit.order.samplers import ShardedBatchSampler, ShardSampler
 from tests.dist_utils import run_distributed
 from tests.helpers import ReverseSampler, SquareDataset
 
@@ -154,7 +154,7 @@ def test_no_seed_still_gives_disjoint_shards(tmp_path) -> None:
 
 
 def _world_info(rank: int, world: int) -> tuple[int, int, bool]:
-    from loaderkit.distributed import dist_info
+    from loaderkit.machine.distributed import dist_info
 
     info = dist_info()
     return info.rank, info.world_size, info.is_distributed and dist.is_initialized()

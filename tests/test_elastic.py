@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import Dataset
 
 from loaderkit import ConfigError, DataLoader, HDF5SessionDataset
-from loaderkit.samplers import ElasticSampler, ShardedBatchSampler, global_batch_positions
+from loaderkit.order.samplers import ElasticSampler, ShardedBatchSampler, global_batch_positions
 from tests.dist_utils import run_distributed
 
 pytestmark = pytest.mark.distributed
@@ -337,7 +337,7 @@ def test_elastic_block_order_keeps_block_locality(tmp_path: Path) -> None:
 
 
 def test_policy_builds_the_elastic_sampler_for_seeded_training(make_platform: Any) -> None:
-    from loaderkit.distributed import DistInfo
+    from loaderkit.machine.distributed import DistInfo
     from loaderkit.policy import DatasetFacts, LoaderRequest, resolve
 
     dist = DistInfo(initialized=True, rank=1, world_size=2)
@@ -351,7 +351,7 @@ def test_policy_builds_the_elastic_sampler_for_seeded_training(make_platform: An
 
 
 def test_elastic_order_of_single_process_loaders() -> None:
-    from loaderkit.resume import elastic_order
+    from loaderkit.order.resume import elastic_order
 
     def order(**kwargs: Any) -> Any:
         found = elastic_order(DataLoader(Draws(), batch_size=4, **kwargs))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from loaderkit import HDF5SessionDataset, create_dataloader
-from loaderkit.resources import snapshot
+from loaderkit.memory.resources import snapshot
 from tests.helpers import (
     FailingSessions,
     child_pids,

@@ -21,10 +21,10 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from loaderkit import create_dataloader
-from loaderkit import handoff as handoff_module
-from loaderkit.handoff import HandoffCounts, Receiver
-from loaderkit.wire import FREE, HEADER, SlotBatch
-from loaderkit.worker import HandoffConfig, WorkerPool
+from loaderkit.workers import handoff as handoff_module
+from loaderkit.workers.handoff import HandoffCounts, Receiver
+from loaderkit.workers.wire import FREE, HEADER, SlotBatch
+from loaderkit.workers.worker import HandoffConfig, WorkerPool
 from tests.conftest import fake_platform
 from tests.helpers import START_METHODS, child_pids, needs_in_order, tiered, wait_children_gone
 

@@ -31,11 +31,11 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from loaderkit import ConfigError, DevicePrefetcher, _torch, create_dataloader
-from loaderkit import handoff as handoff_module
-from loaderkit.handoff import HandoffCounts, Receiver
 from loaderkit.passes import LoaderPass
-from loaderkit.wire import FREE, SlotBatch
-from loaderkit.worker import HandoffConfig, WorkerPool
+from loaderkit.workers import handoff as handoff_module
+from loaderkit.workers.handoff import HandoffCounts, Receiver
+from loaderkit.workers.wire import FREE, SlotBatch
+from loaderkit.workers.worker import HandoffConfig, WorkerPool
 from tests.conftest import fake_platform
 from tests.helpers import tiered
 from tests.test_handoff import FakePin, _pickle_in_worker

@@ -33,8 +33,8 @@ import torch.utils.data._utils.pin_memory as torch_pin_memory
 from torch.utils.data.dataloader import _BaseDataLoaderIter, _MultiProcessingDataLoaderIter
 
 from loaderkit import create_dataloader
-from loaderkit.queues import DirectQueue
-from loaderkit.resources import snapshot
+from loaderkit.memory.resources import snapshot
+from loaderkit.workers.queues import DirectQueue
 from tests.helpers import SquareDataset
 
 LOADERS = 20
@@ -175,7 +175,7 @@ def test_closed_iterator_owns_nothing(fake_pinning: list[int]) -> None:
     _, iterator = _loaderkit_persistent_pinned()
     assert not iterator._pin_memory_thread.is_alive()
     queues = [iterator._worker_result_queue, *iterator._index_queues]
-    # loaderkit's slot loaders use DirectQueue (loaderkit.queues), others torch's queues
+    # loaderkit's slot loaders use DirectQueue (loaderkit.workers.queues), others torch's queues
     assert all(isinstance(q, (multiprocessing.queues.Queue, DirectQueue)) for q in queues)
     for q in queues:
         assert q._reader.closed and q._writer.closed

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from loaderkit import PlatformInfo, detect_platform, recommended_num_workers
-from loaderkit.platform import default_start_method, resolve_start_method
+from loaderkit.machine.platform import default_start_method, resolve_start_method
 
 
 def test_detect_platform_reads_this_machine() -> None:

@@ -9,8 +9,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from loaderkit import ConfigError, LoaderkitWarning, create_dataloader
-from loaderkit.budgets import check_open_file_budget, check_shared_memory
-from loaderkit.distributed import DistInfo
+from loaderkit.machine.distributed import DistInfo
 from loaderkit.plan import UNSET
 from loaderkit.policy import (
     MAX_AUTO_WORKERS,
@@ -22,6 +21,7 @@ from loaderkit.policy import (
     resolve_pin_memory,
     resolve_shuffle,
 )
+from loaderkit.policy.budgets import check_open_file_budget, check_shared_memory
 from tests.conftest import LINUX_314, MACOS, WINDOWS
 from tests.helpers import CountingIterable, SquareDataset, Transform, TransformDataset
 

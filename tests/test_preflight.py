@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from loaderkit import ConfigError, LoaderkitWarning, create_dataloader, planning
-from loaderkit.preflight import find_unpicklable, pickled_size
+from loaderkit.memory.preflight import find_unpicklable, pickled_size
 from tests.helpers import (
     LargeArrayDataset,
     ReverseSampler,
@@ -208,7 +208,7 @@ class _DropsOnPickle:
 
 
 def test_attribute_walk_follows_live_attributes_or_pickle() -> None:
-    from loaderkit.preflight import AttributeWalk
+    from loaderkit.memory.preflight import AttributeWalk
 
     obj = _DropsOnPickle()
     live = [path for path, _ in AttributeWalk(obj, "dataset")]

@@ -104,3 +104,116 @@ def test_py_typed_shipped() -> None:
     from importlib.resources import files
 
     assert files("loaderkit").joinpath("py.typed").is_file()
+
+
+# ------------------------------------------------------------------ module paths (issue 36)
+
+#: Module paths the docs, README, examples and benchmarks use (the new layout).
+DOCUMENTED_MODULES = (
+    "loaderkit.cli",
+    "loaderkit.cli.demo",
+    "loaderkit.device.prefetch",
+    "loaderkit.device.transfer",
+    "loaderkit.errors",
+    "loaderkit.hdf5",
+    "loaderkit.hdf5.rechunk",
+    "loaderkit.hdf5.wide",
+    "loaderkit.integrations",
+    "loaderkit.integrations.lightning",
+    "loaderkit.machine.distributed",
+    "loaderkit.memory.containers",
+    "loaderkit.memory.preflight",
+    "loaderkit.memory.resources",
+    "loaderkit.order.resume",
+    "loaderkit.order.samplers",
+    "loaderkit.order.seeding",
+    "loaderkit.policy",
+    "loaderkit.policy.budgets",
+    "loaderkit.policy.memory",
+    "loaderkit.storage",
+    "loaderkit.workers.collate",
+    "loaderkit.workers.queues",
+)
+
+
+def test_documented_module_paths_import() -> None:
+    import importlib
+
+    import pytest
+
+    for name in DOCUMENTED_MODULES:
+        if name == "loaderkit.integrations.lightning":
+            pytest.importorskip("lightning")
+        assert importlib.import_module(name).__name__ == name
+
+
+def test_old_module_paths_are_the_new_modules() -> None:
+    """``import loaderkit.transfer`` (before the layout) gives ``loaderkit.device.transfer``."""
+    import importlib
+    import sys
+
+    from loaderkit._moved import MOVED
+
+    for old, new in MOVED.items():
+        module = importlib.import_module(old)
+        assert module is importlib.import_module(new), old
+        assert sys.modules[old] is sys.modules[new], old
+        assert module.__name__ == new and module.__spec__.name == new, old
+        assert getattr(loaderkit, old.rpartition(".")[2]) is module, old
+
+
+def test_old_paths_keep_names_and_identity() -> None:
+    from loaderkit.collate import pad_collate
+    from loaderkit.samplers import ShardSampler
+    from loaderkit.transfer import resolve_non_blocking
+
+    import loaderkit.order.samplers
+    from loaderkit.device.transfer import resolve_non_blocking as new_resolve
+
+    assert resolve_non_blocking is new_resolve
+    assert ShardSampler is loaderkit.order.samplers.ShardSampler
+    assert pad_collate is loaderkit.pad_collate
+    sampler = loaderkit.order.samplers.ShardSampler(range(4), num_replicas=1, rank=0)
+    assert isinstance(sampler, ShardSampler)
+    # a pickle made before the layout names the class by its old module path
+    import pickle
+
+    old_pickle = pickle.dumps(sampler, protocol=2).replace(
+        b"loaderkit.order.samplers", b"loaderkit.samplers"
+    )
+    assert b"loaderkit.samplers" in old_pickle
+    assert list(pickle.loads(old_pickle)) == list(sampler)
+
+
+def test_old_path_monkeypatch_reaches_the_new_module(monkeypatch) -> None:
+    import loaderkit.device.transfer
+
+    monkeypatch.setattr("loaderkit.transfer.resolve_non_blocking", lambda *a, **k: "patched")
+    assert loaderkit.device.transfer.resolve_non_blocking() == "patched"
+
+
+def test_unknown_attribute_is_an_attribute_error() -> None:
+    import pytest
+
+    with pytest.raises(AttributeError, match="no attribute 'no_such_module'"):
+        _ = loaderkit.no_such_module
+    assert not hasattr(loaderkit, "no_such_module")
+
+
+def test_python_dash_m_runs_an_old_path() -> None:
+    """``python -m`` through an old path runs the new module (runpy asks ``get_code``)."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import runpy, sys; sys.argv = ['x']; "
+        "g = runpy.run_module('loaderkit.cli_cache', run_name='__main__', alter_sys=True); "
+        "print(g['__name__'], 'add_commands' in g)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["__main__", "True"]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from loaderkit import create_dataloader
-from loaderkit.queues import DirectContext, DirectQueue, direct_writes_possible
+from loaderkit.workers.queues import DirectContext, DirectQueue, direct_writes_possible
 from tests.conftest import fake_platform
 from tests.helpers import START_METHODS, tiered
 

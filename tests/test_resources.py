@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from loaderkit import LoaderkitWarning, PerformanceHint, create_dataloader, resources
-from loaderkit.resources import LeakCheck, ResourceLeakError, compare, snapshot
+from loaderkit import LoaderkitWarning, PerformanceHint, create_dataloader
+from loaderkit.memory import leakcheck, resources
+from loaderkit.memory.leakcheck import LeakCheck
+from loaderkit.memory.resources import ResourceLeakError, compare, snapshot
 from tests.helpers import SquareDataset
 
 
@@ -130,8 +132,8 @@ class FakeCudaStartup:
 @pytest.fixture
 def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeCudaStartup]:
     startup = FakeCudaStartup()
-    monkeypatch.setattr(resources, "_start_cuda", startup.start)
-    monkeypatch.setattr(resources, "_cuda_initialized", lambda: startup.initialized)
+    monkeypatch.setattr(leakcheck, "_start_cuda", startup.start)
+    monkeypatch.setattr(leakcheck, "_cuda_initialized", lambda: startup.initialized)
     yield startup
     startup.close()
 
@@ -167,7 +169,7 @@ def test_without_warmup_a_first_start_inside_the_check_counts_as_growth(
     gpu = make_platform(cuda_available=True, cuda_device_count=1, cuda_bad_fork=False)
     with pytest.raises(ResourceLeakError, match="file descriptors"):
         with LeakCheck(raise_on_leak=True, settle_s=0.2, warmup=False, platform=gpu):
-            resources.start_runtimes(gpu)  # what the first pinned batch would do
+            leakcheck.start_runtimes(gpu)  # what the first pinned batch would do
     assert fake_cuda.calls == 1
 
 
@@ -201,7 +203,7 @@ def test_leak_message_names_the_startup_it_did_not_count(
 
 def test_docstring_examples_pass_in_a_fresh_interpreter() -> None:
     # The first loader of a process must not look like a leak (the LeakCheck example).
-    code = "import doctest, loaderkit.resources as r; print(doctest.testmod(r).failed)"
+    code = "import doctest, loaderkit.memory.leakcheck as r; print(doctest.testmod(r).failed)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )

@@ -20,7 +20,7 @@ from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, Se
 
 from loaderkit import ConfigError, DataLoader, HDF5SessionDataset
 from loaderkit.hdf5 import BlockShuffleSampler
-from loaderkit.samplers import ShardSampler
+from loaderkit.order.samplers import ShardSampler
 from tests.dist_utils import run_distributed
 from tests.hdf5.helpers import write_sessions
 from tests.helpers import (

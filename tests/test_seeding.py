@@ -18,7 +18,7 @@ from loaderkit import (
     seed_worker,
     worker_rng,
 )
-from loaderkit.seeding import SampleSeeder, epoch_seed, validate_seed
+from loaderkit.order.seeding import SampleSeeder, epoch_seed, validate_seed
 from tests.dist_utils import run_distributed
 from tests.helpers import ClosableDataset, FlagDataset, RandomDataset, set_worker_flag, tiered
 

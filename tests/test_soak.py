@@ -11,7 +11,7 @@ import gc
 import pytest
 
 from loaderkit import HDF5SessionDataset, LeakCheck, create_dataloader
-from loaderkit.resources import snapshot
+from loaderkit.memory.resources import snapshot
 from tests.helpers import write_h5_sessions
 
 pytestmark = pytest.mark.slow

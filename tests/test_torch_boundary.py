@@ -313,7 +313,7 @@ def test_a_torch_changed_in_several_places_imports_warns_once_and_loads(tmp_path
 def test_doctor_says_which_torch_and_what_falls_back(
     fields: dict[str, Any], status: str, words: str
 ) -> None:
-    from loaderkit.doctor import run_checks
+    from loaderkit.cli.doctor import run_checks
 
     check = next(c for c in run_checks(fake_platform(**fields)) if c.name == "torch")
     assert check.status == status and words in check.advice, check
@@ -343,7 +343,7 @@ def test_an_hdf5_dataset_on_a_torch_refusing_numpy_bools_collates_with_loaderkit
     import numpy as np
 
     from loaderkit import HDF5SessionDataset
-    from loaderkit.collate import collate
+    from loaderkit.workers.collate import collate
 
     path = tmp_path / "flags.h5"
     with h5py.File(path, "w") as f:

@@ -1,4 +1,4 @@
-"""Tests of loaderkit.transfer: to_device, resolve_non_blocking and DevicePrefetcher.
+"""Tests of loaderkit.device.transfer: to_device, resolve_non_blocking and DevicePrefetcher.
 
 CPU tests move batches to the ``meta`` device (a real device change available on any machine).
 Pinned memory and CUDA streams do not exist here, so the non_blocking wiring and the prefetcher's
@@ -26,9 +26,9 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 from torch.utils.data import DataLoader, TensorDataset
 
 from loaderkit import _torch
+from loaderkit.device.prefetch import DevicePrefetcher
+from loaderkit.device.transfer import resolve_non_blocking, to_device
 from loaderkit.errors import ConfigError, LoaderkitWarning
-from loaderkit.prefetch import DevicePrefetcher
-from loaderkit.transfer import resolve_non_blocking, to_device
 
 META = torch.device("meta")
 
@@ -1034,7 +1034,7 @@ def test_protocol_to_objects_that_say_they_are_pageable(fake_cuda: FakeBackend) 
 
 
 def test_pageable_detection_walks_what_to_device_walks() -> None:
-    from loaderkit.transfer import holds_pageable_memory as _holds_pageable_memory
+    from loaderkit.device.transfer import holds_pageable_memory as _holds_pageable_memory
 
     pinned = torch.ones(1).as_subclass(FakeHostTensor)
     pageable = torch.ones(1).as_subclass(FakePageableHostTensor)

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import Dataset
 
 from loaderkit import HDF5SessionDataset, create_dataloader
-from loaderkit.deaths import WorkerDeath, death_message, is_worker_death_error
+from loaderkit.workers.deaths import WorkerDeath, death_message, is_worker_death_error
 from tests.hdf5.helpers import write_sessions
 from tests.helpers import child_pids, wait_children_gone
 

@@ -3,9 +3,24 @@
 Replace ``DataLoader(...)`` with ``create_dataloader`` (or import ``DataLoader`` from
 here): every torch argument keeps its meaning, unset ones get safe and fast values, and each
 decision is recorded in ``loader.plan``.
+
+The package root is the front door (this module, ``factory``, ``loader``, ``planning``,
+``passes``) and the two leaves every layer may use (``errors``, ``plan``); the rest lives in a
+folder per stage of the data's way, lowest first: ``machine`` (what this machine and torch
+are), ``workers`` (what runs in worker processes and the hand-off), ``memory`` (what processes
+hold), ``order`` (which samples, in what order), ``policy`` (decisions and checks before a
+start), ``device`` (to the GPU), ``storage`` (where files live), ``hdf5`` (reading sessions);
+``integrations`` and ``cli`` sit on top. ``_torch`` holds every use of torch's private API.
+``docs/architecture.md`` draws the flow. Module paths from before this layout (e.g.
+``loaderkit.transfer``) still import, as the same module objects (``loaderkit._moved``).
 """
 
-from loaderkit.collate import Padded, pad_collate
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from loaderkit._moved import install as _install_moved
+from loaderkit._moved import moved_attribute as _moved_attribute
+from loaderkit.device.prefetch import DevicePrefetcher
+from loaderkit.device.transfer import to_device
 from loaderkit.errors import (
     ArgumentTypeError,
     ConfigError,
@@ -22,12 +37,10 @@ from loaderkit.errors import (
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.loader import DataLoader
-from loaderkit.plan import Plan, PlanEntry
-from loaderkit.platform import PlatformInfo, detect_platform
-from loaderkit.policy import recommended_num_workers
-from loaderkit.prefetch import DevicePrefetcher
-from loaderkit.resources import LeakCheck
-from loaderkit.seeding import (
+from loaderkit.machine.platform import PlatformInfo, detect_platform
+from loaderkit.memory.leakcheck import LeakCheck
+from loaderkit.memory.sequence import SharedSequence
+from loaderkit.order.seeding import (
     DeterminismReport,
     check_determinism,
     make_generator,
@@ -35,9 +48,19 @@ from loaderkit.seeding import (
     seed_worker,
     worker_rng,
 )
-from loaderkit.sequence import SharedSequence
+from loaderkit.plan import Plan, PlanEntry
+from loaderkit.policy import recommended_num_workers
 from loaderkit.storage import CacheStats, SessionCache
-from loaderkit.transfer import to_device
+from loaderkit.workers.collate import Padded, pad_collate
+
+_install_moved()  # first thing after the imports: the old module paths resolve from here on
+
+if not _TYPE_CHECKING:  # a type checker would otherwise accept any name imported from here
+
+    def __getattr__(name: str) -> object:
+        """``loaderkit.transfer`` and the other old module paths, as attributes."""
+        return _moved_attribute(name)
+
 
 __version__ = "0.1.0"
 

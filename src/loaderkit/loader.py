@@ -11,7 +11,7 @@ through ``loaderkit.planning.plan_loader``, and adds:
   sampler, the batch sampler (and its sampler) and the dataset when they have one; code that
   calls ``sampler.set_epoch(e)`` itself, as torch requires, is followed, not overridden;
 * ``DataLoader.state_dict`` / ``DataLoader.load_state_dict``: resume mid-epoch after the last
-  batch the caller received, exactly, with any number of workers (``loaderkit.resume``);
+  batch the caller received, exactly, with any number of workers (``loaderkit.order.resume``);
 * ``DataLoader.plan`` / ``DataLoader.describe``: what was asked, what is used, and why.
 """
 
@@ -28,14 +28,9 @@ from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from loaderkit import _torch
 from loaderkit.errors import ConfigError, check_int, warn
-from loaderkit.handoff import HandoffCounts, HandoffStats
-from loaderkit.hooks import call_hook
-from loaderkit.passes import LoaderPass
-from loaderkit.plan import Plan
-from loaderkit.planning import plan_loader
-from loaderkit.platform import PlatformInfo
-from loaderkit.policy import LoaderRequest
-from loaderkit.resume import (
+from loaderkit.machine.platform import PlatformInfo
+from loaderkit.order.hooks import call_hook, epoch_targets
+from loaderkit.order.resume import (
     STATE_FORMAT,
     STATE_VERSION,
     OrderSources,
@@ -47,9 +42,14 @@ from loaderkit.resume import (
     next_pass_start,
     order_sources,
 )
-from loaderkit.sample_seeding import sample_seeding_view
-from loaderkit.seeding import SampleSeeder, WorkerInit, epoch_seed
-from loaderkit.teardown import shutdown_iterator
+from loaderkit.order.sample_seeding import sample_seeding_view
+from loaderkit.order.seeding import SampleSeeder, WorkerInit, epoch_seed
+from loaderkit.passes import LoaderPass
+from loaderkit.plan import Plan
+from loaderkit.planning import plan_loader
+from loaderkit.policy import LoaderRequest
+from loaderkit.workers.handoff import HandoffCounts, HandoffStats
+from loaderkit.workers.teardown import shutdown_iterator
 
 __all__ = ["DataLoader", "loaders_built_since"]
 
@@ -248,7 +248,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self._epoch: int | None = None
         self._epoch_requested = False  # loader.set_epoch() called since the last pass
         self._epochs_set: dict[int, Any] = {}  # id(target) -> the epoch it was last left at
-        for target in self._epoch_targets():  # as built: any later change is the caller's
+        # as built: any later change is the caller's
+        for target in epoch_targets(self.sampler, self.batch_sampler, self.dataset):
             self._epochs_set[id(target)] = getattr(target, "epoch", None)
         self._live_iterators: weakref.WeakSet[Any] = weakref.WeakSet()
         self._pass: PassRecord | None = None  # the current or most recent pass
@@ -284,20 +285,6 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self._next_epoch = check_int("epoch", epoch, minimum=0)
         self._epoch_requested = True
 
-    def _epoch_targets(self) -> list[Any]:
-        targets: list[Any] = []
-        seen: set[int] = set()
-        for obj in (
-            self.sampler,
-            self.batch_sampler,
-            getattr(self.batch_sampler, "sampler", None),
-            self.dataset,
-        ):
-            if obj is not None and id(obj) not in seen:
-                seen.add(id(obj))
-                targets.append(obj)
-        return targets
-
     def _external_epoch(self, targets: list[Any]) -> int | None:
         """An epoch the caller set directly on a sampler (classic ``sampler.set_epoch(e)``)."""
         for target in targets:
@@ -308,7 +295,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         return None
 
     def _begin_pass(self) -> int:
-        targets = self._epoch_targets()
+        targets = epoch_targets(self.sampler, self.batch_sampler, self.dataset)
         epoch = self._next_epoch
         resume, self._resume = self._resume, None
         if resume is not None:

@@ -2,14 +2,15 @@
 
 One ``LoaderPass`` per iterator (a persistent iterator keeps it for every pass). It
 
-* runs ``collate_fn`` with error context (``loaderkit.collate_context``) and, with workers and
-  the slot pool, hands batches over in slots (``loaderkit.worker`` in the workers, a
-  ``loaderkit.handoff.Receiver`` here) through queues whose small messages skip the feeder
-  thread (``loaderkit.queues``);
-* lowers torch's threads in this process while workers run (``loaderkit.threads``);
+* runs ``collate_fn`` with error context (``loaderkit.workers.collate_context``) and, with workers
+and
+  the slot pool, hands batches over in slots (``loaderkit.workers.worker`` in the workers, a
+  ``loaderkit.workers.handoff.Receiver`` here) through queues whose small messages skip the feeder
+  thread (``loaderkit.workers.queues``);
+* lowers torch's threads in this process while workers run (``loaderkit.machine.threads``);
 * counts the batches handed to the caller into the loader's current ``PassRecord`` (resume);
 * turns every way torch notices a dead worker into one error naming its pid, signal and cause
-  (``loaderkit.deaths``), its ``SIGCHLD`` report included.
+  (``loaderkit.workers.deaths``), its ``SIGCHLD`` report included.
 
 torch's side (where the hooks are called from) is ``loaderkit._torch.iterators``.
 
@@ -27,14 +28,19 @@ from collections.abc import Callable
 from typing import Any
 
 from loaderkit import _torch
-from loaderkit.collate_context import CollateWithContext
-from loaderkit.deaths import WorkerDeath, death_message, deaths_in_message, is_worker_death_error
-from loaderkit.handoff import HandoffCounts, PinBackend, Received, Receiver
+from loaderkit.machine.threads import ThreadLimit
+from loaderkit.order.resume import PassRecord
 from loaderkit.policy import HANDOFF_HELD
-from loaderkit.queues import DirectContext, direct_writes_possible
-from loaderkit.resume import PassRecord
-from loaderkit.threads import ThreadLimit
-from loaderkit.worker import HandoffCollate, HandoffConfig
+from loaderkit.workers.collate_context import CollateWithContext
+from loaderkit.workers.deaths import (
+    WorkerDeath,
+    death_message,
+    deaths_in_message,
+    is_worker_death_error,
+)
+from loaderkit.workers.handoff import HandoffCounts, PinBackend, Received, Receiver
+from loaderkit.workers.queues import DirectContext, direct_writes_possible
+from loaderkit.workers.worker import HandoffCollate, HandoffConfig
 
 __all__ = ["LoaderPass", "dead_workers"]
 

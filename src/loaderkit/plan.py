@@ -1,16 +1,21 @@
 """The resolved loader plan: for each setting, what was asked, what is used, and why.
 
 A ``Plan`` is what ``loader.plan`` returns. It is a read-only mapping from setting name to
-``PlanEntry``; ``Plan.describe`` renders it as a table.
+``PlanEntry``; ``Plan.describe`` renders it as a table. ``Decision`` is one value with its
+reason, the unit every policy (``loaderkit.policy``) and the node cache's limits
+(``loaderkit.storage``) answer in. This module imports nothing of torch or of loaderkit, so
+any layer may use it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-__all__ = ["UNSET", "Plan", "PlanEntry", "short_repr"]
+__all__ = ["UNSET", "Decision", "Plan", "PlanEntry", "short_repr"]
+
+T = TypeVar("T")
 
 
 class _Unset:
@@ -32,6 +37,19 @@ class _Unset:
 
 #: The ``requested`` value of a setting the user did not give.
 UNSET: Any = _Unset()
+
+
+@dataclass(frozen=True)
+class Decision(Generic[T]):
+    """A policy's answer: the value to use and a one-line reason.
+
+    Examples:
+        >>> Decision(0, "Windows: workers disabled").value
+        0
+    """
+
+    value: T
+    reason: str
 
 
 def short_repr(value: Any, limit: int = 60) -> str:

@@ -25,19 +25,16 @@ import torch
 from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset
 
 from loaderkit import _torch
-from loaderkit.budgets import (
-    check_open_file_budget,
-    check_session_memory,
-    check_shared_memory,
-    fit_open_files,
-)
-from loaderkit.collate import collate
-from loaderkit.containers import survey_containers
-from loaderkit.distributed import dist_info, local_world_size
 from loaderkit.errors import ConfigError, PerformanceHint, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
+from loaderkit.machine.distributed import DistInfo, dist_info, local_world_size
+from loaderkit.machine.platform import PlatformInfo, detect_platform
+from loaderkit.machine.versions import fit_torch_arguments, torch_decision, torch_fallback_warning
+from loaderkit.memory.containers import survey_containers
+from loaderkit.memory.preflight import check_pickle
+from loaderkit.order.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
+from loaderkit.order.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
 from loaderkit.plan import UNSET, Plan, PlanEntry, short_repr
-from loaderkit.platform import PlatformInfo, detect_platform
 from loaderkit.policy import (
     DatasetFacts,
     LoaderRequest,
@@ -47,11 +44,14 @@ from loaderkit.policy import (
     torch_arguments,
     unpicklable_is_error,
 )
+from loaderkit.policy.budgets import (
+    check_open_file_budget,
+    check_session_memory,
+    check_shared_memory,
+    fit_open_files,
+)
 from loaderkit.policy.memory import advise_copy_on_read, resolve_gc_freeze
-from loaderkit.preflight import check_pickle
-from loaderkit.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
-from loaderkit.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
-from loaderkit.versions import fit_torch_arguments, torch_decision, torch_fallback_warning
+from loaderkit.workers.collate import collate
 
 __all__ = ["LARGE_PICKLE_BYTES", "LoaderSetup", "dataset_facts", "plan_loader"]
 
@@ -455,6 +455,27 @@ def _check_resources(
             found.warnings.append(memory.message)
 
 
+def _note_torch(platform: PlatformInfo, found: _Findings) -> None:
+    """The plan's first row (``torch``), and the fallback warning once per torch and fallbacks."""
+    torch_row = torch_decision(platform)
+    found.entries.insert(0, PlanEntry("torch", UNSET, torch_row.value, torch_row.reason))
+    fallback = torch_fallback_warning(platform)
+    key = (platform.torch_version, platform.torch_fallbacks)
+    if fallback is not None and key not in _WARNED_FALLBACKS:
+        _WARNED_FALLBACKS.add(key)
+        found.warnings.append(fallback)
+
+
+def _plan_header(platform: PlatformInfo, dist: DistInfo) -> str:
+    """The plan's first line: the platform it was made for."""
+    return (
+        f"loaderkit plan: {platform.os_name}, Python "
+        f"{'.'.join(map(str, platform.python_version))}, torch {platform.torch_version}, "
+        f"{platform.usable_cpus} usable CPU(s), CUDA {'yes' if platform.cuda_available else 'no'}"
+        + (f", rank {dist.rank}/{dist.world_size}" if dist.initialized else "")
+    )
+
+
 def plan_loader(
     dataset: Any, request: LoaderRequest, platform: PlatformInfo | None = None
 ) -> LoaderSetup:
@@ -492,13 +513,7 @@ def plan_loader(
     _check_not_empty(dataset, request, res)
 
     found = _Findings(warnings=list(res.warnings), entries=list(res.entries))
-    torch_row = torch_decision(platform)
-    found.entries.insert(0, PlanEntry("torch", UNSET, torch_row.value, torch_row.reason))
-    fallback = torch_fallback_warning(platform)
-    key = (platform.torch_version, platform.torch_fallbacks)
-    if fallback is not None and key not in _WARNED_FALLBACKS:
-        _WARNED_FALLBACKS.add(key)
-        found.warnings.append(fallback)
+    _note_torch(platform, found)
     fit_torch_arguments(torch_arguments(res).kwargs(), platform)  # refused before any side effect
     budget_entry, open_files = _file_budget(dataset, res, platform)
     if budget_entry is not None:
@@ -539,13 +554,7 @@ def plan_loader(
     if request.sample_seeding:
         seeder = SampleSeeder(seed if seed is not None else torch.initial_seed())
 
-    header = (
-        f"loaderkit plan: {platform.os_name}, Python "
-        f"{'.'.join(map(str, platform.python_version))}, torch {platform.torch_version}, "
-        f"{platform.usable_cpus} usable CPU(s), CUDA {'yes' if platform.cuda_available else 'no'}"
-        + (f", rank {dist.rank}/{dist.world_size}" if dist.initialized else "")
-    )
-    plan = Plan(found.entries, header=header)
+    plan = Plan(found.entries, header=_plan_header(platform, dist))
     logger.debug("%s", plan.describe())
     if plan.changes():
         logger.info(

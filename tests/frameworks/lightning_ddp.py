@@ -35,7 +35,7 @@ try:
     from loaderkit.integrations.lightning import LoaderkitCallback
 except ImportError:  # loaderkit 0.1 had none: lets tools/framework_matrix.py measure it
     LoaderkitCallback = None  # type: ignore[assignment,misc]
-from loaderkit.seeding import WorkerInit
+from loaderkit.order.seeding import WorkerInit
 from tests.frameworks.lit import (
     BuilderDataModule,
     IndexDataset,

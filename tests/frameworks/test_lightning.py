@@ -18,8 +18,8 @@ from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
 from loaderkit import DataLoader, HDF5SessionDataset, create_dataloader  # noqa: E402
 from loaderkit.integrations import close_loaders  # noqa: E402
 from loaderkit.integrations.lightning import LoaderkitCallback  # noqa: E402
-from loaderkit.resources import worker_processes  # noqa: E402
-from loaderkit.seeding import WorkerInit  # noqa: E402
+from loaderkit.memory.resources import worker_processes  # noqa: E402
+from loaderkit.order.seeding import WorkerInit  # noqa: E402
 from tests.frameworks.lit import (  # noqa: E402
     BuilderDataModule,
     IndexDataset,

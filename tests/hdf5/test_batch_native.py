@@ -12,8 +12,8 @@ import torch
 from torch.utils.data import default_collate
 
 from loaderkit import DataLoader, HDF5SessionDataset, detect_platform, worker_rng
-from loaderkit.collate import RowBatch, collate
 from loaderkit.hdf5.reader import SessionReader
+from loaderkit.workers.collate import RowBatch, collate
 from tests.hdf5.helpers import Scaled, ScaledRows, expected, write_sessions
 
 ORDERS = {
@@ -116,7 +116,8 @@ def test_the_plan_names_each_read_path(tmp_path: Path) -> None:
         ScaledRows: "runs",
     }
     # Where torch refuses numpy bools (or warns it soon will: torch 2.4 and 2.6 under newer
-    # numpy), per-sample paths collate with loaderkit.collate too (loaderkit._torch.collate).
+    # numpy), per-sample paths collate with loaderkit.workers.collate too
+    # (loaderkit._torch.collate).
     every_path = not detect_platform().numpy_bools_collate
     for cls, path in cases.items():
         loader = DataLoader(cls(paths, key="betas"), batch_size=2)

@@ -9,7 +9,12 @@ import pytest
 import torch
 
 from loaderkit import ConfigError, DataLoader, HDF5SessionDataset, LoaderkitWarning
-from loaderkit.budgets import FDS_MAIN_MARGIN, FDS_PER_WORKER, FILE_OVERHEAD_BYTES, fit_open_files
+from loaderkit.policy.budgets import (
+    FDS_MAIN_MARGIN,
+    FDS_PER_WORKER,
+    FILE_OVERHEAD_BYTES,
+    fit_open_files,
+)
 from tests.conftest import fake_platform
 from tests.hdf5.helpers import hdf5_fds, write_sessions
 

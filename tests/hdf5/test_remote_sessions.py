@@ -280,8 +280,8 @@ def test_cli_fetch_then_cache_ls_du_clear(
 
 
 def test_doctor_reports_the_session_cache(warm: SessionCache) -> None:
-    from loaderkit.doctor import run_checks, session_cache_report
-    from loaderkit.platform import detect_platform
+    from loaderkit.cli.doctor import run_checks, session_cache_report
+    from loaderkit.machine.platform import detect_platform
 
     report = session_cache_report({"LOADERKIT_CACHE": str(warm.dir)})
     assert report is not None

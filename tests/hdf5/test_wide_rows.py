@@ -30,9 +30,9 @@ from loaderkit import (
     LoaderkitWarning,
     PerformanceHint,
 )
-from loaderkit.budgets import check_session_memory, fit_session_bytes
 from loaderkit.hdf5.blocks import chunks_per_row, column_blocks
 from loaderkit.hdf5.wide import BLOCK_BYTES
+from loaderkit.policy.budgets import check_session_memory, fit_session_bytes
 from tests.conftest import fake_platform
 from tests.hdf5.helpers import record_worker_start, report_collate, write_wide
 from tests.helpers import tiered

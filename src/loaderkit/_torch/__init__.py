@@ -2,8 +2,9 @@
 
 Everything private of torch that loaderkit uses lives in this package, behind plain functions
 and classes; the rest of loaderkit imports only what is exported here
-(``tests/test_torch_boundary.py`` scans the source to keep it so). One module per piece, each
-saying which torch releases it was checked on:
+(``tests/test_torch_boundary.py`` scans the source to keep it so). It imports torch and
+nothing of loaderkit outside this folder: every other layer sits above it. One module per
+piece, each saying which torch releases it was checked on:
 
 =================  =========================================================================
 ``loader``         ``TorchLoader`` (torch's DataLoader with ``_get_iterator`` and
@@ -20,6 +21,7 @@ saying which torch releases it was checked on:
 ``devices``        the current accelerator (``torch.accelerator`` from 2.6, CUDA before)
 ``datapipes``      how torch sends DataPipes to workers
 ``probes``         one probe per piece, run once per process (``support()``)
+``version``        torch's version, parsed, and the releases loaderkit is tested on
 =================  =========================================================================
 
 A gate, not a crash: nothing here touches a private name at import time in a way that can fail,

@@ -6,7 +6,7 @@ Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
   for ``torch.Tensor`` in ``torch.utils.data._utils.collate.default_collate_fn_map`` (the same
   map every ``collate_fn`` built on ``torch.utils.data.collate`` uses). Inside a worker of a
   loader with batch slots, loaderkit registers its own rule there, so stacked batches are
-  allocated in the worker's slot (``loaderkit.worker``).
+  allocated in the worker's slot (``loaderkit.workers.worker``).
 * ``pin_memory``: torch's recursive pinning of a batch (``_utils.pin_memory.pin_memory``:
   tensors, mappings, namedtuples, sequences, objects with ``pin_memory()``), falling back to a
   recursion over the public ``Tensor.pin_memory`` where torch's helper is missing.

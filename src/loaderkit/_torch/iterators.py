@@ -398,8 +398,8 @@ _QUEUE_CALLS = frozenset({"get", "put", "close", "cancel_join_thread", "join_thr
 def direct_queues_probe() -> str | None:
     """``None`` when torch makes its queues with ``context.Queue()`` and calls only known methods.
 
-    ``loaderkit.queues.DirectQueue`` stands in for ``multiprocessing.Queue`` in torch's worker
-    iterator: it must be created where torch creates its queues, and offer what torch calls.
+    ``loaderkit.workers.queues.DirectQueue`` stands in for ``multiprocessing.Queue`` in torch's
+    worker iterator: it must be created where torch creates its queues, and offer what torch calls.
     """
     import re
 

@@ -7,8 +7,8 @@ handler's "DataLoader worker (pid N) is killed by signal: Killed." or "... exite
 with exit code N.", the liveness check's "DataLoader worker (pid(s) N) exited unexpectedly",
 and "Pin memory thread exited unexpectedly". A worker's own exception is re-raised with
 "Caught <type> in DataLoader worker process N". loaderkit reads these to name the dead worker's
-signal and cause (``loaderkit.deaths``); if torch reworded them, loaderkit would leave torch's
-error as it is (nothing is lost, only the extra explanation).
+signal and cause (``loaderkit.workers.deaths``); if torch reworded them, loaderkit would leave
+torch's error as it is (nothing is lost, only the extra explanation).
 
 Examples:
     >>> deaths_named("DataLoader worker (pid 77) is killed by signal: Killed. ")

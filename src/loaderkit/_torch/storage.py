@@ -4,7 +4,8 @@ Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
 
 * ``storage_from_fd``: ``torch.UntypedStorage._new_shared_fd_cpu(fd, size)`` maps a shared
   memory descriptor as a storage torch treats as shared (``is_shared()``), the way torch maps
-  the batches its workers send. The slot hand-off (``loaderkit.handoff``) maps each slot once.
+  the batches its workers send. The slot hand-off (``loaderkit.workers.handoff``) maps each slot
+  once.
 * ``storage_use_count``: ``torch._C._storage_Use_Count`` is the storage's C++ reference count
   (1 when only the Python storage object holds it): how the hand-off knows that no tensor of a
   batch is left.

@@ -24,6 +24,10 @@ by range reads, kept in the cache directory), ``cached`` (fetch order, budgets a
 the dataset) and ``rowcache`` (``SessionCache(layout="rows")``); ``loaderkit.storage`` below
 does the fetching and knows nothing of HDF5.
 
+Imports go down only: to ``loaderkit.storage``, ``loaderkit.policy.budgets``,
+``loaderkit.order`` (seeds, global batches), ``loaderkit.workers`` (batch buffers),
+``loaderkit.machine`` and ``loaderkit.errors``; ``planning`` and the command line use it.
+
 Example:
     >>> from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
     >>> ds = HDF5SessionDataset(paths, key="betas")  # doctest: +SKIP

@@ -1,7 +1,7 @@
 """What an ``HDF5SessionDataset`` costs a process: open files and sessions held in memory.
 
 ``SessionBudgets`` is a base of ``HDF5SessionDataset``: the memory one open file may hold,
-the ``max_open_files`` and ``max_session_bytes`` that fit a loader (``loaderkit.budgets``
+the ``max_open_files`` and ``max_session_bytes`` that fit a loader (``loaderkit.policy.budgets``
 does the arithmetic), and setting them.
 """
 
@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from loaderkit.budgets import (
+from loaderkit.hdf5.arguments import (
+    check_max_open_files,
+    check_max_session_bytes,
+)
+from loaderkit.hdf5.held import HeldInfo
+from loaderkit.hdf5.reader import SessionReader
+from loaderkit.policy.budgets import (
     CHUNK_INDEX_BYTES,
     FILE_OVERHEAD_BYTES,
     FileBudget,
@@ -17,12 +23,6 @@ from loaderkit.budgets import (
     fit_open_files,
     fit_session_bytes,
 )
-from loaderkit.hdf5.arguments import (
-    check_max_open_files,
-    check_max_session_bytes,
-)
-from loaderkit.hdf5.held import HeldInfo
-from loaderkit.hdf5.reader import SessionReader
 
 __all__ = ["SessionBudgets"]
 
@@ -44,7 +44,7 @@ class SessionBudgets:
         """Memory one open session file may hold (chunk cache and HDF5's per-file state).
 
         The chunk cache counts for chunked data only; the per-file state is
-        ``loaderkit.budgets.FILE_OVERHEAD_BYTES``, plus ``CHUNK_INDEX_BYTES`` when rows span
+        ``loaderkit.policy.budgets.FILE_OVERHEAD_BYTES``, plus ``CHUNK_INDEX_BYTES`` when rows span
         chunks shared with other rows (every read walks the whole chunk index).
 
         Example:
@@ -64,7 +64,7 @@ class SessionBudgets:
     ) -> FileBudget:
         """The ``max_open_files`` that fits a loader with ``num_workers`` workers.
 
-        ``loaderkit.budgets.fit_open_files`` over this dataset's sessions and
+        ``loaderkit.policy.budgets.fit_open_files`` over this dataset's sessions and
         ``file_memory_bytes``: every session when they fit under half the descriptor limit and
         within a share of memory, fewer otherwise. Applied only when ``max_open_files`` was
         left unset (``max_open_files_requested is None``); an explicit value always wins.
@@ -131,7 +131,7 @@ class SessionBudgets:
     def session_budget(self, num_workers: int, memory: int | None) -> SessionBudget:
         """The ``max_session_bytes`` that fits a loader with ``num_workers`` workers.
 
-        ``loaderkit.budgets.fit_session_bytes`` over this dataset's sessions and
+        ``loaderkit.policy.budgets.fit_session_bytes`` over this dataset's sessions and
         ``session_memory_bytes``: as many whole sessions as fit a quarter of memory shared
         by the loader's processes. Applied only when ``max_session_bytes`` was left unset.
 

@@ -2,7 +2,7 @@
 
 ``CachedSessions`` is a base of ``HDF5SessionDataset`` (a no-op for datasets read in place):
 
-- ``prefetch_watcher()``: the loader (``loaderkit.resume.PassIndices``, main process) draws
+- ``prefetch_watcher()``: the loader (``loaderkit.order.resume.PassIndices``, main process) draws
   indices a little ahead of torch and tells the returned ``OrderWatcher`` which sessions come
   next; it moves this process's prefetch window (``SessionSources.ahead``);
 - ``cached_open_files(num_workers)``: the most files each process may keep open (each holds a
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from loaderkit.distributed import local_world_size
 from loaderkit.hdf5.index import _ROW_BITS
 from loaderkit.hdf5.reader import SessionReader
 from loaderkit.hdf5.sources import OrderWatcher, SessionSources
+from loaderkit.machine.distributed import local_world_size
 from loaderkit.storage import CacheStats, SessionCache
 from loaderkit.storage.limits import format_bytes
 
@@ -84,7 +84,7 @@ class CachedSessions:
 
         Args:
             num_workers: The loader's workers (0: the main process reads).
-            ranks: Ranks on this node; default ``loaderkit.distributed.local_world_size()``.
+            ranks: Ranks on this node; default ``loaderkit.machine.distributed.local_world_size()``.
         """
         sources = self._sources
         if sources is None:

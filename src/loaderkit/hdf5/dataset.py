@@ -51,7 +51,7 @@ from loaderkit.hdf5.reading import ReadMode, overrides, read_mode, uses_default_
 from loaderkit.hdf5.runs import plan_runs
 from loaderkit.hdf5.sources import SessionSources, session_names
 from loaderkit.hdf5.types import Kind
-from loaderkit.platform import memory_bytes, open_file_limits
+from loaderkit.machine.platform import memory_bytes, open_file_limits
 from loaderkit.storage import SessionCache
 
 __all__ = [
@@ -461,9 +461,9 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
         With the default reads (*batch-native*), indices are grouped by session, consecutive
         rows are read as one slab, and every key's rows land straight in one batch buffer
         allocated as ``default_collate`` would (in shared memory inside a worker). The result
-        is a ``loaderkit.collate.RowBatch``: a list of the samples, in request order (views of
-        the buffer), so any ``collate_fn`` sees what per-item reads give, while
-        ``loaderkit.collate.collate`` (filled in by the loader when ``collate_fn`` is unset)
+        is a ``loaderkit.workers.collate.RowBatch``: a list of the samples, in request order (views
+        of the buffer), so any ``collate_fn`` sees what per-item reads give, while
+        ``loaderkit.workers.collate.collate`` (filled in by the loader when ``collate_fn`` is unset)
         returns the batch it was read into: a tensor, or a dict of per-field batches for
         compound rows and several keys; no split, no re-stack. ``transform``, when
         overridden, is applied to each row after the batched read. When a subclass overrides

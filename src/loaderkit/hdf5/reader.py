@@ -10,7 +10,7 @@ and pickling, and hands its default reads here:
   every key read into one buffer: ``os.preadv`` or a memory map for contiguous numbers (other
   byte orders into a reused scratch buffer, converted while copied), HDF5 otherwise (which
   converts byte order, enums and compounds itself), then split into samples and the collated
-  batch (``loaderkit.collate.RowBatch``).
+  batch (``loaderkit.workers.collate.RowBatch``).
 
 Keys whose rows span many chunks that other rows share (``SessionLayout.shares_chunks``:
 NSD's ``(750, V)`` betas with chunks ``(750, 1)``) are read apart (``loaderkit.hdf5.wide``):
@@ -33,7 +33,6 @@ from typing import Any
 
 import numpy as np
 
-from loaderkit.collate import RowBatch, batch_buffer
 from loaderkit.errors import ConfigError
 from loaderkit.hdf5.handles import Handle
 from loaderkit.hdf5.index import _ROW_BITS, _ROW_MASK
@@ -44,6 +43,7 @@ from loaderkit.hdf5.records import KeySpec, SessionRecord, axis_selection, read_
 from loaderkit.hdf5.runs import plan_runs
 from loaderkit.hdf5.types import Kind, RowType, Samples, _dicts
 from loaderkit.hdf5.widereads import WideReads
+from loaderkit.workers.collate import RowBatch, batch_buffer
 
 __all__ = ["KeySpec", "SessionReader", "SessionRecord"]
 

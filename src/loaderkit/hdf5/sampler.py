@@ -20,7 +20,7 @@ Each epoch:
 With ``batch_size`` (elastic order, what ``shuffle="block"`` with a ``seed`` builds) step 1 is
 different: steps 1 and 2 run once for the whole dataset, as on a single rank, and rank ``r``
 reads ``[r * batch_size, (r + 1) * batch_size)`` of every global batch of
-``num_replicas * batch_size`` rows (``loaderkit.samplers.global_batch_positions``). A rank's
+``num_replicas * batch_size`` rows (``loaderkit.order.samplers.global_batch_positions``). A rank's
 part of a global batch is contiguous in that order, so it is still a few runs of consecutive
 rows, and the global batches are the same on any number of ranks.
 
@@ -37,10 +37,10 @@ import numpy as np
 from torch.utils.data import DistributedSampler
 
 from loaderkit import _torch
-from loaderkit.distributed import dist_info
 from loaderkit.errors import ConfigError, check_int
-from loaderkit.samplers import global_batch_count, global_batch_positions
-from loaderkit.seeding import validate_seed
+from loaderkit.machine.distributed import dist_info
+from loaderkit.order.samplers import global_batch_count, global_batch_positions
+from loaderkit.order.seeding import validate_seed
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "BlockShuffleSampler"]
 
@@ -91,8 +91,8 @@ class BlockShuffleSampler(DistributedSampler[int]):
             1): the spare place keeps a finished session from crowding out an active one,
             so each process reads every session once per pass (exactly, with a window of
             1 or every session held).
-        num_replicas: Number of ranks. Default from ``loaderkit.distributed.dist_info``.
-        rank: This rank. Default from ``loaderkit.distributed.dist_info``.
+        num_replicas: Number of ranks. Default from ``loaderkit.machine.distributed.dist_info``.
+        rank: This rank. Default from ``loaderkit.machine.distributed.dist_info``.
         drop_last: Drop the tail so the samples divide evenly between ranks instead of padding
             with repeated samples.
         partition: ``"block"`` deals blocks to ranks at random every epoch; ``"session"`` gives

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from loaderkit.distributed import local_world_size
 from loaderkit.errors import ConfigError, HDF5FileError, StorageError
 from loaderkit.hdf5.records import KeySpec
 from loaderkit.hdf5.rowcache import RowsTransform, rows_key
+from loaderkit.machine.distributed import local_world_size
 from loaderkit.storage import (
     CachedFile,
     CacheStats,

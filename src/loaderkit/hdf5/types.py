@@ -8,7 +8,7 @@ HDF5 (``os.preadv``, memory maps) land in a buffer of the file's byte order (``r
 are converted while they are copied into the native batch (``RowType.swap``).
 
 =============================  ==============================  ================================
-HDF5 type                      sample (``ds[i]``)              batch (``loaderkit.collate``)
+HDF5 type                      sample (``ds[i]``)              batch (``loaderkit.workers.collate``)
 =============================  ==============================  ================================
 integer, float, complex,       numpy array (numpy scalar for   one tensor
 bool, enum, bitfield; any      1-D datasets), native order
@@ -43,9 +43,9 @@ import torch
 from h5py import h5t
 from torch.utils.data import default_collate, get_worker_info
 
-from loaderkit.collate import torch_dtype
 from loaderkit.errors import ConfigError, HDF5FileError
 from loaderkit.hdf5.diagnose import repair_advice, type_damage
+from loaderkit.workers.collate import torch_dtype
 
 __all__ = [
     "Kind",

@@ -1,7 +1,11 @@
 """Integrations with training frameworks, each behind its own extra.
 
 ``loaderkit.integrations.lightning`` needs ``pip install "loaderkit[lightning]"``; loaderkit's
-core never imports a framework. The framework-neutral helper ``close_loaders`` lives here.
+core never imports a framework. Modules: ``loaders`` (framework-neutral: ``find_loaders`` and
+``close_loaders``, re-exported here), ``lightning`` (the Lightning callback and helpers).
+
+Imports go down only, to the loader (``loaderkit.loader``); nothing in loaderkit imports
+this folder.
 """
 
 from __future__ import annotations

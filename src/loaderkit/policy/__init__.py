@@ -15,10 +15,16 @@ The one exception is the Windows zero-worker policy (opt out with
 Modules: ``request`` (the request, facts, decisions and the resolution), ``workers`` (worker
 count, persistence, start method, torch's threads, the hand-off, what spawn pickles),
 ``sampling`` (shuffling, samplers, sharding, seeds), ``resolve`` (all of them in order, pinning
-and collation), ``memory`` (forked workers' memory: the copy-on-read advice, ``gc.freeze()``).
+and collation), ``memory`` (forked workers' memory: the copy-on-read advice, ``gc.freeze()``),
+``budgets`` (will a loader fit the open-file limit and shared memory; also used by ``hdf5``).
+
+Decisions and checks made before a start. Imports go down only: to ``loaderkit.machine``
+(the snapshots decided on), ``loaderkit.workers`` (loaderkit's collate), ``loaderkit.memory``
+(the container survey), ``loaderkit.plan`` and ``loaderkit.errors``. ``planning``, ``loader``,
+``hdf5`` and the command line use it.
 
 Examples:
-    >>> from loaderkit.platform import detect_platform
+    >>> from loaderkit.machine.platform import detect_platform
     >>> resolve(LoaderRequest(training=True), DatasetFacts(), detect_platform()).values["shuffle"]
     True
 """

@@ -1,7 +1,7 @@
 """Pure decisions about forked workers' memory: the copy-on-read advice and ``gc.freeze()``.
 
 Policies in the sense of ``loaderkit.policy``: they receive facts (what
-``loaderkit.containers.survey_containers`` found in the dataset, the start method, the worker
+``loaderkit.memory.containers.survey_containers`` found in the dataset, the start method, the worker
 count) and return a decision with its reason; nothing here reads the machine or the dataset,
 starts a process or emits a warning (``loaderkit.planning`` emits the hint and records the plan
 rows ``copy_on_read`` and ``gc_freeze``).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loaderkit.containers import ContainerSurvey, mib
+from loaderkit.memory.containers import ContainerSurvey, mib
 from loaderkit.policy.request import Decision
 
 __all__ = [
@@ -63,7 +63,7 @@ def advise_copy_on_read(
     nothing shared is copied later: no hint, and the row says what each worker receives.
 
     Args:
-        survey: What ``loaderkit.containers.survey_containers`` found in the dataset.
+        survey: What ``loaderkit.memory.containers.survey_containers`` found in the dataset.
         start_method: The workers' start method.
         num_workers: Worker processes (> 0).
         threshold: Bytes of Python objects from which a forked loader gets the hint.
@@ -72,7 +72,7 @@ def advise_copy_on_read(
         A ``CopyOnReadAdvice``.
 
     Examples:
-        >>> from loaderkit.containers import ContainerFinding, ContainerSurvey
+        >>> from loaderkit.memory.containers import ContainerFinding, ContainerSurvey
         >>> items = ContainerFinding("dataset.items", "list", 2_000_000, "tuples", 350 * 2**20)
         >>> survey = ContainerSurvey((items,), visited=2)
         >>> advise_copy_on_read(survey, "fork", 2).hint.startswith(

@@ -1,9 +1,9 @@
 """The types the policies exchange: the caller's request, facts, decisions, the resolution.
 
 ``LoaderRequest`` is what the caller passed, ``DatasetFacts`` what the policies need to know
-about the dataset, ``Decision`` one policy's answer, ``Draft`` the resolution while ``resolve``
-fills it in and ``Resolution`` the frozen result; ``TorchArguments`` are the keyword arguments
-for torch's ``DataLoader`` built from it.
+about the dataset, ``Decision`` one policy's answer (defined in ``loaderkit.plan``, re-exported
+here), ``Draft`` the resolution while ``resolve`` fills it in and ``Resolution`` the frozen
+result; ``TorchArguments`` are the keyword arguments for torch's ``DataLoader`` built from it.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
-from loaderkit.distributed import DistInfo
-from loaderkit.plan import UNSET, PlanEntry
+from loaderkit.machine.distributed import DistInfo
+from loaderkit.plan import UNSET, Decision, PlanEntry
 
 __all__ = [
     "DatasetFacts",
@@ -29,23 +29,7 @@ __all__ = [
     "torch_arguments",
 ]
 
-T = TypeVar("T")
-
-
 ShuffleValue = bool | None | Literal["block"]
-
-
-@dataclass(frozen=True)
-class Decision(Generic[T]):
-    """A policy's answer: the value to use and a one-line reason.
-
-    Examples:
-        >>> Decision(0, "Windows: workers disabled").value
-        0
-    """
-
-    value: T
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -108,7 +92,7 @@ class SamplerChoice:
     USER = "user"  # the caller's sampler / batch_sampler, untouched
     DEFAULT = "default"  # torch's own Sequential/RandomSampler (from `shuffle`)
     DISTRIBUTED = "distributed"  # torch DistributedSampler (training without a seed)
-    ELASTIC = "elastic"  # loaderkit.samplers.ElasticSampler (training with a seed)
+    ELASTIC = "elastic"  # loaderkit.order.samplers.ElasticSampler (training with a seed)
     EXACT_SHARD = "exact_shard"  # every sample exactly once across ranks (evaluation)
     SHARD_BATCHES = "shard_batches"  # a user batch_sampler split between ranks
     BLOCK = "block"  # loaderkit.BlockShuffleSampler (shuffle="block")
@@ -122,7 +106,7 @@ class TorchArguments:
     built for it (samplers, generator, worker initializer).
 
     Examples:
-        >>> from loaderkit.platform import detect_platform
+        >>> from loaderkit.machine.platform import detect_platform
         >>> from loaderkit.policy import resolve
         >>> res = resolve(LoaderRequest(batch_size=4), DatasetFacts(), detect_platform())
         >>> torch_arguments(res).kwargs()["batch_size"]
@@ -168,10 +152,11 @@ class Resolution:
         start_method: The start method workers will use.
         defers_sharding: True when ``distributed="auto"`` leaves sharding to Accelerate's
             ``accelerator.prepare`` (the loader warns if it is iterated unprepared).
-        handoff_slots: Batch slots per worker of loaderkit's hand-off (``loaderkit.worker``);
+        handoff_slots: Batch slots per worker of loaderkit's hand-off
+        (``loaderkit.workers.worker``);
             0 when batches take torch's path.
         main_threads: torch's intra-op threads in this process during a pass
-            (``loaderkit.threads``); ``None`` leaves them alone.
+            (``loaderkit.machine.threads``); ``None`` leaves them alone.
     """
 
     values: Mapping[str, Any]

@@ -5,11 +5,10 @@ See ``loaderkit.policy``.
 
 from __future__ import annotations
 
-from loaderkit.collate import collate
-from loaderkit.distributed import DistInfo
 from loaderkit.errors import ConfigError
+from loaderkit.machine.distributed import DistInfo
+from loaderkit.machine.platform import PlatformInfo
 from loaderkit.plan import UNSET
-from loaderkit.platform import PlatformInfo
 from loaderkit.policy.request import (
     DatasetFacts,
     Decision,
@@ -26,6 +25,7 @@ from loaderkit.policy.workers import (
     resolve_main_threads,
     resolve_workers,
 )
+from loaderkit.workers.collate import collate
 
 __all__ = ["resolve", "resolve_pin_memory"]
 
@@ -43,7 +43,7 @@ def resolve_pin_memory(
 
     Examples:
         >>> from dataclasses import replace
-        >>> from loaderkit.platform import detect_platform
+        >>> from loaderkit.machine.platform import detect_platform
         >>> gpu = replace(detect_platform(), cuda_available=True, cuda_bad_fork=False)
         >>> resolve_pin_memory(None, gpu).value
         True
@@ -88,7 +88,7 @@ def resolve(
             group, ``sample_seeding`` on an iterable dataset).
 
     Examples:
-        >>> from loaderkit.platform import detect_platform
+        >>> from loaderkit.machine.platform import detect_platform
         >>> res = resolve(LoaderRequest(training=True), DatasetFacts(), detect_platform())
         >>> res.values["shuffle"]
         True
@@ -170,7 +170,7 @@ def _resolve_collate(
 
     loaderkit's HDF5 datasets give numpy scalars for scalar rows and record fields; where
     this torch's ``default_collate`` refuses numpy bools (``PlatformInfo.numpy_bools_collate``),
-    their batches go through ``loaderkit.collate``, which stacks them as newer torch does.
+    their batches go through ``loaderkit.workers.collate``, which stacks them as newer torch does.
     """
     if facts.read_path is None or facts.iterable:
         return

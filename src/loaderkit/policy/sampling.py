@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loaderkit.distributed import DistInfo
 from loaderkit.errors import ConfigError
+from loaderkit.machine.distributed import DistInfo
 from loaderkit.policy.request import (
     DatasetFacts,
     Decision,

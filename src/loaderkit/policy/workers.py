@@ -5,9 +5,9 @@ Pure functions of the request and a ``PlatformInfo``; see ``loaderkit.policy``.
 
 from __future__ import annotations
 
-from loaderkit.distributed import DistInfo
 from loaderkit.errors import ConfigError
-from loaderkit.platform import PlatformInfo, resolve_start_method
+from loaderkit.machine.distributed import DistInfo
+from loaderkit.machine.platform import PlatformInfo, resolve_start_method
 from loaderkit.policy.request import Decision, Draft, LoaderRequest, asked
 
 __all__ = [
@@ -63,13 +63,13 @@ def recommended_num_workers(
 
     Examples:
         >>> from dataclasses import replace
-        >>> from loaderkit.platform import detect_platform
+        >>> from loaderkit.machine.platform import detect_platform
         >>> p = replace(detect_platform(), usable_cpus=32, is_windows=False)
         >>> recommended_num_workers(p, local_world_size=4)
         7
     """
     if platform is None:
-        from loaderkit.platform import detect_platform
+        from loaderkit.machine.platform import detect_platform
 
         platform = detect_platform()
     if _windows_forbids_workers(platform, force_zero_workers_on_windows):
@@ -95,7 +95,7 @@ def resolve_num_workers(
 
     Examples:
         >>> from dataclasses import replace
-        >>> from loaderkit.platform import detect_platform
+        >>> from loaderkit.machine.platform import detect_platform
         >>> win = replace(detect_platform(), os_name="Windows", is_windows=True)
         >>> resolve_num_workers(4, win).value
         0
@@ -280,7 +280,7 @@ def resolve_handoff(
 
     Examples:
         >>> from dataclasses import replace
-        >>> from loaderkit.platform import detect_platform
+        >>> from loaderkit.machine.platform import detect_platform
         >>> linux = replace(detect_platform(), os_name="Linux", is_windows=False)
         >>> resolve_handoff(linux, 2).value
         5
@@ -352,7 +352,7 @@ def resolve_main_threads(platform: PlatformInfo, num_workers: int) -> Decision[i
 
     Examples:
         >>> from dataclasses import replace
-        >>> from loaderkit.platform import detect_platform
+        >>> from loaderkit.machine.platform import detect_platform
         >>> two = replace(detect_platform(), usable_cpus=2, torch_threads=2)
         >>> resolve_main_threads(two, 1).value
         1

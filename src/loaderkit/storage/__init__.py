@@ -5,6 +5,9 @@ asks it for a local path (``SessionCache.lease``) and says what it will need soo
 (``Prefetcher.ahead``); nothing else crosses the boundary. fsspec, s3fs and filelock are
 imported inside functions only (``import loaderkit`` imports none of them).
 
+Imports go down only, to ``loaderkit.errors`` and ``loaderkit.plan`` (``CacheLimit`` is a
+``Decision``): the layer sits below ``hdf5/`` and beside everything else.
+
 Modules, and where each runs:
 
 - ``urls``: which names are URLs, glob expansion, the ``remote`` extra. *Main process*, once,

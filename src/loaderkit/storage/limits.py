@@ -1,8 +1,8 @@
 """The cache's limits: defaults fitted to the disk (a pure function) and the checks on them.
 
 ``DiskUsage.detect(dir)`` is the only place that reads the disk; ``fit_cache_limits`` and
-``check_limits`` are arithmetic on what it read, each value with its reason (as the loader's
-own ``Decision(value, reason)``), so that the plan can show why.
+``check_limits`` are arithmetic on what it read, each value with its reason (the loader's
+own ``Decision(value, reason)``, as ``CacheLimit = Decision[int]``), so that the plan can show why.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from loaderkit.errors import ConfigError, check_int
+from loaderkit.plan import Decision
 
 __all__ = [
     "CacheLimit",
@@ -30,17 +31,8 @@ MIN_FREE_FRACTION = 0.05
 MAX_BYTES_FRACTION = 0.8
 
 
-@dataclass(frozen=True)
-class CacheLimit:
-    """One limit's value and the one-line reason for it.
-
-    Examples:
-        >>> CacheLimit(2, "set by the caller").value
-        2
-    """
-
-    value: int
-    reason: str
+#: One limit's value and the one-line reason for it: the loader's own ``Decision``.
+CacheLimit = Decision[int]
 
 
 @dataclass(frozen=True)
@@ -162,7 +154,7 @@ def check_limits(
         disk: The disk's sizes now.
         sizes: Every object's size in bytes (stored size; the ``rows`` layout is about the same).
         readers: Processes on the node that read at the same time, each with its prefetch
-            window (the ranks on the node: ``loaderkit.distributed.local_world_size``).
+            window (the ranks on the node: ``loaderkit.machine.distributed.local_world_size``).
 
     Raises:
         ConfigError: A limit smaller than the largest session or than the window; the message

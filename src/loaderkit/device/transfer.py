@@ -4,8 +4,8 @@
 with a ``.to()`` method) and moves every tensor to the target device, keeping the container types.
 ``non_blocking`` is decided per tensor: an asynchronous copy is only requested when it is both
 safe and useful, i.e. a pinned CPU tensor going to a CUDA device (see
-``resolve_non_blocking``). ``DevicePrefetcher`` (``loaderkit.prefetch``) copies one batch ahead
-on a side stream with the same walk (``move``).
+``resolve_non_blocking``). ``DevicePrefetcher`` (``loaderkit.device.prefetch``) copies one batch
+ahead on a side stream with the same walk (``move``).
 
 Examples:
     >>> import torch
@@ -500,7 +500,7 @@ def move(
 ) -> Any:
     """``to_device`` for a normalised device (``as_device``); new tensors go to ``produced``.
 
-    Used by ``loaderkit.prefetch`` to know which tensors a copy made (it marks them with the
+    Used by ``loaderkit.device.prefetch`` to know which tensors a copy made (it marks them with the
     consumer's stream).
     """
     mover = _Mover(device, non_blocking, collect=produced is not None)

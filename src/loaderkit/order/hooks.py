@@ -2,14 +2,15 @@
 
 torch's samplers and datasets, HDF5 datasets and framework loaders share informal protocols:
 an object *may* have ``set_epoch(epoch)`` or ``close()``. ``call_hook`` is the one place that
-asks, so every caller treats a missing or non-callable attribute the same way.
+asks, so every caller treats a missing or non-callable attribute the same way;
+``epoch_targets`` names the objects of a loader that get ``set_epoch``, each once.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["call_hook"]
+__all__ = ["call_hook", "epoch_targets"]
 
 
 def call_hook(obj: Any, name: str, *args: Any) -> bool:
@@ -36,3 +37,24 @@ def call_hook(obj: Any, name: str, *args: Any) -> bool:
         return False
     hook(*args)
     return True
+
+
+def epoch_targets(sampler: Any, batch_sampler: Any, dataset: Any) -> list[Any]:
+    """A loader's objects that may take ``set_epoch``, each once (by identity), in order.
+
+    The sampler, the batch sampler, the batch sampler's own sampler and the dataset.
+
+    Examples:
+        >>> from torch.utils.data import BatchSampler, SequentialSampler
+        >>> sampler = SequentialSampler(range(4))
+        >>> batches = BatchSampler(sampler, 2, drop_last=False)
+        >>> epoch_targets(sampler, batches, None) == [sampler, batches]
+        True
+    """
+    targets: list[Any] = []
+    seen: set[int] = set()
+    for obj in (sampler, batch_sampler, getattr(batch_sampler, "sampler", None), dataset):
+        if obj is not None and id(obj) not in seen:
+            seen.add(id(obj))
+            targets.append(obj)
+    return targets

@@ -1,6 +1,6 @@
 """The main process's side of the worker hand-off: slots mapped once, lent out per batch.
 
-Each worker of a loader with the slot pool (``loaderkit.worker``) sends its batches as
+Each worker of a loader with the slot pool (``loaderkit.workers.worker``) sends its batches as
 ``SlotBatch`` messages. Unpickling one here (``receive``, in whichever thread reads torch's
 result queue) maps the slot the first time, as one torch shared storage (so batches are
 ``is_shared()`` as torch's are), and marks it lent. The batch handed to the caller is made of
@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderkit import _torch, wire
-from loaderkit.wire import ALIGN, FREE, HEADER, Leaf, itemsize, rebuild
+from loaderkit import _torch
+from loaderkit.workers import wire
+from loaderkit.workers.wire import ALIGN, FREE, HEADER, Leaf, itemsize, rebuild
 
 __all__ = [
     "HandoffCounts",

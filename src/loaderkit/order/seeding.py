@@ -33,10 +33,10 @@ import torch
 import torch.utils.data
 
 from loaderkit import _torch
-from loaderkit.distributed import process_rank_and_world
 from loaderkit.errors import check_int
-from loaderkit.hooks import call_hook
-from loaderkit.worker import share_batches
+from loaderkit.machine.distributed import process_rank_and_world
+from loaderkit.order.hooks import call_hook
+from loaderkit.workers.worker import share_batches
 
 __all__ = [
     "SEED_MAX",
@@ -242,8 +242,8 @@ class WorkerInit:
         world_size: World size at that time.
         user_fn: The caller's ``worker_init_fn`` (runs after seeding), or ``None``.
         shared_batches: The loader's ``collate_fn`` returns natively read batches as they are
-            (``loaderkit.collate.collate``): the worker then allocates them in shared memory
-            (``loaderkit.worker.share_batches``).
+            (``loaderkit.workers.collate.collate``): the worker then allocates them in shared memory
+            (``loaderkit.workers.worker.share_batches``).
         freeze_gc: Call ``gc.freeze()`` first, so the worker's garbage collector never writes
             to the objects it inherited (``loaderkit.policy.memory.resolve_gc_freeze``).
     """

@@ -1,8 +1,9 @@
 """The hand-off's wire format: slot layout, the messages a worker sends, and who receives them.
 
-Both sides of the slot hand-off use this module: the workers (``loaderkit.worker``) lay batches
-out in slots and send ``SlotBatch``/``FallbackBatch`` messages; the main process
-(``loaderkit.handoff``) registers a receiver per iterator and turns messages back into batches.
+Both sides of the slot hand-off use this module: the workers (``loaderkit.workers.worker``) lay
+batches out in slots and send ``SlotBatch``/``FallbackBatch`` messages; the main process
+(``loaderkit.workers.handoff``) registers a receiver per iterator and turns messages back into
+batches.
 
 * A slot is ``HEADER`` bytes (its state byte, ``FREE`` or ``BUSY``, padded to a page), then
   the batch, every tensor at an ``ALIGN``-byte offset.
@@ -105,10 +106,10 @@ def rebuild(structure: Any, make: Callable[[Leaf], Any]) -> Any:
 
 # --------------------------------------------------------------------------- receivers
 
-#: The main process's receivers by token (``loaderkit.handoff.Receiver`` registers itself).
+#: The main process's receivers by token (``loaderkit.workers.handoff.Receiver`` registers itself).
 _RECEIVERS: dict[int, Any] = {}
 _LOCK = threading.Lock()
-#: What a slot message whose receiver is gone becomes (``loaderkit.handoff`` sets it).
+#: What a slot message whose receiver is gone becomes (``loaderkit.workers.handoff`` sets it).
 _ORPHAN: list[Callable[[Any], Any]] = []
 
 
@@ -169,7 +170,7 @@ class SlotBatch:
     first time (``segment`` carries its descriptor then) and returns the batch's lease.
 
     Attributes:
-        token: The receiver (``loaderkit.worker.HandoffConfig.token``).
+        token: The receiver (``loaderkit.workers.worker.HandoffConfig.token``).
         worker_id: The worker that filled the slot.
         generation: The worker's segment (a new one when slots had to grow).
         slot: The slot number.

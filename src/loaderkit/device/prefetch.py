@@ -6,7 +6,7 @@ the caller's stream wait for its copy. A copy that blocks the host anyway (a bat
 tensors in pageable memory, or ``non_blocking=False``) gains nothing from the side stream and
 would only add synchronization to it, so such a batch is copied on the caller's stream when it
 is handed out, exactly as a plain loop would. On any other device it is a pass-through that
-applies ``loaderkit.transfer.to_device``.
+applies ``loaderkit.device.transfer.to_device``.
 
 Stream protocol of the prefetcher (one side stream ``S`` per prefetcher, consumer stream ``C`` =
 the current stream when the caller asks for the next batch):
@@ -45,15 +45,15 @@ from typing import Any, Generic, TypeVar, cast
 import torch
 
 from loaderkit import _torch
-from loaderkit.errors import ConfigError, PerformanceHint, warn
-from loaderkit.hooks import call_hook
-from loaderkit.transfer import (
+from loaderkit.device.transfer import (
     DeviceLike,
     as_device,
     check_non_blocking,
     holds_pageable_memory,
     move,
 )
+from loaderkit.errors import ConfigError, PerformanceHint, warn
+from loaderkit.order.hooks import call_hook
 
 __all__ = ["DevicePrefetcher"]
 

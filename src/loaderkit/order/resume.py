@@ -14,7 +14,7 @@ freshly built loader start at that batch. Three pieces live here:
 * ``order_sources``, ``next_pass_start``, ``elastic_order`` and ``fingerprint``: what a state
   records about a loader (read from its attributes).
 
-An *elastic* order (``loaderkit.samplers.ElasticSampler``, an elastic ``BlockShuffleSampler``,
+An *elastic* order (``loaderkit.order.samplers.ElasticSampler``, an elastic ``BlockShuffleSampler``,
 or the single-process loader they equal: a seeded shuffle or sequential order) depends only on
 ``(seed, epoch, dataset)`` and is cut into global batches of ``world size x batch_size``; a
 state from one resumes another world size with the same global batch, and one with another
@@ -37,7 +37,7 @@ from torch.utils.data import DistributedSampler, IterableDataset, RandomSampler,
 
 from loaderkit import _torch
 from loaderkit.errors import ConfigError
-from loaderkit.lookahead import look_ahead
+from loaderkit.order.lookahead import look_ahead
 
 __all__ = [
     "STATE_FORMAT",
@@ -230,7 +230,7 @@ class PassIndices:
         record: Returns the loader's current pass record (None: pass through).
         sources: Returns the loader's ``OrderSources``.
         watcher: Returns the dataset's prefetch watcher for a pass, or ``None``
-            (``loaderkit.lookahead``: indices drawn a little ahead, same order).
+            (``loaderkit.order.lookahead``: indices drawn a little ahead, same order).
 
     Examples:
         >>> record = PassRecord(epoch=0, skip=2, resumed=True)

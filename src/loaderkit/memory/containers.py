@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderkit.preflight import AttributeWalk, live_attributes
-from loaderkit.sequence import SharedSequence
+from loaderkit.memory.preflight import AttributeWalk, live_attributes
+from loaderkit.memory.sequence import SharedSequence
 
 __all__ = ["ContainerFinding", "ContainerSurvey", "survey_containers"]
 

@@ -24,9 +24,10 @@ import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
-from loaderkit import _torch, worker
+from loaderkit import _torch
 from loaderkit.errors import RaggedBatchError
-from loaderkit.worker import share_batches
+from loaderkit.workers import worker
+from loaderkit.workers.worker import share_batches
 
 __all__ = [
     "Padded",
@@ -212,8 +213,8 @@ def batch_buffer(
 ) -> tuple[torch.Tensor, np.ndarray]:
     """A batch tensor allocated as ``default_collate`` allocates one, and a numpy view of it.
 
-    Inside a worker of a loaderkit loader with the slot pool (``loaderkit.worker``) it lies in
-    the worker's batch slot, so the batch reaches the main process without a copy and without a
+    Inside a worker of a loaderkit loader with the slot pool (``loaderkit.workers.worker``) it lies
+    in the worker's batch slot, so the batch reaches the main process without a copy and without a
     new shared-memory segment. Inside a worker of a loader that keeps the batch as read
     (``share_batches``) without the pool, the storage is created in shared memory (torch moves
     any other tensor into shared memory first). Otherwise it is a numpy allocation shared with

@@ -12,7 +12,8 @@ copying it into every worker, so they count neither as failures nor towards the 
 
 ``AttributeWalk`` is the walk itself, breadth-first and bounded: over what pickle sends (the
 diagnosis above) or over the attributes as they are in this process, which is what a forked
-worker inherits (``loaderkit.containers`` looks there for Python containers workers would copy).
+worker inherits (``loaderkit.memory.containers`` looks there for Python containers workers would
+copy).
 """
 
 from __future__ import annotations

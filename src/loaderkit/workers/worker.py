@@ -8,13 +8,13 @@ reading it. loaderkit's hand-off instead gives each worker a few long-lived batc
 * one segment per slot (anonymous memory from ``memfd_create``: it never appears in
   ``/dev/shm``, and it is freed by the kernel when the last process holding it lets go, however
   that process ends): ``HEADER`` bytes holding the slot's state, then the batch;
-* batch buffers (``loaderkit.collate.batch_buffer``) and the tensors torch's
+* batch buffers (``loaderkit.workers.collate.batch_buffer``) and the tensors torch's
   ``default_collate`` stacks are allocated straight in a free slot (the worker's *arena* for the
   batch being made); any other tensor of the batch is copied into the slot (one ``memcpy`` into
   memory that is already faulted in);
 * the batch crosses torch's result queue as a ``SlotBatch``: slot number, and per tensor an
   offset, dtype and shape. The segment's descriptor travels once, with the first batch of a new
-  segment; the main process maps it once (``loaderkit.handoff``);
+  segment; the main process maps it once (``loaderkit.workers.handoff``);
 * a slot is ``BUSY`` from the moment the worker takes it until the main process sets it
   ``FREE``, which it does only when nothing outside loaderkit can see the batch any more (the
   last tensor, view or slice of it is gone, or the pin-memory thread has copied it). With no
@@ -45,7 +45,7 @@ import torch
 from torch.utils.data import get_worker_info
 
 from loaderkit import _torch
-from loaderkit.wire import ALIGN, BUSY, FREE, HEADER, FallbackBatch, Leaf, SlotBatch, walk
+from loaderkit.workers.wire import ALIGN, BUSY, FREE, HEADER, FallbackBatch, Leaf, SlotBatch, walk
 
 __all__ = [
     "HandoffCollate",
@@ -70,8 +70,8 @@ _SHARED_BATCHES = False
 def share_batches(enabled: bool) -> None:
     """Make this worker allocate batch buffers in shared memory (or stop doing so).
 
-    A loaderkit loader whose ``collate_fn`` is ``loaderkit.collate.collate`` turns it on in each
-    of its workers (through its ``worker_init_fn``): when the slot pool is off, the buffer is
+    A loaderkit loader whose ``collate_fn`` is ``loaderkit.workers.collate.collate`` turns it on in
+    each of its workers (through its ``worker_init_fn``): when the slot pool is off, the buffer is
     then the batch torch sends to the main process, already in shared memory. Anywhere else
     (torch's own DataLoader, another ``collate_fn``) the buffer is only read from, so a private
     allocation is cheaper.

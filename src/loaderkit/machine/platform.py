@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from loaderkit import _torch
-from loaderkit.distributed import launcher_int
-from loaderkit.threads import torch_threads
+from loaderkit.machine.distributed import launcher_int
+from loaderkit.machine.threads import torch_threads
 
 __all__ = [
     "PlatformInfo",
@@ -73,7 +73,7 @@ class PlatformInfo:
             container's cgroup limit when lower; ``None`` when unknown (the default).
         open_fds: Descriptors this process held when detected (its own share of its
             ``RLIMIT_NOFILE``, which every process has separately); ``None`` when unknown (the
-            default: the budgets then assume ``loaderkit.budgets.FDS_MAIN_PROCESS``).
+            default: the budgets then assume ``loaderkit.policy.budgets.FDS_MAIN_PROCESS``).
         torch_threads: torch's intra-op threads in this process (``torch.get_num_threads()``);
             ``None`` when unknown (the default: torch's threads are then left alone).
         torch_threads_chosen: The user chose that number (``OMP_NUM_THREADS`` or

@@ -1,7 +1,7 @@
 """Policies for the torch a loader runs on: which arguments it is given, what falls back.
 
 Pure functions of a ``PlatformInfo`` (its ``torch_version``, ``torch_loader_args`` and
-``torch_fallbacks``, read by ``loaderkit.platform`` from ``loaderkit._torch``):
+``torch_fallbacks``, read by ``loaderkit.machine.platform`` from ``loaderkit._torch``):
 
 * ``fit_torch_arguments``: an argument left unset never reaches a torch that does not know it;
   a value an older torch cannot honour is a ``ConfigError`` naming the argument, the value and
@@ -11,7 +11,7 @@ Pure functions of a ``PlatformInfo`` (its ``torch_version``, ``torch_loader_args
 
 Examples:
     >>> from dataclasses import replace
-    >>> from loaderkit.platform import detect_platform
+    >>> from loaderkit.machine.platform import detect_platform
     >>> old = replace(detect_platform(), torch_version="2.4.1",
     ...               torch_loader_args=frozenset({"batch_size", "shuffle"}))
     >>> fit_torch_arguments({"batch_size": 4, "in_order": True}, old)
@@ -25,8 +25,8 @@ from typing import Any
 
 from loaderkit._torch import ARGUMENTS_SINCE, PIECES, TESTED_FROM, TESTED_TO, parse_version
 from loaderkit.errors import ArgumentTypeError
-from loaderkit.platform import PlatformInfo
-from loaderkit.policy import Decision
+from loaderkit.machine.platform import PlatformInfo
+from loaderkit.plan import Decision
 
 __all__ = ["fit_torch_arguments", "torch_decision", "torch_fallback_warning"]
 
@@ -79,7 +79,7 @@ def torch_decision(platform: PlatformInfo) -> Decision[str]:
 
     Examples:
         >>> from dataclasses import replace
-        >>> from loaderkit.platform import detect_platform
+        >>> from loaderkit.machine.platform import detect_platform
         >>> p = replace(detect_platform(), torch_version="2.15.0", torch_fallbacks=())
         >>> "untested" in torch_decision(p).reason
         True

@@ -11,8 +11,14 @@ The only module (with ``__main__``) that prints. Each command returns an exit co
   fails;
 * ``rechunk``: copies of session files with one dataset stored row by row, verified
   (``loaderkit.hdf5.rechunk``); exit 1 when a file cannot be rewritten;
-* ``fetch`` and ``cache ls|du|clear``: a node's session cache (``loaderkit.cli_cache``, which
+* ``fetch`` and ``cache ls|du|clear``: a node's session cache (``loaderkit.cli.cache``, which
   prints too).
+
+The folder is the command line, the top layer: this module (the parser and ``main``),
+``cache`` (``fetch`` and ``cache``), ``bench`` (configurations measured side by side),
+``demo`` (the demo job; ``make_sessions`` for the examples), ``doctor`` (checks with advice),
+``__main__`` (``python -m loaderkit.cli``). Imports go down into every other layer; nothing
+outside this folder imports it but ``loaderkit.__main__``.
 """
 
 from __future__ import annotations
@@ -24,8 +30,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from loaderkit import __version__
-from loaderkit.cli_cache import add_commands as add_cache_commands
-from loaderkit.doctor import (
+from loaderkit.cli.cache import add_commands as add_cache_commands
+from loaderkit.cli.doctor import (
     FAIL,
     PASS,
     WARN,
@@ -33,7 +39,7 @@ from loaderkit.doctor import (
     session_cache_report,
     software_versions,
 )
-from loaderkit.platform import detect_platform
+from loaderkit.machine.platform import detect_platform
 from loaderkit.policy import recommended_num_workers, resolve_num_workers
 
 __all__ = ["main"]
@@ -111,7 +117,7 @@ def _progress(enabled: bool) -> Any:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from loaderkit.demo import run_demo
+    from loaderkit.cli.demo import run_demo
 
     report = run_demo(
         args.root,
@@ -214,7 +220,7 @@ def _cmd_rechunk(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from loaderkit.bench import run_bench
+    from loaderkit.cli.bench import run_bench
     from loaderkit.errors import ConfigError
 
     try:
@@ -302,21 +308,14 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (exposed for documentation and tests)."""
-    parser = argparse.ArgumentParser(
-        prog="loaderkit",
-        description="PyTorch data loading that is correct by default.",
-    )
-    parser.add_argument("--version", action="version", version=f"loaderkit {__version__}")
-    commands = parser.add_subparsers(
-        dest="command", metavar="{info,doctor,bench,demo,rechunk,fetch,cache}"
-    )
-    commands.required = True
-
+def _add_info(commands: Any) -> None:
+    """``loaderkit info``."""
     info = commands.add_parser("info", help="platform, versions and recommended workers")
     info.set_defaults(run=_cmd_info)
 
+
+def _add_doctor(commands: Any) -> None:
+    """``loaderkit doctor``."""
     doctor = commands.add_parser("doctor", help="check this machine, with advice")
     doctor.add_argument(
         "--max-open-files",
@@ -326,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     doctor.set_defaults(run=_cmd_doctor)
 
+
+def _add_bench(commands: Any) -> None:
+    """``loaderkit bench``: the dataset, the configurations, how long."""
     bench = commands.add_parser("bench", help="measure loader configurations on a dataset")
     bench.add_argument(
         "--dataset",
@@ -358,6 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     bench.set_defaults(run=_cmd_bench)
 
+
+def _add_demo(commands: Any) -> None:
+    """``loaderkit demo``."""
     demo = commands.add_parser("demo", help="a self-contained run on generated session files")
     demo.add_argument(
         "--root", metavar="DIR", help="where generated files go (default: a temporary directory)"
@@ -369,6 +374,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(run=_cmd_demo)
 
+
+def _add_rechunk(commands: Any) -> None:
+    """``loaderkit rechunk``: the files, the key, where the copies go, the layout."""
     from loaderkit.hdf5.rechunk import CHUNK_BYTES, LAYOUTS
 
     rechunk = commands.add_parser(
@@ -402,6 +410,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rechunk.add_argument("--no-progress", action="store_true", help="no progress bars")
     rechunk.set_defaults(run=_cmd_rechunk)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for documentation and tests)."""
+    parser = argparse.ArgumentParser(
+        prog="loaderkit",
+        description="PyTorch data loading that is correct by default.",
+    )
+    parser.add_argument("--version", action="version", version=f"loaderkit {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", metavar="{info,doctor,bench,demo,rechunk,fetch,cache}"
+    )
+    commands.required = True
+
+    for add in (_add_info, _add_doctor, _add_bench, _add_demo, _add_rechunk):
+        add(commands)
     add_cache_commands(commands)
     return parser
 
@@ -421,7 +445,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = build_parser().parse_args(argv)
     return int(args.run(args))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -22,7 +22,7 @@ import queue
 from typing import Any
 
 from loaderkit import _torch
-from loaderkit.queues import DirectQueue
+from loaderkit.workers.queues import DirectQueue
 
 __all__ = ["KILL_GRACE_S", "release_iterator", "shutdown_iterator"]
 

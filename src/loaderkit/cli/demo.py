@@ -24,8 +24,8 @@ import torch
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import HDF5SessionDataset
 from loaderkit.loader import DataLoader
-from loaderkit.resources import compare, snapshot, worker_processes
-from loaderkit.seeding import check_determinism, seed_everything
+from loaderkit.memory.resources import LeakReport, compare, snapshot, worker_processes
+from loaderkit.order.seeding import DeterminismReport, check_determinism, seed_everything
 
 __all__ = ["DemoReport", "DemoSessions", "make_sessions", "run_demo"]
 
@@ -225,31 +225,38 @@ def run_demo(
     dataset.close()
     after = compare(before, _settled_snapshot(before))
 
+    _judge(report, sessions=len(paths), determinism=determinism, after=after)
+    return report
+
+
+def _judge(
+    report: DemoReport, *, sessions: int, determinism: DeterminismReport, after: LeakReport
+) -> None:
+    """Fill ``report.checks``: learning, files open, worker processes, determinism, cleanup."""
     checks = report.checks
     checks["learning"] = (
-        report.losses[-1] < report.losses[0] or epochs == 1,
+        report.losses[-1] < report.losses[0] or report.epochs == 1,
         f"loss {report.losses[0]:.3f} -> {report.losses[-1]:.3f}, accuracy "
         f"{report.accuracy:.1%} ({CLASSES} classes, chance {1 / CLASSES:.0%})",
     )
     checks["files open"] = (
         report.max_files_open_per_process <= MAX_OPEN_FILES,
-        f"at most {report.max_files_open_per_process} of {len(paths)} session files open in "
+        f"at most {report.max_files_open_per_process} of {sessions} session files open in "
         f"any process (max_open_files={MAX_OPEN_FILES})",
     )
     checks["worker processes"] = (
-        report.max_worker_processes <= workers,
-        f"at most {report.max_worker_processes} worker processes (num_workers={workers})",
+        report.max_worker_processes <= report.workers,
+        f"at most {report.max_worker_processes} worker processes (num_workers={report.workers})",
     )
     checks["determinism"] = (determinism.deterministic, str(determinism))
     leftovers = [c.pid for c in after.new_children]
-    open_files = [p for p in after.new_open_files if p.startswith(str(root))]
+    open_files = [p for p in after.new_open_files if p.startswith(report.root)]
     checks["cleanup"] = (
         not leftovers and not open_files,
         "no worker processes and no session files left open after close()"
         if not leftovers and not open_files
         else f"left behind: processes {leftovers}, files {open_files}",
     )
-    return report
 
 
 def _settled_snapshot(before: Any, timeout: float = 5.0) -> Any:

@@ -1,7 +1,7 @@
 """``sample_seeding=True`` in workers: batches tagged with their epoch, samples seeded one by one.
 
 With per-sample seeding, each sample's random streams come from ``(seed, epoch, index)``
-(``loaderkit.seeding.SampleSeeder``), so a batch does not depend on which worker made it. The
+(``loaderkit.order.seeding.SampleSeeder``), so a batch does not depend on which worker made it. The
 loader's iterators then read a view of the loader (``sample_seeding_view``) whose index sampler
 tags every batch of indices with the loader's epoch (``EpochTagger``) and whose dataset seeds
 the RNGs around each sample (``SampleSeededDataset``), in whatever process reads it.
@@ -21,8 +21,8 @@ from typing import Any
 from torch.utils.data import Dataset
 
 from loaderkit import _torch
-from loaderkit.hooks import call_hook
-from loaderkit.seeding import SampleSeeder
+from loaderkit.order.hooks import call_hook
+from loaderkit.order.seeding import SampleSeeder
 
 __all__ = ["EpochTagger", "SampleSeededDataset", "Tagged", "sample_seeding_view"]
 

@@ -399,6 +399,23 @@ def _raise_limit_to(needed: int) -> int:
     return target
 
 
+def _limit_fix(needed: int, hard_limit: int | None) -> str:
+    """The advice on the limit itself: raise the soft limit, or ask for a higher hard one."""
+    target = _raise_limit_to(needed)
+    if hard_limit is not None and target > hard_limit:
+        target = hard_limit
+    if target > needed:
+        return (
+            f"raise the soft limit to {target} (`ulimit -n {target}` in the shell that starts "
+            "Python, or resource.setrlimit(resource.RLIMIT_NOFILE, "
+            f"({target}, hard)) before building the loader)"
+        )
+    return (
+        f"ask for a higher hard limit (it is {hard_limit}; the busiest process needs "
+        f"about {needed})"
+    )
+
+
 def check_open_file_budget(
     num_workers: int,
     max_open_files: int | None,
@@ -473,20 +490,7 @@ def check_open_file_budget(
             if fewer.most + files <= soft_limit:
                 fixes.append(f"use num_workers <= {workers}")
                 break
-    target = _raise_limit_to(needed)
-    if hard_limit is not None and target > hard_limit:
-        target = hard_limit
-    if target > needed:
-        fixes.append(
-            f"raise the soft limit to {target} (`ulimit -n {target}` in the shell that starts "
-            "Python, or resource.setrlimit(resource.RLIMIT_NOFILE, "
-            f"({target}, hard)) before building the loader)"
-        )
-    else:
-        fixes.append(
-            f"ask for a higher hard limit (it is {hard_limit}; the busiest process needs "
-            f"about {needed})"
-        )
+    fixes.append(_limit_fix(needed, hard_limit))
     fix_text = "; or ".join(fixes)
     if needed > soft_limit:
         what = (
@@ -521,7 +525,7 @@ def check_shared_memory(
     Workers hand batches to the main process through shared memory; up to
     ``prefetch_factor x num_workers`` batches are in flight at once. A too-small ``/dev/shm``
     (Docker's default is 64 MB) kills workers with a bus error. With loaderkit's slot pool
-    (``pool_slots`` per worker, ``loaderkit.worker``) the batches live in anonymous shared
+    (``pool_slots`` per worker, ``loaderkit.workers.worker``) the batches live in anonymous shared
     memory that ``/dev/shm``'s size does not limit; ``/dev/shm`` then only holds batches that
     found no free slot (at most as many as without the pool), and the pool itself,
     ``num_workers x pool_slots`` batches, is memory the loader keeps: it warns above a quarter

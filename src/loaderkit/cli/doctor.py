@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from loaderkit._torch import TESTED_FROM, TESTED_TO, parse_version
-from loaderkit.budgets import check_open_file_budget, loader_fds
-from loaderkit.platform import PlatformInfo
+from loaderkit.machine.platform import PlatformInfo
+from loaderkit.machine.versions import torch_decision
 from loaderkit.policy import recommended_num_workers as _recommended
-from loaderkit.versions import torch_decision
+from loaderkit.policy.budgets import check_open_file_budget, loader_fds
 
 __all__ = [
     "FAIL",
@@ -345,7 +345,7 @@ def run_checks(
         One ``Check`` per topic, in display order.
 
     Examples:
-        >>> from loaderkit.platform import detect_platform
+        >>> from loaderkit.machine.platform import detect_platform
         >>> [c.name for c in run_checks(detect_platform())][:2]
         ['start method', 'workers']
     """

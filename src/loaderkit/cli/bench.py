@@ -20,10 +20,10 @@ from typing import Any
 
 from loaderkit.errors import ConfigError
 from loaderkit.factory import create_dataloader
-from loaderkit.hooks import call_hook
 from loaderkit.loader import DataLoader
+from loaderkit.memory.resources import worker_uss
+from loaderkit.order.hooks import call_hook
 from loaderkit.policy import recommended_num_workers
-from loaderkit.resources import worker_uss
 
 __all__ = ["BenchReport", "BenchResult", "load_dataset_class", "run_bench"]
 
@@ -194,7 +194,7 @@ def run_bench(
         ...                    workers=[0], batch_sizes=[4])
     """
     if dataset is None:
-        from loaderkit.demo import DemoSessions, make_sessions
+        from loaderkit.cli.demo import DemoSessions, make_sessions
 
         if root is None:
             with tempfile.TemporaryDirectory(prefix="loaderkit-bench-") as tmp:

@@ -24,8 +24,8 @@ from torch.utils.data import Dataset, DistributedSampler, Sampler
 
 from loaderkit import _torch
 from loaderkit.errors import ConfigError, check_int
-from loaderkit.hooks import call_hook
-from loaderkit.seeding import epoch_seed, validate_seed
+from loaderkit.order.hooks import call_hook
+from loaderkit.order.seeding import epoch_seed, validate_seed
 
 __all__ = [
     "ElasticSampler",
@@ -180,7 +180,7 @@ class ElasticSampler(DistributedSampler[int]):
         """The whole epoch's order (the same on every rank and every world size).
 
         With ``shuffle``: ``randperm`` from a generator seeded with
-        ``loaderkit.seeding.epoch_seed(seed, epoch)`` after one 64-bit draw, exactly what a
+        ``loaderkit.order.seeding.epoch_seed(seed, epoch)`` after one 64-bit draw, exactly what a
         single-process loader's ``RandomSampler`` yields (its iterator draws the workers' base
         seed from the generator first).
         """

@@ -4,7 +4,7 @@ Only this module asks ``torch.distributed`` (and the launcher's ``RANK``, ``WORL
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) where the current process stands; everything else
 receives a ``DistInfo`` or the numbers it holds. Sampler selection for
 ``distributed="auto"`` lives in ``loaderkit.policy`` (a pure decision) and the samplers
-themselves in ``loaderkit.samplers``.
+themselves in ``loaderkit.order.samplers``.
 """
 
 from __future__ import annotations

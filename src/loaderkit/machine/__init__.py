@@ -1,0 +1,16 @@
+"""What this machine and its torch are: read once, handed to everything that decides.
+
+Detection lives here and nowhere else; the layers above receive its snapshots and decide.
+
+Modules:
+
+- ``platform``: ``PlatformInfo`` and ``detect_platform()``: the OS, start methods, CPUs,
+  memory, limits, CUDA, torch's fallbacks (the only module that reads the machine).
+- ``distributed``: rank, world and local world (the only reader of ``RANK``, ``WORLD_SIZE``,
+  ``LOCAL_WORLD_SIZE`` and ``torch.distributed``).
+- ``threads``: torch's intra-op thread count, and lowering it while a pass runs.
+- ``versions``: the torch a loader runs on: which arguments it takes, what falls back.
+
+Imports go down only: to ``loaderkit._torch``, ``loaderkit.errors`` and ``loaderkit.plan``
+(``versions`` answers in ``Decision``). Nothing here imports another loaderkit folder.
+"""

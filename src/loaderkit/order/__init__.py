@@ -1,0 +1,18 @@
+"""Which samples, in what order: seeds, samplers, resume, reading ahead.
+
+Modules:
+
+- ``seeding``: reproducible, collision-free random streams in every process, worker, rank and
+  epoch (``seed_everything``, ``make_generator``, ``seed_worker``, ``worker_rng``).
+- ``sample_seeding``: ``sample_seeding=True``: batches tagged with their epoch, samples seeded
+  one by one *in the workers*.
+- ``samplers``: the samplers loaderkit builds for ``torch.distributed`` (``ElasticSampler``,
+  ``ShardSampler``) and the global-batch arithmetic.
+- ``resume``: a loader's state, the check that it fits, the index-level fast-forward.
+- ``lookahead``: a pass's indices drawn a little ahead, for datasets that fetch what comes next.
+- ``hooks``: ``call_hook``: the optional duck-typed ``set_epoch``/``close`` hooks of samplers
+  and datasets.
+
+Imports go down only: to ``loaderkit.machine`` (ranks), ``loaderkit.workers`` (whether a
+worker shares its batches), ``loaderkit._torch`` and ``loaderkit.errors``.
+"""

@@ -1,0 +1,255 @@
+"""The package layout (issue 36), checked by reading the source tree.
+
+* the package root holds at most ``ROOT_MAX`` modules (the front door and two leaves);
+* every folder's ``__init__`` has a docstring that maps the folder (names each of its modules)
+  and says which way its imports go;
+* no module is longer than ``MAX_LINES`` lines;
+* the import graph between *units* (a folder, or one module of the root) follows ``LAYERS``:
+  a unit imports only units listed before it, so there is no circle and nothing imports back
+  up. Every import counts, also those inside functions and under ``TYPE_CHECKING``.
+
+``imports_of``, ``layer_violations`` and ``find_cycle`` are pure functions, tested here on
+small synthetic inputs so that the checks on the real tree are known to be able to fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "loaderkit"
+ROOT_MAX = 10
+MAX_LINES = 600
+
+#: Units from the bottom up: each may import only the units before it. A folder is one unit
+#: (its modules import each other freely); a module of the root is a unit of its own;
+#: ``__init__`` is the package ``loaderkit`` itself.
+LAYERS: tuple[str, ...] = (
+    "errors",  # every exception and warning; imports nothing
+    "plan",  # Plan, PlanEntry, Decision; imports nothing
+    "_moved",  # old module paths; imports nothing of loaderkit
+    "_torch",  # torch's private API
+    "machine",  # what this machine and torch are
+    "workers",  # what runs in worker processes, the hand-off
+    "memory",  # what processes hold
+    "order",  # which samples, in what order
+    "policy",  # decisions and checks before a start
+    "device",  # to the GPU
+    "storage",  # where session files live
+    "hdf5",  # reading session files
+    "passes",  # one pass of a loader (the front door from here on)
+    "planning",
+    "loader",
+    "factory",
+    "__init__",
+    "integrations",
+    "cli",  # the command line
+    "__main__",
+)
+
+
+# ------------------------------------------------------------------ pure functions
+
+
+def imports_of(source: str, module: str, known: set[str] | None = None) -> set[str]:
+    """Every ``loaderkit`` module path ``source`` imports (at any depth of the code).
+
+    ``module`` is the importing module's dotted name (for relative imports). For
+    ``from loaderkit.x import y``: ``loaderkit.x.y`` when it is a module of ``known``, else
+    ``loaderkit.x`` (``y`` is a name in it); without ``known``, both.
+
+    Examples:
+        >>> sorted(imports_of("def f():\\n    from loaderkit import errors", "loaderkit.a"))
+        ['loaderkit', 'loaderkit.errors']
+    """
+    package = module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = ".".join(parts[: len(parts) - node.level + 1])
+                base = f"{anchor}.{base}" if base else anchor
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if known is None:
+                    found.update((base, full))
+                else:
+                    found.add(full if full in known else base)
+    return {name for name in found if name == "loaderkit" or name.startswith("loaderkit.")}
+
+
+def layer_violations(graph: Mapping[str, set[str]], layers: Sequence[str]) -> list[str]:
+    """The edges of ``graph`` (unit -> units it imports) that do not point down ``layers``.
+
+    Examples:
+        >>> layer_violations({"a": set(), "b": {"a"}}, ["a", "b"])
+        []
+        >>> layer_violations({"a": {"b"}, "b": set()}, ["a", "b"])
+        ['a imports b, which is above it']
+    """
+    rank = {unit: i for i, unit in enumerate(layers)}
+    problems = []
+    for unit, targets in sorted(graph.items()):
+        if unit not in rank:
+            problems.append(f"{unit} is in no layer")
+            continue
+        for target in sorted(targets - {unit}):
+            if target not in rank:
+                problems.append(f"{unit} imports {target}, which is in no layer")
+            elif rank[target] > rank[unit]:
+                problems.append(f"{unit} imports {target}, which is above it")
+    return problems
+
+
+def find_cycle(graph: Mapping[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` as ``[a, b, ..., a]``, or None.
+
+    Examples:
+        >>> find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+        True
+        >>> find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}})
+        ['a', 'b', 'c', 'a']
+    """
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(unit: str) -> list[str] | None:
+        state[unit] = 1
+        path.append(unit)
+        for target in sorted(graph.get(unit, set()) - {unit}):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state:
+                found = visit(target)
+                if found:
+                    return found
+        path.pop()
+        state[unit] = 2
+        return None
+
+    for unit in sorted(graph):
+        if unit not in state:
+            found = visit(unit)
+            if found:
+                return found
+    return None
+
+
+# ------------------------------------------------------------------ the tree
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted name -> file, for every module of the package."""
+    names = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        names[name] = path
+    return names
+
+
+def _unit(name: str) -> str:
+    parts = name.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def _unit_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
+    """Unit -> units it imports, and one module-level example of each edge."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    examples: dict[tuple[str, str], str] = {}
+    for name, path in modules.items():
+        unit = _unit(name)
+        graph.setdefault(unit, set())
+        module = name if path.name != "__init__.py" else f"{name}.__init__"
+        for target in imports_of(path.read_text(encoding="utf-8"), module, set(modules)):
+            assert target in modules, f"{name} imports {target}, which is no module"
+            target_unit = _unit(target)
+            if target_unit != unit:
+                graph[unit].add(target_unit)
+                examples.setdefault((unit, target_unit), f"{name} -> {target}")
+    return graph, examples
+
+
+def test_the_checks_can_fail() -> None:
+    circle = {"workers": {"order"}, "order": {"policy"}, "policy": {"workers"}}
+    assert find_cycle(circle) == ["order", "policy", "workers", "order"]
+    assert layer_violations(circle, ["workers", "order", "policy"]) == [
+        "order imports policy, which is above it",
+        "workers imports order, which is above it",
+    ]
+    assert layer_violations({"x": {"errors"}}, ["errors"]) == ["x is in no layer"]
+    nested = "import os\nif True:\n    def f():\n        import loaderkit.order.seeding as s\n"
+    assert imports_of(nested, "loaderkit.workers.worker") == {"loaderkit.order.seeding"}
+    relative = "from ..order import seeding\nfrom . import wire\n"
+    assert imports_of(relative, "loaderkit.workers.worker") == {
+        "loaderkit.order",
+        "loaderkit.order.seeding",
+        "loaderkit.workers",
+        "loaderkit.workers.wire",
+    }
+
+
+def test_root_holds_at_most_ten_modules() -> None:
+    root = sorted(path.name for path in PACKAGE.glob("*.py"))
+    assert len(root) <= ROOT_MAX, root
+
+
+def test_every_unit_has_a_layer() -> None:
+    units = {_unit(name) for name in _modules()}
+    assert units == set(LAYERS), (units - set(LAYERS), set(LAYERS) - units)
+
+
+def test_every_folder_docstring_maps_the_folder_and_its_imports() -> None:
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        folder = init.parent
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8")))
+        assert doc, f"{init} has no docstring"
+        if folder == PACKAGE:
+            continue  # the front door: its docstring names the folders instead
+        missing = [
+            path.stem
+            for path in sorted(folder.glob("*.py"))
+            if path.stem != "__init__" and f"``{path.stem}``" not in doc
+        ]
+        assert not missing, f"{folder.name}/__init__.py does not name {missing}"
+        assert re.search(r"\bimports?\b", doc, re.IGNORECASE), f"{folder.name}: which way?"
+    root_doc = ast.get_docstring(ast.parse((PACKAGE / "__init__.py").read_text()))
+    assert root_doc
+    for folder in sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py")):
+        assert f"``{folder}``" in root_doc, f"loaderkit's docstring does not name {folder}"
+
+
+def test_no_module_is_longer_than_600_lines() -> None:
+    long = {
+        str(path.relative_to(PACKAGE)): count
+        for path in PACKAGE.rglob("*.py")
+        if (count := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES
+    }
+    assert not long, long
+
+
+def test_imports_follow_the_layers_without_circles() -> None:
+    graph, examples = _unit_graph()
+    problems = layer_violations(graph, LAYERS)
+    where = [
+        examples.get((words[0], words[2].rstrip(",")), "")
+        for words in (problem.split() for problem in problems)
+    ]
+    assert not problems, list(zip(problems, where, strict=True))
+    assert find_cycle(graph) is None
+
+
+def test_the_source_imports_no_old_path() -> None:
+    from loaderkit._moved import MOVED
+
+    for name, path in _modules().items():
+        module = name if path.name != "__init__.py" else f"{name}.__init__"
+        old = imports_of(path.read_text(encoding="utf-8"), module) & set(MOVED)
+        assert not old, f"{name} imports {sorted(old)}: use the new paths"
