@@ -65,14 +65,18 @@ class CachedSessions:
         return OrderWatcher(sources, self._session_positions, horizon)
 
     def _session_positions(self, indices: np.ndarray) -> np.ndarray:
+        """The session position of each index; -1 for one that is not the dataset's."""
         keys = self._key
         idx = np.asarray(indices).reshape(-1)
-        if idx.dtype.kind not in "iu" or not idx.size:
-            return np.zeros(0, np.int64)
+        if idx.dtype.kind not in "iu":
+            return np.full(idx.size, -1, np.int64)
         n = len(keys)
-        if idx.min() < -n or idx.max() >= n:  # once per batch: cheaper than always masking
-            idx = idx[(idx >= -n) & (idx < n)]  # bad ones fail in the reader
-        return np.asarray(keys[idx]) >> _ROW_BITS
+        if not idx.size or (idx.min() >= -n and idx.max() < n):
+            return np.asarray(keys[idx]) >> _ROW_BITS
+        good = (idx >= -n) & (idx < n)  # bad ones fail in the reader, named
+        out = np.full(idx.size, -1, np.int64)
+        out[good] = np.asarray(keys[idx[good]]) >> _ROW_BITS
+        return out
 
     def cached_open_files(self, num_workers: int, ranks: int | None = None) -> int | None:
         """Most files each reading process may keep open so the cache never blocks.

@@ -19,6 +19,7 @@ Where each part runs:
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 from collections import deque
 from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
@@ -259,6 +260,28 @@ class SessionSources:
             fetcher.close()
 
 
+def _flatten(items: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Every index of ``items`` in one array, and how many each item holds.
+
+    Batches of Python ints (what torch's ``BatchSampler`` yields, a short last one included)
+    go through one ``np.fromiter``; anything else (single indices, tensors, arrays, keys that
+    are not integers) item by item.
+    """
+    try:
+        sizes = [len(item) for item in items]
+        flat = np.fromiter(itertools.chain.from_iterable(items), np.int64, count=sum(sizes))
+    except (TypeError, ValueError, OverflowError):
+        arrays = [np.asarray(item).reshape(-1) for item in items]
+        if not arrays:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        kinds = {a.dtype.kind for a in arrays}
+        if kinds <= {"i", "u"}:
+            return np.concatenate(arrays), np.array([a.size for a in arrays])
+        # not integer indices: NaNs, which no session position matches (-1 for each)
+        return np.full(sum(a.size for a in arrays), np.nan), np.array([a.size for a in arrays])
+    return flat, np.asarray(sizes)
+
+
 class OrderWatcher:
     """Sees the loader's indices ahead of torch and moves the prefetch window (main process).
 
@@ -268,12 +291,13 @@ class OrderWatcher:
 
     Args:
         sources: The dataset's cached sessions.
-        positions: ``positions(indices)`` -> the session position of each index.
+        positions: ``positions(indices)`` -> the session position of each index (-1 for one
+            that is not the dataset's).
         horizon: Samples to see ahead.
 
     Examples:
         >>> watcher = OrderWatcher(None, lambda idx: np.asarray(idx) // 10, 30)
-        >>> watcher.drawn([0, 1, 12]); watcher.drawn([25])
+        >>> watcher.drawn([[0, 1], [12]]); watcher.drawn([25])
         >>> list(watcher.upcoming())
         [0, 1, 2]
     """
@@ -288,29 +312,41 @@ class OrderWatcher:
         self._sent: list[int] | None = None
         self._changed = True  # the runs changed since the window was last computed
 
-    def drawn(self, item: Any) -> None:
-        """One more item (a batch of indices, or one index) drawn from the sampler."""
-        number = self._drawn
-        self._drawn += 1
-        last = self._runs[-1][1] if self._runs else None
-        positions = np.asarray(self._positions(item)).reshape(-1)
+    def drawn(self, items: Sequence[Any]) -> None:
+        """Items drawn from the sampler (batches of indices, or single indices), in order.
+
+        One vectorised pass over all of them: a pass's first call holds the whole horizon.
+        """
+        if not items:
+            return
+        first = self._drawn
+        self._drawn += len(items)
+        flat, sizes = _flatten(items)
+        positions = np.asarray(self._positions(flat)).reshape(-1)
+        numbers = np.repeat(np.arange(first, first + len(items)), sizes)
+        known = positions >= 0  # -1: not an index of the dataset (the reader will say so)
+        if not known.all():
+            positions, numbers = positions[known], numbers[known]
         if not positions.size:
             return
-        first = int(positions[0])
-        if first == last and (positions == first).all():
-            return  # the usual case in block order: the whole item in the current session
-        for pos in positions.tolist():
-            if pos != last:
-                self._runs.append((number, pos))
-                self._changed = True
-                last = pos
+        last = self._runs[-1][1] if self._runs else None
+        starts = np.flatnonzero(positions[1:] != positions[:-1]) + 1
+        if last is None or int(positions[0]) != last:
+            starts = np.concatenate(([0], starts))
+        if starts.size:
+            self._runs.extend(
+                zip(numbers[starts].tolist(), positions[starts].tolist(), strict=True)
+            )
+            self._changed = True
 
     def reading(self) -> None:
         """The next drawn item goes to the reader now: move the window if it changed."""
         number = self._read
         self._read += 1
-        while self._runs and self._runs[0][0] < number:
-            self._runs.popleft()
+        runs = self._runs
+        # drop the runs behind this item; the one it lies in stays (it may have begun earlier)
+        while len(runs) > 1 and runs[0][0] < number and runs[1][0] <= number:
+            runs.popleft()
             self._changed = True
         if self.sources is None or not self._changed:
             return  # same runs ahead, same window: once per session change, not per batch

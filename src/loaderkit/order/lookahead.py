@@ -11,12 +11,11 @@ before the first draw; only batches handed to the caller are counted).
 Examples:
     >>> class Watcher:
     ...     horizon = 4
-    ...     def drawn(self, item): print("drawn", item)
+    ...     def drawn(self, items): print("drawn", items)
     ...     def reading(self): print("reading")
     >>> items = look_ahead([0, 1], iter([[2, 3], [4, 5]]), Watcher())
     >>> next(items)
-    drawn [0, 1]
-    drawn [2, 3]
+    drawn [[0, 1], [2, 3]]
     reading
     [0, 1]
 """
@@ -45,8 +44,10 @@ def _size(item: Any) -> int:
 def look_ahead(first: Any, rest: Iterator[Any], watcher: Any) -> Iterator[Any]:
     """``first`` then ``rest``, drawn up to ``watcher.horizon`` samples ahead.
 
-    The watcher sees every item as it is drawn (``drawn(item)``) and is told when the next one
-    is handed on (``reading()``); its errors are logged and ignored (a hint never fails a pass).
+    The watcher sees the items drawn since it was last told, in order (``drawn(items)``: one
+    call for a burst of draws, such as the whole horizon at the start of a pass), and is told
+    when the next one is handed on (``reading()``); its errors are logged and ignored (a hint
+    never fails a pass).
     """
     horizon = int(getattr(watcher, "horizon", 1))
     pending: deque[tuple[Any, int]] = deque()
@@ -61,7 +62,7 @@ def look_ahead(first: Any, rest: Iterator[Any], watcher: Any) -> Iterator[Any]:
 
     pending.append((first, _size(first)))
     count += pending[-1][1]
-    tell("drawn", first)
+    new = [first]
     while pending:
         while not exhausted and count < horizon:
             item = next(rest, _END)
@@ -70,7 +71,10 @@ def look_ahead(first: Any, rest: Iterator[Any], watcher: Any) -> Iterator[Any]:
                 break
             pending.append((item, _size(item)))
             count += pending[-1][1]
-            tell("drawn", item)
+            new.append(item)
+        if new:
+            tell("drawn", new)
+            new = []
         item, size = pending.popleft()
         count -= size
         tell("reading")

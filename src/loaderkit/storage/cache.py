@@ -119,6 +119,7 @@ class SessionCache:
         self.limits: CacheLimits = fit_cache_limits(self.disk(), max_bytes, min_free, prefetch)
         self._totals = Totals.create(self.dir / "stats")
         self._counters: Counters | None = None
+        self._known: dict[ObjectInfo, EntryFiles] = {}
 
     @property
     def max_bytes(self) -> int:
@@ -142,6 +143,7 @@ class SessionCache:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_counters"] = None  # counters are per process
+        state["_known"] = {}
         return state
 
     def __repr__(self) -> str:
@@ -208,7 +210,7 @@ class SessionCache:
             ConfigError: The object is larger than ``max_bytes``.
         """
         counters = self._state()
-        files = EntryFiles(self._objects, entries.entry_key(info, self.layout))
+        files = self._files(info)
         lease = Lease(files.lease)
         try:
             if not files.data.exists():
@@ -235,7 +237,7 @@ class SessionCache:
         another process's download): the ``Prefetcher`` takes warm entries this way in the
         caller's thread instead of waking a download thread for each.
         """
-        files = EntryFiles(self._objects, entries.entry_key(info, self.layout))
+        files = self._files(info)
         lease = Lease(files.lease)
         try:
             if not files.data.exists():
@@ -402,6 +404,16 @@ class SessionCache:
 
     def _free(self) -> int:
         return shutil.disk_usage(self.dir).free
+
+    def _files(self, info: ObjectInfo) -> EntryFiles:
+        """The entry's paths for this object version (made once per process and version)."""
+        known = self._known
+        files = known.get(info)
+        if files is None:
+            if len(known) >= 4096:  # a bound, not an LRU: datasets hold far fewer sessions
+                known.clear()
+            files = known[info] = EntryFiles(self._objects, entries.entry_key(info, self.layout))
+        return files
 
     def _state(self) -> Counters:
         counters = self._counters

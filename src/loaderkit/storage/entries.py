@@ -19,6 +19,7 @@ under a reader.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -69,22 +70,22 @@ class EntryFiles:
     objects: Path
     key: str
 
-    @property
+    @functools.cached_property
     def data(self) -> Path:
         """The complete object."""
         return self.objects / f"{self.key}.data"
 
-    @property
+    @functools.cached_property
     def sidecar(self) -> Path:
         """Its JSON sidecar."""
         return self.objects / f"{self.key}.json"
 
-    @property
+    @functools.cached_property
     def lock(self) -> Path:
         """Its download mutex."""
         return self.objects / f"{self.key}.lock"
 
-    @property
+    @functools.cached_property
     def lease(self) -> Path:
         """Its lease file."""
         return self.objects / f"{self.key}.lease"
