@@ -73,7 +73,7 @@ if [ ! -x "$root/usr/bin/python3.14" ]; then
     if ! command -v debootstrap >/dev/null; then
         apt-get install -y -q debootstrap >/dev/null
     fi
-    rm -rf "$root"
+    rm -rf --one-file-system "$root"
     debootstrap --variant=minbase \
         --include=python3.14,python3.14-venv,ca-certificates,libgomp1 sid "$root"
 fi
@@ -92,7 +92,7 @@ if [ "$prepare_only" = 1 ]; then
 fi
 
 # The checkout as a clone would have it, installed exactly as the README says.
-rm -rf "$root/work"
+rm -rf --one-file-system "$root/work"
 mkdir -p "$root/work"
 git ls-files -z --cached --others --exclude-standard | while IFS= read -r -d '' path; do
     [ -e "$path" ] || continue  # deleted in the work tree, not yet committed
