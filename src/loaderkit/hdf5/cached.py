@@ -146,7 +146,7 @@ class CachedSessions:
             if cache.prefetch > 0
             else "prefetch=0: each session is fetched when first opened"
         )
-        given = limits.prefetch.reason == "set by the caller"
+        given = "prefetch" in limits.given
         return [
             ("cache", sources.given, str(cache.dir), reason),
             ("prefetch", given, cache.prefetch, ahead),
