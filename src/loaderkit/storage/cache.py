@@ -138,6 +138,8 @@ class SessionCache:
             tag.write_text(entries.TAG_TEXT)
         self._defaults = fit_cache_limits(self.disk(), max_bytes, min_free, prefetch)
         self.limits: CacheLimits = self._defaults
+        #: The limits fitted to the sessions (``check_limits``), before a loader's readers.
+        self.session_limits: CacheLimits = self._defaults
         self._totals = Totals.create(self.dir / "stats")
         self._counters: Counters | None = None
         self._known: dict[ObjectInfo, EntryFiles] = {}
@@ -190,7 +192,7 @@ class SessionCache:
             The limits now in use (also ``self.limits``).
         """
         disk = self.disk()
-        self.limits = check_limits(self._defaults, disk, sizes, readers)
+        self.limits = self.session_limits = check_limits(self._defaults, disk, sizes, readers)
         return self.limits
 
     def stats(self, *, this_process: bool = False) -> CacheStats:

@@ -21,6 +21,7 @@ __all__ = [
     "DiskUsage",
     "check_limits",
     "fit_cache_limits",
+    "fit_to_readers",
     "fit_to_sessions",
     "format_bytes",
     "window_bytes",
@@ -255,6 +256,63 @@ def fit_to_sessions(
         f"{format_bytes(wanted)} ({readers} reader(s) x {1 + ahead} sessions of up to "
         f"{format_bytes(largest)}); {fitted} ahead "
         + ("fits" if fitted else "leaves room for the session read only")
+    )
+    return replace(limits, prefetch=CacheLimit(fitted, reason))
+
+
+def window_sessions(prefetch: int, workers: int) -> int:
+    """Sessions one rank's prefetcher leases besides its workers' open files.
+
+    The session read and ``prefetch`` ahead; none without a prefetcher (``prefetch=0``) when
+    workers read, one (the session open in the main process) when it reads itself.
+
+    Examples:
+        >>> window_sessions(2, 4), window_sessions(0, 4), window_sessions(0, 0)
+        (3, 0, 1)
+    """
+    if prefetch > 0:
+        return 1 + prefetch
+    return 0 if workers > 0 else 1
+
+
+def fit_to_readers(
+    limits: CacheLimits, capacity: int, ranks: int, workers: int, largest: int
+) -> CacheLimits:
+    """An unset ``prefetch`` lowered until every process's leases fit ``capacity`` sessions.
+
+    Each of ``ranks`` ranks holds one open session per worker (``workers``; the main process
+    when 0) and its prefetch window (``window_sessions``): a window that leaves no room for
+    the workers' files would block their downloads until ``room_timeout``. A ``prefetch`` the
+    caller set is kept (``max_open_files`` is fitted to it instead).
+
+    Examples:
+        >>> disk = DiskUsage(100 * GiB, 50 * GiB, 0)
+        >>> limits = fit_cache_limits(disk, max_bytes=2 * GiB)
+        >>> fit_to_readers(limits, 2, ranks=1, workers=0, largest=GiB).prefetch.value
+        1
+        >>> fit_to_readers(limits, 2, ranks=1, workers=2, largest=GiB).prefetch.reason[:40]
+        'fitted to max_bytes 2.0 GiB (2 sessions '
+    """
+    ahead = limits.prefetch.value
+    if "prefetch" in limits.given or ahead <= 0:
+        return limits
+    readers = max(workers, 1)
+
+    def need(prefetch: int) -> int:
+        return ranks * ((readers if workers > 0 else 0) + window_sessions(prefetch, workers))
+
+    fitted = ahead
+    while fitted > 0 and need(fitted) > capacity:
+        fitted -= 1
+    if fitted == ahead:
+        return limits
+    held = f"{workers} worker(s) each holding a session open + " if workers > 0 else ""
+    reason = (
+        f"fitted to max_bytes {format_bytes(limits.max_bytes.value)} ({capacity} sessions of up "
+        f"to {format_bytes(largest)}): {ahead} ahead would need {ranks} rank(s) x ({held}"
+        f"{window_sessions(ahead, workers)} in the prefetch window) = {need(ahead)} sessions; "
+        f"{fitted} ahead fits"
+        + ("" if fitted else " (each session fetched when first opened)")
     )
     return replace(limits, prefetch=CacheLimit(fitted, reason))
 

@@ -84,14 +84,18 @@ def clear(cache: SessionCache) -> ClearResult:
         for path, _ in groups["entries"]:  # sidecars left without their data
             if path.suffix == ".json" and not path.with_suffix(".data").exists():
                 _remove(path, other, "entries")
-        for path, _ in groups["locks"]:  # lease files of entries gone, when no one holds them
+        for path, _ in groups["locks"]:  # locks of entries gone, when no one holds them
             if path.suffix == ".lease" and not path.with_suffix(".data").exists():
                 with try_exclusive(path) as free:
                     if free:
                         _remove(path, other, "locks")
+            elif path.suffix == ".lock" and not path.with_suffix(".data").exists():
+                _remove_free_lock(path, other, "locks")
     for path, size in groups["meta"]:
         old = path.suffix == ".tmp" and _age(path) > STALE_TEMPORARY
-        if (path.suffix in (".json", ".pkl") or old) and _remove(path, other, "meta"):
+        if path.suffix == ".lock":
+            _remove_free_lock(path, other, "meta")
+        elif (path.suffix in (".json", ".pkl") or old) and _remove(path, other, "meta"):
             freed += size
     for path, size in groups["stats"]:
         if not _alive(path) and _remove(path, other, "stats"):
@@ -159,6 +163,21 @@ def _remove(path: Path, counts: dict[str, int], group: str) -> bool:
         return False
     counts[group] = counts.get(group, 0) + 1
     return True
+
+
+def _remove_free_lock(path: Path, counts: dict[str, int], group: str) -> None:
+    """Delete a lock file no process holds now (one that is held stays)."""
+    import filelock
+
+    lock = mutex(path, timeout=0)
+    try:
+        lock.acquire()
+    except (filelock.Timeout, OSError):
+        return
+    try:
+        _remove(path, counts, group)
+    finally:
+        lock.release()
 
 
 def _age(path: Path) -> float:
