@@ -4,6 +4,7 @@ damaged entries fetched again, and every file the cache keeps listed, cleared an
 from __future__ import annotations
 
 import errno
+import json
 import os
 import pickle
 import time
@@ -61,7 +62,7 @@ def test_the_cache_refits_from_its_defaults_for_each_dataset(cache_dir: Path) ->
 
 def test_the_cache_directory_is_made_private(tmp_path: Path) -> None:
     cache = SessionCache(tmp_path / "new" / "cache", max_bytes=KIB, min_free=0)
-    for path in (cache.dir, cache.dir / "objects", cache.dir / "stats"):
+    for path in (cache.dir, cache.dir / "objects"):
         assert path.stat().st_mode & 0o777 == 0o700, path
 
 
@@ -208,7 +209,7 @@ def test_a_shared_cache_checks_entries_against_the_store(bucket: Bucket, tmp_pat
     os.replace(data.parent / (data.stem + ".tmp"), data)
     sidecar = entries.read_sidecar(entries.EntryFiles(data.parent, data.stem))
     sidecar.update(file_mtime_ns=data.stat().st_mtime_ns, md5=None)
-    data.with_suffix(".json").write_text(__import__("json").dumps(sidecar))
+    data.with_suffix(".json").write_text(json.dumps(sidecar))
     reader = SessionCache(directory, max_bytes=GiB, min_free=0, shared=True)
     with pytest.warns(CacheRepairWarning, match="the store's ETag is"):
         with reader.lease(info, bucket.options) as cached:
@@ -264,3 +265,21 @@ def test_verify_removes_damaged_entries_and_foreign_records(
     assert any("MD5" in why for _, _, why in result.damaged)
     assert [Path(p).name for p in result.records] == ["abc.pkl"]
     assert [entry.url for entry in cache.ls()] == [infos[2].url]
+
+
+def test_an_older_loaderkits_entry_is_fetched_again_quietly(
+    bucket: Bucket, cache_dir: Path
+) -> None:
+    (info,) = _put(bucket, 1, 8 * KIB)
+    cache = SessionCache(cache_dir, max_bytes=GiB, min_free=0)
+    with cache.lease(info, bucket.options) as cached:
+        sidecar = cached.path.with_suffix(".json")
+    record = json.loads(sidecar.read_text())
+    for key in ("version", "file_size", "file_mtime_ns", "md5"):
+        del record[key]  # what loaderkit wrote before the sidecar recorded the file
+    sidecar.write_text(json.dumps(record))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with cache.lease(info, bucket.options) as cached:
+            assert cached.path.read_bytes() == payload(0, 8 * KIB)
+    assert len([g for g in bucket.server.object_gets("h/s0.h5") if g.range is None]) == 2

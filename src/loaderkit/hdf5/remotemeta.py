@@ -160,7 +160,7 @@ class MetaStore:
         if valid(value):
             return value
         try:
-            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.dir.mkdir(parents=True, exist_ok=True)
             lock = mutex(self.dir / f"{key}.lock")
             lock.acquire()
         except OSError:
@@ -184,7 +184,7 @@ class MetaStore:
         except (RecordError, RecursionError):
             logger.debug("metadata record %s cannot be kept as data", key, exc_info=True)
             return
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.dir.mkdir(parents=True, exist_ok=True)
         temporary = self.dir / f"{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             temporary.write_text(text)

@@ -132,7 +132,7 @@ class SessionCache:
         self.room_timeout = float(room_timeout)
         self.shared = bool(shared)
         private_directory(self.dir, self.shared)
-        self.objects.mkdir(mode=0o700, exist_ok=True)
+        self.objects.mkdir(mode=0o777 if self.shared else 0o700, exist_ok=True)
         tag = self.dir / entries.TAG
         if not tag.exists():
             tag.write_text(entries.TAG_TEXT)

@@ -44,6 +44,7 @@ from loaderkit.storage.objects import ObjectInfo
 
 __all__ = [
     "LAYOUT",
+    "NO_RECORD",
     "SIDECAR_VERSION",
     "EntryFiles",
     "FileKind",
@@ -67,6 +68,8 @@ TAG_TEXT = (
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 #: The sidecar's version: 2 records the data file as written (size, mtime, MD5).
 SIDECAR_VERSION = 2
+#: ``check``'s answer for an entry without a sidecar of this version (an older loaderkit's).
+NO_RECORD = "it has no record of this loaderkit's version"
 
 
 @dataclass(frozen=True)
@@ -283,7 +286,7 @@ def check(record: dict[str, Any], data: os.stat_result, info: ObjectInfo | None 
         ('', 'its size is 3 bytes, its record says 4')
     """
     if record.get("version") != SIDECAR_VERSION:
-        return "it has no record of this loaderkit's version"
+        return NO_RECORD
     size, mtime = record.get("file_size"), record.get("file_mtime_ns")
     if size != data.st_size:
         return f"its size is {data.st_size} bytes, its record says {size}"

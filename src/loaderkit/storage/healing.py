@@ -12,6 +12,7 @@ most once per process and entry: a copy damaged again after its re-fetch is a
 from __future__ import annotations
 
 import errno
+import logging
 import os
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from loaderkit.storage.locks import mutex
 from loaderkit.storage.objects import ObjectInfo
 
 __all__ = ["damage", "discard", "inode"]
+
+logger = logging.getLogger(__name__)
 
 
 def inode(path: Path) -> int | None:
@@ -94,6 +97,10 @@ def discard(
     with mutex(files.lock):
         if seen is None or inode(files.data) != seen:
             return  # discarded or fetched again by another process meanwhile
+        if found == entries.NO_RECORD:  # an older loaderkit's entry (or a deleted sidecar)
+            files.data.unlink(missing_ok=True)
+            logger.info("%s: the cache's copy %s has no record: fetched again", info.url, files)
+            return
         if files.key in repaired:
             raise CacheDamageError(
                 errno.EIO,

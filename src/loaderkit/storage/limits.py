@@ -311,8 +311,7 @@ def fit_to_readers(
         f"fitted to max_bytes {format_bytes(limits.max_bytes.value)} ({capacity} sessions of up "
         f"to {format_bytes(largest)}): {ahead} ahead would need {ranks} rank(s) x ({held}"
         f"{window_sessions(ahead, workers)} in the prefetch window) = {need(ahead)} sessions; "
-        f"{fitted} ahead fits"
-        + ("" if fitted else " (each session fetched when first opened)")
+        f"{fitted} ahead fits" + ("" if fitted else " (each session fetched when first opened)")
     )
     return replace(limits, prefetch=CacheLimit(fitted, reason))
 

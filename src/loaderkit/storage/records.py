@@ -172,7 +172,7 @@ class Totals:
         import secrets
 
         with contextlib.suppress(OSError):
-            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            directory.mkdir(parents=True, exist_ok=True)  # inside the cache directory
             cutoff = time.time() - STALE_TOTALS
             for old in directory.glob("*.bin"):
                 with contextlib.suppress(OSError):
