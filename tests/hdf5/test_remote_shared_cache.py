@@ -138,17 +138,23 @@ def test_workers_fetch_a_damaged_copy_again_once(
 
 
 def _rank(urls: list[str], options: dict[str, Any], directory: str, barrier: Any, out: str) -> None:
+    import traceback
+
     from loaderkit.storage import filesystems
 
     filesystems.reset()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", CacheRepairWarning)
-        cache = SessionCache(directory, room_timeout=30)
-        ds = HDF5SessionDataset(urls, key="x", storage_options=options, cache=cache)
-        barrier.wait()
-        got = _epoch(ds)
-    repaired = sum(issubclass(w.category, CacheRepairWarning) for w in caught)
-    Path(out).write_text(json.dumps({"rows": got, "repaired": repaired}))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", CacheRepairWarning)
+            cache = SessionCache(directory, room_timeout=30)
+            ds = HDF5SessionDataset(urls, key="x", storage_options=options, cache=cache)
+            barrier.wait()
+            got = _epoch(ds)
+        repaired = sum(issubclass(w.category, CacheRepairWarning) for w in caught)
+        Path(out).write_text(json.dumps({"rows": got, "repaired": repaired}))
+    except BaseException:
+        Path(out).write_text(json.dumps({"error": traceback.format_exc()}))
+        raise
 
 
 def test_two_processes_sharing_the_directory_fetch_a_damaged_copy_once(
@@ -166,8 +172,8 @@ def test_two_processes_sharing_the_directory_fetch_a_damaged_copy_once(
         proc.start()
     for proc in procs:
         proc.join(120)
-    assert [proc.exitcode for proc in procs] == [0, 0]
     results = [json.loads(out.read_text()) for out in outs]
+    assert [proc.exitcode for proc in procs] == [0, 0], [r.get("error") for r in results]
     assert all([[tuple(r) for r in b] for b in res["rows"]] == reference for res in results)
     assert sum(res["repaired"] for res in results) == 1
     assert [s3.whole_gets(url) for url in s3.urls] == [0, 0, 0, 0, 0, 1, 0, 0]

@@ -308,6 +308,10 @@ class SessionFiles:
         try:
             try:
                 handle = self._open_path(pos, str(lease.path))
+            except FileNotFoundError:  # discarded as damaged by another process meanwhile
+                lease.close()
+                lease = sources.lease(pos)
+                handle = self._open_path(pos, str(lease.path))
             except HDF5FileError as exc:
                 fresh = sources.repair(pos, lease, exc)  # a damaged copy: fetched again
                 if fresh is lease:

@@ -330,7 +330,9 @@ class SessionCache:
         cached.close()
         return self.lease(info, storage_options, transform=transform)
 
-    def _discard(self, info: ObjectInfo, files: EntryFiles, damage: str, seen: int | None) -> None:
+    def _discard(
+        self, info: ObjectInfo, files: EntryFiles, damage: str, seen: tuple[int, ...] | None
+    ) -> None:
         healing.discard(files, info, damage, seen, self._state().repaired, self.dir)
 
     def lease_cached(self, info: ObjectInfo) -> CachedFile | None:

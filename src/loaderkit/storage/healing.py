@@ -28,12 +28,17 @@ __all__ = ["damage", "discard", "inode"]
 logger = logging.getLogger(__name__)
 
 
-def inode(path: Path) -> int | None:
-    """``path``'s inode number, ``None`` when it is gone."""
+def inode(path: Path) -> tuple[int, int, int, int] | None:
+    """What tells one file at ``path`` from the next (``None`` when it is gone).
+
+    Device and inode number, and the change time and size: a file written in place of a
+    deleted one often gets the same inode number, never the same change time.
+    """
     try:
-        return os.stat(path).st_ino
+        st = os.stat(path)
     except FileNotFoundError:
         return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns, st.st_size)
 
 
 def damage(
@@ -76,7 +81,7 @@ def discard(
     files: EntryFiles,
     info: ObjectInfo,
     found: str,
-    seen: int | None,
+    seen: tuple[int, ...] | None,
     repaired: set[str],
     directory: Path,
 ) -> None:
@@ -86,7 +91,7 @@ def discard(
         files: The entry's files.
         info: The object.
         found: What no longer matches (``damage``'s answer, or the MD5 found at a failed open).
-        seen: The data file's inode when it was found damaged: a file replaced meanwhile
+        seen: The data file's ``inode`` when it was found damaged: a file replaced meanwhile
             (another process repaired it) is left alone.
         repaired: The entries this process discarded before (this one is added).
         directory: The cache directory, for the message.
