@@ -6,9 +6,9 @@ client's, a /30 that exists only inside these namespaces), and shapes the server
 kernel: ``tc qdisc tbf`` paces what the server sends at the bandwidth; ``netem`` delays each
 direction by half the latency (one round trip = the latency) where the kernel has it, else
 ``server_sleeps`` is set and the server sleeps the latency before each request (a kernel built
-without ``sch_netem`` and no modules to load, as in some containers). Then this process's main thread
-joins the client namespace (``setns``): every thread, worker and rank it starts afterwards
-reads through the shaped link, and the server (``_s3.Network(netns=...)``) runs in its own
+without ``sch_netem`` and no modules to load, as in some containers). Then this process's main
+thread joins the client namespace (``setns``): every thread, worker and rank it starts
+afterwards reads through the shaped link, and the server (``_s3.Network(netns=...)``) runs in its own
 namespace. Nothing else on the machine sees the link; ``close`` (and process exit) deletes both
 namespaces, which removes the veth pair and its qdiscs.
 
