@@ -9,8 +9,8 @@ direction by half the latency (one round trip = the latency) where the kernel ha
 without ``sch_netem`` and no modules to load, as in some containers). Then this process's main
 thread joins the client namespace (``setns``): every thread, worker and rank it starts
 afterwards reads through the shaped link, and the server (``_s3.Network(netns=...)``) runs in
-its own namespace. Nothing else on the machine sees the link; ``close`` (and process exit) deletes both
-namespaces, which removes the veth pair and its qdiscs.
+its own namespace. Nothing else on the machine sees the link; ``close`` (and process exit)
+deletes both namespaces, which removes the veth pair and its qdiscs.
 
 Needs root, ``ip`` and ``tc`` (``apt-get install iproute2``) and Linux's ``setns``.
 """
