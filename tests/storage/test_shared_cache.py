@@ -283,3 +283,18 @@ def test_an_older_loaderkits_entry_is_fetched_again_quietly(
         with cache.lease(info, bucket.options) as cached:
             assert cached.path.read_bytes() == payload(0, 8 * KIB)
     assert len([g for g in bucket.server.object_gets("h/s0.h5") if g.range is None]) == 2
+
+
+def test_the_cli_refuses_a_shared_directory_unless_told(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from loaderkit.cli import main
+
+    team = tmp_path / "team"
+    team.mkdir()
+    os.chmod(team, 0o775)
+    assert main(["cache", "ls", str(team)]) == 1
+    assert f"the cache directory {team}" in capsys.readouterr().err
+    assert main(["cache", "ls", str(team), "--shared"]) == 0
+    assert main(["cache", "verify", str(team), "--shared"]) == 0
+    assert "0 entries match their records" in capsys.readouterr().out

@@ -50,7 +50,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     if args.storage_options:
         options.update(json.loads(args.storage_options))
     try:
-        cache = _cache(args.cache)
+        cache = _cache(args.cache, shared=args.shared)
         urls = expand(args.urls, options)
         infos = list(stat_objects(urls, options).values())
         cache.check_limits([info.size for info in infos])
@@ -89,13 +89,18 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+_SHARED = (
+    "the directory is shared on purpose (group-writable, or another user's): "
+    "SessionCache(shared=True); without it such a directory is refused"
+)
+
 #: ``loaderkit cache verify``'s exit status when it removed something.
 VERIFY_REMOVED = 3
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
     try:
-        cache = _cache(args.dir)
+        cache = _cache(args.dir, shared=args.shared)
     except (LoaderkitError, OSError) as exc:
         print(f"loaderkit cache: {exc}", file=sys.stderr)
         return 1
@@ -181,6 +186,7 @@ def add_commands(commands: Any) -> None:
     )
     fetch.add_argument("--threads", type=int, default=4, help="downloads at once (default 4)")
     fetch.add_argument("--no-progress", action="store_true", help="no progress bar")
+    fetch.add_argument("--shared", action="store_true", help=_SHARED)
     fetch.set_defaults(run=_cmd_fetch)
 
     cache = commands.add_parser(
@@ -202,4 +208,5 @@ def add_commands(commands: Any) -> None:
         metavar="DIR",
         help="the cache directory (default: $LOADERKIT_CACHE, else ~/.cache/loaderkit)",
     )
+    cache.add_argument("--shared", action="store_true", help=_SHARED)
     cache.set_defaults(run=_cmd_cache)
