@@ -72,17 +72,18 @@ class Request:
 class _Recorder:
     """moto's S3 served by werkzeug on 127.0.0.1, with a request log and bytes per object."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1", latency: float = 0.0) -> None:
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
         self._app = DomainDispatcherApplication(create_backend_app)
+        self._latency = latency  # slept before each request (a link without netem)
         self._lock = threading.Lock()
         self._requests: list[Request] = []
         self._bytes: Counter[str] = Counter()
-        self._server = make_server("127.0.0.1", 0, self, threaded=True)
+        self._server = make_server(host, 0, self, threaded=True)
         self.port = int(self._server.server_port)
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
         self._thread.start()
 
@@ -97,6 +98,8 @@ class _Recorder:
         )
         with self._lock:
             self._requests.append(request)
+        if self._latency:
+            time.sleep(self._latency)
         body = self._app(environ, start_response)
         if request.kind in ("get", "range"):
             return self._counted(body, request.path)
@@ -174,6 +177,7 @@ class ThrottleProxy:
         *,
         max_seconds: float = 1800.0,
         max_connections: int = 20_000,
+        netns: tuple[str, str] | None = None,
     ) -> None:
         self.upstream_port = upstream_port
         self.latency = float(latency)
@@ -266,16 +270,34 @@ class ThrottleProxy:
         self._close_all()
 
 
-def _serve(conn: Any, bandwidth: float, latency: float, max_seconds: float, limit: int) -> None:
-    """The child: the server and the proxy until told to stop, or ``max_seconds``."""
+def _serve(
+    conn: Any,
+    bandwidth: float,
+    latency: float,
+    max_seconds: float,
+    limit: int,
+    netns: tuple[str, str, float] | None = None,
+) -> None:
+    """The child: the server and the proxy until told to stop, or ``max_seconds``.
+
+    ``netns``: ``(namespace, address, latency)``: the server alone, in that network namespace on
+    that address, behind a link the kernel shapes (``_netns.KernelLink``), no proxy; it sleeps
+    ``latency`` seconds before each request when the kernel cannot delay packets (no netem).
+    """
     import sys
 
     sys.setswitchinterval(0.0002)  # a woken pump gets the GIL from moto's thread at once
-    server = _Recorder()
-    proxy = ThrottleProxy(
-        server.port, bandwidth, latency, max_seconds=max_seconds, max_connections=limit
-    )
-    conn.send((server.port, proxy.port))
+    if netns is not None:
+        import _netns
+
+        _netns.enter(netns[0])
+    server = _Recorder(netns[1], netns[2]) if netns is not None else _Recorder()
+    proxy: ThrottleProxy | None = None
+    if netns is None:
+        proxy = ThrottleProxy(
+            server.port, bandwidth, latency, max_seconds=max_seconds, max_connections=limit
+        )
+    conn.send((server.url, server.url if proxy is None else f"http://127.0.0.1:{proxy.port}"))
     deadline = time.monotonic() + max_seconds
     try:
         while time.monotonic() < deadline:
@@ -293,11 +315,14 @@ def _serve(conn: Any, bandwidth: float, latency: float, max_seconds: float, limi
                 conn.send(
                     {"connections": proxy.connections, "requests": proxy.requests,
                      "bytes": proxy.bytes_down}
+                    if proxy is not None
+                    else {"connections": 0, "requests": 0, "bytes": 0}
                 )  # fmt: skip
     except (EOFError, OSError):
         pass  # the parent is gone
     finally:
-        proxy.close()
+        if proxy is not None:
+            proxy.close()
         server.close()
 
 
@@ -305,7 +330,9 @@ class Network:
     """moto's S3 and the throttling proxy in a child process; both on 127.0.0.1.
 
     ``url`` is the server itself (uploads), ``proxy_url`` the throttled way to it (reads).
-    The child stops at :meth:`close`, when this process dies, or after ``max_seconds``.
+    With ``netns=(namespace, address, latency)`` the server runs in that namespace behind a link the
+    kernel shapes, and ``proxy_url`` is ``url`` (no proxy). The child stops at :meth:`close`,
+    when this process dies, or after ``max_seconds``.
     """
 
     def __init__(
@@ -315,6 +342,7 @@ class Network:
         *,
         max_seconds: float = 1800.0,
         max_connections: int = 20_000,
+        netns: tuple[str, str, float] | None = None,
     ) -> None:
         import multiprocessing
 
@@ -322,7 +350,7 @@ class Network:
         self._conn, child = context.Pipe()
         self._process = context.Process(
             target=_serve,
-            args=(child, bandwidth, latency, max_seconds, max_connections),
+            args=(child, bandwidth, latency, max_seconds, max_connections, netns),
             daemon=True,
         )
         self._process.start()
@@ -330,9 +358,7 @@ class Network:
         if not self._conn.poll(120):
             self._process.kill()
             raise RuntimeError("the S3 server did not start in 2 minutes")
-        port, proxy_port = self._conn.recv()
-        self.url = f"http://127.0.0.1:{port}"
-        self.proxy_url = f"http://127.0.0.1:{proxy_port}"
+        self.url, self.proxy_url = self._conn.recv()
         self._lock = threading.Lock()
 
     def _ask(self, what: str) -> Any:

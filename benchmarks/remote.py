@@ -1,13 +1,20 @@
 """Session files on an object store: loaderkit's cache against local files and the naive read.
 
 Usage: python benchmarks/remote.py [--quick] [--json PATH] [--bandwidth MB/s] [--latency MS]
-[--repeats N]
+[--repeats N] [--link proxy|kernel]
 
 Everything runs on 127.0.0.1 and is started by this script: moto's S3 server (its WSGI app
 behind a middleware that logs every request and counts the bytes sent per object, see
 ``benchmarks/_s3.py``) and a throttling proxy in front of it that sleeps ``--latency`` before
 each request and paces the bytes it sends back at ``--bandwidth`` (one link shared by every
 connection; default 200 MB/s and 20 ms). The proxy stops by itself after 30 minutes.
+
+``--link kernel`` shapes the link in the kernel instead (root, ``ip`` and ``tc``: see
+``benchmarks/_netns.py``): the S3 server runs in a network namespace of its own, joined by a
+veth pair to a second namespace this script's main thread enters (so its workers and ranks
+too), with ``tc qdisc tbf`` pacing the server's side at ``--bandwidth`` and ``netem`` adding
+half of ``--latency`` in each direction; no Python proxy shares the cores with the loader. Both
+namespaces are deleted at the end.
 
 The data: NSD-like sessions as NSD stores them (``betas`` of 750 x V int16, chunks
 ``(750, 1)``, written by ``nsd_layout.write_sessions``: voxel 0 holds the trial and voxel 1 the
@@ -275,22 +282,46 @@ def run(
     repeats: int = 3,
     naive_samples: int | None = None,
     root: str | os.PathLike[str] | None = None,
+    link: str = "proxy",
 ) -> dict[str, Any]:
     """Every row; returns the numbers (see the module's docstring)."""
     import boto3
     import s3fs
 
+    if link not in ("proxy", "kernel"):
+        raise ValueError(f"link must be 'proxy' or 'kernel', got {link!r}")
+    shaped = None
+    if link == "kernel":
+        import _netns
+
+        shaped = _netns.KernelLink(bandwidth, latency)
+        _netns.enter(shaped.client_ns)  # this thread, and all it starts, behind the link
+
     sessions = QUICK_SESSIONS if quick else SESSIONS
     voxels = QUICK_VOXELS if quick else VOXELS
     naive_n = naive_samples or (3 if quick else 6)
     _s3.dummy_credentials()
-    server = _s3.Network(bandwidth, latency, max_seconds=1800)
+    try:
+        server = _s3.Network(
+            bandwidth,
+            latency,
+            max_seconds=1800,
+            netns=None
+            if shaped is None
+            else (shaped.server_ns, shaped.server_ip, latency if shaped.server_sleeps else 0.0),
+        )
+    except BaseException:
+        if shaped is not None:
+            shaped.close()
+        raise
     options = {
         "key": _s3.KEY,
         "secret": _s3.SECRET,
         "client_kwargs": {"endpoint_url": server.proxy_url, "region_name": "us-east-1"},
     }
     results: dict[str, Any] = {
+        "link_kind": link,
+        "link_shaping": "a Python proxy on 127.0.0.1" if shaped is None else shaped.describe,
         "quick": quick,
         "bandwidth_bytes_per_s": bandwidth,
         "latency_s": latency,
@@ -544,9 +575,13 @@ def run(
             construction.append({"seconds": elapsed, "requests": _counts(server, "many")})
         results["construction"] = {"sessions": MANY, "runs": construction}
         results["proxy"] = server.proxy_stats()
+        if shaped is not None:
+            results["qdisc"] = shaped.qdisc_stats()
     finally:
         server.close()
         shutil.rmtree(tmp, ignore_errors=True)
+        if shaped is not None:
+            shaped.close()
     results["targets"] = _targets(results)
     results["versions"] = {
         "h5py": h5py.__version__,
@@ -603,7 +638,7 @@ def format_table(r: dict[str, Any]) -> str:
         f"link B = {r['bandwidth_bytes_per_s'] / 1e6:g} MB/s, L = "
         f'{r["latency_s"] * 1e3:g} ms per request; batch {lay["batch"]}, shuffle="block", '
         f"{lay['workers']} workers; {r['repeats']} interleaved rounds (medians); same order "
-        f"everywhere: {e['same_order_everywhere']}",
+        f"everywhere: {e['same_order_everywhere']}; link: {r.get('link_shaping', 'proxy')}",
         "",
         "| row | measured | target | |",
         "|---|---|---|---|",
@@ -623,7 +658,7 @@ def format_table(r: dict[str, Any]) -> str:
         f"| local files, epochs 2-{1 + WARM} (median) | {med(e['local_second_s']):.2f} s | "
         f"{e['samples'] / med(e['local_second_s']):,.0f} | | |",
         f"| every byte at B | {e['fetch_at_bandwidth_s']:.2f} s | | | {_mb(lay['data_bytes'])} |",
-        f"| every object whole through the proxy (s3fs, one by one) | "
+        f"| every object whole through the {r.get('link_kind', 'proxy')} link (s3fs, one by one) | "
         f"{r['link']['seconds']:.2f} s | | | {_mb(r['link']['bytes'])} |",
         f"| remote: construction, empty cache | {med(e['remote_construction_s']):.2f} s | | | |",
         f"| remote: {FIRST} | {med(e['remote_first_s']):.2f} s | "
@@ -637,7 +672,7 @@ def format_table(r: dict[str, Any]) -> str:
         f"| remote: {SECOND} | {med(e['remote_second_s']):.2f} s | "
         f"{e['samples'] / med(e['remote_second_s']):,.0f} | {_req(e['requests_second'])} | "
         f"{_mb(e['requests_second']['bytes'])} |",
-        f"| first epoch ÷ max(whole objects through the proxy, local first epoch) | "
+        f"| first epoch ÷ max(whole objects through the link, local first epoch) | "
         f"{r['link']['first_epoch_vs_link']:.2f}x | | | |",
         f"| {NAIVE}, {n['samples']} samples | {n['seconds']:.2f} s | "
         f"{n['samples_per_s']:.2f} | {_req(n['requests'])} | {_mb(n['requests']['bytes'])} |",
@@ -664,6 +699,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=20.0, help="ms per request (default 20)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--root", help="directory for the generated files (default: temp dir)")
+    parser.add_argument(
+        "--link",
+        choices=("proxy", "kernel"),
+        default="proxy",
+        help="shape the link with a Python proxy (default) or in the kernel (netns, tc; root)",
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1 or args.bandwidth <= 0 or args.latency < 0:
         parser.error("--repeats >= 1, --bandwidth > 0 and --latency >= 0")
@@ -674,6 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         latency=args.latency / 1e3,
         repeats=1 if args.quick else args.repeats,
         root=args.root,
+        link=args.link,
     )
     _cli.emit(data, format_table(data), args.json)
     return 0

@@ -23,6 +23,8 @@ from loaderkit.device.prefetch import DevicePrefetcher
 from loaderkit.device.transfer import to_device
 from loaderkit.errors import (
     ArgumentTypeError,
+    CacheDamageError,
+    CacheRepairWarning,
     ConfigError,
     HDF5FileError,
     LoaderkitError,
@@ -67,6 +69,8 @@ __version__ = "0.1.0"
 __all__ = [
     "ArgumentTypeError",
     "BlockShuffleSampler",
+    "CacheDamageError",
+    "CacheRepairWarning",
     "CacheStats",
     "ConfigError",
     "DataLoader",

@@ -13,10 +13,12 @@ expects, so ``except ValueError`` / ``except TypeError`` / ``except OSError`` ke
     │   ├── RaggedBatchError     (also RuntimeError) rows of different lengths in one batch
     │   ├── ResourceLeakError                      LeakCheck(raise_on_leak=True) found growth
     │   └── StorageError         (also OSError)     the session cache or an object store failed
-    │       └── StorageAccessError (also PermissionError) the store refused the credentials
+    │       ├── StorageAccessError (also PermissionError) the store refused the credentials
+    │       └── CacheDamageError                   a cached copy damaged again after a re-fetch
     UserWarning
     └── LoaderkitWarning                            works, but not the way you probably want
-        └── PerformanceHint                         works correctly, only slower than it could
+        ├── PerformanceHint                         works correctly, only slower than it could
+        └── CacheRepairWarning                      a damaged cached copy was fetched again
 
 Protocol errors keep torch's and Python's types and are documented where they are raised:
 ``IndexError`` for an index out of range, ``KeyError`` for a missing HDF5 key (raised as
@@ -38,6 +40,8 @@ from typing import Any
 
 __all__ = [
     "ArgumentTypeError",
+    "CacheDamageError",
+    "CacheRepairWarning",
     "ConfigError",
     "HDF5FileError",
     "LoaderkitError",
@@ -165,6 +169,20 @@ class StorageAccessError(StorageError, PermissionError):
     """
 
 
+class CacheDamageError(StorageError):
+    """A cached copy no longer matched its record again after it was discarded and re-fetched.
+
+    Something on the node keeps damaging files in the cache directory (a failing or full disk,
+    another program): the message names the URL, the copy and what no longer matches.
+    ``errno`` is ``EIO``.
+
+    Examples:
+        >>> import errno
+        >>> CacheDamageError(errno.EIO, "s3://b/s1.h5: damaged again").errno == errno.EIO
+        True
+    """
+
+
 class LoaderkitWarning(UserWarning):
     """A warning issued by loaderkit: something works, but not the way you probably want.
 
@@ -182,6 +200,18 @@ class PerformanceHint(LoaderkitWarning):
 
     Examples:
         >>> issubclass(PerformanceHint, LoaderkitWarning)
+        True
+    """
+
+
+class CacheRepairWarning(LoaderkitWarning):
+    """A cached copy no longer matched its record: it was discarded and fetched again.
+
+    The samples read are right (they come from the fresh copy); the warning says which copy
+    was damaged and how, once per entry and process.
+
+    Examples:
+        >>> issubclass(CacheRepairWarning, LoaderkitWarning)
         True
     """
 

@@ -56,7 +56,7 @@ def test_the_index_is_built_from_range_reads_and_kept(s3: Remote, tmp_path: Path
         )
         assert 0 < fetched < size
     assert len(s3.server.listings(files.BUCKET)) == 1
-    assert len(list((cache.dir / "meta").glob("*.pkl"))) == files.SESSIONS
+    assert len(list((cache.dir / "meta").glob("*.json"))) == files.SESSIONS
     assert cache.ls() == []  # no session fetched yet
     s3.server.requests.clear()
     again = HDF5SessionDataset(s3.urls, key="x", storage_options=s3.options, cache=cache)
@@ -337,7 +337,7 @@ def _lz4_session(s3: Remote, tmp_path: Path) -> tuple[str, SessionCache]:
     url = s3.put("lz4.h5", path)
     cache = _cache(tmp_path)
     HDF5SessionDataset([url], key="x", storage_options=s3.options, cache=cache).close()
-    assert list((cache.dir / "meta").glob("*.pkl"))  # kept: the next construction reads none
+    assert list((cache.dir / "meta").glob("*.json"))  # kept: the next construction reads none
     s3.server.requests.clear()
     return url, cache
 
@@ -436,4 +436,4 @@ def test_ranks_constructing_at_once_read_each_objects_metadata_once(
         s3.server.throttle = 0.0
     assert [proc.exitcode for proc in procs] == [0, 0]
     assert {url: len(s3.range_gets(url)) for url in s3.urls} == once
-    assert len(list((tmp_path / "node" / "meta").glob("*.pkl"))) == files.SESSIONS
+    assert len(list((tmp_path / "node" / "meta").glob("*.json"))) == files.SESSIONS

@@ -61,7 +61,7 @@ def bucket(s3_server: S3Server) -> Iterator[Bucket]:
 @pytest.fixture
 def cache_dir(tmp_path: Path) -> Path:
     path = tmp_path / "cache"
-    os.makedirs(path)
+    os.makedirs(path, mode=0o700)  # a cache directory others can write is refused
     return path
 
 

@@ -20,7 +20,7 @@ from loaderkit.hdf5.reader import SessionReader
 from loaderkit.hdf5.sources import OrderWatcher, SessionSources
 from loaderkit.machine.distributed import local_world_size
 from loaderkit.storage import CacheStats, SessionCache
-from loaderkit.storage.limits import format_bytes
+from loaderkit.storage.limits import fit_to_readers, format_bytes, window_sessions
 
 __all__ = ["CachedSessions"]
 
@@ -82,9 +82,11 @@ class CachedSessions:
         """Most files each reading process may keep open so the cache never blocks.
 
         Every open file leases its cache entry; every rank on the node shares the cache and has
-        its own prefetch window (``1 + prefetch`` sessions), so
-        ``ranks x (readers x max_open_files + 1 + prefetch)`` sessions of the largest size must
-        fit ``max_bytes``. ``None`` when nothing is read through a cache.
+        its own prefetch window (``1 + prefetch`` sessions; none when workers read and
+        ``prefetch=0``), so ``ranks x (readers x max_open_files + window)`` sessions of the
+        largest size must fit ``max_bytes``. A ``prefetch`` the caller left unset is lowered
+        first until one open file per reader fits (``limits.fit_to_readers``; the plan's
+        ``prefetch`` row says why). ``None`` when nothing is read through a cache.
 
         Args:
             num_workers: The loader's workers (0: the main process reads).
@@ -97,8 +99,10 @@ class CachedSessions:
         if largest <= 0:
             return None
         ranks = max(1, local_world_size() if ranks is None else ranks)
-        capacity = sources.cache.max_bytes // largest
-        room = capacity - ranks * (1 + sources.cache.prefetch)
+        cache = sources.cache
+        capacity = cache.max_bytes // largest
+        cache.limits = fit_to_readers(cache.session_limits, capacity, ranks, num_workers, largest)
+        room = capacity - ranks * window_sessions(cache.prefetch, num_workers)
         return max(1, room // (ranks * max(1, num_workers)))
 
     def cache_plan(self, num_workers: int) -> list[tuple[str, bool, object, str]]:
@@ -113,6 +117,7 @@ class CachedSessions:
         sources = self._sources
         if sources is None:
             return []
+        self.cached_open_files(num_workers)  # prefetch fitted to these readers
         cache = sources.cache
         limits = cache.limits
         stats = cache.stats()
@@ -144,9 +149,9 @@ class CachedSessions:
             f"{limits.prefetch.reason}: {cache.prefetch} session(s) ahead of the one read, "
             f"fetched {where}"
             if cache.prefetch > 0
-            else "prefetch=0: each session is fetched when first opened"
+            else f"{limits.prefetch.reason}: each session is fetched when first opened"
         )
-        given = limits.prefetch.reason == "set by the caller"
+        given = "prefetch" in limits.given
         return [
             ("cache", sources.given, str(cache.dir), reason),
             ("prefetch", given, cache.prefetch, ahead),

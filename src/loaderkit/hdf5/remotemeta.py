@@ -6,15 +6,17 @@ Runs in the process that constructs the dataset (the main process), once per obj
   cache: only the superblock, object headers, B-trees and attributes are fetched, never the
   rows), runs the same inspection as for a local file (``keys.inspect_session``) and the row
   types (``types.row_type``), several objects at once in a small thread pool;
-- the result is kept in ``<cache dir>/meta/<key>.pkl``, ``<key>`` a hash of the URL, the
+- the result is kept in ``<cache dir>/meta/<key>.json``, ``<key>`` a hash of the URL, the
   object's identity (ETag, or size and mtime) and what was asked (keys, axis, fields), written
   under a temporary name and renamed, under a per-record file lock: ranks constructing at once
   on one node read each object's metadata once. A later construction over unchanged objects
   reads these files and sends no request per object (only ``stat_objects``' listing).
 
-The cache directory must be trusted like any cache of the user's own (the records are pickles).
-What depends on the local copy (raw offsets, chunk maps, memory maps) is found when the cached
-file is opened by a reading process, never here.
+The records are data (``loaderkit.storage.datarecords``: versioned JSON that decodes to the
+record classes below and nothing else): a file someone else wrote there, damaged, of another
+version or of another format (an older loaderkit's ``.pkl``) is never executed; it is ignored
+and the record rebuilt. What depends on the local copy (raw offsets, chunk maps, memory maps)
+is found when the cached file is opened by a reading process, never here.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import gc
 import hashlib
 import logging
 import os
-import pickle
 import secrets
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -33,15 +34,18 @@ from pathlib import Path
 from typing import Any
 
 import h5py
+import torch
 
-from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError
+from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError
+from loaderkit.hdf5.diagnose import Identity
 from loaderkit.hdf5.filters import Filter, check_available, needed_filters
 from loaderkit.hdf5.keys import inspect_session
-from loaderkit.hdf5.layout import _dataset_names
+from loaderkit.hdf5.layout import SessionLayout, _dataset_names
 from loaderkit.hdf5.records import KeySpec, SessionRecord
 from loaderkit.hdf5.rowcache import cached_record
-from loaderkit.hdf5.types import RowType, row_type, where
+from loaderkit.hdf5.types import Kind, RowType, row_type, where
 from loaderkit.storage import ObjectInfo
+from loaderkit.storage.datarecords import RecordCodec, RecordError
 from loaderkit.storage.filesystems import filesystem_for, strip
 from loaderkit.storage.locks import mutex
 
@@ -53,7 +57,7 @@ logger = logging.getLogger(__name__)
 META_BLOCK = 256 * 1024
 #: Objects inspected at once.
 META_THREADS = 4
-_FORMAT = 2  # 2: the filters each key needs
+_FORMAT = 3  # 2: the filters each key needs; 3: JSON records
 
 
 @dataclass(frozen=True)
@@ -81,8 +85,36 @@ class RemoteRecord:
             check_available(needed, key=key, session=session, path=url)
 
 
+def _torch_dtype(name: str) -> torch.dtype:
+    value = getattr(torch, name, None)
+    if not isinstance(value, torch.dtype):
+        raise RecordError(f"not a torch dtype: {name!r}")
+    return value
+
+
+#: What a metadata record may hold: these classes and plain data, nothing else.
+CODEC = RecordCodec(
+    "loaderkit-remote-meta",
+    _FORMAT,
+    classes=(
+        RemoteRecord,
+        SessionRecord,
+        SessionLayout,
+        Identity,
+        KeySpec,
+        RowType,
+        Kind,
+        Filter,
+        ConfigError,
+        HDF5FileError,
+        MissingKeyError,
+    ),
+    atoms={"torch.dtype": (torch.dtype, lambda d: str(d).removeprefix("torch."), _torch_dtype)},
+)
+
+
 class MetaStore:
-    """Pickled inspection results in ``<cache dir>/meta``, written atomically.
+    """Inspection results in ``<cache dir>/meta/<key>.json`` (data only), written atomically.
 
     Examples:
         >>> import tempfile
@@ -103,13 +135,15 @@ class MetaStore:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def get(self, key: str) -> Any:
-        """The stored value, or ``None`` when there is none (or it cannot be read)."""
+        """The stored value, or ``None`` when there is none (or it is not a record of ours)."""
         try:
-            return pickle.loads((self.dir / f"{key}.pkl").read_bytes())
-        except FileNotFoundError:
+            text = (self.dir / f"{key}.json").read_bytes()
+        except OSError:
             return None
-        except Exception:  # a damaged or foreign file: inspect again
-            logger.debug("unreadable metadata record %s", key, exc_info=True)
+        try:
+            return CODEC.loads(key, text)
+        except (RecordError, RecursionError):  # damaged, foreign or older: inspect again
+            logger.debug("metadata record %s is not readable; rebuilt", key, exc_info=True)
             return None
 
     def get_or_make(self, key: str, make: Callable[[], Any], valid: Callable[[Any], bool]) -> Any:
@@ -144,17 +178,17 @@ class MetaStore:
             lock.release()
 
     def put(self, key: str, value: Any) -> None:
-        """Store ``value`` (nothing when it does not pickle)."""
+        """Store ``value`` (nothing when it holds what a record cannot keep)."""
         try:
-            data = pickle.dumps(value)
-        except Exception:
-            logger.debug("metadata record %s does not pickle; not kept", key, exc_info=True)
+            text = CODEC.dumps(key, value)
+        except (RecordError, RecursionError):
+            logger.debug("metadata record %s cannot be kept as data", key, exc_info=True)
             return
         self.dir.mkdir(parents=True, exist_ok=True)
         temporary = self.dir / f"{key}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
-            temporary.write_bytes(data)
-            os.replace(temporary, self.dir / f"{key}.pkl")
+            temporary.write_text(text)
+            os.replace(temporary, self.dir / f"{key}.json")
         except OSError:  # a full or read-only disk: the next construction inspects again
             logger.debug("could not keep metadata record %s", key, exc_info=True)
             temporary.unlink(missing_ok=True)

@@ -306,12 +306,35 @@ class SessionFiles:
             return self._open_path(pos, self.paths[pos])
         lease = sources.lease(pos)
         try:
-            handle = self._open_path(pos, str(lease.path))
+            try:
+                handle = self._open_path(pos, str(lease.path))
+            except FileNotFoundError:  # discarded as damaged by another process meanwhile
+                lease.close()
+                lease = sources.lease(pos)
+                handle = self._open_path(pos, str(lease.path))
+            except HDF5FileError as exc:
+                fresh = sources.repair(pos, lease, exc)  # a damaged copy: fetched again
+                if fresh is lease:
+                    raise self._object_fails(pos, exc) from exc
+                lease = fresh
+                try:
+                    handle = self._open_path(pos, str(lease.path))
+                except HDF5FileError as again:
+                    raise self._object_fails(pos, again) from again
         except BaseException:
             lease.close()
             raise
         handle.lease = lease
         return handle
+
+    def _object_fails(self, pos: int, exc: HDF5FileError) -> HDF5FileError:
+        """The cache's copy holds the store's own bytes and fails: the object is at fault."""
+        url = self.sources.infos[pos].url if self.sources is not None else self.paths[pos]
+        return HDF5FileError(
+            *((exc.errno,) if exc.errno else ()),
+            f"{exc} The cache's copy holds exactly the bytes of {url} (checked against its "
+            "record): the object itself cannot be opened. Check it in the store",
+        )
 
     def _open_path(self, pos: int, path: str) -> Handle:
         """Open ``path`` as session ``pos``'s file (its own, or the cache's copy)."""

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from loaderkit.errors import ConfigError, HDF5FileError, StorageError
+from loaderkit.errors import CacheDamageError, ConfigError, HDF5FileError, StorageError
 from loaderkit.hdf5.records import KeySpec
 from loaderkit.hdf5.rowcache import RowsTransform, rows_key
 from loaderkit.machine.distributed import local_world_size
@@ -205,9 +205,29 @@ class SessionSources:
                 f"({exc}; process {os.getpid()})",
             ) from exc
         except StorageError as exc:
-            if exc.errno != errno.EIO:
+            if exc.errno != errno.EIO or isinstance(exc, CacheDamageError):
                 raise
             raise self._changed(pos, str(exc)) from exc
+
+    def repair(self, pos: int, cached: CachedFile, error: BaseException) -> CachedFile:
+        """After session ``pos``'s cached copy failed to open: check it, fetch it again if damaged.
+
+        Returns the same lease when the copy is the store's bytes, else a lease on a fresh copy
+        (``SessionCache.repair``).
+
+        Raises:
+            CacheDamageError: The copy was damaged again after a re-fetch in this process.
+        """
+        try:
+            return self.cache.repair(
+                cached, str(error), self.storage_options, transform=self.transform
+            )
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"session {self.ids[pos]!r}: {cached.info.url} is gone since the dataset was "
+                f"built ({exc}; process {os.getpid()})",
+            ) from exc
 
     def _check_local(self, pos: int, info: ObjectInfo) -> None:
         path = info.url[len("file://") :] if info.url.lower().startswith("file://") else info.url

@@ -22,7 +22,16 @@ Modules, and where each runs:
 - ``cache``: ``SessionCache``: ``lease`` in *any process* (main, workers, ranks, fetcher
   threads); holds only its configuration, so it pickles to spawned workers.
 - ``entries``: the layout on disk, *shared by every process on the node*: complete files,
-  sidecars, ``.part`` downloads in flight, lock and lease files.
+  sidecars, ``.part`` downloads in flight, lock and lease files, metadata records, counters;
+  ``LAYOUT``, the table of them all, and ``check``, whether a file still matches its sidecar.
+- ``healing``: a complete entry compared with its sidecar at every lease; a damaged one
+  discarded (once per process and entry) and fetched again. *Any process that leases.*
+- ``directory``: the cache directory made private (0700) and refused when others can write it
+  (unless ``shared=True``). *Any process* that makes a ``SessionCache``.
+- ``datarecords``: records kept as versioned JSON that decodes to data and registered classes
+  only, never code (``hdf5/remotemeta``'s metadata records).
+- ``maintenance``: ``ls``, ``usage``, ``clear`` and ``verify`` walking ``entries.LAYOUT``;
+  *any process*, usually the CLI's while jobs run.
 - ``locks``: file locks (``filelock`` mutexes, ``flock`` leases), released by the OS when a
   process dies, so nothing stale ever blocks a restart.
 - ``download``: one object to one file, verified; *in the process or fetcher thread* that
@@ -37,7 +46,13 @@ from loaderkit.storage.cache import SessionCache, Transform
 from loaderkit.storage.fetcher import Prefetcher, fetch_many
 from loaderkit.storage.limits import CacheLimit, CacheLimits, DiskUsage, fit_cache_limits
 from loaderkit.storage.objects import ObjectInfo, stat_objects
-from loaderkit.storage.records import CachedFile, CacheEntry, CacheStats, ClearResult
+from loaderkit.storage.records import (
+    CachedFile,
+    CacheEntry,
+    CacheStats,
+    ClearResult,
+    VerifyResult,
+)
 from loaderkit.storage.urls import REMOTE_EXTRA, expand, is_url, local_path, require_remote
 
 __all__ = [
@@ -53,6 +68,7 @@ __all__ = [
     "Prefetcher",
     "SessionCache",
     "Transform",
+    "VerifyResult",
     "expand",
     "fetch_many",
     "fit_cache_limits",

@@ -23,7 +23,6 @@ lives in the directory (see ``loaderkit.storage.entries`` for the layout):
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
 import os
@@ -35,8 +34,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from loaderkit.errors import ConfigError, StorageError, warn
-from loaderkit.storage import entries
-from loaderkit.storage.download import download, fsync_directory, is_disk_full
+from loaderkit.storage import entries, healing, maintenance
+from loaderkit.storage.directory import private_directory
+from loaderkit.storage.download import download, file_md5, fsync_directory, is_disk_full
 from loaderkit.storage.entries import EntryFiles, Stored
 from loaderkit.storage.filesystems import filesystem_for
 from loaderkit.storage.limits import (
@@ -55,6 +55,7 @@ from loaderkit.storage.records import (
     ClearResult,
     Counters,
     Totals,
+    VerifyResult,
 )
 from loaderkit.storage.urls import require_remote
 
@@ -78,14 +79,30 @@ class SessionCache:
             ``~/.cache/loaderkit``. Put it on the node's local disk (NVMe), not a shared one.
         max_bytes: Bound on the cached bytes; default 80 % of what the disk offers it.
         min_free: Free bytes the disk keeps; default 5 % of the disk, at least 1 GiB.
-        prefetch: Sessions fetched ahead of the reader; default 2.
+        prefetch: Sessions fetched ahead of the reader; default 2, lowered to what ``max_bytes``
+            holds once the sessions are known (``check_limits``; the plan's ``prefetch`` row
+            says why). An explicit value that cannot fit is a ``ConfigError``.
         layout: ``"stored"`` keeps the bytes as stored; ``"rows"`` keeps what the lease's
             ``transform`` writes (the HDF5 layer's row-chunked copy).
         room_timeout: Seconds a download waits for leased entries to be released when nothing
             else can be evicted, before ``StorageError``.
+        shared: The directory is shared on purpose (a team's scratch area): it may be owned
+            by another user or writable by others. Records stay data only, and every process
+            checks each entry against the store's listing (size, and MD5 where the ETag is
+            one) before its first use. Default ``False``: such a directory is refused.
+
+    The directory is created private (mode 0700). A directory others can write (group- or
+    world-writable) or another user owns is refused unless ``shared=True``: whoever can write
+    there decides what every job reading the cache gets. A sticky world-writable parent such
+    as ``/tmp`` is fine; the cache directory itself must be private.
+
+    A complete entry whose file no longer matches its sidecar (size or modification time since
+    it was written; its MD5 when an open fails) is discarded and fetched again, with a
+    ``CacheRepairWarning``; damaged again in the same process, it is a ``CacheDamageError``.
 
     Raises:
-        ConfigError: A bad ``layout`` or limit, or the ``remote`` extra is not installed.
+        ConfigError: A bad ``layout`` or limit, a directory others can write or another user
+            owns (without ``shared=True``), or the ``remote`` extra is not installed.
 
     Examples:
         >>> cache = SessionCache("/tmp/loaderkit-doc", max_bytes=2**30)  # doctest: +SKIP
@@ -102,6 +119,7 @@ class SessionCache:
         layout: Layout = "stored",
         *,
         room_timeout: float = 600.0,
+        shared: bool = False,
     ) -> None:
         require_remote("SessionCache")
         if layout not in ("stored", "rows"):
@@ -112,11 +130,16 @@ class SessionCache:
         self.dir = Path(dir if dir is not None else default).expanduser().absolute()
         self.layout: Layout = layout
         self.room_timeout = float(room_timeout)
-        self._objects.mkdir(parents=True, exist_ok=True)
+        self.shared = bool(shared)
+        private_directory(self.dir, self.shared)
+        self.objects.mkdir(mode=0o777 if self.shared else 0o700, exist_ok=True)
         tag = self.dir / entries.TAG
         if not tag.exists():
             tag.write_text(entries.TAG_TEXT)
-        self.limits: CacheLimits = fit_cache_limits(self.disk(), max_bytes, min_free, prefetch)
+        self._defaults = fit_cache_limits(self.disk(), max_bytes, min_free, prefetch)
+        self.limits: CacheLimits = self._defaults
+        #: The limits fitted to the sessions (``check_limits``), before a loader's readers.
+        self.session_limits: CacheLimits = self._defaults
         self._totals = Totals.create(self.dir / "stats")
         self._counters: Counters | None = None
         self._known: dict[ObjectInfo, EntryFiles] = {}
@@ -137,7 +160,8 @@ class SessionCache:
         return self.limits.prefetch.value
 
     @property
-    def _objects(self) -> Path:
+    def objects(self) -> Path:
+        """The folder of complete entries, sidecars, leases and downloads."""
         return self.dir / "objects"
 
     def __getstate__(self) -> dict[str, Any]:
@@ -149,16 +173,27 @@ class SessionCache:
     def __repr__(self) -> str:
         return (
             f"SessionCache(dir={str(self.dir)!r}, max_bytes={self.max_bytes}, "
-            f"min_free={self.min_free}, prefetch={self.prefetch}, layout={self.layout!r})"
+            f"min_free={self.min_free}, prefetch={self.prefetch}, layout={self.layout!r}"
+            f"{', shared=True' if self.shared else ''})"
         )
 
     def disk(self) -> DiskUsage:
         """The cache's disk now: total, free, and the bytes the cache holds."""
         return DiskUsage.detect(self.dir, cached=self.du())
 
-    def check_limits(self, sizes: list[int], readers: int = 1) -> None:
-        """``ConfigError`` when the limits cannot hold these objects (``limits.check_limits``)."""
-        check_limits(self.limits, self.disk(), sizes, readers)
+    def check_limits(self, sizes: list[int], readers: int = 1) -> CacheLimits:
+        """Fit the unset limits to these objects; ``ConfigError`` when they cannot hold them.
+
+        What the caller left unset (``prefetch``, ``max_bytes``) is fitted again from the
+        construction's defaults on every call (``limits.fit_to_sessions``): the cache's limits
+        are those of the sessions it was last fitted to. Explicit values are only checked.
+
+        Returns:
+            The limits now in use (also ``self.limits``).
+        """
+        disk = self.disk()
+        self.limits = self.session_limits = check_limits(self._defaults, disk, sizes, readers)
+        return self.limits
 
     def stats(self, *, this_process: bool = False) -> CacheStats:
         """The counters now, and the disk's free bytes.
@@ -213,6 +248,10 @@ class SessionCache:
         files = self._files(info)
         lease = Lease(files.lease)
         try:
+            seen = healing.inode(files.data)
+            damage = self.check_entry(info, files)
+            if damage:
+                self._discard(info, files, damage, seen)
             if not files.data.exists():
                 started = time.monotonic()
                 with mutex(files.lock):
@@ -230,6 +269,72 @@ class SessionCache:
             lease.close()
             raise
 
+    def check_entry(self, info: ObjectInfo, files: EntryFiles | None = None) -> str:
+        """What no longer matches between ``info``'s complete entry and its record (``""``: ok).
+
+        ``healing.damage``: one ``stat`` and the sidecar's read; with ``shared=True``, also the
+        store's size and MD5 (once per process and file). A missing entry is ``""``.
+        """
+        files = self._files(info) if files is None else files
+        verified = self._state().verified if self.shared else None
+        return healing.damage(files, info, self.layout, verified)
+
+    def repair(
+        self,
+        cached: CachedFile,
+        why: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        transform: Transform | None = None,
+    ) -> CachedFile:
+        """After ``cached`` failed to open: check it, and if damaged discard it and lease anew.
+
+        The copy is checked against its record, then against the MD5 it was written with
+        (or the store's ETag); a copy that matches is the object's own bytes, so ``cached``
+        is returned as it is (the caller reports the object). A copy that does not match, or
+        one whose checksum is unknown, is discarded and fetched again (``lease``) once per
+        process and entry, with a ``CacheRepairWarning``.
+
+        Args:
+            cached: The lease whose file failed to open (released here when replaced).
+            why: What failed, for the warning.
+            storage_options: As for ``lease``.
+            transform: As for ``lease``.
+
+        Returns:
+            ``cached`` unchanged (its copy is intact), or a new lease on a fresh copy.
+
+        Raises:
+            CacheDamageError: The entry was repaired in this process before.
+        """
+        info = cached.info
+        files = self._files(info)
+        seen = healing.inode(files.data)
+        damage = self.check_entry(info, files)
+        if not damage:
+            record = entries.read_sidecar(files)
+            known = record.get("md5") or (info.md5 if self.layout == "stored" else None)
+            if known is not None:
+                try:
+                    actual = file_md5(files.data)
+                except FileNotFoundError:
+                    actual = None
+                if actual == known:
+                    return cached
+                damage = f"its MD5 is {actual}, its record says {known}"
+            elif files.key in self._state().repaired:
+                return cached  # fetched afresh already: the object itself fails
+            else:
+                damage = f"it failed to open ({why}) and has no checksum to tell why"
+        self._discard(info, files, damage, seen)
+        cached.close()
+        return self.lease(info, storage_options, transform=transform)
+
+    def _discard(
+        self, info: ObjectInfo, files: EntryFiles, damage: str, seen: tuple[int, ...] | None
+    ) -> None:
+        healing.discard(files, info, damage, seen, self._state().repaired, self.dir)
+
     def lease_cached(self, info: ObjectInfo) -> CachedFile | None:
         """``info.url``'s entry leased if it is complete in the cache now; ``None`` otherwise.
 
@@ -240,8 +345,8 @@ class SessionCache:
         files = self._files(info)
         lease = Lease(files.lease)
         try:
-            if not files.data.exists():
-                lease.close()
+            if not files.data.exists() or self.check_entry(info, files):
+                lease.close()  # missing, or damaged: ``lease`` repairs it
                 return None
             self._state().add("hits")
             lease.touch()
@@ -265,7 +370,7 @@ class SessionCache:
                 f"{info.url} ({format_bytes(info.size)}, {info.size} bytes) is larger than "
                 f"SessionCache(max_bytes={self.max_bytes}): raise max_bytes"
             )
-        for leftover in self._objects.glob(f"{files.key}.*.part*"):
+        for leftover in self.objects.glob(f"{files.key}.*.part*"):
             entries.remove_part(leftover)  # a dead process's download or scratch: we hold the mutex
         fs = filesystem_for(info.url, storage_options)
         part = self._reserve(info, files)
@@ -287,9 +392,10 @@ class SessionCache:
                 with open(final, "rb+") as handle:
                     os.fsync(handle.fileno())
                 part.unlink()
-            entries.write_sidecar(files, info, self.layout, time.time())
+            md5 = info.md5 if transform is None else None  # the download verified it
+            entries.write_sidecar(files, info, self.layout, time.time(), os.stat(final), md5)
             os.replace(final, files.data)
-            fsync_directory(self._objects)
+            fsync_directory(self.objects)
             logger.debug("cached %s as %s", info.url, files.data)
         except OSError as exc:
             if is_disk_full(exc):
@@ -306,7 +412,7 @@ class SessionCache:
         delay = 0.05
         while True:
             with mutex(self.dir / "accounting.lock"):
-                stored, parts = entries.scan(self._objects)
+                stored, parts = entries.scan(self.objects)
                 blocked = self._make_room(info, files, stored, parts)
                 if not blocked:
                     part = files.part(info.size)
@@ -332,7 +438,7 @@ class SessionCache:
     ) -> str:
         """Evict until ``info`` fits; ``""`` when it does, ``"wait"`` or ``"never"`` if not."""
         counters = self._state()
-        foreign = [part for part in parts if not self._clean_leftover(part)]
+        foreign = [part for part in parts if not self.clean_leftover(part)]
         stale = [entry for entry in stored if entry.url == info.url and entry.files != files]
         if stale and info.url not in counters.warned:
             counters.warned.add(info.url)
@@ -353,7 +459,7 @@ class SessionCache:
         for entry in order:
             if self._fits(info.size, total, free) and entry not in stale:
                 break
-            if self._evict(entry):
+            if self.evict(entry):
                 total -= entry.size
                 free += entry.size
             else:
@@ -365,7 +471,7 @@ class SessionCache:
     def _fits(self, size: int, total: int, free: int) -> bool:
         return total + size <= self.max_bytes and free - size >= self.min_free
 
-    def _evict(self, entry: Stored) -> bool:
+    def evict(self, entry: Stored) -> bool:
         """Delete ``entry`` if no process leases it; whether it was deleted."""
         with try_exclusive(entry.files.lease) as free:
             if not free:
@@ -377,11 +483,11 @@ class SessionCache:
         logger.debug("evicted %s (%d bytes)", entry.url, entry.size)
         return True
 
-    def _clean_leftover(self, part: entries.Part) -> bool:
+    def clean_leftover(self, part: entries.Part) -> bool:
         """Remove ``part`` (a file, or a ``.part.d`` scratch) if no process downloads its entry."""
         import filelock
 
-        lock = mutex(self._objects / f"{part.key}.lock", timeout=0)
+        lock = mutex(self.objects / f"{part.key}.lock", timeout=0)
         try:
             lock.acquire()
         except filelock.Timeout:  # its download is alive
@@ -412,7 +518,7 @@ class SessionCache:
         if files is None:
             if len(known) >= 4096:  # a bound, not an LRU: datasets hold far fewer sessions
                 known.clear()
-            files = known[info] = EntryFiles(self._objects, entries.entry_key(info, self.layout))
+            files = known[info] = EntryFiles(self.objects, entries.entry_key(info, self.layout))
         return files
 
     def _state(self) -> Counters:
@@ -426,49 +532,33 @@ class SessionCache:
 
     def ls(self) -> list[CacheEntry]:
         """Every complete entry, least recently used first, with whether a process uses it."""
-        stored, _ = entries.scan(self._objects)
-        listed = []
-        for entry in sorted(stored, key=lambda item: item.last_used):
-            with try_exclusive(entry.files.lease) as free:
-                in_use = not free
-            sidecar = entry.sidecar
-            listed.append(
-                CacheEntry(
-                    url=entry.url,
-                    size=entry.size,
-                    path=entry.files.data,
-                    last_used=entry.last_used,
-                    in_use=in_use,
-                    layout=str(sidecar.get("layout", "?")),
-                    etag=sidecar.get("etag"),
-                )
-            )
-        return listed
+        return maintenance.listing(self)
 
     def du(self) -> int:
         """Bytes the cache holds: complete entries and downloads in flight."""
-        stored, parts = entries.scan(self._objects)
+        stored, parts = entries.scan(self.objects)
         return sum(entry.size for entry in stored) + sum(part.size for part in parts)
 
+    def usage(self) -> dict[str, int]:
+        """Bytes per group of ``entries.LAYOUT`` (entries, downloads, meta, stats, locks...)."""
+        return maintenance.usage(self)
+
     def clear(self) -> ClearResult:
-        """Remove every entry no process uses, and dead downloads' leftovers."""
-        with mutex(self.dir / "accounting.lock"):
-            stored, parts = entries.scan(self._objects)
-            for part in parts:
-                self._clean_leftover(part)
-            removed, freed, in_use = 0, 0, []
-            for entry in stored:
-                if self._evict(entry):
-                    removed, freed = removed + 1, freed + entry.size
-                else:
-                    in_use.append(entry.url)
-            for orphan in self._objects.glob("*.json"):
-                if not orphan.with_suffix(".data").exists():
-                    with contextlib.suppress(FileNotFoundError):
-                        orphan.unlink()
-        if in_use:
-            logger.info("kept %d cache entries in use: %s", len(in_use), ", ".join(in_use))
-        return ClearResult(removed, freed, tuple(in_use))
+        """Remove every entry no process uses, dead downloads, metadata records, dead stats.
+
+        Walks ``entries.LAYOUT``: entries in use, live downloads, records being made, and this
+        and other live processes' counters stay; so do files no row of the layout names.
+        """
+        return maintenance.clear(self)
+
+    def verify(self) -> VerifyResult:
+        """Check every complete entry against its record (size, mtime, MD5); remove the damaged.
+
+        Also removes metadata records that are not this loaderkit's data (damaged, foreign,
+        or an older version's ``.pkl``). A damaged entry is removed even while a process
+        leases it (its open file stays readable to it; its next lease fetches it again).
+        """
+        return maintenance.verify(self)
 
     def describe(self) -> str:
         """A few lines for the CLI and ``loaderkit doctor``: limits, usage, the counters."""

@@ -22,7 +22,7 @@ from loaderkit.storage.filesystems import strip
 from loaderkit.storage.limits import format_bytes
 from loaderkit.storage.objects import ObjectInfo, access_error, refused
 
-__all__ = ["Cancelled", "download", "fsync_directory", "is_disk_full"]
+__all__ = ["Cancelled", "download", "file_md5", "fsync_directory", "is_disk_full"]
 
 _HASH_BLOCK = 8 * 2**20
 
@@ -126,6 +126,11 @@ def fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def file_md5(path: Path) -> str:
+    """The MD5 of a file's bytes, in hex (the form of a single-part upload's ETag)."""
+    return _md5(path, None)
 
 
 def _md5(path: Path, cancel: threading.Event | None) -> str:

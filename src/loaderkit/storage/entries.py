@@ -1,24 +1,34 @@
-"""The cache directory on disk: names of an entry's files, its sidecar, and a scan of them all.
+"""The cache directory on disk: every file it holds (``LAYOUT``), an entry's files, a scan.
 
-Layout (shared by every process on the node; nothing else is shared)::
+Layout (shared by every process on the node; nothing else is shared). ``LAYOUT`` is this
+table as data: ``loaderkit cache ls|du|clear|verify`` walk it, and a file the cache writes
+that no row names is a bug::
 
-    <dir>/CACHEDIR.TAG               marks a cache (backup tools skip it; clear() requires it)
-    <dir>/accounting.lock            filelock: one process at a time decides what to evict
-    <dir>/objects/<key>.data         the object, complete and verified (never partial)
-    <dir>/objects/<key>.json         its sidecar: url, size, etag, mtime, layout, fetched
-    <dir>/objects/<key>.lock         filelock: the object's download mutex (while downloading)
-    <dir>/objects/<key>.lease        flock(LOCK_SH) by each process using it; mtime = last use
-    <dir>/objects/<key>.<n>.<pid>.<token>.part   a download in flight, n bytes reserved
-    <dir>/objects/<key>.<n>.<pid>.<token>.part.d a transform's scratch directory (``rows``)
+    CACHEDIR.TAG                     marks a cache (backup tools skip it)
+    accounting.lock                  filelock: one process at a time decides what to evict
+    objects/<key>.data               the object, complete and verified (never partial)
+    objects/<key>.json               its sidecar: url, size, etag, mtime, layout, fetched, and
+                                     the data file's size, mtime and MD5 (when known) as written
+    objects/<key>.lock               filelock: the object's download mutex (while downloading)
+    objects/<key>.lease              flock(LOCK_SH) by each process using it; mtime = last use
+    objects/<key>.<n>.<pid>.<token>.part    a download in flight, n bytes reserved
+    objects/<key>.<n>.<pid>.<token>.part.d  a transform's scratch directory (``rows``)
+    meta/<key>.json                  an object's HDF5 metadata record (versioned JSON data)
+    meta/<key>.lock                  filelock: the record is being made (once per node)
+    meta/<key>.<pid>.<token>.tmp     a record being written
+    meta/<key>.pkl                   an older loaderkit's record: never read
+    stats/<pid>-<token>.bin          counters summed over one cache object's processes
 
 ``<key>`` is a hash of the URL, the object's identity and the layout, then the file's name
 (``3f2a...-betas_session01_hdf5``): a changed object gets a new entry, never a file replaced
-under a reader.
+under a reader. A complete entry whose data file no longer matches its sidecar (``check``)
+is damaged: the cache discards it and fetches the object again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import functools
 import hashlib
 import json
@@ -33,13 +43,20 @@ from typing import Any
 from loaderkit.storage.objects import ObjectInfo
 
 __all__ = [
+    "LAYOUT",
+    "NO_RECORD",
+    "SIDECAR_VERSION",
     "EntryFiles",
+    "FileKind",
     "Part",
     "Stored",
+    "check",
+    "classify",
     "entry_key",
     "read_sidecar",
     "remove_part",
     "scan",
+    "walk",
     "write_sidecar",
 ]
 
@@ -49,6 +66,93 @@ TAG_TEXT = (
     "# loaderkit's session cache (loaderkit.SessionCache). Safe to delete when no job runs.\n"
 )
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+#: The sidecar's version: 2 records the data file as written (size, mtime, MD5).
+SIDECAR_VERSION = 2
+#: ``check``'s answer for an entry without a sidecar of this version (an older loaderkit's).
+NO_RECORD = "it has no record of this loaderkit's version"
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """One row of the cache directory's layout.
+
+    Attributes:
+        pattern: A glob relative to the cache directory.
+        group: ``"entries"`` (complete objects and sidecars), ``"downloads"`` (in flight),
+            ``"locks"``, ``"meta"`` (metadata records), ``"stats"`` or ``"marker"``.
+        what: What the file is, for ``loaderkit cache ls``.
+    """
+
+    pattern: str
+    group: str
+    what: str
+
+
+LAYOUT: tuple[FileKind, ...] = (
+    FileKind(TAG, "marker", "marks a cache (backup tools skip it)"),
+    FileKind("accounting.lock", "locks", "one process at a time decides what to evict"),
+    FileKind("objects/*.data", "entries", "a complete, verified object"),
+    FileKind("objects/*.json", "entries", "an object's sidecar record"),
+    FileKind("objects/*.lock", "locks", "an object's download mutex"),
+    FileKind("objects/*.lease", "locks", "an object's lease file (mtime: last use)"),
+    FileKind("objects/*.part", "downloads", "a download in flight, or a dead one's"),
+    FileKind("objects/*.part.d", "downloads", "a transform's scratch directory"),
+    FileKind("meta/*.json", "meta", "an object's HDF5 metadata record"),
+    FileKind("meta/*.lock", "meta", "a metadata record being made"),
+    FileKind("meta/*.tmp", "meta", "a metadata record being written"),
+    FileKind("meta/*.pkl", "meta", "an older loaderkit's metadata record (never read)"),
+    FileKind("stats/*.bin", "stats", "counters of one cache object's processes"),
+)
+
+
+def classify(relative: str) -> FileKind | None:
+    """The ``LAYOUT`` row a path (relative to the cache directory) matches, if any.
+
+    Examples:
+        >>> classify("meta/0a1b.json").group, classify("objects/x.1.2.ab.part").group
+        ('meta', 'downloads')
+        >>> classify("notes.txt") is None
+        True
+    """
+    for kind in LAYOUT:
+        folder, _, glob = kind.pattern.rpartition("/")
+        head, _, name = relative.rpartition("/")
+        if head == folder and fnmatch.fnmatchcase(name, glob):
+            return kind
+    return None
+
+
+def walk(directory: Path) -> tuple[dict[str, list[tuple[Path, int]]], list[Path]]:
+    """Every file (and scratch directory) in the cache by ``LAYOUT`` group, with its bytes.
+
+    Returns:
+        ``group -> [(path, bytes)]``, and the paths no row of ``LAYOUT`` names (left alone).
+    """
+    groups: dict[str, list[tuple[Path, int]]] = {kind.group: [] for kind in LAYOUT}
+    unknown: list[Path] = []
+    folders = sorted({kind.pattern.rpartition("/")[0] for kind in LAYOUT})
+    for folder in folders:
+        base = directory / folder if folder else directory
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(base) as it:
+            for item in list(it):
+                relative = f"{folder}/{item.name}" if folder else item.name
+                if not folder and item.name in folders:
+                    continue
+                kind = classify(relative)
+                path = base / item.name
+                if kind is None:
+                    unknown.append(path)
+                    continue
+                try:
+                    size = (
+                        _tree_bytes(path)
+                        if item.is_dir(follow_symlinks=False)
+                        else item.stat(follow_symlinks=False).st_size
+                    )
+                except FileNotFoundError:
+                    continue
+                groups[kind.group].append((path, size))
+    return groups, unknown
 
 
 def entry_key(info: ObjectInfo, layout: str) -> str:
@@ -120,9 +224,29 @@ class Part:
     size: int
 
 
-def write_sidecar(files: EntryFiles, info: ObjectInfo, layout: str, fetched: float) -> None:
-    """Write the sidecar under a temporary name, then rename it into place."""
+def write_sidecar(
+    files: EntryFiles,
+    info: ObjectInfo,
+    layout: str,
+    fetched: float,
+    data: os.stat_result | None = None,
+    md5: str | None = None,
+) -> None:
+    """Write the sidecar under a temporary name, then rename it into place.
+
+    Args:
+        files: The entry's files.
+        info: The object as listed.
+        layout: The cache's layout.
+        fetched: When it was fetched (seconds since the epoch).
+        data: The data file's ``stat`` as written (before its rename): ``check`` compares.
+        md5: The data file's MD5, when known (the store's ETag it was verified against).
+    """
     record = {
+        "version": SIDECAR_VERSION,
+        "file_size": None if data is None else data.st_size,
+        "file_mtime_ns": None if data is None else data.st_mtime_ns,
+        "md5": md5,
         "url": info.url,
         "size": info.size,
         "etag": info.etag,
@@ -143,6 +267,37 @@ def read_sidecar(files: EntryFiles) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
+
+
+def check(record: dict[str, Any], data: os.stat_result, info: ObjectInfo | None = None) -> str:
+    """What no longer matches between a data file and its sidecar ``record`` (``""``: nothing).
+
+    The size and modification time the file had when it was written (any write since, a
+    truncation or bytes overwritten, changes them), and for the ``stored`` layout the size the
+    store listed (``info``).
+
+    Examples:
+        >>> import os, tempfile
+        >>> path = tempfile.mktemp(); open(path, "wb").write(b"abc")
+        3
+        >>> st = os.stat(path)
+        >>> record = {"version": 2, "file_size": 3, "file_mtime_ns": st.st_mtime_ns}
+        >>> check(record, st), check(dict(record, file_size=4), st)
+        ('', 'its size is 3 bytes, its record says 4')
+    """
+    if record.get("version") != SIDECAR_VERSION:
+        return NO_RECORD
+    size, mtime = record.get("file_size"), record.get("file_mtime_ns")
+    if size != data.st_size:
+        return f"its size is {data.st_size} bytes, its record says {size}"
+    if info is not None and record.get("layout") == "stored" and data.st_size != info.size:
+        return f"its size is {data.st_size} bytes, the store lists {info.size}"
+    if mtime != data.st_mtime_ns:
+        return (
+            "it was modified after it was fetched (mtime "
+            f"{data.st_mtime_ns / 1e9:.3f}, its record says {(mtime or 0) / 1e9:.3f})"
+        )
+    return ""
 
 
 def scan(objects: Path) -> tuple[list[Stored], list[Part]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loaderkit.errors import ConfigError, check_int
@@ -21,6 +21,8 @@ __all__ = [
     "DiskUsage",
     "check_limits",
     "fit_cache_limits",
+    "fit_to_readers",
+    "fit_to_sessions",
     "format_bytes",
     "window_bytes",
 ]
@@ -29,6 +31,8 @@ GiB = 2**30
 DEFAULT_PREFETCH = 2
 MIN_FREE_FRACTION = 0.05
 MAX_BYTES_FRACTION = 0.8
+#: The reason of a value the caller set.
+CALLER = "set by the caller"
 
 
 #: One limit's value and the one-line reason for it: the loader's own ``Decision``.
@@ -37,11 +41,16 @@ CacheLimit = Decision[int]
 
 @dataclass(frozen=True)
 class CacheLimits:
-    """The three limits of a ``SessionCache``, each with its reason."""
+    """The three limits of a ``SessionCache``, each with its reason.
+
+    Attributes:
+        given: The names of the limits the caller set (the others are loaderkit's to fit).
+    """
 
     max_bytes: CacheLimit
     min_free: CacheLimit
     prefetch: CacheLimit
+    given: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,8 @@ def fit_cache_limits(
       programs keep room to write.
     - ``max_bytes``: 80 % of what the cache could use (free space plus what it already holds),
       less ``min_free``.
-    - ``prefetch``: 2 sessions ahead: reading one while the next ones arrive.
+    - ``prefetch``: 2 sessions ahead: reading one while the next ones arrive (lowered to what
+      ``max_bytes`` holds once the sessions are known: ``fit_to_sessions``).
 
     Args:
         disk: The disk's sizes (``DiskUsage.detect``).
@@ -106,14 +116,14 @@ def fit_cache_limits(
         '80 % of the 50.0 GiB the cache can use (50.0 GiB free + 0 B cached) less min_free'
     """
     if min_free is not None:
-        free_limit = CacheLimit(check_int("min_free", min_free, minimum=0), "set by the caller")
+        free_limit = CacheLimit(check_int("min_free", min_free, minimum=0), CALLER)
     else:
         value = min(max(int(disk.total * MIN_FREE_FRACTION), GiB), disk.total)
         free_limit = CacheLimit(
             value, f"5 % of the {format_bytes(disk.total)} disk, at least 1 GiB: room for others"
         )
     if max_bytes is not None:
-        max_limit = CacheLimit(check_int("max_bytes", max_bytes, minimum=1), "set by the caller")
+        max_limit = CacheLimit(check_int("max_bytes", max_bytes, minimum=1), CALLER)
     else:
         usable = disk.free + disk.cached
         value = max(int(MAX_BYTES_FRACTION * (usable - free_limit.value)), 0)
@@ -123,10 +133,17 @@ def fit_cache_limits(
             f"free + {format_bytes(disk.cached)} cached) less min_free",
         )
     if prefetch is not None:
-        ahead = CacheLimit(check_int("prefetch", prefetch, minimum=0), "set by the caller")
+        ahead = CacheLimit(check_int("prefetch", prefetch, minimum=0), CALLER)
     else:
         ahead = CacheLimit(DEFAULT_PREFETCH, "2 sessions ahead: one is read while the next arrive")
-    return CacheLimits(max_bytes=max_limit, min_free=free_limit, prefetch=ahead)
+    given = frozenset(
+        name
+        for name, value in zip(
+            ("max_bytes", "min_free", "prefetch"), (max_bytes, min_free, prefetch), strict=True
+        )
+        if value is not None
+    )
+    return CacheLimits(max_bytes=max_limit, min_free=free_limit, prefetch=ahead, given=given)
 
 
 def window_bytes(sizes: Sequence[int], sessions: int) -> int:
@@ -139,54 +156,50 @@ def window_bytes(sizes: Sequence[int], sessions: int) -> int:
     return sum(sorted(sizes, reverse=True)[: max(sessions, 0)])
 
 
-def check_limits(
+def fit_to_sessions(
     limits: CacheLimits, disk: DiskUsage, sizes: Sequence[int], readers: int = 1
-) -> None:
-    """Refuse limits that cannot work for objects of these ``sizes`` read by ``readers``.
+) -> CacheLimits:
+    """The limits fitted to objects of these ``sizes`` read by ``readers``; refused if impossible.
 
-    Each reader (a worker, a rank on the node) holds the session it reads and ``prefetch``
-    more: the window is the largest ``readers * (1 + prefetch)`` sessions. ``max_bytes`` must
-    hold the largest session and the window; the disk (free space plus what the cache holds,
-    less ``min_free``) must hold the largest session.
+    Each reader (a rank on the node) holds the session it reads and ``prefetch`` more: the
+    window is the largest ``readers * (1 + prefetch)`` sessions. What the caller left unset is
+    fitted, what the caller set is checked:
+
+    - ``max_bytes`` unset and smaller than one session per reader: raised to that, as far as the
+      disk allows (free space plus what the cache holds, less ``min_free``);
+    - ``prefetch`` unset: the most sessions ahead (at most 2) whose window fits ``max_bytes``,
+      with the sizes that decided it in its reason;
+    - a ``max_bytes`` smaller than the largest session or than one session per reader, a
+      ``prefetch`` the caller set whose window does not fit, and a disk without room for the
+      largest session are a ``ConfigError`` naming both sizes and what to change.
 
     Args:
-        limits: The cache's limits.
+        limits: The cache's limits (``fit_cache_limits``).
         disk: The disk's sizes now.
         sizes: Every object's size in bytes (stored size; the ``rows`` layout is about the same).
         readers: Processes on the node that read at the same time, each with its prefetch
             window (the ranks on the node: ``loaderkit.machine.distributed.local_world_size``).
 
+    Returns:
+        The limits to use for these sessions.
+
     Raises:
-        ConfigError: A limit smaller than the largest session or than the window; the message
-            names both sizes and what to change.
+        ConfigError: A limit that cannot work; the message names both sizes.
 
     Examples:
-        >>> limits = fit_cache_limits(DiskUsage(100 * GiB, 50 * GiB, 0), max_bytes=GiB)
-        >>> check_limits(limits, DiskUsage(100 * GiB, 50 * GiB, 0), [2 * GiB])
+        >>> disk = DiskUsage(100 * GiB, 50 * GiB, 0)
+        >>> fitted = fit_to_sessions(fit_cache_limits(disk, max_bytes=2 * GiB), disk, [GiB] * 8)
+        >>> fitted.prefetch.value
+        1
+        >>> fit_to_sessions(fit_cache_limits(disk, max_bytes=GiB), disk, [2 * GiB])
         Traceback (most recent call last):
         ...
         loaderkit.errors.ConfigError: SessionCache(max_bytes=1.0 GiB) is smaller than the ...
     """
     if not sizes:
-        return
+        return limits
     largest = max(sizes)
-    max_bytes = limits.max_bytes.value
-    if max_bytes < largest:
-        raise ConfigError(
-            f"SessionCache(max_bytes={format_bytes(max_bytes)}) is smaller than the largest "
-            f"session ({format_bytes(largest)}, {largest} bytes): raise max_bytes to at least "
-            f"{largest} bytes"
-        )
-    sessions = max(readers, 1) * (1 + limits.prefetch.value)
-    window = window_bytes(sizes, sessions)
-    if max_bytes < window:
-        raise ConfigError(
-            f"SessionCache(max_bytes={format_bytes(max_bytes)}) is smaller than the prefetch "
-            f"window ({format_bytes(window)}, {window} bytes: {readers} reader(s) on this node "
-            f"(ranks sharing the cache) x (1 open + prefetch={limits.prefetch.value}) sessions "
-            f"of up to {format_bytes(largest)}): raise max_bytes to at least {window} bytes "
-            "or lower prefetch"
-        )
+    readers = max(readers, 1)
     room = disk.free + disk.cached - limits.min_free.value
     if room < largest:
         raise ConfigError(
@@ -195,3 +208,124 @@ def check_limits(
             f"{format_bytes(limits.min_free.value)}), less than the largest session "
             f"({format_bytes(largest)}): free space, lower min_free or use another dir"
         )
+    max_bytes = limits.max_bytes.value
+    one_each = window_bytes(sizes, readers)
+    if max_bytes < one_each and "max_bytes" not in limits.given and one_each <= room:
+        limits = replace(
+            limits,
+            max_bytes=CacheLimit(
+                one_each,
+                f"raised from {format_bytes(max_bytes)} ({limits.max_bytes.reason}) to one "
+                f"session per reader: {readers} x up to {format_bytes(largest)}",
+            ),
+        )
+        max_bytes = one_each
+    if max_bytes < largest:
+        raise ConfigError(
+            f"SessionCache(max_bytes={format_bytes(max_bytes)}) is smaller than the largest "
+            f"session ({format_bytes(largest)}, {largest} bytes): raise max_bytes to at least "
+            f"{largest} bytes"
+        )
+    if max_bytes < one_each:
+        raise ConfigError(
+            f"SessionCache(max_bytes={format_bytes(max_bytes)}) is smaller than one session per "
+            f"reader ({format_bytes(one_each)}, {one_each} bytes: {readers} reader(s) on this "
+            f"node (ranks sharing the cache), sessions of up to {format_bytes(largest)}): raise "
+            f"max_bytes to at least {one_each} bytes"
+        )
+    ahead = limits.prefetch.value
+    if "prefetch" in limits.given:
+        window = window_bytes(sizes, readers * (1 + ahead))
+        if max_bytes < window:
+            raise ConfigError(
+                f"SessionCache(max_bytes={format_bytes(max_bytes)}) is smaller than the prefetch "
+                f"window ({format_bytes(window)}, {window} bytes: {readers} reader(s) on this node "
+                f"(ranks sharing the cache) x (1 open + prefetch={ahead}) sessions "
+                f"of up to {format_bytes(largest)}): raise max_bytes to at least {window} bytes "
+                "or lower prefetch"
+            )
+        return limits
+    fitted = ahead
+    while fitted > 0 and window_bytes(sizes, readers * (1 + fitted)) > max_bytes:
+        fitted -= 1
+    if fitted == ahead:
+        return limits
+    wanted = window_bytes(sizes, readers * (1 + ahead))
+    reason = (
+        f"fitted to max_bytes {format_bytes(max_bytes)}: {ahead} ahead would need "
+        f"{format_bytes(wanted)} ({readers} reader(s) x {1 + ahead} sessions of up to "
+        f"{format_bytes(largest)}); {fitted} ahead "
+        + ("fits" if fitted else "leaves room for the session read only")
+    )
+    return replace(limits, prefetch=CacheLimit(fitted, reason))
+
+
+def window_sessions(prefetch: int, workers: int) -> int:
+    """Sessions one rank's prefetcher leases besides its workers' open files.
+
+    The session read and ``prefetch`` ahead; none without a prefetcher (``prefetch=0``) when
+    workers read, one (the session open in the main process) when it reads itself.
+
+    Examples:
+        >>> window_sessions(2, 4), window_sessions(0, 4), window_sessions(0, 0)
+        (3, 0, 1)
+    """
+    if prefetch > 0:
+        return 1 + prefetch
+    return 0 if workers > 0 else 1
+
+
+def fit_to_readers(
+    limits: CacheLimits, capacity: int, ranks: int, workers: int, largest: int
+) -> CacheLimits:
+    """An unset ``prefetch`` lowered until every process's leases fit ``capacity`` sessions.
+
+    Each of ``ranks`` ranks holds one open session per worker (``workers``; the main process
+    when 0) and its prefetch window (``window_sessions``): a window that leaves no room for
+    the workers' files would block their downloads until ``room_timeout``. A ``prefetch`` the
+    caller set is kept (``max_open_files`` is fitted to it instead).
+
+    Examples:
+        >>> disk = DiskUsage(100 * GiB, 50 * GiB, 0)
+        >>> limits = fit_cache_limits(disk, max_bytes=2 * GiB)
+        >>> fit_to_readers(limits, 2, ranks=1, workers=0, largest=GiB).prefetch.value
+        1
+        >>> fit_to_readers(limits, 2, ranks=1, workers=2, largest=GiB).prefetch.reason[:40]
+        'fitted to max_bytes 2.0 GiB (2 sessions '
+    """
+    ahead = limits.prefetch.value
+    if "prefetch" in limits.given or ahead <= 0:
+        return limits
+    readers = max(workers, 1)
+
+    def need(prefetch: int) -> int:
+        return ranks * ((readers if workers > 0 else 0) + window_sessions(prefetch, workers))
+
+    fitted = ahead
+    while fitted > 0 and need(fitted) > capacity:
+        fitted -= 1
+    if fitted == ahead:
+        return limits
+    held = f"{workers} worker(s) each holding a session open + " if workers > 0 else ""
+    reason = (
+        f"fitted to max_bytes {format_bytes(limits.max_bytes.value)} ({capacity} sessions of up "
+        f"to {format_bytes(largest)}): {ahead} ahead would need {ranks} rank(s) x ({held}"
+        f"{window_sessions(ahead, workers)} in the prefetch window) = {need(ahead)} sessions; "
+        f"{fitted} ahead fits" + ("" if fitted else " (each session fetched when first opened)")
+    )
+    return replace(limits, prefetch=CacheLimit(fitted, reason))
+
+
+def check_limits(
+    limits: CacheLimits, disk: DiskUsage, sizes: Sequence[int], readers: int = 1
+) -> CacheLimits:
+    """``fit_to_sessions``: the limits fitted to these sessions; ``ConfigError`` if impossible.
+
+    Examples:
+        >>> limits = fit_cache_limits(DiskUsage(100 * GiB, 50 * GiB, 0), max_bytes=GiB)
+        >>> check_limits(limits, DiskUsage(100 * GiB, 50 * GiB, 0), [2 * GiB])
+        Traceback (most recent call last):
+        ...
+        loaderkit.errors.ConfigError: SessionCache(max_bytes=1.0 GiB) is smaller than the ...
+    """
+    return fit_to_sessions(limits, disk, sizes, readers)

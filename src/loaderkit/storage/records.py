@@ -24,7 +24,15 @@ from typing import Any
 from loaderkit.storage.locks import Lease
 from loaderkit.storage.objects import ObjectInfo
 
-__all__ = ["CacheEntry", "CacheStats", "CachedFile", "ClearResult", "Counters", "Totals"]
+__all__ = [
+    "CacheEntry",
+    "CacheStats",
+    "CachedFile",
+    "ClearResult",
+    "Counters",
+    "Totals",
+    "VerifyResult",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -70,11 +78,34 @@ class CacheEntry:
 
 @dataclass(frozen=True)
 class ClearResult:
-    """What ``clear()`` did: entries removed, bytes freed, URLs skipped because in use."""
+    """What ``clear()`` did: entries removed, bytes freed, URLs skipped because in use.
+
+    Attributes:
+        removed: Complete entries removed.
+        freed_bytes: Bytes freed in all (entries, downloads, records, counters).
+        in_use: URLs of the entries kept because a process leases them.
+        other: Other files removed, per ``entries.LAYOUT`` group (``meta``, ``stats``...).
+    """
 
     removed: int
     freed_bytes: int
     in_use: tuple[str, ...]
+    other: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What ``verify()`` found: entries checked, and what it removed and why.
+
+    Attributes:
+        checked: Complete entries checked.
+        damaged: ``(url, path, what no longer matches)`` of each entry removed.
+        records: Metadata records removed (not this loaderkit's data).
+    """
+
+    checked: int
+    damaged: tuple[tuple[str, str, str], ...]
+    records: tuple[str, ...]
 
 
 class CachedFile:
@@ -141,7 +172,7 @@ class Totals:
         import secrets
 
         with contextlib.suppress(OSError):
-            directory.mkdir(parents=True, exist_ok=True)
+            directory.mkdir(parents=True, exist_ok=True)  # inside the cache directory
             cutoff = time.time() - STALE_TOTALS
             for old in directory.glob("*.bin"):
                 with contextlib.suppress(OSError):
@@ -209,6 +240,10 @@ class Counters:
         self.values = dict.fromkeys(_FIELDS, 0)
         self.waiting = 0.0
         self.warned: set[str] = set()
+        #: Entries (keys) this process discarded as damaged and fetched again.
+        self.repaired: set[str] = set()
+        #: ``(key, inode, mtime_ns)`` of entries checked against the store (``shared=True``).
+        self.verified: set[tuple[str, int, int]] = set()
         self.totals = totals
 
     def add(self, name: str, amount: int = 1, waiting: float = 0.0) -> None:
