@@ -29,7 +29,6 @@ MAX_LINES = 600
 LAYERS: tuple[str, ...] = (
     "errors",  # every exception and warning; imports nothing
     "plan",  # Plan, PlanEntry, Decision; imports nothing
-    "_moved",  # old module paths; imports nothing of loaderkit
     "_torch",  # torch's private API
     "machine",  # what this machine and torch are
     "workers",  # what runs in worker processes, the hand-off
@@ -265,10 +264,15 @@ def test_no_module_is_in_an_import_circle() -> None:
     assert circle is None, " -> ".join(circle)
 
 
-def test_the_source_imports_no_old_path() -> None:
-    from loaderkit._moved import MOVED
-
-    for name, path in _modules().items():
-        module = name if path.name != "__init__.py" else f"{name}.__init__"
-        old = imports_of(path.read_text(encoding="utf-8"), module) & set(MOVED)
-        assert not old, f"{name} imports {sorted(old)}: use the new paths"
+def test_every_loaderkit_import_outside_the_package_names_a_module() -> None:
+    """Tests, examples, benchmarks and tools import loaderkit only by paths that exist."""
+    modules = set(_modules())
+    repo = PACKAGE.parents[1]
+    wrong = []
+    for folder in ("tests", "examples", "benchmarks", "tools"):
+        for path in sorted((repo / folder).rglob("*.py")):
+            name = ".".join(path.relative_to(repo).with_suffix("").parts)
+            for target in imports_of(path.read_text(encoding="utf-8"), name, modules):
+                if target not in modules:
+                    wrong.append(f"{path.relative_to(repo)} imports {target}")
+    assert not wrong, wrong
