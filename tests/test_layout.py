@@ -1,12 +1,16 @@
-"""The package layout (issue 36), checked by reading the source tree.
+"""The package layout, checked by reading the source tree (and the tests' tree).
 
 * the package root holds at most ``ROOT_MAX`` modules (the front door and two leaves);
 * every folder's ``__init__`` has a docstring that maps the folder (names each of its modules)
   and says which way its imports go;
 * no module is longer than ``MAX_LINES`` lines;
 * the import graph between *units* (a folder, or one module of the root) follows ``LAYERS``:
-  a unit imports only units listed before it, so there is no circle and nothing imports back
-  up. Every import counts, also those inside functions and under ``TYPE_CHECKING``.
+  a unit imports only units listed before it, so nothing imports back up;
+* the import graph between *modules* has no circle, inside folders too. Every import counts,
+  also those inside functions and under ``TYPE_CHECKING``;
+* tests, examples, benchmarks and tools import loaderkit only by module paths that exist;
+* ``tests/`` mirrors the package: at most ``TESTS_ROOT_MAX`` test modules in ``tests/`` itself,
+  every other one in ``tests/<folder>/`` for a folder of ``src/loaderkit/``.
 
 ``imports_of``, ``layer_violations`` and ``find_cycle`` are pure functions, tested here on
 small synthetic inputs so that the checks on the real tree are known to be able to fail.
@@ -20,7 +24,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "loaderkit"
+TESTS = Path(__file__).resolve().parent
 ROOT_MAX = 10
+#: Test modules in ``tests/`` itself: the front door (loader, public API, docs, examples,
+#: layout...); every other test module lives in the folder of the package folder it tests.
+TESTS_ROOT_MAX = 12
 MAX_LINES = 600
 
 #: Units from the bottom up: each may import only the units before it. A folder is one unit
@@ -276,3 +284,17 @@ def test_every_loaderkit_import_outside_the_package_names_a_module() -> None:
                 if target not in modules:
                     wrong.append(f"{path.relative_to(repo)} imports {target}")
     assert not wrong, wrong
+
+
+def test_tests_mirror_the_package() -> None:
+    """``tests/<folder>/`` for a folder of ``src/loaderkit/``; few test modules in ``tests/``."""
+    top = sorted(path.name for path in TESTS.glob("test_*.py"))
+    assert len(top) <= TESTS_ROOT_MAX, f"{len(top)} test modules in tests/: {top}"
+    package_folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    for folder in sorted(p for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        if not any(folder.rglob("*.py")):
+            continue  # what a run leaves behind (caches), no tests
+        assert folder.name in package_folders, (
+            f"tests/{folder.name}/ names no src/loaderkit/ folder"
+        )
+        assert (folder / "__init__.py").is_file(), f"tests/{folder.name}/ has no __init__.py"
