@@ -106,9 +106,9 @@ def test_py_typed_shipped() -> None:
     assert files("loaderkit").joinpath("py.typed").is_file()
 
 
-# ------------------------------------------------------------------ module paths (issue 36)
+# ------------------------------------------------------------------ module paths
 
-#: Module paths the docs, README, examples and benchmarks use (the new layout).
+#: Module paths the docs, README, examples and benchmarks use.
 DOCUMENTED_MODULES = (
     "loaderkit.cli",
     "loaderkit.cli.demo",

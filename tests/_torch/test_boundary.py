@@ -1,4 +1,4 @@
-"""Issue 27: torch's internals only behind ``loaderkit._torch``; a changed internal falls back.
+"""torch's internals only behind ``loaderkit._torch``; a changed internal falls back.
 
 * A scan of the source: outside ``src/loaderkit/_torch/`` no module names a private torch
   module, class, function or attribute, nor a private member of torch's DataLoader and its

@@ -1,4 +1,4 @@
-"""Issue 29: the hand-off switch, batches the loop keeps, and pinned slots under queued copies.
+"""The hand-off switch, batches the loop keeps, and pinned slots under queued copies.
 
 * ``handoff=`` is a public argument: ``"torch"`` rules the slot pool out (the plan says so),
   ``"slots"`` is refused where the pool cannot work, anything else is refused.
