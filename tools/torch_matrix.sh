@@ -50,6 +50,21 @@ else
 fi
 py_tag="$("$python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')"
 
+# This machine's pip config (/etc/xdg/pip) caps torch at the releases on its disk: a newer torch
+# (2.15) is installed, and the project installed beside it, without that config, or the cap
+# would replace the torch asked for.
+if [ -f /etc/xdg/pip/constraints.txt ] && ! python3 - "$torch_version" <<'PY'
+import pathlib, re, sys
+want = tuple(int(n) for n in sys.argv[1].split(".")[:3])
+for line in pathlib.Path("/etc/xdg/pip/constraints.txt").read_text().splitlines():
+    m = re.match(r"torch\s*<=\s*([\d.]+)", line.strip())
+    if m and want > tuple(int(n) for n in m.group(1).split(".")):
+        sys.exit(1)
+PY
+then
+    export PIP_CONFIG_FILE=/dev/null
+fi
+
 root="${TORCH_MATRIX_DIR:-$HOME/.cache/loaderkit-torch-matrix}"
 venv="$root/torch-$torch_version-py$py_tag"
 if [ ! -x "$venv/bin/python" ] || \

@@ -5,9 +5,10 @@
 
 1. **detect** the platform (unless one is injected) and the distributed placement;
 2. **resolve** every setting with the pure policies of ``loaderkit.policy``;
-3. **check** what would otherwise fail later and obscurely: picklability for spawn/forkserver
-   workers, Python containers forked workers would copy as they read them (copy-on-read), the
-   open-file budget, the size of ``/dev/shm``;
+3. **check** what would otherwise fail later and obscurely: a main script or dataset that
+   spawn/forkserver workers cannot run with (``fork`` where the default allows it),
+   picklability, Python containers forked workers would copy as they read them
+   (copy-on-read), the open-file budget, the size of ``/dev/shm``;
 4. **build** the samplers, generator and worker initializer the plan calls for.
 
 Warnings are emitted here (as ``LoaderkitWarning``, advice about speed and memory as
@@ -28,6 +29,7 @@ from loaderkit import _torch
 from loaderkit.errors import ConfigError, PerformanceHint, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.machine.distributed import DistInfo, dist_info, local_world_size
+from loaderkit.machine.main_module import find_unguarded_call
 from loaderkit.machine.platform import PlatformInfo, detect_platform
 from loaderkit.machine.versions import fit_torch_arguments, torch_decision, torch_fallback_warning
 from loaderkit.memory.containers import survey_containers
@@ -51,6 +53,7 @@ from loaderkit.policy.budgets import (
     fit_open_files,
 )
 from loaderkit.policy.memory import advise_copy_on_read, resolve_gc_freeze
+from loaderkit.policy.start_method import fit_start_method
 from loaderkit.workers.collate import collate
 
 __all__ = ["LARGE_PICKLE_BYTES", "LoaderSetup", "dataset_facts", "plan_loader"]
@@ -59,6 +62,9 @@ logger = logging.getLogger("loaderkit")
 
 #: Pickled dataset size above which spawn/forkserver loaders warn (each worker gets a copy).
 LARGE_PICKLE_BYTES = 64 * 2**20
+
+#: Loaders given fork instead of a spawn-like default, already warned about (once per cause).
+_WARNED_START_METHODS: set[tuple[str, ...]] = set()
 
 #: torch fallbacks already warned about in this process (once each).
 _WARNED_FALLBACKS: set[tuple[str, tuple[str, ...]]] = set()
@@ -287,32 +293,49 @@ def _plan_gc_freeze(res: Resolution, found: _Findings) -> bool:
     return decision.value
 
 
-def _check_picklable(
-    dataset: Any, request: LoaderRequest, res: Resolution, found: _Findings
-) -> None:
-    """Spawn/forkserver preflight: fail early, naming the attribute that cannot be pickled."""
-    num_workers = res.values["num_workers"]
-    if (
-        not isinstance(num_workers, int)
-        or num_workers <= 0
-        or res.start_method not in ("spawn", "forkserver")
-    ):
+def _pickle_checks(dataset: Any, request: LoaderRequest, res: Resolution) -> dict[str, Any]:
+    """What spawn/forkserver workers would receive, each pickled once (``{}``: nothing sent)."""
+    if not _worker_count(res) or res.start_method not in ("spawn", "forkserver"):
         # fork, or an invalid multiprocessing_context that torch rejects with its own error
-        return
+        return {}
     # what torch really sends (DataPipes go inside a wrapper that falls back to dill)
-    dataset = _torch.as_sent_to_workers(dataset)
-    checks = {
-        name: check_pickle(obj, name)
-        for name, obj in (
-            ("dataset", dataset),
-            ("collate_fn", request.collate_fn),
-            ("worker_init_fn", request.worker_init_fn),
-        )
-        if obj is not None
-    }
-    for name, obj in (("sampler", request.sampler), ("batch_sampler", request.batch_sampler)):
-        if obj is not None:
-            checks[name] = check_pickle(obj, name)
+    objects = {name: getattr(request, name) for name in ("collate_fn", "worker_init_fn")}
+    objects.update(sampler=request.sampler, batch_sampler=request.batch_sampler)
+    objects = {"dataset": _torch.as_sent_to_workers(dataset), **objects}
+    return {name: check_pickle(obj, name) for name, obj in objects.items() if obj is not None}
+
+
+def _fit_start_method(
+    res: Resolution, platform: PlatformInfo, checks: Mapping[str, Any], found: _Findings
+) -> Resolution:
+    """Fork in place of a spawn-like default the program cannot run under (policy.start_method)."""
+    if not checks:
+        return res
+    context = res.values["multiprocessing_context"]
+    problems = [c.problem for n, c in checks.items() if c.problem and unpicklable_is_error(n)]
+    fit = fit_start_method(
+        platform,
+        res.start_method,
+        "argument" if context is not None else platform.start_method_source,
+        rerun=find_unguarded_call(),
+        problem=problems[0].message(res.start_method) if problems else None,
+    )
+    if fit is None:
+        return res
+    if fit.key not in _WARNED_START_METHODS:
+        _WARNED_START_METHODS.add(fit.key)
+        found.warnings.append(fit.warning)
+    row = PlanEntry("start_method", UNSET, fit.start_method, fit.reason)
+    found.entries[:] = [row if e.name == "start_method" else e for e in found.entries]
+    values = {**res.values, "multiprocessing_context": fit.start_method}
+    return replace(res, start_method=fit.start_method, values=values)
+
+
+def _check_picklable(checks: Mapping[str, Any], res: Resolution, found: _Findings) -> None:
+    """Spawn/forkserver preflight: fail early, naming the attribute that cannot be pickled."""
+    if not checks or res.start_method not in ("spawn", "forkserver"):
+        return
+    num_workers = res.values["num_workers"]
     for name, check in checks.items():
         problem = check.problem
         if problem is None:
@@ -515,6 +538,8 @@ def plan_loader(
     found = _Findings(warnings=list(res.warnings), entries=list(res.entries))
     _note_torch(platform, found)
     fit_torch_arguments(torch_arguments(res).kwargs(), platform)  # refused before any side effect
+    checks = _pickle_checks(dataset, request, res)
+    res = _fit_start_method(res, platform, checks, found)
     budget_entry, open_files = _file_budget(dataset, res, platform)
     if budget_entry is not None:
         found.entries.append(budget_entry)
@@ -528,7 +553,7 @@ def plan_loader(
             found.entries.append(PlanEntry(name, value if given else UNSET, value, reason))
     if session_bytes is not None:
         dataset.set_session_bytes(session_bytes)  # before the checks and the block sampler
-    _check_picklable(dataset, request, res, found)
+    _check_picklable(checks, res, found)
     _check_copy_on_read(dataset, res, found)
     freeze_gc = _plan_gc_freeze(res, found)
     _check_resources(dataset, request, res, platform, facts, found, fitted=open_files is not None)

@@ -306,7 +306,13 @@ def test_a_torch_changed_in_several_places_imports_warns_once_and_loads(tmp_path
     ("fields", "status", "words"),
     [
         ({}, "pass", "every torch internal it relies on checked"),
-        ({"torch_version": "2.15.0"}, "warn", "untested"),
+        ({"torch_version": "2.16.0"}, "warn", "not yet tested"),
+        (
+            {"torch_version": "2.15.0", "python_version": (3, 10, 14)},
+            "warn",
+            "only up to torch 2.14",
+        ),
+        ({"python_version": (3, 15, 0)}, "warn", "Python 3.15 is not yet tested"),
         ({"torch_fallbacks": ("slot storage",)}, "warn", "slot storage"),
     ],
 )

@@ -72,6 +72,28 @@ def test_every_sigkill_names_the_pid_and_the_signal(context: str, trials: int) -
         assert "killed by signal SIGKILL" in message, message
 
 
+def test_a_killed_forkserver_worker_is_reported_before_the_loader_timeout() -> None:
+    # A forkserver's workers are not this process's children: no SIGCHLD tells the loader one
+    # died, so it must look for itself while it waits, not only once timeout=30 has passed.
+    before = child_pids()
+    loader = create_dataloader(
+        SlowSamples(), batch_size=4, num_workers=2, multiprocessing_context="forkserver", timeout=30
+    )
+    iterator = iter(loader)
+    next(iterator)
+    victim = min(child_pids() - before)
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    with pytest.raises(RuntimeError, match="killed by signal SIGKILL") as info:
+        for _ in iterator:
+            pass
+    waited = time.monotonic() - killed
+    loader.close()
+    assert f"pid(s) {victim})" in str(info.value)
+    assert waited < 20, f"reported {waited:.1f} s after the kill (the loader's timeout is 30 s)"
+    assert wait_children_gone(before) == set()
+
+
 def test_sigbus_in_a_memory_mapped_dataset_names_the_maps_and_files(tmp_path: Path) -> None:
     paths = write_sessions(tmp_path, [400, 400])
     dataset = HDF5SessionDataset(paths, key="betas", memory_map=True)

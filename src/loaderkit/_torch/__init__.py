@@ -1,4 +1,4 @@
-"""The one place loaderkit relies on torch's internals (torch 2.4 to 2.14).
+"""The one place loaderkit relies on torch's internals (torch 2.4 to 2.15).
 
 Everything private of torch that loaderkit uses lives in this package, behind plain functions
 and classes; the rest of loaderkit imports only what is exported here

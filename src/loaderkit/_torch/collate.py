@@ -1,6 +1,6 @@
 """torch's collate and pin-memory internals: the tensor rule of ``default_collate``, pinning.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 
 * ``install_tensor_collate``: ``default_collate`` stacks tensors with the function registered
   for ``torch.Tensor`` in ``torch.utils.data._utils.collate.default_collate_fn_map`` (the same

@@ -1,6 +1,6 @@
 """Whether CUDA is usable in this process: torch's own bad-fork check.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 
 A process forked after its parent initialised CUDA cannot use CUDA (torch raises "Cannot
 re-initialize CUDA in forked subprocess"); torch records that in

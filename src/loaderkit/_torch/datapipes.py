@@ -1,6 +1,6 @@
 """What torch sends to worker processes when the dataset is a DataPipe.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 
 torch's DataLoader wraps an ``IterDataPipe``/``MapDataPipe`` dataset in a serialization
 wrapper (``_IterDataPipeSerializationWrapper``, ``_MapDataPipeSerializationWrapper``) that

@@ -1,6 +1,6 @@
 """Devices: the current accelerator (``torch.accelerator`` from 2.6, CUDA before), streams.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 
 ``record_stream`` marks every block of a tensor's memory as used by a stream, sparse layouts
 included (a COO tensor's indices and values are reached through its private ``_indices()`` and

@@ -1,6 +1,6 @@
 """loaderkit's pass iterators: torch's iterator classes, calling plain hooks.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 
 torch's DataLoader runs each pass with a ``_SingleProcessDataLoaderIter`` or a
 ``_MultiProcessingDataLoaderIter`` (kept between passes with persistent workers). loaderkit
@@ -27,6 +27,10 @@ call torch's own.
 Changes across the releases checked: ``_process_data`` takes the worker index from 2.7 on
 (``(data)`` before); 2.13 registers persistent iterators for shutdown at exit.
 
+While it waits for data, the worker-process iterator looks for dead workers every
+``DEATH_POLL_S`` rather than once per ``timeout``: under ``forkserver`` (Python 3.14's Linux
+default) workers are the server's children, and no ``SIGCHLD`` reaches the loader.
+
 Examples:
     >>> import torch.utils.data
     >>> loader = torch.utils.data.DataLoader([1, 2, 3])
@@ -39,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -48,7 +53,17 @@ import torch
 from loaderkit._torch.collate import is_exception_wrapper
 from loaderkit._torch.loader import LoaderView, torch_iterator
 
+#: torch's interval between its checks of the workers while it waits for data
+#: (``torch.utils.data._utils.MP_STATUS_CHECK_INTERVAL``, 5 s in every release checked).
+STATUS_CHECK_S = 5.0
+
+#: How often a pass waiting for data looks whether a worker died (torch: only after a whole
+#: ``timeout`` or ``STATUS_CHECK_S``; a dead forkserver worker sends no SIGCHLD).
+DEATH_POLL_S = 0.25
+
 __all__ = [
+    "DEATH_POLL_S",
+    "STATUS_CHECK_S",
     "IteratorParts",
     "PassHooks",
     "PublicIterator",
@@ -267,6 +282,17 @@ def _classes() -> tuple[type, type] | None:
                 hooks = self.__dict__.get("loaderkit_hooks")
                 if hooks is not None:
                     hooks.shut_down()
+
+        def _try_get_data(self, timeout: float = STATUS_CHECK_S) -> tuple[bool, Any]:
+            # torch checks its workers' liveness only once a whole ``timeout`` passed with no
+            # data. A forkserver's workers are not this process's children, so no SIGCHLD says
+            # one died: look every DEATH_POLL_S instead (each look is a poll of a sentinel).
+            deadline = time.monotonic() + timeout
+            while True:
+                step = max(0.0, min(DEATH_POLL_S, deadline - time.monotonic()))
+                success, data = super()._try_get_data(step)
+                if success or time.monotonic() >= deadline:
+                    return success, data
 
         def _next_data(self) -> Any:
             hooks = self.loaderkit_hooks

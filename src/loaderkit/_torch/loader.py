@@ -1,6 +1,6 @@
 """torch's DataLoader as loaderkit subclasses it: the base class, its private members, views.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 
 * ``TorchLoader``: torch's ``DataLoader`` with the two private members loaderkit replaces
   turned into loaderkit hooks. torch asks ``_get_iterator()`` for each new pass's iterator: it

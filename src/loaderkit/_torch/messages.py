@@ -1,6 +1,6 @@
 """The texts of torch's DataLoader errors that loaderkit reads.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 
 When a worker dies, torch says so in one of a few ``RuntimeError`` texts: its ``SIGCHLD``
 handler's "DataLoader worker (pid N) is killed by signal: Killed." or "... exited unexpectedly

@@ -114,13 +114,18 @@ class TorchSupport:
     def describe(self) -> str:
         """One line: the version, whether it is tested, and each fallback in force."""
         span = f"{TESTED_FROM[0]}.{TESTED_FROM[1]} to {TESTED_TO[0]}.{TESTED_TO[1]}"
-        tested = "tested" if self.tested else f"untested: loaderkit is tested on {span}"
+        if self.tested:
+            tested = "tested"
+        elif self.version_tuple[:2] > TESTED_TO:
+            tested = f"not yet tested: loaderkit is tested on {span}"
+        else:
+            tested = f"untested: loaderkit is tested on {span}"
         head = f"torch {self.version} ({tested})"
+        passed = ", ".join(p.piece for p in self.probes if p.ok) or "none"
         if not self.failed:
-            return f"{head}: every internal loaderkit relies on checked"
-        return (
-            head + "; " + "; ".join(f"{p.piece}: {p.problem} -> {p.fallback}" for p in self.failed)
-        )
+            return f"{head}: every internal loaderkit relies on checked ({passed}: ok)"
+        failed = "; ".join(f"{p.piece}: {p.problem} -> {p.fallback}" for p in self.failed)
+        return f"{head}; ok: {passed}; {failed}"
 
 
 def _run(piece: str) -> Probe:

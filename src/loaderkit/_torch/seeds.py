@@ -1,6 +1,6 @@
 """torch's seed conventions: the draw a new iterator makes, and how worker seeds are derived.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 
 * A new DataLoader iterator draws the workers' *base seed* from the loader's ``generator`` (or
   torch's global one) before its sampler draws anything: one ``int64`` ``random_``

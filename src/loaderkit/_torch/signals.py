@@ -1,6 +1,6 @@
 """torch's ``SIGCHLD`` handler, wrapped so the error it raises can be explained.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 
 A worker-process iterator installs one ``SIGCHLD`` handler per process
 (``_utils.signal_handling._set_SIGCHLD_handler``); when a worker dies it raises a

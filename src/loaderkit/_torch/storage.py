@@ -1,6 +1,6 @@
 """Shared storages: mapping a descriptor, counting a storage's users, allocating shared memory.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1.
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 
 * ``storage_from_fd``: ``torch.UntypedStorage._new_shared_fd_cpu(fd, size)`` maps a shared
   memory descriptor as a storage torch treats as shared (``is_shared()``), the way torch maps

@@ -1,6 +1,6 @@
 """Which torch this is, and the releases loaderkit is tested on.
 
-Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0 and 2.14.1 (public API only).
+Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0 (public API only).
 
 Examples:
     >>> TESTED_FROM <= (2, 13) <= TESTED_TO
@@ -25,9 +25,9 @@ __all__ = [
 
 #: The oldest and newest torch releases (major, minor) loaderkit is tested on.
 TESTED_FROM = (2, 4)
-TESTED_TO = (2, 14)
+TESTED_TO = (2, 15)
 #: The releases the pieces of ``loaderkit._torch`` were checked on.
-CHECKED_ON = ("2.4.1", "2.6.0", "2.9.1", "2.12.0", "2.13.0", "2.14.1")
+CHECKED_ON = ("2.4.1", "2.6.0", "2.9.1", "2.12.0", "2.13.0", "2.14.1", "2.15.0")
 
 
 def parse_version(text: str) -> tuple[int, int, int]:
@@ -55,7 +55,7 @@ def newer_than_tested(version: tuple[int, ...] = TORCH_VERSION) -> bool:
     """Whether ``version`` is a torch release newer than the newest one loaderkit is tested on.
 
     Examples:
-        >>> newer_than_tested((2, 14, 1)), newer_than_tested((2, 15, 0))
+        >>> newer_than_tested((2, 15, 0)), newer_than_tested((2, 16, 0))
         (False, True)
     """
     return tuple(version[:2]) > TESTED_TO

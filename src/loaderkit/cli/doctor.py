@@ -97,7 +97,10 @@ def _start_method(p: PlatformInfo) -> Check:
         "in importable modules; loaderkit checks this before starting workers",
         "forkserver": "workers fork from a clean server process (Python 3.14's Linux default) "
         "and receive the dataset by pickle: it must be picklable; loaderkit checks this before "
-        "starting workers",
+        "starting workers. Where forkserver is the default (no multiprocessing_context, no "
+        "set_start_method) on Linux without CUDA initialised, a loader whose dataset cannot be "
+        'pickled, or that a script makes outside an `if __name__ == "__main__":` guard, '
+        "starts its workers with fork instead (warned, and in loader.plan['start_method'])",
     }
     return Check(
         "start method",
@@ -225,19 +228,50 @@ def _versions(versions: Mapping[str, str]) -> Check:
     return Check("versions", PASS, finding, "h5py is fork-safe with threads (>= 3.14)")
 
 
+#: Python releases loaderkit supports (major, minor), and the newest torch each one has.
+PYTHONS = {(3, 10): (2, 14), (3, 11): None, (3, 12): None, (3, 13): None, (3, 14): None}
+
+
+def _python_note(platform: PlatformInfo) -> str | None:
+    """What is wrong with this Python for loaderkit (``None``: supported with this torch)."""
+    python = platform.python_version[:2]
+    shown = ".".join(map(str, python))
+    if python not in PYTHONS:
+        newest = ".".join(map(str, max(PYTHONS)))
+        oldest = ".".join(map(str, min(PYTHONS)))
+        if python > max(PYTHONS):
+            return f"Python {shown} is not yet tested (loaderkit supports {oldest} to {newest})"
+        return f"Python {shown} is not supported (loaderkit supports {oldest} to {newest})"
+    newest_torch = PYTHONS[python]
+    if newest_torch is not None and parse_version(platform.torch_version)[:2] > newest_torch:
+        return (
+            f"Python {shown} is supported only up to torch {newest_torch[0]}.{newest_torch[1]} "
+            f"(torch {newest_torch[0]}.{newest_torch[1] + 1} ships no Python {shown} wheels): "
+            "use Python 3.11 or newer with this torch"
+        )
+    return None
+
+
 def _torch(platform: PlatformInfo) -> Check:
     decision = torch_decision(platform)
-    finding = f"torch {decision.value}"
+    python = ".".join(map(str, platform.python_version[:3]))
+    finding = f"torch {decision.value} on Python {python}"
+    python_note = _python_note(platform)
     if platform.torch_fallbacks:
         return Check(
             "torch",
             WARN,
             finding,
-            f"{decision.reason}. Loading works; use a torch loaderkit is tested on for the rest",
+            f"{decision.reason}. Loading works; use a torch loaderkit is tested on for the rest"
+            + (f". {python_note}" if python_note else ""),
         )
     version = parse_version(platform.torch_version)
     if not TESTED_FROM <= version[:2] <= TESTED_TO:
-        return Check("torch", WARN, finding, decision.reason)
+        return Check(
+            "torch", WARN, finding, decision.reason + (f". {python_note}" if python_note else "")
+        )
+    if python_note:
+        return Check("torch", WARN, finding, f"{python_note}; {decision.reason}")
     return Check("torch", PASS, finding, decision.reason)
 
 

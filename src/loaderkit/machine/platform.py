@@ -87,6 +87,9 @@ class PlatformInfo:
         numpy_bools_collate: torch's ``default_collate`` takes numpy bool scalars (``False``
             where it refuses them, torch 2.6 under numpy 2.4+, or warns it soon will, torch 2.4
             under numpy 2.2: ``loaderkit._torch.NUMPY_BOOLS_COLLATE``).
+        cuda_initialized: CUDA is initialised in this process (``torch.cuda.is_initialized()``):
+            a worker forked from it cannot use CUDA, so loaderkit never puts ``fork`` in
+            place of a spawn-like default then. ``False`` by default.
 
     Examples:
         >>> info = detect_platform()
@@ -119,6 +122,7 @@ class PlatformInfo:
     torch_fallbacks: tuple[str, ...] = ()
     torch_loader_args: frozenset[str] | None = None
     numpy_bools_collate: bool = True
+    cuda_initialized: bool = False
 
     @property
     def cuda_usable(self) -> bool:
@@ -362,4 +366,5 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
         torch_fallbacks=tuple(probe.piece for probe in _torch.support().failed),
         torch_loader_args=_torch.loader_parameters(),
         numpy_bools_collate=_torch.NUMPY_BOOLS_COLLATE,
+        cuda_initialized=bool(torch.cuda.is_initialized()),
     )

@@ -75,23 +75,26 @@ def fit_torch_arguments(kwargs: Mapping[str, Any], platform: PlatformInfo) -> di
 
 
 def torch_decision(platform: PlatformInfo) -> Decision[str]:
-    """The plan row ``torch``: the version and what falls back to torch's public path.
+    """The plan row ``torch``: the version, whether it is tested, and what falls back.
+
+    A release newer than the tested range is "not yet tested", with every probe's result
+    (nothing about it is an error); one older than the range is "untested".
 
     Examples:
         >>> from dataclasses import replace
         >>> from loaderkit.machine.platform import detect_platform
-        >>> p = replace(detect_platform(), torch_version="2.15.0", torch_fallbacks=())
-        >>> "untested" in torch_decision(p).reason
+        >>> p = replace(detect_platform(), torch_version="2.16.0", torch_fallbacks=())
+        >>> torch_decision(p).reason.startswith("not yet tested")
         True
     """
     version = parse_version(platform.torch_version)
     span = f"{_release(TESTED_FROM)} to {_release(TESTED_TO)}"
-    tested = TESTED_FROM <= version[:2] <= TESTED_TO
-    head = (
-        f"tested (loaderkit supports torch {span})"
-        if tested
-        else f"untested: loaderkit is tested on torch {span}"
-    )
+    if TESTED_FROM <= version[:2] <= TESTED_TO:
+        head = f"tested (loaderkit supports torch {span})"
+    elif version[:2] > TESTED_TO:
+        head = f"not yet tested: newer than the releases loaderkit is tested on ({span})"
+    else:
+        head = f"untested: older than the releases loaderkit is tested on ({span})"
     if not platform.numpy_bools_collate:
         head += (
             "; its default_collate refuses numpy bool scalars under this numpy (or warns "
@@ -99,12 +102,16 @@ def torch_decision(platform: PlatformInfo) -> Decision[str]:
             "loaderkit.workers.collate"
         )
     if not platform.torch_fallbacks:
+        checked = ", ".join(PIECES)
         return Decision(
-            platform.torch_version, f"{head}; every torch internal it relies on checked"
+            platform.torch_version,
+            f"{head}; every torch internal it relies on checked ({checked}: ok)",
         )
+    passed = ", ".join(piece for piece in PIECES if piece not in platform.torch_fallbacks)
     return Decision(
         platform.torch_version,
-        f"{head}; changed in this torch, so fell back: {_fallbacks(platform)}",
+        f"{head}; ok: {passed or 'none'}; changed in this torch, so fell back: "
+        f"{_fallbacks(platform)}",
     )
 
 
