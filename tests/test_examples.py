@@ -115,7 +115,7 @@ def test_lightning_datamodule(devices: int, workers: int) -> None:
     assert "worker processes left: 0" in out
 
 
-# slow tier: two runs of the script each; resume itself is fast in tests/test_resume.py
+# slow tier: two runs of the script each; resume itself is fast in tests/order/test_resume.py
 @pytest.mark.slow
 @pytest.mark.parametrize(("before", "after"), [("2", "0"), ("0", "2")])
 def test_resume_training(before: str, after: str) -> None:

@@ -1,12 +1,16 @@
-"""The package layout (issue 36), checked by reading the source tree.
+"""The package layout, checked by reading the source tree (and the tests' tree).
 
 * the package root holds at most ``ROOT_MAX`` modules (the front door and two leaves);
 * every folder's ``__init__`` has a docstring that maps the folder (names each of its modules)
   and says which way its imports go;
 * no module is longer than ``MAX_LINES`` lines;
 * the import graph between *units* (a folder, or one module of the root) follows ``LAYERS``:
-  a unit imports only units listed before it, so there is no circle and nothing imports back
-  up. Every import counts, also those inside functions and under ``TYPE_CHECKING``.
+  a unit imports only units listed before it, so nothing imports back up;
+* the import graph between *modules* has no circle, inside folders too. Every import counts,
+  also those inside functions and under ``TYPE_CHECKING``;
+* tests, examples, benchmarks and tools import loaderkit only by module paths that exist;
+* ``tests/`` mirrors the package: at most ``TESTS_ROOT_MAX`` test modules in ``tests/`` itself,
+  every other one in ``tests/<folder>/`` for a folder of ``src/loaderkit/``.
 
 ``imports_of``, ``layer_violations`` and ``find_cycle`` are pure functions, tested here on
 small synthetic inputs so that the checks on the real tree are known to be able to fail.
@@ -20,7 +24,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "loaderkit"
+TESTS = Path(__file__).resolve().parent
 ROOT_MAX = 10
+#: Test modules in ``tests/`` itself: the front door (loader, public API, docs, examples,
+#: layout...); every other test module lives in the folder of the package folder it tests.
+TESTS_ROOT_MAX = 12
 MAX_LINES = 600
 
 #: Units from the bottom up: each may import only the units before it. A folder is one unit
@@ -29,7 +37,6 @@ MAX_LINES = 600
 LAYERS: tuple[str, ...] = (
     "errors",  # every exception and warning; imports nothing
     "plan",  # Plan, PlanEntry, Decision; imports nothing
-    "_moved",  # old module paths; imports nothing of loaderkit
     "_torch",  # torch's private API
     "machine",  # what this machine and torch are
     "workers",  # what runs in worker processes, the hand-off
@@ -246,10 +253,48 @@ def test_imports_follow_the_layers_without_circles() -> None:
     assert find_cycle(graph) is None
 
 
-def test_the_source_imports_no_old_path() -> None:
-    from loaderkit._moved import MOVED
-
-    for name, path in _modules().items():
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the loaderkit modules it imports (at any depth of its code)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
         module = name if path.name != "__init__.py" else f"{name}.__init__"
-        old = imports_of(path.read_text(encoding="utf-8"), module) & set(MOVED)
-        assert not old, f"{name} imports {sorted(old)}: use the new paths"
+        graph[name] = imports_of(path.read_text(encoding="utf-8"), module, set(modules)) - {name}
+    return graph
+
+
+def test_no_module_is_in_an_import_circle() -> None:
+    """Between any two modules, folders' own modules included: a circle is a shared piece
+    in the wrong module (move it to the lower one) or an import in a function that hides it."""
+    graph = _module_graph()
+    assert "loaderkit.loader" in graph["loaderkit.factory"]  # the graph holds real imports
+    circle = find_cycle(graph)
+    assert circle is None, " -> ".join(circle)
+
+
+def test_every_loaderkit_import_outside_the_package_names_a_module() -> None:
+    """Tests, examples, benchmarks and tools import loaderkit only by paths that exist."""
+    modules = set(_modules())
+    repo = PACKAGE.parents[1]
+    wrong = []
+    for folder in ("tests", "examples", "benchmarks", "tools"):
+        for path in sorted((repo / folder).rglob("*.py")):
+            name = ".".join(path.relative_to(repo).with_suffix("").parts)
+            for target in imports_of(path.read_text(encoding="utf-8"), name, modules):
+                if target not in modules:
+                    wrong.append(f"{path.relative_to(repo)} imports {target}")
+    assert not wrong, wrong
+
+
+def test_tests_mirror_the_package() -> None:
+    """``tests/<folder>/`` for a folder of ``src/loaderkit/``; few test modules in ``tests/``."""
+    top = sorted(path.name for path in TESTS.glob("test_*.py"))
+    assert len(top) <= TESTS_ROOT_MAX, f"{len(top)} test modules in tests/: {top}"
+    package_folders = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    for folder in sorted(p for p in TESTS.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        if not any(folder.rglob("*.py")):
+            continue  # what a run leaves behind (caches), no tests
+        assert folder.name in package_folders, (
+            f"tests/{folder.name}/ names no src/loaderkit/ folder"
+        )
+        assert (folder / "__init__.py").is_file(), f"tests/{folder.name}/ has no __init__.py"

@@ -106,9 +106,9 @@ def test_py_typed_shipped() -> None:
     assert files("loaderkit").joinpath("py.typed").is_file()
 
 
-# ------------------------------------------------------------------ module paths (issue 36)
+# ------------------------------------------------------------------ module paths
 
-#: Module paths the docs, README, examples and benchmarks use (the new layout).
+#: Module paths the docs, README, examples and benchmarks use.
 DOCUMENTED_MODULES = (
     "loaderkit.cli",
     "loaderkit.cli.demo",
@@ -147,51 +147,6 @@ def test_documented_module_paths_import() -> None:
         assert importlib.import_module(name).__name__ == name
 
 
-def test_old_module_paths_are_the_new_modules() -> None:
-    """``import loaderkit.transfer`` (before the layout) gives ``loaderkit.device.transfer``."""
-    import importlib
-    import sys
-
-    from loaderkit._moved import MOVED
-
-    for old, new in MOVED.items():
-        module = importlib.import_module(old)
-        assert module is importlib.import_module(new), old
-        assert sys.modules[old] is sys.modules[new], old
-        assert module.__name__ == new and module.__spec__.name == new, old
-        assert getattr(loaderkit, old.rpartition(".")[2]) is module, old
-
-
-def test_old_paths_keep_names_and_identity() -> None:
-    from loaderkit.collate import pad_collate
-    from loaderkit.samplers import ShardSampler
-    from loaderkit.transfer import resolve_non_blocking
-
-    import loaderkit.order.samplers
-    from loaderkit.device.transfer import resolve_non_blocking as new_resolve
-
-    assert resolve_non_blocking is new_resolve
-    assert ShardSampler is loaderkit.order.samplers.ShardSampler
-    assert pad_collate is loaderkit.pad_collate
-    sampler = loaderkit.order.samplers.ShardSampler(range(4), num_replicas=1, rank=0)
-    assert isinstance(sampler, ShardSampler)
-    # a pickle made before the layout names the class by its old module path
-    import pickle
-
-    old_pickle = pickle.dumps(sampler, protocol=2).replace(
-        b"loaderkit.order.samplers", b"loaderkit.samplers"
-    )
-    assert b"loaderkit.samplers" in old_pickle
-    assert list(pickle.loads(old_pickle)) == list(sampler)
-
-
-def test_old_path_monkeypatch_reaches_the_new_module(monkeypatch) -> None:
-    import loaderkit.device.transfer
-
-    monkeypatch.setattr("loaderkit.transfer.resolve_non_blocking", lambda *a, **k: "patched")
-    assert loaderkit.device.transfer.resolve_non_blocking() == "patched"
-
-
 def test_unknown_attribute_is_an_attribute_error() -> None:
     import pytest
 
@@ -200,20 +155,15 @@ def test_unknown_attribute_is_an_attribute_error() -> None:
     assert not hasattr(loaderkit, "no_such_module")
 
 
-def test_python_dash_m_runs_an_old_path() -> None:
-    """``python -m`` through an old path runs the new module (runpy asks ``get_code``)."""
-    import os
-    import subprocess
+def test_import_loaderkit_adds_no_import_hook_and_modules_have_one_path() -> None:
+    """Each module imports under its path in the tree only: no finder maps other names."""
+    import importlib
     import sys
 
-    code = (
-        "import runpy, sys; sys.argv = ['x']; "
-        "g = runpy.run_module('loaderkit.cli_cache', run_name='__main__', alter_sys=True); "
-        "print(g['__name__'], 'add_commands' in g)"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["__main__", "True"]
+    import pytest
+
+    hooks = [f for f in sys.meta_path if type(f).__module__.startswith("loaderkit")]
+    assert not hooks, hooks
+    for name in ("loaderkit.transfer", "loaderkit.samplers", "loaderkit.cli_cache"):
+        with pytest.raises(ModuleNotFoundError, match=name):
+            importlib.import_module(name)

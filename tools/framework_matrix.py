@@ -1,6 +1,6 @@
 """Samples seen / missing / duplicated per stage under Lightning DDP and Accelerate.
 
-Runs the scenarios of ``tests/frameworks`` (2 CPU processes each) for loaderkit and for torch's
+Runs the scenarios of ``tests/integrations`` (2 CPU processes each) for loaderkit and for torch's
 DataLoader and prints one table, side by side:
 
     python tools/framework_matrix.py [--n 41] [--loaderkit-src DIR]
@@ -52,7 +52,7 @@ def lightning_rows(n: int, which: str, env: dict[str, str]) -> list[tuple[str, s
     rows = []
     for uds in ("1", "0"):
         out = Path(tempfile.mkdtemp())
-        cmd = [sys.executable, "-m", "tests.frameworks.lightning_ddp", str(out), "hooks"]
+        cmd = [sys.executable, "-m", "tests.integrations.lightning_ddp", str(out), "hooks"]
         ranks = _run([*cmd, str(n), uds, which], dict(env, MASTER_PORT=str(_port())), out)
         label = f"Lightning DDP, use_distributed_sampler={uds == '1'}"
         if isinstance(ranks, str):
@@ -74,7 +74,7 @@ def accelerate_rows(n: int, which: str, env: dict[str, str]) -> list[tuple[str, 
     out = Path(tempfile.mkdtemp())
     mode = "torch" if which == "torch" else "prepared"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(_port()), "-m", "tests.frameworks.accelerate_run",
+           "--master_port", str(_port()), "-m", "tests.integrations.accelerate_run",
            str(out), mode, str(n)]  # fmt: skip
     ranks = _run(cmd, env, out)
     label = "Accelerate prepare, 2 processes"

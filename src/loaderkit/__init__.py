@@ -11,14 +11,9 @@ are), ``workers`` (what runs in worker processes and the hand-off), ``memory`` (
 hold), ``order`` (which samples, in what order), ``policy`` (decisions and checks before a
 start), ``device`` (to the GPU), ``storage`` (where files live), ``hdf5`` (reading sessions);
 ``integrations`` and ``cli`` sit on top. ``_torch`` holds every use of torch's private API.
-``docs/architecture.md`` draws the flow. Module paths from before this layout (e.g.
-``loaderkit.transfer``) still import, as the same module objects (``loaderkit._moved``).
+``docs/architecture.md`` draws the flow.
 """
 
-from typing import TYPE_CHECKING as _TYPE_CHECKING
-
-from loaderkit._moved import install as _install_moved
-from loaderkit._moved import moved_attribute as _moved_attribute
 from loaderkit.device.prefetch import DevicePrefetcher
 from loaderkit.device.transfer import to_device
 from loaderkit.errors import (
@@ -54,15 +49,6 @@ from loaderkit.plan import Plan, PlanEntry
 from loaderkit.policy import recommended_num_workers
 from loaderkit.storage import CacheStats, SessionCache
 from loaderkit.workers.collate import Padded, pad_collate
-
-_install_moved()  # first thing after the imports: the old module paths resolve from here on
-
-if not _TYPE_CHECKING:  # a type checker would otherwise accept any name imported from here
-
-    def __getattr__(name: str) -> object:
-        """``loaderkit.transfer`` and the other old module paths, as attributes."""
-        return _moved_attribute(name)
-
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""A corpus of corrupted session files, and what h5py and loaderkit make of each (issue 35).
+"""A corpus of corrupted session files, and what h5py and loaderkit make of each.
 
 Four small files written by h5py (contiguous, chunked + gzip, chunked + shuffle + gzip +
 Fletcher-32, a compound table) are damaged the ways disks, copies and downloads damage

@@ -1,6 +1,6 @@
 """Subclasses of ``HDF5SessionDataset`` as users write them, and the checks every pattern runs.
 
-Each class overrides one hook and calls the base through ``super()`` (issue 28): the base
+Each class overrides one hook and calls the base through ``super()``: the base
 method must then behave exactly as when it is not overridden, so a pass-through override
 reads what the corpus oracle (``tests/hdf5/corpus.py``) says, per item, batched and in
 loaders. Module level, so spawned workers can import them.

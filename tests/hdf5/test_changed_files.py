@@ -1,4 +1,4 @@
-"""Never silently wrong: files that change, shrink or rot under a dataset (issue 23).
+"""Never silently wrong: files that change, shrink or rot under a dataset.
 
 Real files in ``tmp_path``, rewritten, truncated or damaged the way preprocessing re-runs,
 full disks and bad sectors do it, read on every path (per item, batched with ``preadv``, memory

@@ -1,4 +1,4 @@
-"""Issue 35: every damaged session file is named, never a raw error, a crash or a hang.
+"""Every damaged session file is named, never a raw error, a crash or a hang.
 
 A seeded corpus of damaged copies (``tests/hdf5/corruption.py``: bit flips, flips in the first
 4 KiB, a zeroed 4 KiB page, truncation, of a contiguous, a gzip, a shuffle + gzip + Fletcher-32

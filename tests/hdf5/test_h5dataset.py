@@ -1,4 +1,4 @@
-"""Issue 35: ``h5dataset(session, name)`` serves any dataset of a session's file.
+"""``h5dataset(session, name)`` serves any dataset of a session's file.
 
 Looked up once per process and handle, cached with the handle and closed with it; a name the
 file does not have is a ``KeyError`` listing its datasets; a dataset HDF5 cannot open is an

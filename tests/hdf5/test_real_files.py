@@ -1,4 +1,4 @@
-"""Issue 20: files written by h5py, PyTables and pandas, read as h5py reads them, or refused.
+"""Files written by h5py, PyTables and pandas, read as h5py reads them, or refused.
 
 Every readable case of ``tests/hdf5/corpus.py`` is read per item, with ``__getitems__`` (shuffled,
 with repeats), through a memory map, and through ``create_dataloader`` with 0 and 2 workers, and

@@ -1,4 +1,4 @@
-"""Issue 28: ``build_index`` overridden, calling the base through ``super().build_index()``.
+"""``build_index`` overridden, calling the base through ``super().build_index()``.
 
 Returned as it is, the base's index gives every row (every readable type, per item, batched
 and in loaders); a selection of it (every other row) gives those rows.

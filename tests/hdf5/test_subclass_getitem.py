@@ -1,4 +1,4 @@
-"""Issue 28: ``__getitem__`` overridden, calling the base through ``super().__getitem__``.
+"""``__getitem__`` overridden, calling the base through ``super().__getitem__``.
 
 Every readable type, per item and batched (one ``self[i]`` per sample), in loaders, and the
 base's errors (an index out of range is an ``IndexError``) unchanged.

@@ -1,4 +1,4 @@
-"""Issue 28: ``__getitems__`` overridden, calling the base through ``super().__getitems__``.
+"""``__getitems__`` overridden, calling the base through ``super().__getitems__``.
 
 The base's batch passes through unchanged (``RebuiltGetItems`` copies it into a plain list),
 for every readable type, batched and in loaders (where the override is what torch's fetcher

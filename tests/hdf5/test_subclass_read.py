@@ -1,4 +1,4 @@
-"""Issue 28: ``read`` overridden, calling the base through ``super().read()``.
+"""``read`` overridden, calling the base through ``super().read()``.
 
 The base ``read`` behaves exactly as when it is not overridden: the same samples for every
 readable type (one key or several), per item, batched and in loaders (0 and 2 workers, fork

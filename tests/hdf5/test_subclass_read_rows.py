@@ -1,4 +1,4 @@
-"""Issue 28: ``read_rows`` overridden (batched-read opt-in), calling the base through ``super()``.
+"""``read_rows`` overridden (batched-read opt-in), calling the base through ``super()``.
 
 The base ``read_rows`` returns what per-row ``read`` gives, for every readable type, alone or
 beside a ``read`` override that also calls its base; per item, batched and in loaders.

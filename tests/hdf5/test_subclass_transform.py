@@ -1,4 +1,4 @@
-"""Issue 28: ``transform`` overridden, calling the base through ``super().transform``.
+"""``transform`` overridden, calling the base through ``super().transform``.
 
 Batched reads are kept (the plan says so); per item, batched, in loaders, and with
 ``sample_seeding=True`` (the seeded batched path).

@@ -2,7 +2,7 @@
 
 Everything private of torch that loaderkit uses lives in this package, behind plain functions
 and classes; the rest of loaderkit imports only what is exported here
-(``tests/test_torch_boundary.py`` scans the source to keep it so). It imports torch and
+(``tests/_torch/test_boundary.py`` scans the source to keep it so). It imports torch and
 nothing of loaderkit outside this folder: every other layer sits above it. One module per
 piece, each saying which torch releases it was checked on:
 

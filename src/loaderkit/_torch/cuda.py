@@ -5,7 +5,7 @@ Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
 A process forked after its parent initialised CUDA cannot use CUDA (torch raises "Cannot
 re-initialize CUDA in forked subprocess"); torch records that in
 ``torch.cuda._is_in_bad_fork()``. Without it (a torch that dropped the helper) the answer is
-``False``, as before the check existed.
+``False``: CUDA counts as usable, and torch's own error still names the problem.
 
 Examples:
     >>> in_bad_fork()

@@ -10,6 +10,8 @@ Modules:
   ``LOCAL_WORLD_SIZE`` and ``torch.distributed``).
 - ``threads``: torch's intra-op thread count, and lowering it while a pass runs.
 - ``versions``: the torch a loader runs on: which arguments it takes, what falls back.
+- ``main_module``: whether the main script's top level would run again in a spawned or
+  forkserver worker (the call outside every ``__name__ == "__main__"`` guard).
 
 Imports go down only: to ``loaderkit._torch``, ``loaderkit.errors`` and ``loaderkit.plan``
 (``versions`` answers in ``Decision``). Nothing here imports another loaderkit folder.

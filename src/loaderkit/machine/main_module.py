@@ -11,7 +11,7 @@ bootstrapping (multiprocessing's raw ``RuntimeError``), or, under ``torchrun``, 
 part: whether a line of a module's source lies outside every ``__name__ == "__main__"`` guard.
 
 Examples:
-    >>> source = "import x\\nif __name__ == '__main__':\\n    run()\\nrun()\\n"
+    >>> source = "import x\nif __name__ == '__main__':\n    run()\nrun()\n"
     >>> unguarded_line(source, 3), unguarded_line(source, 4)
     (False, True)
 """
@@ -89,7 +89,7 @@ def unguarded_line(source: str, line: int) -> bool:
         ``if __name__ == "__main__":`` (so a spawned worker importing the module runs it).
 
     Examples:
-        >>> unguarded_line("if '__main__' == __name__:\\n    go()\\n", 2)
+        >>> unguarded_line("if '__main__' == __name__:\n    go()\n", 2)
         False
     """
     return not any(first <= line <= last for first, last in _guarded_ranges(source))

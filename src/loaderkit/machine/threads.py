@@ -3,8 +3,8 @@
 On a host with fewer usable CPUs than torch's intra-op threads plus a loader's workers, the
 training process's OpenMP threads (every CPU op of torch: a reduction, a copy, a model's forward
 on the CPU) spin-wait after each parallel region and take the CPU the workers need to read the
-next batches. On a 2-CPU machine, a loop that sums each 4.5 MiB batch fed by one worker ran at
-0.5x the main process alone with torch's 2 threads and at 0.9x with 1 (``benchmarks/handoff.py``).
+next batches; lowering the training process's threads while the workers run gives that CPU
+back (``docs/handoff.md`` has the measurements, from ``benchmarks/handoff.py``).
 
 The decision is ``loaderkit.policy.resolve_main_threads`` (a pure function of ``PlatformInfo``);
 this module reads torch's thread count (``torch_threads``) and lowers it for the duration of a

@@ -98,7 +98,8 @@ def torch_decision(platform: PlatformInfo) -> Decision[str]:
     if not platform.numpy_bools_collate:
         head += (
             "; its default_collate refuses numpy bool scalars under this numpy (or warns "
-            "it soon will), so loaderkit's HDF5 datasets collate them with loaderkit.collate"
+            "it soon will), so loaderkit's HDF5 datasets collate them with "
+            "loaderkit.workers.collate"
         )
     if not platform.torch_fallbacks:
         checked = ", ".join(PIECES)

@@ -12,7 +12,7 @@ Everything is read with psutil, so it works on Linux, macOS and Windows (descrip
 handle counts on Windows).
 
 ``LeakCheck``, the context manager built on these, and ``start_runtimes`` live in
-``loaderkit.memory.leakcheck`` (still reachable here as attributes).
+``loaderkit.memory.leakcheck``, which imports this module (never the other way).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import psutil
 
@@ -474,14 +473,3 @@ def compare(before: ResourceSnapshot, after: ResourceSnapshot) -> LeakReport:
         rss_growth=after.rss - before.rss,
         new_helpers=tuple(c for c in after.children if c.pid not in old_pids and c.helper),
     )
-
-
-if not TYPE_CHECKING:
-
-    def __getattr__(name: str) -> object:
-        """``LeakCheck`` and ``start_runtimes``, which lived here before ``leakcheck``."""
-        if name in ("LeakCheck", "start_runtimes"):
-            from loaderkit.memory import leakcheck
-
-            return getattr(leakcheck, name)
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,7 +16,8 @@ Modules: ``request`` (the request, facts, decisions and the resolution), ``worke
 count, persistence, start method, torch's threads, the hand-off, what spawn pickles),
 ``sampling`` (shuffling, samplers, sharding, seeds), ``resolve`` (all of them in order, pinning
 and collation), ``memory`` (forked workers' memory: the copy-on-read advice, ``gc.freeze()``),
-``budgets`` (will a loader fit the open-file limit and shared memory; also used by ``hdf5``).
+``budgets`` (will a loader fit the open-file limit and shared memory; also used by ``hdf5``),
+``start_method`` (``fork`` where the interpreter's spawn-like default would break the script).
 
 Decisions and checks made before a start. Imports go down only: to ``loaderkit.machine``
 (the snapshots decided on), ``loaderkit.workers`` (loaderkit's collate), ``loaderkit.memory``

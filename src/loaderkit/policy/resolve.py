@@ -189,10 +189,10 @@ def _resolve_collate(
     elif not platform.numpy_bools_collate:
         why = (
             f"torch {platform.torch_version}'s default_collate refuses numpy bool scalars "
-            "under this numpy (or warns it soon will): loaderkit.collate is default_collate "
-            "that stacks them as newer torch does"
+            "under this numpy (or warns it soon will): loaderkit.workers.collate.collate is "
+            "default_collate that stacks them as newer torch does"
         )
     else:
         return
     res.values["collate_fn"] = collate
-    res.record("collate_fn", None, "loaderkit.collate", why)
+    res.record("collate_fn", None, "loaderkit.workers.collate.collate", why)

@@ -10,10 +10,10 @@ Imports go down only, to ``loaderkit.errors`` and ``loaderkit.plan`` (``CacheLim
 
 Modules, and where each runs:
 
-- ``urls``: which names are URLs, glob expansion, the ``remote`` extra. *Main process*, once,
-  when the dataset is built.
-- ``objects``: ``ObjectInfo`` (size, ETag, mtime) and ``stat_objects``: one listing per prefix.
-  *Main process*; the infos travel to workers by pickling.
+- ``urls``: which names are URLs or globs, the ``remote`` extra: pure functions of the names.
+- ``objects``: ``expand`` (one listing per glob), ``ObjectInfo`` (size, ETag, mtime) and
+  ``stat_objects`` (one listing per prefix). *Main process*, once, when the dataset is built;
+  the infos travel to workers by pickling.
 - ``filesystems``: fsspec filesystems made lazily *in each process* that uses them, forgotten
   at a fork (async filesystems are not fork-safe).
 - ``limits``: the cache's defaults fitted to the disk (pure) and the checks that refuse
@@ -45,7 +45,7 @@ from __future__ import annotations
 from loaderkit.storage.cache import SessionCache, Transform
 from loaderkit.storage.fetcher import Prefetcher, fetch_many
 from loaderkit.storage.limits import CacheLimit, CacheLimits, DiskUsage, fit_cache_limits
-from loaderkit.storage.objects import ObjectInfo, stat_objects
+from loaderkit.storage.objects import ObjectInfo, expand, stat_objects
 from loaderkit.storage.records import (
     CachedFile,
     CacheEntry,
@@ -53,7 +53,7 @@ from loaderkit.storage.records import (
     ClearResult,
     VerifyResult,
 )
-from loaderkit.storage.urls import REMOTE_EXTRA, expand, is_url, local_path, require_remote
+from loaderkit.storage.urls import REMOTE_EXTRA, is_url, local_path, require_remote
 
 __all__ = [
     "REMOTE_EXTRA",

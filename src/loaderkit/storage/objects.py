@@ -1,10 +1,11 @@
-"""What the store says about each object: size, ETag, modification time; one listing per prefix.
+"""What the store holds: the objects a glob names; each one's size, ETag, modification time.
 
-Runs in the main process (dataset construction, ``loaderkit fetch``): ``stat_objects`` lists
-each distinct parent prefix once (``fs.ls(parent, detail=True)``) instead of one HEAD per
-object; http(s), which has no listing, is asked per object (``fs.info``). ``ObjectInfo`` is
-small, frozen and picklable: the dataset hands it to workers, and the cache keys its entries by
-its ``identity``.
+Runs in the main process (dataset construction, ``loaderkit fetch``): ``expand`` lists the
+store once per glob and returns plain URLs, sorted, so that workers never glob;
+``stat_objects`` lists each distinct parent prefix once (``fs.ls(parent, detail=True)``)
+instead of one HEAD per object; http(s), which has no listing, is asked per object
+(``fs.info``). ``ObjectInfo`` is small, frozen and picklable: the dataset hands it to workers,
+and the cache keys its entries by its ``identity``.
 """
 
 from __future__ import annotations
@@ -12,15 +13,16 @@ from __future__ import annotations
 import datetime
 import email.utils
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from loaderkit.errors import StorageAccessError
 from loaderkit.storage.filesystems import filesystem_for, protocol_of, strip
+from loaderkit.storage.urls import has_glob, is_url
 
-__all__ = ["ObjectInfo", "access_error", "refused", "stat_objects"]
+__all__ = ["ObjectInfo", "access_error", "expand", "refused", "stat_objects"]
 
 _BUCKET_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"})
 _NO_LISTING = frozenset({"http", "https"})
@@ -115,6 +117,51 @@ def stat_objects(
                 raise FileNotFoundError(f"{url}: no such object in the store")
             found[url] = _info(url, entry)
     return {url: found[url] for url in wanted}
+
+
+def expand(files: Sequence[str], storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """``files`` with every remote glob replaced by the URLs it matches, sorted.
+
+    Local paths and URLs without glob characters are kept as they are and where they are;
+    each glob is listed once (fsspec's ``glob``) and its matches sorted in its place.
+
+    Args:
+        files: Session files as the caller gave them (paths, URLs, URL globs).
+        storage_options: Keyword arguments for the fsspec filesystem, passed unchanged.
+
+    Returns:
+        The names, globs expanded.
+
+    Raises:
+        FileNotFoundError: A glob matched nothing (the message names the pattern).
+        ConfigError: A URL needs the ``remote`` extra, or an fsspec backend (s3fs...) that is
+            not installed.
+
+    Examples:
+        >>> expand(["/data/s1.h5", "s3://bucket/s*.h5"], {"anon": True})  # doctest: +SKIP
+        ['/data/s1.h5', 's3://bucket/s1.h5', 's3://bucket/s2.h5']
+    """
+    out: list[str] = []
+    for name in files:
+        text = os.fspath(name)
+        if not (is_url(text) and has_glob(text)):
+            out.append(text)
+            continue
+        fs = filesystem_for(text, storage_options)
+        matches = sorted(fs.glob(strip(fs, text)))
+        if not matches:
+            raise FileNotFoundError(
+                f"the pattern {text!r} matched no object: check the bucket, the prefix and "
+                "the credentials (storage_options)"
+            )
+        out.extend(_unstrip(text, match) for match in matches)
+    return out
+
+
+def _unstrip(pattern: str, path: str) -> str:
+    """``path`` (as fsspec lists it) as a URL with the pattern's protocol (and chain)."""
+    prefix = pattern.split("://", 1)[0]
+    return f"{prefix}://{path.split('://', 1)[-1] if '://' in path else path}"
 
 
 def access_error(url: str, cause: BaseException) -> StorageAccessError:

@@ -1,7 +1,7 @@
-"""Which names are URLs, expanding globs once, and the extra that remote files need.
+"""Which names are URLs and hold globs, and the extra that remote files need.
 
-Runs in the main process, when a dataset is constructed: ``expand`` lists the store (one
-listing per glob) and returns plain URLs, sorted, so that workers never glob.
+Pure functions of the names (``require_remote`` only tries the imports): nothing here opens a
+filesystem. Globs are expanded by ``objects.expand``, in the main process.
 
 A URL here is ``protocol://...`` with a protocol of two or more characters (``s3://``,
 ``gs://``, ``az://``, ``https://``, ``hf://``, any fsspec protocol), or an fsspec chain such as
@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 from loaderkit.errors import ConfigError
 
-__all__ = ["REMOTE_EXTRA", "expand", "has_glob", "is_url", "local_path", "require_remote"]
+__all__ = ["REMOTE_EXTRA", "has_glob", "is_url", "local_path", "require_remote"]
 
 REMOTE_EXTRA = 'pip install "loaderkit[remote]"'
 """The command that installs what remote session files need (fsspec, s3fs, filelock)."""
@@ -95,50 +93,3 @@ def require_remote(what: str) -> None:
             f"{what} needs {' and '.join(missing)}, which are not installed: {REMOTE_EXTRA} "
             "(fsspec, s3fs, filelock; gcsfs or adlfs for gs:// or az://)"
         )
-
-
-def expand(files: Sequence[str], storage_options: Mapping[str, Any] | None = None) -> list[str]:
-    """``files`` with every remote glob replaced by the URLs it matches, sorted.
-
-    Local paths and URLs without glob characters are kept as they are and where they are;
-    each glob is listed once (fsspec's ``glob``) and its matches sorted in its place.
-
-    Args:
-        files: Session files as the caller gave them (paths, URLs, URL globs).
-        storage_options: Keyword arguments for the fsspec filesystem, passed unchanged.
-
-    Returns:
-        The names, globs expanded.
-
-    Raises:
-        FileNotFoundError: A glob matched nothing (the message names the pattern).
-        ConfigError: A URL needs the ``remote`` extra, or an fsspec backend (s3fs...) that is
-            not installed.
-
-    Examples:
-        >>> expand(["/data/s1.h5", "s3://bucket/s*.h5"], {"anon": True})  # doctest: +SKIP
-        ['/data/s1.h5', 's3://bucket/s1.h5', 's3://bucket/s2.h5']
-    """
-    from loaderkit.storage.filesystems import filesystem_for, strip
-
-    out: list[str] = []
-    for name in files:
-        text = os.fspath(name)
-        if not (is_url(text) and has_glob(text)):
-            out.append(text)
-            continue
-        fs = filesystem_for(text, storage_options)
-        matches = sorted(fs.glob(strip(fs, text)))
-        if not matches:
-            raise FileNotFoundError(
-                f"the pattern {text!r} matched no object: check the bucket, the prefix and "
-                "the credentials (storage_options)"
-            )
-        out.extend(_unstrip(text, match) for match in matches)
-    return out
-
-
-def _unstrip(pattern: str, path: str) -> str:
-    """``path`` (as fsspec lists it) as a URL with the pattern's protocol (and chain)."""
-    prefix = pattern.split("://", 1)[0]
-    return f"{prefix}://{path.split('://', 1)[-1] if '://' in path else path}"

@@ -10,7 +10,7 @@ so sending it to the main process copies nothing), fills it from the file, and r
   reads batches natively) returns that buffer as the batch: no split, no stack, no copy.
   Everything else goes to ``default_collate`` unchanged.
 * Any other ``collate_fn`` receives an ordinary list of samples (numpy rows, views of the
-  buffer), exactly what per-sample reads gave before.
+  buffer), exactly what per-sample reads give.
 """
 
 from __future__ import annotations

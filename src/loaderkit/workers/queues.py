@@ -1,10 +1,10 @@
 """Queues between a loader's processes whose small messages skip the feeder thread.
 
 ``multiprocessing.Queue.put`` hands every message to a feeder thread, which pickles it and
-writes it to the pipe. For a batch that crosses as a slot number (``loaderkit.workers.worker``) that
-is two thread hand-offs per message, in the worker and in the main process, each a wake-up and a
-GIL switch: on 2 CPUs one worker fed a loop at 0.73x the main process alone through
-``multiprocessing.Queue`` and at 0.97-1.01x through ``DirectQueue`` (``benchmarks/handoff.py``).
+writes it to the pipe. For a batch that crosses as a slot number (``loaderkit.workers.worker``)
+that is two thread hand-offs per message, in the worker and in the main process, each a wake-up
+and a GIL switch: on a machine with few CPUs they slow the loop the worker feeds
+(``docs/handoff.md`` has the measurements, from ``benchmarks/handoff.py``).
 
 ``DirectQueue.put`` pickles in the calling thread and writes the message itself when that
 cannot wait on a reader: the message fits in one atomic pipe write (``select.PIPE_BUF``, 4 KiB

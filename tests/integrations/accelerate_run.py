@@ -1,6 +1,6 @@
 """One Accelerate run on 2 CPU processes, launched with torchrun.
 
-    torchrun --nproc_per_node 2 -m tests.frameworks.accelerate_run OUT MODE N
+    torchrun --nproc_per_node 2 -m tests.integrations.accelerate_run OUT MODE N
 
 ``Accelerator(cpu=True)`` (gloo); every rank writes ``OUT/rank<r>.json`` with the indices its
 training loader saw per epoch, its evaluation loader saw, what ``gather_for_metrics``
@@ -29,7 +29,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader as TorchDataLoader
 
 from loaderkit import LoaderkitWarning, create_dataloader
-from tests.frameworks.lit import IndexDataset
+from tests.integrations.lit import IndexDataset
 
 
 def _indices(loader: Any) -> list[int]:

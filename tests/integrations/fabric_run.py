@@ -1,6 +1,6 @@
 """One Lightning Fabric run on 2 CPU processes (Fabric's own launcher).
 
-    python -m tests.frameworks.fabric_run OUT N
+    python -m tests.integrations.fabric_run OUT N
 
 Builds a training and an evaluation loader after ``fabric.launch()`` (so the process group
 exists), passes both to ``fabric.setup_dataloaders`` and writes, per rank, the sampler types
@@ -16,7 +16,7 @@ from pathlib import Path
 from lightning.fabric import Fabric
 
 from loaderkit import create_dataloader
-from tests.frameworks.lit import IndexDataset
+from tests.integrations.lit import IndexDataset
 
 
 def main() -> None:

@@ -20,14 +20,14 @@ from loaderkit.integrations import close_loaders  # noqa: E402
 from loaderkit.integrations.lightning import LoaderkitCallback  # noqa: E402
 from loaderkit.memory.resources import worker_processes  # noqa: E402
 from loaderkit.order.seeding import WorkerInit  # noqa: E402
-from tests.frameworks.lit import (  # noqa: E402
+from tests.hdf5.helpers import hdf5_fds, write_sessions  # noqa: E402
+from tests.integrations.lit import (  # noqa: E402
     BuilderDataModule,
     IndexDataset,
     RecordingModule,
     flat_predictions,
     make_trainer,
 )
-from tests.hdf5.helpers import hdf5_fds, write_sessions  # noqa: E402
 
 N = 23
 

@@ -31,7 +31,7 @@ def test_main_process_collate_error_has_the_note() -> None:
     with pytest.raises(KeyError, match="no field 'label'") as info:
         next(iter(loader))
     text = _notes(info.value)
-    assert "collate_fn tests.test_collate_context.failing_collate failed" in text
+    assert "collate_fn tests.workers.test_collate_context.failing_collate failed" in text
     assert "a batch of 4 samples" in text and "main process (pid" in text
 
 

@@ -34,7 +34,7 @@ def run_accelerate(tmp_path: Path, mode: str) -> list[dict[str, Any]]:
         "--master_port",
         str(free_port()),
         "-m",
-        "tests.frameworks.accelerate_run",
+        "tests.integrations.accelerate_run",
         str(out),
         mode,
         str(N),
@@ -77,7 +77,7 @@ def test_prepared_loaders_see_every_sample_every_epoch(tmp_path: Path, mode: str
 def test_distributed_true_gives_loaderkit_shards_without_prepare(tmp_path: Path) -> None:
     ranks = run_accelerate(tmp_path, "own_shards")
     from loaderkit import create_dataloader
-    from tests.frameworks.lit import IndexDataset
+    from tests.integrations.lit import IndexDataset
 
     with create_dataloader(IndexDataset(N), batch_size=8, training=True, seed=3) as single:
         reference = [[int(i) for b in single for i in b[0]] for _ in range(2)]

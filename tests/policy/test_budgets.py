@@ -23,7 +23,7 @@ from tests.hdf5.helpers import write_sessions
 from tests.helpers import tiered
 
 MIB = 1 << 20
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # One epoch under a soft limit of 64 descriptors, in a fresh interpreter: prints what it saw.
 _EPOCH = textwrap.dedent(

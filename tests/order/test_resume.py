@@ -473,7 +473,7 @@ def test_a_state_that_does_not_fit_is_refused(change: dict[str, Any], message: s
 
 
 def test_another_batch_size_resumes_where_the_samples_fill_whole_batches() -> None:
-    """A seeded training order is one order cut into batches (tests/test_elastic.py for ranks):
+    """A seeded training order is one order cut into batches (test_elastic.py for ranks):
     another batch size resumes when the samples read fill whole batches of it."""
     with augment_loader() as loader:
         reference = [s for b in loader for s in zip(*flat(b), strict=True)]

@@ -1,4 +1,4 @@
-"""The command line: info, doctor, argument errors (demo and bench in test_cli_demo.py)."""
+"""The command line: info, doctor, argument errors (demo and bench in test_demo.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 29: the hand-off switch, batches the loop keeps, and pinned slots under queued copies.
+"""The hand-off switch, batches the loop keeps, and pinned slots under queued copies.
 
 * ``handoff=`` is a public argument: ``"torch"`` rules the slot pool out (the plan says so),
   ``"slots"`` is refused where the pool cannot work, anything else is refused.
@@ -38,9 +38,9 @@ from loaderkit.workers.wire import FREE, SlotBatch
 from loaderkit.workers.worker import HandoffConfig, WorkerPool
 from tests.conftest import fake_platform
 from tests.helpers import tiered
-from tests.test_handoff import FakePin, _pickle_in_worker
+from tests.workers.test_handoff import FakePin, _pickle_in_worker
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Numbered(Dataset[torch.Tensor]):
@@ -110,7 +110,7 @@ def _fds() -> int:
     return psutil.Process().num_fds()
 
 
-# spawn keeps batches the way fork does (its slots: tests/test_handoff.py, fast); slow tier
+# spawn keeps batches the way fork does (its slots: tests/workers/test_handoff.py, fast); slow tier
 @pytest.mark.parametrize("context", tiered(["fork", "spawn"], {"fork"}))
 def test_a_loop_keeping_every_batch_gets_them_unchanged_and_holds_no_descriptor(
     context: str,
@@ -306,7 +306,7 @@ class _SlotLoader:
         self.slots: list[int] = []
 
     def _batches(self) -> Iterator[Any]:
-        from tests.test_transfer import FakeHostTensor
+        from tests.device.test_transfer import FakeHostTensor
 
         for i in range(self.n):
             self.receiver.poll()  # as the iterator does at every next
@@ -327,7 +327,7 @@ class _SlotLoader:
 
 @pytest.fixture
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    from tests import test_transfer
+    from tests.device import test_transfer
 
     backend = test_transfer.FakeBackend()
     monkeypatch.setattr(test_transfer, "BACKEND", backend)

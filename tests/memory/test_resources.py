@@ -219,7 +219,7 @@ def _objects_bytes(items: list[tuple[Any, ...]]) -> int:
 
 def _epoch_in_leak_check(items: Any) -> Any:
     """LeakCheck around one shuffled epoch of 2 forked workers (the issue's loop, smaller)."""
-    from tests.memory_helpers import ItemsDataset
+    from tests.memory.helpers import ItemsDataset
 
     with LeakCheck(worker_sample_s=0.05) as check:
         with create_dataloader(
@@ -235,7 +235,7 @@ def _epoch_in_leak_check(items: Any) -> Any:
 
 
 def test_leak_check_reports_workers_copying_a_list_apart_from_this_process() -> None:
-    from tests.memory_helpers import trial_items
+    from tests.memory.helpers import trial_items
 
     items = trial_items(700_000)
     objects = _objects_bytes(items)
@@ -254,11 +254,11 @@ def test_leak_check_reports_workers_copying_a_list_apart_from_this_process() -> 
 
 
 # slow tier: an epoch over 700,000 items in 2 workers; LeakCheck's worker report is fast in
-# the list test above, and SharedSequence's reads in tests/test_sequence.py
+# the list test above, and SharedSequence's reads in tests/memory/test_sequence.py
 @pytest.mark.slow
 def test_leak_check_shows_a_shared_sequence_copies_nothing() -> None:
     from loaderkit import SharedSequence
-    from tests.memory_helpers import trial_items
+    from tests.memory.helpers import trial_items
 
     items = trial_items(700_000)
     objects = _objects_bytes(items)

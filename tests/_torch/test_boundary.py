@@ -1,4 +1,4 @@
-"""Issue 27: torch's internals only behind ``loaderkit._torch``; a changed internal falls back.
+"""torch's internals only behind ``loaderkit._torch``; a changed internal falls back.
 
 * A scan of the source: outside ``src/loaderkit/_torch/`` no module names a private torch
   module, class, function or attribute, nor a private member of torch's DataLoader and its
@@ -365,7 +365,8 @@ def test_an_hdf5_dataset_on_a_torch_refusing_numpy_bools_collates_with_loaderkit
 
     setup = plan_loader(dataset, LoaderRequest(batch_size=2), platform=refusing)
     row = setup.plan["collate_fn"]
-    assert row.value == "loaderkit.collate" and "refuses numpy bool scalars" in row.reason
+    assert row.value == "loaderkit.workers.collate.collate"
+    assert "refuses numpy bool scalars" in row.reason
     assert "refuses numpy bool scalars" in setup.plan["torch"].reason
     accepting = fake_platform(numpy_bools_collate=True)
     assert "numpy bool" not in plan_loader(dataset, LoaderRequest(), accepting).plan["torch"].reason

@@ -43,7 +43,7 @@ def test_training_with_a_seed_uses_the_elastic_sampler(tmp_path) -> None:
     again = run_distributed(_training_epochs, 2, tmp_path, 10, 7)
     assert ranks == again  # the same across runs
     for r in ranks:
-        assert r["sampler"] == "ElasticSampler"  # tests/test_elastic.py: across world sizes
+        assert r["sampler"] == "ElasticSampler"  # tests/order/test_elastic.py: across world sizes
         assert "rank" in r["reason"] and "seed" in r["reason"]
         assert "global batches" in r["reason"]
         assert r["len"] == 3

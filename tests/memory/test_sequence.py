@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from loaderkit import ArgumentTypeError, SharedSequence, create_dataloader
 from tests.helpers import START_METHODS, tiered
-from tests.memory_helpers import ItemsDataset, ReadEverything, trial_items
+from tests.memory.helpers import ItemsDataset, ReadEverything, trial_items
 
 ITEMS = [
     "plain",

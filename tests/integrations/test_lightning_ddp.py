@@ -1,6 +1,6 @@
 """loaderkit loaders under Lightning DDP: 2 CPU processes, gloo, Lightning's own launcher.
 
-Each scenario is one ``python -m tests.frameworks.lightning_ddp`` run (Lightning re-launches the
+Each scenario is one ``python -m tests.integrations.lightning_ddp`` run (Lightning re-launches the
 script for rank 1); the ranks write what they saw and the parent compares.
 """
 
@@ -44,7 +44,7 @@ def launch(module: str, out: Path, *args: str) -> list[dict[str, Any]]:
 def run_ddp(tmp_path: Path, scenario: str, n: int, uds: bool, which: str = "loaderkit"):
     out = Path(tempfile.mkdtemp(prefix=f"{scenario}-{n}-{int(uds)}-{which}-", dir=tmp_path))
     args = (scenario, str(n), "1" if uds else "0", which)
-    ranks = launch("tests.frameworks.lightning_ddp", out, *args)
+    ranks = launch("tests.integrations.lightning_ddp", out, *args)
     # No worker processes left in either rank (rank 1, a child of rank 0, is not counted).
     assert ranks[0]["children"] == []
     assert ranks[1]["children"] == []
@@ -61,7 +61,7 @@ def exact(ranks: list[dict[str, Any]], key: str, n: int) -> None:
 def single_process_order(n: int, batch_size: int, seed: int, epochs: int) -> list[list[list[int]]]:
     """The batches of a single-process loader (the elastic reference), per epoch."""
     from loaderkit import create_dataloader
-    from tests.frameworks.lit import IndexDataset
+    from tests.integrations.lit import IndexDataset
 
     with create_dataloader(
         IndexDataset(n), batch_size=batch_size, training=True, seed=seed
@@ -179,7 +179,7 @@ def test_ddp_callback_closes_everything_after_an_exception(tmp_path: Path) -> No
 
 def test_fabric_setup_dataloaders_keeps_loaderkit_samplers(tmp_path: Path) -> None:
     n = 41
-    ranks = launch("tests.frameworks.fabric_run", tmp_path, str(n))
+    ranks = launch("tests.integrations.fabric_run", tmp_path, str(n))
     for r in ranks:
         assert r["train_sampler"] == "ElasticSampler"  # a DistributedSampler: kept by Fabric
         assert r["eval_sampler"] == "ShardSampler"  # not re-wrapped by Fabric

@@ -24,7 +24,7 @@ from loaderkit.memory import containers as containers_module
 from loaderkit.memory.containers import ContainerFinding, ContainerSurvey, survey_containers
 from loaderkit.policy.memory import COPY_ON_READ_BYTES, advise_copy_on_read, resolve_gc_freeze
 from tests.helpers import tiered
-from tests.memory_helpers import FreezeCount, ItemsDataset, trial_items
+from tests.memory.helpers import FreezeCount, ItemsDataset, trial_items
 
 MIB = 2**20
 

@@ -15,7 +15,7 @@ import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 
 from loaderkit import DataLoader  # noqa: E402
-from tests.frameworks.lit import (  # noqa: E402
+from tests.integrations.lit import (  # noqa: E402
     BuilderDataModule,
     IndexDataset,
     RecordingModule,

@@ -1,6 +1,6 @@
 """One Lightning DDP run (2 CPU processes, gloo, Lightning's own subprocess launcher).
 
-Run as ``python -m tests.frameworks.lightning_ddp OUT SCENARIO N USE_DISTRIBUTED_SAMPLER
+Run as ``python -m tests.integrations.lightning_ddp OUT SCENARIO N USE_DISTRIBUTED_SAMPLER
 [LOADER]`` from the repository root; every rank writes ``OUT/rank<r>.json`` with the indices
 each stage saw, the predictions, and what the loaders Lightning iterated look like.
 ``LOADER`` is ``loaderkit`` (default) or ``torch`` (the same run with torch's DataLoader, for
@@ -36,7 +36,7 @@ try:
 except ImportError:  # loaderkit 0.1 had none: lets tools/framework_matrix.py measure it
     LoaderkitCallback = None  # type: ignore[assignment,misc]
 from loaderkit.order.seeding import WorkerInit
-from tests.frameworks.lit import (
+from tests.integrations.lit import (
     BuilderDataModule,
     IndexDataset,
     RecordingModule,

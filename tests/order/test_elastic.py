@@ -317,7 +317,7 @@ def test_elastic_block_order_keeps_block_locality(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "elastic_blocks.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "elastic_blocks.py"
     out = tmp_path / "locality.json"
     done = subprocess.run(
         [sys.executable, str(script), "--quick", "--json", str(out)],
