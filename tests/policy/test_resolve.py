@@ -208,12 +208,19 @@ def test_windows_auto_workers_is_zero_without_warning(make_platform) -> None:
     assert loader.num_workers == 0
 
 
-@pytest.mark.parametrize("platform_fields", [MACOS, LINUX_314], ids=["macos", "linux-3.14"])
-def test_spawning_platforms_run_the_preflight(make_platform, platform_fields) -> None:
+@pytest.mark.parametrize(
+    ("platform_fields", "context"),
+    [(MACOS, None), (LINUX_314, "forkserver"), ({**LINUX_314, "cuda_initialized": True}, None)],
+    ids=["macos", "linux-3.14-explicit", "linux-3.14-cuda"],
+)
+def test_spawning_platforms_run_the_preflight(make_platform, platform_fields, context) -> None:
     platform = make_platform(**platform_fields)
     with pytest.raises(ConfigError, match=r"dataset\.transform\.fn") as info:
         create_dataloader(
-            TransformDataset(Transform(_Holder.lambda_fn)), num_workers=2, platform=platform
+            TransformDataset(Transform(_Holder.lambda_fn)),
+            num_workers=2,
+            platform=platform,
+            multiprocessing_context=context,
         )
     assert platform_fields["start_method"] in str(info.value)
     # On a fork platform the same dataset is fine (nothing is pickled).
@@ -222,6 +229,19 @@ def test_spawning_platforms_run_the_preflight(make_platform, platform_fields) ->
         TransformDataset(Transform(_Holder.lambda_fn)), num_workers=2, platform=fork
     )
     assert loader.plan["start_method"].value == "fork"
+
+
+def test_python_314s_default_forks_an_unpicklable_dataset_on_linux(make_platform) -> None:
+    # forkserver left to the interpreter, Linux, no CUDA: what ran under 3.13's fork keeps running
+    platform = make_platform(**LINUX_314, cuda_initialized=False)
+    with pytest.warns(LoaderkitWarning, match=r"dataset\.transform\.fn cannot be pickled"):
+        loader = create_dataloader(
+            TransformDataset(Transform(_Holder.lambda_fn)), num_workers=2, platform=platform
+        )
+    row = loader.plan["start_method"]
+    assert row.value == "fork" and "forkserver" in row.reason
+    assert sorted(int(x) for index, _ in loader for x in index) == list(range(len(loader.dataset)))
+    loader.close()
 
 
 def test_explicit_context_beats_the_platform_default(make_platform) -> None:

@@ -14,17 +14,32 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from loaderkit.storage import entries
 from loaderkit.storage.download import file_md5, fsync_directory
 from loaderkit.storage.locks import mutex, try_exclusive
 from loaderkit.storage.records import CacheEntry, ClearResult, VerifyResult
 
-if TYPE_CHECKING:
-    from loaderkit.storage.cache import SessionCache
+__all__ = ["CacheDirectory", "clear", "listing", "usage", "verify"]
 
-__all__ = ["clear", "listing", "usage", "verify"]
+
+class CacheDirectory(Protocol):
+    """What the walks need of a ``SessionCache`` (which calls them with itself)."""
+
+    @property
+    def dir(self) -> Path:
+        """The cache directory."""
+
+    @property
+    def objects(self) -> Path:
+        """Its ``objects/`` folder."""
+
+    def evict(self, entry: entries.Stored) -> bool:
+        """Delete ``entry`` if no process leases it; whether it was deleted."""
+
+    def clean_leftover(self, part: entries.Part) -> bool:
+        """Remove ``part`` if no process downloads its entry; whether it was removed."""
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +47,7 @@ logger = logging.getLogger(__name__)
 STALE_TEMPORARY = 600.0
 
 
-def listing(cache: SessionCache) -> list[CacheEntry]:
+def listing(cache: CacheDirectory) -> list[CacheEntry]:
     """Every complete entry, least recently used first, with whether a process uses it."""
     stored, _ = entries.scan(cache.objects)
     listed = []
@@ -54,7 +69,7 @@ def listing(cache: SessionCache) -> list[CacheEntry]:
     return listed
 
 
-def usage(cache: SessionCache) -> dict[str, int]:
+def usage(cache: CacheDirectory) -> dict[str, int]:
     """Bytes per ``entries.LAYOUT`` group, and ``"unknown"`` for files no row names."""
     groups, unknown = entries.walk(cache.dir)
     out = {group: sum(size for _, size in files) for group, files in groups.items()}
@@ -65,7 +80,7 @@ def usage(cache: SessionCache) -> dict[str, int]:
     return out
 
 
-def clear(cache: SessionCache) -> ClearResult:
+def clear(cache: CacheDirectory) -> ClearResult:
     """Remove what no process uses, group by group of ``entries.LAYOUT`` (see ``SessionCache``)."""
     removed, freed, in_use = 0, 0, []
     other: dict[str, int] = {}
@@ -105,7 +120,7 @@ def clear(cache: SessionCache) -> ClearResult:
     return ClearResult(removed, freed, tuple(in_use), tuple(sorted(other.items())))
 
 
-def verify(cache: SessionCache) -> VerifyResult:
+def verify(cache: CacheDirectory) -> VerifyResult:
     """Check every complete entry against its record; remove the damaged ones and bad records."""
     stored, _ = entries.scan(cache.objects)
     damaged: list[tuple[str, str, str]] = []
