@@ -41,6 +41,7 @@ class CacheDirectory(Protocol):
     def clean_leftover(self, part: entries.Part) -> bool:
         """Remove ``part`` if no process downloads its entry; whether it was removed."""
 
+
 logger = logging.getLogger(__name__)
 
 #: A metadata record's temporary file older than this is a dead writer's.
