@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -141,8 +142,8 @@ class SessionFiles:
         self.cache = HandleCache(
             self._open, max_open, self.paths.__getitem__, on_evict=self._evicted
         )
-        self._spare: np.ndarray | None = None
-        self._scratches: dict[tuple[int, np.dtype, tuple[int, ...]], np.ndarray] = {}
+        #: Per thread: the reused scratch buffer of rows that need converting (``_scratch``).
+        self.scratch = threading.local()
         self._ragged_names = [self._ragged(k) for k in range(len(self.types))]
         #: Per session, per key: its rows span many chunks and are read apart (``wide``).
         self.wide = [
@@ -165,12 +166,12 @@ class SessionFiles:
         state = self.__dict__.copy()
         state["cache"] = self.cache.max_open  # handles never travel: only the bound
         state["held"] = self.held.max_bytes  # nor held rows
-        state["_spare"] = None
-        state["_scratches"] = {}
+        state["scratch"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.scratch = threading.local()
         self.cache = HandleCache(
             self._open, int(state["cache"]), self.paths.__getitem__, on_evict=self._evicted
         )
@@ -432,6 +433,17 @@ class SessionFiles:
         """The open handle of session ``pos`` (caller holds the lock); errors get the context."""
         try:
             return self.cache.get(self.canonical[pos])
+        except Exception as exc:
+            self.note(exc, pos, row, index)
+            raise
+
+    def leased(self, pos: int, row: int, index: int) -> Handle:
+        """Session ``pos``'s handle with a lease (``cache.release`` it); errors get the context.
+
+        No lock is held while reading through it: the lease keeps the file open.
+        """
+        try:
+            return self.cache.lease(self.canonical[pos])
         except Exception as exc:
             self.note(exc, pos, row, index)
             raise
