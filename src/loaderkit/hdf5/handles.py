@@ -420,7 +420,9 @@ class HandleCache:
         while True:
             with self._mutex:
                 # retired handles without readers are closed next: they make room already
-                while len(self._entries) + sum(h.readers > 0 for h in self._closing) > self.max_open:
+                while (
+                    len(self._entries) + sum(h.readers > 0 for h in self._closing) > self.max_open
+                ):
                     handles = [(k, e) for k, e in self._entries.items() if isinstance(e, Handle)]
                     if not handles:
                         break
