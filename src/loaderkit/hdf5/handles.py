@@ -103,6 +103,8 @@ class Handle:
             the first read that needs it (``None``: not yet).
         lease: The cache's lease on the local copy of a remote (or cached) session, held as
             long as the file is open and released when it is closed (``None``: read in place).
+        chunked: Per key, the ``ChunkReader`` that reads its chunks raw (``None``: none).
+        paths: Per key, the ``ReadPath`` its rows are read by (how, and why).
         readers: Threads reading through it now (leases of ``HandleCache.lease``); guarded by
             the cache's mutex.
         retired: Out of the cache (evicted, discarded or closed): closed by its last reader.
@@ -111,12 +113,13 @@ class Handle:
 
     Example:
         >>> Handle.__slots__[:4]
-        ('_mapped', 'chunk_maps', 'datasets', 'dirty')
+        ('_mapped', 'chunk_maps', 'chunked', 'datasets')
     """
 
     __slots__ = (
         "_mapped",
         "chunk_maps",
+        "chunked",
         "datasets",
         "dirty",
         "fd",
@@ -127,6 +130,7 @@ class Handle:
         "maps",
         "members",
         "others",
+        "paths",
         "position",
         "raws",
         "readers",
@@ -160,6 +164,8 @@ class Handle:
         self.dirty = False
         self.chunk_maps: list[Any] | None = None
         self.lease: Any = None
+        self.chunked: list[Any] = [None] * len(self.datasets)
+        self.paths: list[Any] = []
         self.readers = 0
         self.retired = False
         self.guard = threading.Lock()
@@ -172,6 +178,7 @@ class Handle:
         self.members = {}
         self.others = {}
         self.chunk_maps = None
+        self.chunked = []
         for mapped in self._mapped:
             try:
                 mapped.close()

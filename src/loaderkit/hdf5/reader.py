@@ -108,6 +108,12 @@ class SessionReader(WideReads):
             if rt.swap:
                 sample = sample.astype(rt.mem_dtype)
             return sample if rt.row_shape else sample[()]
+        if handle.chunked[k] is not None and rt.kind is Kind.NUMBER:  # raw chunks, no lock
+            rows = np.empty((1, *rt.row_shape), rt.read_dtype)
+            self._fill_run(handle, k, pos, row, 1, rows, index)
+            if rt.swap:
+                rows = rows.astype(rt.mem_dtype)
+            return rows[0] if rt.row_shape else rows[0][()]
         spec = self.specs[k]
         if spec.members:
             return rt.sample(self._member(handle, k, pos, row))

@@ -21,8 +21,10 @@ from typing import Any
 
 import h5py
 import numpy as np
+from h5py import h5d
 
 from loaderkit.errors import HDF5FileError
+from loaderkit.hdf5.chunkio import ChunkReader, ReadPath, chunk_reader
 from loaderkit.hdf5.diagnose import (
     Identity,
     changes,
@@ -49,6 +51,24 @@ from loaderkit.hdf5.sources import SessionSources
 from loaderkit.hdf5.types import Kind, RowType
 
 __all__ = ["SessionFiles"]
+
+
+def _not_raw(dset: Any) -> str:
+    """Why a dataset that is not chunked is not read raw (``raw_location`` declined)."""
+    try:
+        dcpl = dset.id.get_create_plist()
+        layout = dcpl.get_layout()
+        if layout == h5d.VIRTUAL:
+            return "a virtual dataset (HDF5 maps its sources)"
+        if layout == h5d.COMPACT:
+            return "compact storage (rows kept in the object header)"
+        if dcpl.get_external_count():
+            return "external storage"
+        if dset.id.get_offset() is None:
+            return "no data written yet (fill value)"
+    except Exception:  # a damaged or unusual dataset: HDF5 reads it
+        return "HDF5 reads it (its storage could not be examined)"
+    return "the file's element type differs from the rows' type"
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +210,10 @@ class SessionFiles:
             and not spec.members
             and k not in self.uneven
         )
+
+    def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
+        """Per key name, how its rows are read from ``handle``'s file (``ReadPath``)."""
+        return {spec.name: path for spec, path in zip(self.specs, handle.paths, strict=False)}
 
     def _ragged(self, k: int) -> str | None:
         inner = "" if k in self.uneven else self.types[k].ragged_field()
@@ -370,11 +394,49 @@ class SessionFiles:
         ]
         handle = Handle(f, datasets, raws, mapped, fd=fd, identity=identity)
         handle.position = pos
+        for k, obj in enumerate(objects):
+            reader, path = self._read_path(f, obj, k, pos, raws[k], mapped[k] is not None)
+            handle.chunked[k] = reader
+            handle.paths.append(path)
         handle.watch = any(  # HDF5 reads chunks past a new end of file as zeros
             raw is None and (spec.members or layout.chunk_rows is not None)
             for spec, layout, raw in zip(self.specs, self.records[pos].layouts, raws, strict=True)
         )
         return handle
+
+    def _read_path(
+        self, f: h5py.File, obj: Any, k: int, pos: int, raw: Any, mapped: bool
+    ) -> tuple[ChunkReader | None, ReadPath]:
+        """How key ``k`` of session ``pos``'s open file is read, and the chunk reader if any."""
+        spec, rt = self.specs[k], self.types[k] if k < len(self.types) else None
+        if raw is not None:
+            kind = "memory map" if mapped else "preadv"
+            return None, ReadPath(kind, "contiguous numbers read outside h5py, no lock held")
+        why = ""
+        if spec.members:
+            why = "a group of per-sample datasets"
+        elif not self.fast or rt is None:
+            why = "rows read by the subclass's own read hooks"
+        elif spec.axis:
+            why = f"samples lie along axis {spec.axis}"
+        elif rt.kind is not Kind.NUMBER:
+            why = f"{rt.kind.value} rows (HDF5 converts them)"
+        elif self.swmr:
+            why = "files opened for SWMR (HDF5 follows the writer)"
+        elif not preadv_possible(self.open_kwargs[pos]):
+            why = f"h5py_options driver {self.open_kwargs[pos].get('driver')!r} (not sec2)"
+        elif self.wide[pos][k]:
+            if pipeline(obj):
+                why = "rows span many compressed chunks (column blocks read by HDF5)"
+            else:
+                return None, ReadPath(
+                    "column chunks", "rows span many uncompressed chunks: read with os.preadv"
+                )
+        elif obj.chunks is not None:
+            return chunk_reader(f, obj)
+        else:
+            why = _not_raw(obj)
+        return None, ReadPath("h5py", why)
 
     def _check_record(self, objects: Sequence[Any], pos: int, identity: Identity) -> None:
         """Raise ``HDF5FileError`` when the file is not what the index was built from.
@@ -545,6 +607,13 @@ class SessionFiles:
             pread(raw, a * self.row_bytes[k], target, length * self.row_bytes[k])
             return
         dset = handle.datasets[k]
+        chunked = handle.chunked[k]
+        if chunked is not None and target.dtype == chunked.dtype and target.flags.c_contiguous:
+            if chunked.offsets is None:
+                with handle.guard:  # one thread indexes the chunks, under h5py's lock
+                    chunked.index(dset)
+            chunked.read(a, length, target)  # no lock: os.pread and codecs
+            return
         if spec.axis:
             slab = read_slab(dset, spec.axis, a, length, target.dtype)
             target[:] = np.moveaxis(slab, spec.axis, 0)
