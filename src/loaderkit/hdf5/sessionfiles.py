@@ -70,6 +70,7 @@ def _not_raw(dset: Any) -> str:
         return "HDF5 reads it (its storage could not be examined)"
     return "the file's element type differs from the rows' type"
 
+
 logger = logging.getLogger(__name__)
 
 #: Slabs at least this large are read straight into the batch buffer (``H5Dread`` into the
