@@ -186,8 +186,7 @@ class SessionAccess:
             ]
         paths = self.io_paths()
         if len(paths) == 1:
-            ((name, path),) = paths.items()
-            value = path.kind
+            value = next(iter(paths.values())).kind
         else:
             value = ", ".join(f"{name}: {path.kind}" for name, path in paths.items())
         reasons = "; ".join(
