@@ -271,6 +271,11 @@ class HookLock:
         """Whether the calling thread holds it."""
         return self._owner == threading.get_ident()
 
+    def owned_elsewhere(self) -> bool:
+        """Whether another thread holds it now."""
+        owner = self._owner
+        return owner is not None and owner != threading.get_ident()
+
     def __enter__(self) -> bool:
         return self.acquire()
 
@@ -332,6 +337,8 @@ class HandleCache:
         self.lock = HookLock(self._sweep)
         self._entries: OrderedDict[Hashable, Handle | _Opening] = OrderedDict()
         self._closing: list[Handle] = []
+        self._reserved = 0  # files being opened, room reserved for them
+        self._shutting = 0  # files being closed now (out of ``_closing``, still open)
         self._checked: set[Hashable] = set()
         self.hits = 0
         self.misses = 0
@@ -389,19 +396,28 @@ class HandleCache:
                     break
             entry.done.wait()  # another thread opens this file
         try:
-            self._make_room(slot)
+            self._make_room()
+        except BaseException:
+            with self._mutex:
+                if self._entries.get(key) is slot:
+                    del self._entries[key]
+            slot.done.set()
+            raise
+        try:
             if _FORKED and key not in self._checked:
                 self._checked.add(key)
                 self._warn_inherited(key)
             handle = self._opener(key)
         except BaseException:
             with self._mutex:
+                self._reserved -= 1
                 if self._entries.get(key) is slot:
                     del self._entries[key]
                 self._released.notify_all()
             slot.done.set()
             raise
         with self._mutex:
+            self._reserved -= 1
             handle.readers += readers
             if self._entries.get(key) is slot:
                 self._entries[key] = handle
@@ -414,33 +430,39 @@ class HandleCache:
             self._close_ready()
         return handle
 
-    def _count(self) -> int:
-        """Files open or being opened (caller holds the mutex)."""
-        return len(self._entries) + len(self._closing)
+    def _handles(self) -> int:
+        """Files open: in the dict, retired but not closed yet (caller holds the mutex)."""
+        handles = sum(isinstance(e, Handle) for e in self._entries.values())
+        return handles + len(self._closing) + self._shutting
 
-    def _make_room(self, slot: _Opening) -> None:
-        """Retire least recently used handles until ``slot`` fits within ``max_open``.
+    def _make_room(self) -> None:
+        """Reserve room for one more file within ``max_open``, closing the least recently used.
 
-        Unleased handles go first; a leased one is retired and closed by its last reader,
-        and this waits until it is.
+        Only handles without readers are evicted; while every open file is being read, this
+        waits for a reader to finish (it holds no lease and no room meanwhile, so the readers
+        and the threads with room always progress).
         """
         while True:
             with self._mutex:
-                # retired handles without readers are closed next: they make room already
-                while (
-                    len(self._entries) + sum(h.readers > 0 for h in self._closing) > self.max_open
-                ):
-                    handles = [(k, e) for k, e in self._entries.items() if isinstance(e, Handle)]
-                    if not handles:
-                        break
-                    k, old = next(((k, e) for k, e in handles if not e.readers), handles[0])
-                    del self._entries[k]
-                    old.retired = True
-                    self._closing.append(old)
-                    self.evictions += 1
+                if self._handles() + self._reserved >= self.max_open:
+                    old_key = next(
+                        (
+                            k
+                            for k, e in self._entries.items()
+                            if isinstance(e, Handle) and not e.readers
+                        ),
+                        None,
+                    )
+                    if old_key is not None:
+                        old = self._entries.pop(old_key)
+                        assert isinstance(old, Handle)
+                        old.retired = True
+                        self._closing.append(old)
+                        self.evictions += 1
             self._close_ready(evicted=True)
             with self._mutex:
-                if self._count() <= self.max_open:
+                if self._handles() + self._reserved < self.max_open:
+                    self._reserved += 1
                     return
                 self._released.wait(_WAIT_S)
 
@@ -452,6 +474,7 @@ class HandleCache:
             with self._mutex:
                 ready = [h for h in self._closing if not h.readers]
                 self._closing = [h for h in self._closing if h.readers]
+                self._shutting += len(ready)  # still open: counted until closed
             error: BaseException | None = None
             for old in ready:
                 try:
@@ -461,9 +484,9 @@ class HandleCache:
                     error = exc
                 finally:
                     old.close()
-            if ready:
-                with self._mutex:
-                    self._released.notify_all()
+                    with self._mutex:
+                        self._shutting -= 1
+                        self._released.notify_all()
             if error is not None:
                 raise error
         finally:
@@ -524,7 +547,7 @@ class HandleCache:
 
     def __len__(self) -> int:
         with self._mutex:
-            return sum(isinstance(e, Handle) for e in self._entries.values()) + len(self._closing)
+            return self._handles()
 
     def __repr__(self) -> str:
         keys = [k for k, e in list(self._entries.items()) if isinstance(e, Handle)]
@@ -551,6 +574,8 @@ class HandleCache:
         entries = [e for e in self._entries.values() if isinstance(e, Handle)] + self._closing
         self._entries = OrderedDict()
         self._closing = []
+        self._reserved = 0
+        self._shutting = 0
         for entry in entries:
             entry.guard = threading.Lock()
             entry.close()

@@ -241,6 +241,7 @@ class SessionReader(WideReads):
                 # mode="clip" because numpy buffers ``out`` for mode="raise"
                 np.take(mapped, rows[k0:k1], axis=0, out=segment, mode="clip")
             finally:
+                mapped = None  # no view left: a retired handle's map closes at release
                 self.cache.release(handle)
         return True
 
