@@ -156,7 +156,8 @@ class ChunkReader:
             rows = out[r0 - start : r1 - start]
             for col in columns:
                 flat = int(np.ravel_multi_index((band, *col), self.grid))
-                dst = rows[(slice(None), *self._within(col))]
+                within = (slice(None), *self._within(col))
+                dst = rows[within]
                 where = int(offsets[flat])
                 if where < 0:  # never written: the fill value
                     dst[...] = self.fill
@@ -171,7 +172,8 @@ class ChunkReader:
                     _pread_into(self.fd, rows, where + skip, (r1 - r0) * self.row_bytes)
                     continue
                 chunk = self._chunk(flat, where, int(sizes[flat]), active)
-                part = chunk[(slice(r0 - band * c0, r1 - band * c0), *self._local(col))]
+                local = (slice(r0 - band * c0, r1 - band * c0), *self._local(col))
+                part = chunk[local]
                 dst[...] = part
 
     def _chunk(
@@ -233,7 +235,7 @@ def _pread(fd: int, size: int, offset: int) -> bytes:
 
 
 def _pread_into(fd: int, out: np.ndarray, offset: int, nbytes: int) -> None:
-    view = out.reshape(-1).view(np.uint8)
+    view = out.reshape(-1).view(np.uint8).data
     done = 0
     while done < nbytes:
         got = os.preadv(fd, [view[done:nbytes]], offset + done)
@@ -301,7 +303,8 @@ def chunk_reader(f: h5py.File, dset: h5py.Dataset) -> tuple[ChunkReader | None, 
         names = []
         for j in range(dcpl.get_nfilters()):
             code, _flags, values, _name = dcpl.get_filter(j)
-            decode, why = decoder(int(code), tuple(values), dtype.itemsize)
+            nbytes = int(np.prod(dset.chunks, dtype=np.int64)) * dtype.itemsize
+            decode, why = decoder(int(code), tuple(values), dtype.itemsize, nbytes)
             if decode is None:
                 return fallback(why)
             filters.append((int(code), decode))

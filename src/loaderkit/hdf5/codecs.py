@@ -167,7 +167,9 @@ def _blosc(data: Any) -> Any:
     return _module("blosc2").decompress(data)
 
 
-def decoder(filter_id: int, values: Sequence[int], itemsize: int) -> tuple[Decoder | None, str]:
+def decoder(
+    filter_id: int, values: Sequence[int], itemsize: int, nbytes: int = 0
+) -> tuple[Decoder | None, str]:
     """The function that undoes one filter, or ``None`` and why it cannot be undone here.
 
     Args:
@@ -175,6 +177,7 @@ def decoder(filter_id: int, values: Sequence[int], itemsize: int) -> tuple[Decod
         values: The filter's client data (``cd_values``).
         itemsize: The dataset's element size (the shuffle filter's unit when it is not
             recorded).
+        nbytes: A chunk's size once decoded (the output buffer zlib starts with; 0: unknown).
 
     Returns:
         ``(decode, "")``, or ``(None, reason)``.
@@ -195,7 +198,8 @@ def decoder(filter_id: int, values: Sequence[int], itemsize: int) -> tuple[Decod
         package = needs.split(".")[0]
         return None, f"{name} (filter {filter_id}) needs the {package!r} package (not installed)"
     if filter_id == 1:
-        return zlib.decompress, ""
+        size = max(nbytes, zlib.DEF_BUF_SIZE)
+        return (lambda data: zlib.decompress(data, 15, size)), ""
     if filter_id == 2:
         unit = int(values[0]) if values else itemsize
         return (lambda data: unshuffle(data, unit)), ""
