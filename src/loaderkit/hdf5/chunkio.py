@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 from array import array
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import h5py
@@ -35,7 +35,7 @@ from h5py import h5d, h5t
 
 from loaderkit.hdf5.codecs import Decoder, decoder
 
-__all__ = ["ChunkReader", "ReadPath", "chunk_reader"]
+__all__ = ["ChunkReader", "ReadPath", "choose_path", "chunk_reader"]
 
 logger = logging.getLogger(__name__)
 
@@ -331,6 +331,85 @@ def chunk_reader(f: h5py.File, dset: h5py.Dataset) -> tuple[ChunkReader | None, 
     else:
         path = ReadPath("raw chunks", f"uncompressed chunks {chunks} read with os.preadv")
     return reader, path
+
+
+def choose_path(
+    f: h5py.File,
+    dset: Any,
+    *,
+    raw: Any,
+    mapped: bool,
+    members: bool,
+    hooks: bool,
+    axis: int,
+    kind: str | None,
+    swmr: bool,
+    options: Mapping[str, Any],
+    wide: bool,
+) -> tuple[ChunkReader | None, ReadPath]:
+    """How one key of an open file is read (and its ``ChunkReader``), from what the reader knows.
+
+    Args:
+        f: The open file.
+        dset: The key's object in it.
+        raw: ``rawio.raw_location`` of it (``None``: not contiguous raw numbers).
+        mapped: Its rows are memory-mapped.
+        members: The key names a group of per-sample datasets.
+        hooks: The subclass reads rows itself (no default reads, or rows of no known type).
+        axis: The sample axis.
+        kind: What a row holds (``Kind.value``), ``None`` when unknown.
+        swmr: Files are opened for SWMR.
+        options: The ``h5py.File`` options.
+        wide: Rows span many chunks shared with other rows (``loaderkit.hdf5.wide``).
+
+    Returns:
+        ``(reader or None, ReadPath)``.
+    """
+    if raw is not None:
+        how = "memory map" if mapped else "preadv"
+        return None, ReadPath(how, "contiguous numbers read outside h5py, no lock held")
+    if members:
+        why = "a group of per-sample datasets"
+    elif hooks:
+        why = "rows read by the subclass's own read hooks"
+    elif axis:
+        why = f"samples lie along axis {axis}"
+    elif kind != "number":
+        why = f"{kind} rows (HDF5 converts them)"
+    elif swmr:
+        why = "files opened for SWMR (HDF5 follows the writer)"
+    elif not hasattr(os, "preadv") or options.get("driver") not in (None, "sec2"):
+        why = f"h5py_options driver {options.get('driver')!r} (only sec2 is read raw)"
+    elif wide:
+        if dset.id.get_create_plist().get_nfilters():
+            why = "rows span many compressed chunks (column blocks read by HDF5)"
+        else:
+            return None, ReadPath(
+                "column chunks", "rows span many uncompressed chunks: read with os.preadv"
+            )
+    elif dset.chunks is not None:
+        return chunk_reader(f, dset)
+    else:
+        why = _not_raw(dset)
+    return None, ReadPath("h5py", why)
+
+
+def _not_raw(dset: Any) -> str:
+    """Why a dataset that is not chunked is not read raw (``raw_location`` declined)."""
+    try:
+        dcpl = dset.id.get_create_plist()
+        layout = dcpl.get_layout()
+        if layout == h5d.VIRTUAL:
+            return "a virtual dataset (HDF5 maps its sources)"
+        if layout == h5d.COMPACT:
+            return "compact storage (rows kept in the object header)"
+        if dcpl.get_external_count():
+            return "external storage"
+        if dset.id.get_offset() is None:
+            return "no data written yet (fill value)"
+    except Exception:  # a damaged or unusual dataset: HDF5 reads it
+        return "HDF5 reads it (its storage could not be examined)"
+    return "the file's element type differs from the rows' type"
 
 
 _NAMES = {1: "gzip", 2: "shuffle", 3: "fletcher32", 32001: "blosc", 32004: "lz4", 32015: "zstd"}

@@ -237,16 +237,18 @@ class HookLock:
         on_free: Called (without the lock) when the outermost holder releases it.
 
     Example:
-        >>> lock = HookLock(lambda: None)
+        >>> freed = []
+        >>> lock = HookLock(lambda: freed.append(True))
         >>> with lock:
-        ...     lock.held_here()
-        True
+        ...     with lock:
+        ...         pass
+        >>> freed
+        [True]
     """
 
     def __init__(self, on_free: Callable[[], None]) -> None:
         self._rlock = threading.RLock()
         self._depth = 0
-        self._owner: int | None = None
         self._on_free = on_free
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
@@ -254,27 +256,15 @@ class HookLock:
         got = self._rlock.acquire(blocking, timeout)
         if got:
             self._depth += 1
-            self._owner = threading.get_ident()
         return got
 
     def release(self, *, notify: bool = True) -> None:
         """Release it once; the outermost release lets the cache close what waits."""
         self._depth -= 1
         outermost = self._depth == 0
-        if outermost:
-            self._owner = None
         self._rlock.release()
         if outermost and notify:
             self._on_free()
-
-    def held_here(self) -> bool:
-        """Whether the calling thread holds it."""
-        return self._owner == threading.get_ident()
-
-    def owned_elsewhere(self) -> bool:
-        """Whether another thread holds it now."""
-        owner = self._owner
-        return owner is not None and owner != threading.get_ident()
 
     def __enter__(self) -> bool:
         return self.acquire()

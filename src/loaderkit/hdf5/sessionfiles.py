@@ -21,10 +21,9 @@ from typing import Any
 
 import h5py
 import numpy as np
-from h5py import h5d
 
 from loaderkit.errors import HDF5FileError
-from loaderkit.hdf5.chunkio import ChunkReader, ReadPath, chunk_reader
+from loaderkit.hdf5.chunkio import ChunkReader, ReadPath, choose_path
 from loaderkit.hdf5.diagnose import (
     Identity,
     changes,
@@ -51,24 +50,6 @@ from loaderkit.hdf5.sources import SessionSources
 from loaderkit.hdf5.types import Kind, RowType
 
 __all__ = ["SessionFiles"]
-
-
-def _not_raw(dset: Any) -> str:
-    """Why a dataset that is not chunked is not read raw (``raw_location`` declined)."""
-    try:
-        dcpl = dset.id.get_create_plist()
-        layout = dcpl.get_layout()
-        if layout == h5d.VIRTUAL:
-            return "a virtual dataset (HDF5 maps its sources)"
-        if layout == h5d.COMPACT:
-            return "compact storage (rows kept in the object header)"
-        if dcpl.get_external_count():
-            return "external storage"
-        if dset.id.get_offset() is None:
-            return "no data written yet (fill value)"
-    except Exception:  # a damaged or unusual dataset: HDF5 reads it
-        return "HDF5 reads it (its storage could not be examined)"
-    return "the file's element type differs from the rows' type"
 
 
 logger = logging.getLogger(__name__)
@@ -410,34 +391,19 @@ class SessionFiles:
     ) -> tuple[ChunkReader | None, ReadPath]:
         """How key ``k`` of session ``pos``'s open file is read, and the chunk reader if any."""
         spec, rt = self.specs[k], self.types[k] if k < len(self.types) else None
-        if raw is not None:
-            kind = "memory map" if mapped else "preadv"
-            return None, ReadPath(kind, "contiguous numbers read outside h5py, no lock held")
-        why = ""
-        if spec.members:
-            why = "a group of per-sample datasets"
-        elif not self.fast or rt is None:
-            why = "rows read by the subclass's own read hooks"
-        elif spec.axis:
-            why = f"samples lie along axis {spec.axis}"
-        elif rt.kind is not Kind.NUMBER:
-            why = f"{rt.kind.value} rows (HDF5 converts them)"
-        elif self.swmr:
-            why = "files opened for SWMR (HDF5 follows the writer)"
-        elif not preadv_possible(self.open_kwargs[pos]):
-            why = f"h5py_options driver {self.open_kwargs[pos].get('driver')!r} (not sec2)"
-        elif self.wide[pos][k]:
-            if pipeline(obj):
-                why = "rows span many compressed chunks (column blocks read by HDF5)"
-            else:
-                return None, ReadPath(
-                    "column chunks", "rows span many uncompressed chunks: read with os.preadv"
-                )
-        elif obj.chunks is not None:
-            return chunk_reader(f, obj)
-        else:
-            why = _not_raw(obj)
-        return None, ReadPath("h5py", why)
+        return choose_path(
+            f,
+            obj,
+            raw=raw,
+            mapped=mapped,
+            members=spec.members,
+            hooks=not self.fast or rt is None,
+            axis=spec.axis,
+            kind=None if rt is None else rt.kind.value,
+            swmr=self.swmr,
+            options=self.open_kwargs[pos],
+            wide=self.wide[pos][k],
+        )
 
     def _check_record(self, objects: Sequence[Any], pos: int, identity: Identity) -> None:
         """Raise ``HDF5FileError`` when the file is not what the index was built from.
