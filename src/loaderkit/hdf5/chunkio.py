@@ -278,6 +278,8 @@ def chunk_reader(f: h5py.File, dset: h5py.Dataset) -> tuple[ChunkReader | None, 
     def fallback(why: str) -> tuple[None, ReadPath]:
         return None, ReadPath("h5py", why)
 
+    f = dset.file  # the file that holds it (an external link leads to another one)
+
     if not hasattr(os, "preadv"):
         return fallback("os.preadv is not available on this platform")
     if f.driver != "sec2":
