@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -115,6 +116,25 @@ def _check(
                 raise SystemExit(f"{type(ds).__name__}: rows {batch[0]}.. differ from h5py's")
 
 
+def _control(threads: int, rounds: int) -> float:
+    """Chunks/s of plain ``zlib.decompress`` on ``threads`` threads: what the machine allows now.
+
+    No loaderkit, no HDF5: the ratio of 2 threads to 1 here is the ceiling of every other row
+    (a machine whose other cores are busy shows about 1x).
+    """
+    rng = np.random.default_rng(1)
+    chunks = [
+        zlib.compress(rng.standard_normal(65536).astype("f4").tobytes(), 1) for _ in range(32)
+    ]
+    best = 0.0
+    for _ in range(rounds):
+        with ThreadPoolExecutor(threads) as pool:
+            start = time.perf_counter()
+            list(pool.map(lambda c: zlib.decompress(c, 15, 1 << 18), chunks * 4))
+            best = max(best, len(chunks) * 4 / (time.perf_counter() - start))
+    return best
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     cli = parser(__doc__ or "", "small files and 3 rounds (some seconds)")
     cli.add_argument("--rounds", type=int, default=0, help="rounds (best of; default 3 / 7)")
@@ -171,6 +191,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             lines.append(
                 f"| {name} | {label} | {kind} | {one:,.0f} | {two:,.0f} | {two / one:.2f}x |"
             )
+    one, two = _control(1, rounds), _control(2, rounds)
+    rows.append(
+        {
+            "workload": "control",
+            "path": "zlib only",
+            "read_path": "zlib.decompress, no HDF5",
+            "one_thread_rows_per_s": round(one),
+            "two_threads_rows_per_s": round(two),
+            "ratio": round(two / one, 3),
+        }
+    )
+    lines.append(
+        f"| control (chunks/s) | zlib only | no HDF5 | {one:,.0f} | {two:,.0f} | {two / one:.2f}x |"
+    )
     stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     lines.append(f"\nbest of {rounds} interleaved rounds, {BATCH}-row batches, measured {stamp}")
     emit(
