@@ -111,30 +111,33 @@ def test_close_while_threads_read_leaves_no_descriptor(tmp_path: Path) -> None:
     ds = HDF5SessionDataset(paths, key="x", max_open_files=2)
     stop = threading.Event()
     errors: list[BaseException] = []
+    counts = [0] * 4
 
-    def read(seed: int) -> int:
+    def read(seed: int) -> None:
         rng = np.random.default_rng(seed)
-        count = 0
         while not stop.is_set():
             batch = rng.integers(0, len(ds), 32).tolist()
             try:
                 got = np.stack(ds.__getitems__(batch))
             except Exception as exc:  # pragma: no cover - the assertion below reports it
                 errors.append(exc)
-                return count
+                return
             assert got.tobytes() == want[batch].tobytes()
-            count += 1
-        return count
+            counts[seed] += 1
 
+    closes = 0
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(read, s) for s in range(4)]
-        for _ in range(30):
-            ds.close()
-            time.sleep(0.005)
+        deadline = time.monotonic() + 30
+        while (min(counts) < 5 or closes < 30) and time.monotonic() < deadline and not errors:
+            ds.close()  # while every thread reads
+            closes += 1
+            time.sleep(0.002)
         stop.set()
-        counts = [f.result() for f in futures]
+        for future in futures:
+            future.result()
     assert not errors, errors
-    assert all(counts)
+    assert min(counts) >= 5 and closes >= 30
     ds.close()
     assert _open_under(tmp_path) == 0
     assert ds.open_files == 0

@@ -402,7 +402,7 @@ class SessionFiles:
             kind=None if rt is None else rt.kind.value,
             swmr=self.swmr,
             options=self.open_kwargs[pos],
-            wide=self.wide[pos][k],
+            wide=k < len(self.wide[pos]) and self.wide[pos][k],
         )
 
     def _check_record(self, objects: Sequence[Any], pos: int, identity: Identity) -> None:
