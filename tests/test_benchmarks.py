@@ -199,6 +199,18 @@ def test_copy_on_read(tmp_path: Path) -> None:
     assert data["hint"].startswith(f"dataset.items: list of {data['items']:,} tuples")
 
 
+def test_parallel_reads(tmp_path: Path) -> None:
+    data = _run("parallel_reads.py", tmp_path)
+    assert data["quick"] is True
+    rows = {(row["workload"], row["path"]): row for row in data["rows"]}
+    workloads = ("contiguous", "gzip-chunked", "chunked", "nsd")
+    paths = ("h5py, locked", "loaderkit")
+    assert set(rows) == {(w, p) for w in workloads for p in paths} | {("control", "zlib only")}
+    assert rows["gzip-chunked", "loaderkit"]["read_path"] == "decoded chunks"
+    assert rows["chunked", "loaderkit"]["read_path"] == "raw chunks"
+    assert all(row["ratio"] > 0 for row in rows.values())
+
+
 def test_nsd_layout(tmp_path: Path) -> None:
     data = _run("nsd_layout.py", tmp_path)
     assert data["quick"] is True

@@ -549,7 +549,8 @@ def plan_loader(
     if session_entry is not None:
         found.entries.append(session_entry)
     if isinstance(dataset, HDF5SessionDataset) and isinstance(res.values["num_workers"], int):
-        for name, given, value, reason in dataset.cache_plan(max(0, res.values["num_workers"])):
+        rows = [*dataset.io_plan(), *dataset.cache_plan(max(0, res.values["num_workers"]))]
+        for name, given, value, reason in rows:
             found.entries.append(PlanEntry(name, value if given else UNSET, value, reason))
     if session_bytes is not None:
         dataset.set_session_bytes(session_bytes)  # before the checks and the block sampler

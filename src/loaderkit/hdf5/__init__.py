@@ -11,18 +11,19 @@ files hold, read once at construction); ``arguments`` (its constructor arguments
 (``SessionReader``: default reads) with its bases ``sessionfiles`` (state, handles, the checks
 that a file did not change, error context) and ``widereads`` (keys whose rows span many
 chunks); ``types`` (HDF5 type -> sample), ``reading`` (which read strategy), ``runs`` (a batch
-cut into runs of consecutive rows), ``filters``
-(compression filters available?), ``diagnose`` (causes established by checks), ``handles``
-(per-process file cache), ``index`` (packed sample index), ``layout`` (per-session layout,
-chunk cache, hints), ``rawio`` (``os.preadv`` reads, maps, chunk maps), ``blocks`` (boxes of
-whole chunks), ``wide`` (rows that span many chunks, each chunk read once), ``held`` (sessions
-held in memory); ``sampler`` stands apart (it reads the dataset's public accessors only), and
-``rechunk`` rewrites files row by row (``loaderkit rechunk``). Sessions read through a node
-cache (remote URLs, or local paths with ``cache=``): ``sources`` (which sessions, leases,
-the prefetch window and the ``OrderWatcher`` the loader feeds), ``remotemeta`` (their metadata
-by range reads, kept in the cache directory), ``cached`` (fetch order, budgets and plan rows of
-the dataset) and ``rowcache`` (``SessionCache(layout="rows")``); ``loaderkit.storage`` below
-does the fetching and knows nothing of HDF5.
+cut into runs of consecutive rows), ``filters`` (compression filters available?), ``diagnose``
+(causes established by checks), ``handles`` (per-process file cache), ``index`` (packed sample
+index), ``layout`` (per-session layout, chunk cache, hints), ``rawio`` (``os.preadv`` reads,
+maps, chunk maps), ``chunkio`` (chunked rows read raw outside h5py, ``ReadPath``), ``codecs``
+(filters decoded in the reading thread), ``blocks`` (boxes of whole chunks), ``wide`` (rows
+that span many chunks, each chunk read once), ``held`` (sessions held in memory); ``sampler``
+stands apart (it reads the dataset's public accessors only), and ``rechunk`` rewrites files row
+by row (``loaderkit rechunk``). Sessions read through a node cache (remote URLs, or local paths
+with ``cache=``): ``sources`` (which sessions, leases, the prefetch window and the
+``OrderWatcher`` the loader feeds), ``remotemeta`` (their metadata by range reads, kept in the
+cache directory), ``cached`` (fetch order, budgets and plan rows of the dataset) and
+``rowcache`` (``SessionCache(layout="rows")``); ``loaderkit.storage`` below does the fetching
+and knows nothing of HDF5.
 
 Imports go down only: to ``loaderkit.storage``, ``loaderkit.policy.budgets``,
 ``loaderkit.order`` (seeds, global batches), ``loaderkit.workers`` (batch buffers),

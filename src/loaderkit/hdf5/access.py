@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import ArgumentTypeError, ConfigError
+from loaderkit.hdf5.chunkio import ReadPath
 from loaderkit.hdf5.handles import CacheInfo
 from loaderkit.hdf5.index import (
     unpack_index,
@@ -123,9 +124,85 @@ class SessionAccess:
             assert key is not None
             return self._reader.other_dataset(handle, pos, key)
 
+    def io_paths(self, session: Hashable | None = None) -> dict[str, ReadPath]:
+        """How each key's rows are read from ``session``'s file, and why (``ReadPath``).
+
+        ``"memory map"``, ``"preadv"``, ``"raw chunks"``, ``"decoded chunks"`` and
+        ``"column chunks"`` read outside every lock (threads read in parallel); ``"h5py"``
+        is the fallback (serial under h5py's global lock), its reason naming what made the
+        faster paths decline. Decided per file when it is opened: this opens ``session``'s
+        file if it is not open (and closes it again).
+
+        Args:
+            session: Session id (default: the first session).
+
+        Returns:
+            ``{key name: ReadPath}``.
+
+        Example:
+            >>> ds.io_paths()["betas"].kind  # doctest: +SKIP
+            'decoded chunks'
+        """
+        pos = 0 if session is None else self._pos_of(session)
+        reader = self._reader
+        key = reader.canonical[pos]
+        was_open = reader.cache.peek(key) is not None
+        handle = reader.leased(pos, 0, -1)
+        try:
+            return reader.read_paths(handle)
+        finally:
+            reader.cache.release(handle)
+            if not was_open:
+                reader.cache.discard(key)
+
+    def io_plan(self) -> list[tuple[str, bool, Any, str]]:
+        """The plan row saying how rows are read (``hdf5_reads``), from the first session.
+
+        Returns:
+            ``[(name, given, value, reason)]`` (empty for a dataset without keys).
+        """
+        reader = self._reader
+        if not reader.specs or not self._ids:
+            return []
+        if not self._item_fast:
+            return [
+                (
+                    "hdf5_reads",
+                    False,
+                    "h5py (hooks)",
+                    f"{type(self).__name__} overrides read: its hooks read under the dataset's "
+                    "lock, serially",
+                )
+            ]
+        sources = reader.sources
+        if sources is not None and sources.cached(0):
+            return [
+                (
+                    "hdf5_reads",
+                    False,
+                    "per file",
+                    "decided when each cached copy is opened (io_paths(session))",
+                )
+            ]
+        paths = self.io_paths()
+        if len(paths) == 1:
+            value = next(iter(paths.values())).kind
+        else:
+            value = ", ".join(f"{name}: {path.kind}" for name, path in paths.items())
+        reasons = "; ".join(
+            f"{name!r}: {path.reason}" + ("" if path.parallel else " (serial under h5py's lock)")
+            for name, path in paths.items()
+        )
+        return [("hdf5_reads", False, value, f"session {self._ids[0]!r}: {reasons}")]
+
     @property
     def lock(self) -> Any:
-        """The re-entrant lock guarding this process's handle cache."""
+        """The re-entrant lock that keeps handed-out h5py objects open (``HookLock``).
+
+        Hold it while using ``file()`` / ``h5dataset()`` objects from several threads; the
+        overridden ``read`` / ``read_rows`` / ``__getitem__`` run under it. The default reads
+        never take it (they lease their handle).
+        """
         return self._reader.cache.lock
 
     @property

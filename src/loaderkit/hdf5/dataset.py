@@ -423,10 +423,10 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
         key = int(self._key[i])
         pos, row = key >> _ROW_BITS, key & _ROW_MASK
         reader = self._reader
-        with reader.cache.lock:
-            if self._item_fast:
-                sample = reader.read_one(i, pos, row)
-            else:
+        if self._item_fast:  # no lock: the handle is leased for the read
+            sample = reader.read_one(i, pos, row)
+        else:
+            with reader.cache.lock:  # user code and h5py objects handed out: serial
                 try:
                     sample = self.read(self._ids[pos], row)
                 except Exception as exc:

@@ -12,10 +12,22 @@ them: HDF5 recognises a file that is already open in the process and would silen
 parent's open file (its file descriptor, file locks and chunk-cache settings) with the child.
 Closing the child's copies leaves the parent's handles usable.
 
-Thread safety: every cache operation takes a re-entrant lock, and the dataset holds the same
-lock for the whole of a read, so a handle can never be closed by an eviction in one thread while
-another thread reads through it. h5py serialises all HDF5 calls behind one global lock anyway,
-so this costs no parallelism.
+Locks (what each guards; none is held across a read):
+
+* ``HandleCache._mutex`` (a ``threading.Lock``) guards the cache's dict of open handles, the
+  handles waiting to be closed, every handle's reader count and the statistics. It is held
+  for dictionary work only, never while a file is opened, read or closed.
+* ``HandleCache.lock`` (a re-entrant ``HookLock``) serialises the reads that run user code or
+  h5py objects handed out (``read``/``read_rows``/``__getitem__`` overrides, ``file()``,
+  ``h5dataset()``): while any thread holds it, no handle is closed except by that thread's
+  own eviction, so an ``h5py.File`` handed out stays open. The default reads never take it.
+* Leases: the default reads ``lease`` a handle (its reader count goes up) and ``release`` it
+  when done; a handle evicted (least recently used), discarded or closed (``close()``)
+  while it has readers is retired from the dict at once and closed by its last reader.
+  Retired handles still count against ``max_open``: a miss that finds every open handle
+  leased waits until one is released, so the bound is never exceeded, not even for a moment.
+  A thread holds at most one lease while it asks for another handle, so waiting cannot
+  deadlock.
 """
 
 from __future__ import annotations
@@ -35,7 +47,7 @@ from h5py import h5f
 
 from loaderkit.errors import warn
 
-__all__ = ["CacheInfo", "Handle", "HandleCache", "foreign_file_ids"]
+__all__ = ["CacheInfo", "Handle", "HandleCache", "HookLock", "foreign_file_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,26 +103,38 @@ class Handle:
             the first read that needs it (``None``: not yet).
         lease: The cache's lease on the local copy of a remote (or cached) session, held as
             long as the file is open and released when it is closed (``None``: read in place).
+        chunked: Per key, the ``ChunkReader`` that reads its chunks raw (``None``: none).
+        paths: Per key, the ``ReadPath`` its rows are read by (how, and why).
+        readers: Threads reading through it now (leases of ``HandleCache.lease``); guarded by
+            the cache's mutex.
+        retired: Out of the cache (evicted, discarded or closed): closed by its last reader.
+        guard: A lock for the state built lazily on first use (``chunk_maps``, ``others``,
+            ``members``), held while building it, never while reading.
 
     Example:
         >>> Handle.__slots__[:4]
-        ('_mapped', 'chunk_maps', 'datasets', 'dirty')
+        ('_mapped', 'chunk_maps', 'chunked', 'datasets')
     """
 
     __slots__ = (
         "_mapped",
         "chunk_maps",
+        "chunked",
         "datasets",
         "dirty",
         "fd",
         "file",
+        "guard",
         "identity",
         "lease",
         "maps",
         "members",
         "others",
+        "paths",
         "position",
         "raws",
+        "readers",
+        "retired",
         "watch",
     )
 
@@ -140,6 +164,11 @@ class Handle:
         self.dirty = False
         self.chunk_maps: list[Any] | None = None
         self.lease: Any = None
+        self.chunked: list[Any] = [None] * len(self.datasets)
+        self.paths: list[Any] = []
+        self.readers = 0
+        self.retired = False
+        self.guard = threading.Lock()
 
     def close(self) -> None:
         """Close the maps and the file (and every object opened through it); never raises."""
@@ -149,6 +178,7 @@ class Handle:
         self.members = {}
         self.others = {}
         self.chunk_maps = None
+        self.chunked = []
         for mapped in self._mapped:
             try:
                 mapped.close()
@@ -196,6 +226,66 @@ def foreign_file_ids(path: str | os.PathLike[str]) -> list[h5f.FileID]:
     return found
 
 
+class HookLock:
+    """A re-entrant lock that tells the cache when its owner lets go of it entirely.
+
+    Held by reads that run user code or use h5py objects handed out; the handle cache closes
+    retired handles only while it can take this lock (so never under another thread's hook),
+    and closes those left waiting when the outermost holder releases it.
+
+    Args:
+        on_free: Called (without the lock) when the outermost holder releases it.
+
+    Example:
+        >>> freed = []
+        >>> lock = HookLock(lambda: freed.append(True))
+        >>> with lock:
+        ...     with lock:
+        ...         pass
+        >>> freed
+        [True]
+    """
+
+    def __init__(self, on_free: Callable[[], None]) -> None:
+        self._rlock = threading.RLock()
+        self._depth = 0
+        self._on_free = on_free
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock (as ``threading.RLock.acquire``)."""
+        got = self._rlock.acquire(blocking, timeout)
+        if got:
+            self._depth += 1
+        return got
+
+    def release(self, *, notify: bool = True) -> None:
+        """Release it once; the outermost release lets the cache close what waits."""
+        self._depth -= 1
+        outermost = self._depth == 0
+        self._rlock.release()
+        if outermost and notify:
+            self._on_free()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class _Opening:
+    """A slot taken in the cache while one thread opens the file (others wait on ``done``)."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+#: How long a miss that found every open handle leased waits before it looks again.
+_WAIT_S = 0.05
+
+
 class HandleCache:
     """A bounded, thread-safe, fork-aware LRU of open HDF5 files for one process.
 
@@ -214,8 +304,10 @@ class HandleCache:
         ...     _ = f.create_dataset("x", data=[1, 2, 3])
         >>> cache = HandleCache(lambda k: Handle(h5py.File(path, "r")), max_open=1,
         ...                     path_of=lambda k: path)
-        >>> cache.get(0).file.mode
-        'r'
+        >>> handle = cache.lease(0)
+        >>> handle.file.mode, handle.readers
+        ('r', 1)
+        >>> cache.release(handle)
         >>> cache.close()
     """
 
@@ -230,8 +322,13 @@ class HandleCache:
         self._on_evict = on_evict
         self._path_of = path_of
         self.max_open = max_open
-        self.lock = threading.RLock()
-        self._entries: OrderedDict[Hashable, Handle] = OrderedDict()
+        self._mutex = threading.Lock()
+        self._released = threading.Condition(self._mutex)
+        self.lock = HookLock(self._sweep)
+        self._entries: OrderedDict[Hashable, Handle | _Opening] = OrderedDict()
+        self._closing: list[Handle] = []
+        self._reserved = 0  # files being opened, room reserved for them
+        self._shutting = 0  # files being closed now (out of ``_closing``, still open)
         self._checked: set[Hashable] = set()
         self.hits = 0
         self.misses = 0
@@ -242,38 +339,159 @@ class HandleCache:
     def get(self, key: Hashable) -> Handle:
         """Return the open handle for ``key``, opening it (and evicting the LRU one) if needed.
 
+        No lease is taken: the handle stays open while the caller holds ``lock`` (or until
+        the calling thread itself evicts it). The default reads use ``lease``.
+
         Args:
             key: The session position.
 
         Returns:
-            The ``Handle``; valid while the caller holds ``lock``.
+            The ``Handle``.
         """
-        with self.lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                return entry
-            self.misses += 1
-            while len(self._entries) >= self.max_open:
-                _, old = self._entries.popitem(last=False)
-                self.evictions += 1
-                try:
-                    if self._on_evict is not None:
-                        self._on_evict(old)
-                finally:
-                    old.close()
+        return self._acquire(key, 0)
+
+    def lease(self, key: Hashable) -> Handle:
+        """The open handle for ``key`` with one more reader: it stays open until ``release``.
+
+        Args:
+            key: The session position.
+
+        Returns:
+            The ``Handle``; pass it to ``release`` when done (also on errors).
+        """
+        return self._acquire(key, 1)
+
+    def release(self, handle: Handle) -> None:
+        """Give back a lease; the last reader of a retired handle closes it."""
+        with self._mutex:
+            handle.readers -= 1
+            ready = handle.readers == 0 and handle.retired
+            self._released.notify_all()
+        if ready:
+            self._close_ready()
+
+    def _acquire(self, key: Hashable, readers: int) -> Handle:
+        while True:
+            with self._mutex:
+                entry = self._entries.get(key)
+                if isinstance(entry, Handle):
+                    self._entries.move_to_end(key)
+                    self.hits += 1
+                    entry.readers += readers
+                    return entry
+                if entry is None:
+                    self.misses += 1
+                    slot = _Opening()
+                    self._entries[key] = slot
+                    break
+            entry.done.wait()  # another thread opens this file
+        try:
+            self._make_room()
+        except BaseException:
+            with self._mutex:
+                if self._entries.get(key) is slot:
+                    del self._entries[key]
+            slot.done.set()
+            raise
+        try:
             if _FORKED and key not in self._checked:
                 self._checked.add(key)
                 self._warn_inherited(key)
-            entry = self._opener(key)
-            self._entries[key] = entry
-            self.opens += 1
-            return entry
+            handle = self._opener(key)
+        except BaseException:
+            with self._mutex:
+                self._reserved -= 1
+                if self._entries.get(key) is slot:
+                    del self._entries[key]
+                self._released.notify_all()
+            slot.done.set()
+            raise
+        with self._mutex:
+            self._reserved -= 1
+            handle.readers += readers
+            if self._entries.get(key) is slot:
+                self._entries[key] = handle
+                self.opens += 1
+            else:  # closed (``close()``) while it was opened: the caller's alone
+                handle.retired = True
+                self._closing.append(handle)
+        slot.done.set()
+        if handle.retired and not readers:
+            self._close_ready()
+        return handle
+
+    def _handles(self) -> int:
+        """Files open: in the dict, retired but not closed yet (caller holds the mutex)."""
+        handles = sum(isinstance(e, Handle) for e in self._entries.values())
+        return handles + len(self._closing) + self._shutting
+
+    def _make_room(self) -> None:
+        """Reserve room for one more file within ``max_open``, closing the least recently used.
+
+        Only handles without readers are evicted; while every open file is being read, this
+        waits for a reader to finish (it holds no lease and no room meanwhile, so the readers
+        and the threads with room always progress).
+        """
+        while True:
+            with self._mutex:
+                if self._handles() + self._reserved >= self.max_open:
+                    old_key = next(
+                        (
+                            k
+                            for k, e in self._entries.items()
+                            if isinstance(e, Handle) and not e.readers
+                        ),
+                        None,
+                    )
+                    if old_key is not None:
+                        old = self._entries.pop(old_key)
+                        assert isinstance(old, Handle)
+                        old.retired = True
+                        self._closing.append(old)
+                        self.evictions += 1
+            self._close_ready(evicted=True)
+            with self._mutex:
+                if self._handles() + self._reserved < self.max_open:
+                    self._reserved += 1
+                    return
+                self._released.wait(_WAIT_S)
+
+    def _close_ready(self, evicted: bool = False) -> None:
+        """Close retired handles without readers, unless another thread holds ``lock``."""
+        if not self.lock.acquire(blocking=False):
+            return  # its holder closes them when it lets go (``_sweep``)
+        try:
+            with self._mutex:
+                ready = [h for h in self._closing if not h.readers]
+                self._closing = [h for h in self._closing if h.readers]
+                self._shutting += len(ready)  # still open: counted until closed
+            error: BaseException | None = None
+            for old in ready:
+                try:
+                    if evicted and self._on_evict is not None and error is None:
+                        self._on_evict(old)
+                except BaseException as exc:
+                    error = exc
+                finally:
+                    old.close()
+                    with self._mutex:
+                        self._shutting -= 1
+                        self._released.notify_all()
+            if error is not None:
+                raise error
+        finally:
+            self.lock.release(notify=False)
+
+    def _sweep(self) -> None:
+        """Close what waited for ``lock`` (its outermost holder let go)."""
+        if any(not h.readers for h in self._closing):
+            self._close_ready()
 
     def _warn_inherited(self, key: Hashable) -> None:
         path = self._path_of(key)
-        own = {entry.file.id.id for entry in self._entries.values() if entry.file.id}
+        with self._mutex:
+            handles = [e for e in self._entries.values() if isinstance(e, Handle)]
+        own = {entry.file.id.id for entry in handles if entry.file.id}
         if [fid for fid in foreign_file_ids(path) if fid.id not in own]:
             warn(
                 f"{os.fspath(path)!s} was already open in the parent process when this worker "
@@ -285,63 +503,83 @@ class HandleCache:
 
     def peek(self, key: Hashable) -> Handle | None:
         """The open handle for ``key`` without opening or reordering anything (``None``)."""
-        with self.lock:
-            return self._entries.get(key)
+        with self._mutex:
+            entry = self._entries.get(key)
+        return entry if isinstance(entry, Handle) else None
 
     def discard(self, key: Hashable) -> None:
-        """Close and forget the handle for ``key`` (after an error); no-op if not open."""
-        with self.lock:
-            entry = self._entries.pop(key, None)
-            if entry is not None:
-                entry.close()
+        """Retire the handle for ``key`` (after an error): closed now, or by its last reader."""
+        with self._mutex:
+            entry = self._entries.get(key)
+            if not isinstance(entry, Handle):
+                return
+            del self._entries[key]
+            entry.retired = True
+            self._closing.append(entry)
+        self._close_ready()
 
     def close(self) -> None:
-        """Close every open handle of this process; the cache stays usable."""
+        """Close every open handle of this process; the cache stays usable.
+
+        Handles being read now are closed by their readers when they finish (their reads
+        complete); files being opened now stay with the threads that open them.
+        """
         with self.lock:
-            while self._entries:
-                _, entry = self._entries.popitem(last=False)
-                entry.close()
+            with self._mutex:
+                for key in [k for k, e in self._entries.items() if isinstance(e, Handle)]:
+                    entry = self._entries.pop(key)
+                    assert isinstance(entry, Handle)
+                    entry.retired = True
+                    self._closing.append(entry)
+                for key in [k for k, e in self._entries.items() if isinstance(e, _Opening)]:
+                    del self._entries[key]  # its opener retires the file when it is open
+            self._close_ready()
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._mutex:
+            return self._handles()
 
     def __repr__(self) -> str:
-        open_keys = ", ".join(repr(k) for k in list(self._entries)[:8])
-        more = ", ..." if len(self._entries) > 8 else ""
+        keys = [k for k, e in list(self._entries.items()) if isinstance(e, Handle)]
+        open_keys = ", ".join(repr(k) for k in keys[:8])
+        more = ", ..." if len(keys) > 8 else ""
         return (
-            f"<HandleCache {len(self._entries)}/{self.max_open} open [{open_keys}{more}], "
+            f"<HandleCache {len(self)}/{self.max_open} open [{open_keys}{more}], "
             f"hits={self.hits} misses={self.misses} evictions={self.evictions} pid={os.getpid()}>"
         )
 
     def info(self) -> CacheInfo:
         """Return the statistics of this process as a ``CacheInfo``."""
-        with self.lock:
+        open_files = len(self)
+        with self._mutex:
             return CacheInfo(
-                self.hits,
-                self.misses,
-                self.evictions,
-                self.opens,
-                len(self._entries),
-                self.max_open,
+                self.hits, self.misses, self.evictions, self.opens, open_files, self.max_open
             )
 
     def _after_fork(self) -> None:
-        # The child may have inherited a lock held by a thread that does not exist here.
-        self.lock = threading.RLock()
-        entries = list(self._entries.values())
+        # The child may have inherited locks held by threads that do not exist here.
+        self._mutex = threading.Lock()
+        self._released = threading.Condition(self._mutex)
+        self.lock = HookLock(self._sweep)
+        entries = [e for e in self._entries.values() if isinstance(e, Handle)] + self._closing
         self._entries = OrderedDict()
+        self._closing = []
+        self._reserved = 0
+        self._shutting = 0
         for entry in entries:
+            entry.guard = threading.Lock()
             entry.close()
         self._checked = set()
         self.hits = self.misses = self.evictions = self.opens = 0
 
     def __del__(self) -> None:
         entries: Any = self.__dict__.get("_entries")
-        if not entries:
-            return
-        for entry in list(entries.values()):
-            entry.close()
-        entries.clear()
+        closing: Any = self.__dict__.get("_closing") or []
+        for entry in [*(entries or {}).values(), *closing]:
+            if isinstance(entry, Handle):
+                entry.close()
+        if entries:
+            entries.clear()
 
 
 def _after_fork_in_child() -> None:

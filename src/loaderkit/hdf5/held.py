@@ -11,16 +11,23 @@ held, so each session is read at most once per pass in each process.
 A held copy is only served while the file is what it was when read: its size and
 modification time are compared (one ``os.stat``) every time rows are served.
 
-One ``HeldSessions`` belongs to one dataset object in one process: a forked child starts
-empty (``get`` notices the new process), and nothing held is ever pickled.
+One ``HeldSessions`` belongs to one dataset object in one process and is shared by its
+threads: one copy per process, never one per thread. Its mutex guards the dict of held
+sessions, the spare buffers and the statistics (dictionary work only); a per-session
+``building`` lock is held while one thread reads a session whole, so the others wanting it wait
+for that copy instead of reading their own; rows are served from a held session without any
+lock (``acquire`` counts its readers, ``release`` gives it back, and a session dropped while
+read is never reused as a buffer until its readers are done). A forked child starts empty
+(``get`` notices the new process), and nothing held is ever pickled.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -36,6 +43,7 @@ class HeldSession:
         arrays: Per key, ``(rows, *row_shape)`` in the native dtype, or ``None``.
         size: The file's size when it was read.
         mtime_ns: Its modification time then.
+        readers: Threads copying rows out of it now (``HeldSessions.acquire``).
 
     Example:
         >>> HeldSession([np.zeros((750, 10), "i2"), None], size=1, mtime_ns=0).nbytes
@@ -45,6 +53,7 @@ class HeldSession:
     arrays: list[np.ndarray | None]
     size: int
     mtime_ns: int
+    readers: int = field(default=0, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -91,6 +100,8 @@ class HeldSessions:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(0, int(max_bytes))
         self._pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._builders: dict[int, threading.Lock] = {}
         self._entries: OrderedDict[int, HeldSession] = OrderedDict()
         self._spare: list[np.ndarray] = []
         self.loads = self.hits = self.evictions = 0
@@ -99,6 +110,8 @@ class HeldSessions:
         """Drop what a parent process held (this object was inherited by fork)."""
         if self._pid != os.getpid():
             self._pid = os.getpid()
+            self._mutex = threading.Lock()
+            self._builders = {}
             self._entries = OrderedDict()
             self._spare = []
             self.loads = self.hits = self.evictions = 0
@@ -113,44 +126,72 @@ class HeldSessions:
         With ``touch`` it becomes the most recently used (and counts as a hit).
         """
         self._own()
-        entry = self._entries.get(pos)
-        if entry is not None and touch:
-            self._entries.move_to_end(pos)
-            self.hits += 1
+        with self._mutex:
+            entry = self._entries.get(pos)
+            if entry is not None and touch:
+                self._entries.move_to_end(pos)
+                self.hits += 1
         return entry
+
+    def acquire(self, pos: int) -> HeldSession | None:
+        """``get(pos)`` with one more reader: its arrays stay as they are until ``release``."""
+        self._own()
+        with self._mutex:
+            entry = self._entries.get(pos)
+            if entry is not None:
+                self._entries.move_to_end(pos)
+                self.hits += 1
+                entry.readers += 1
+        return entry
+
+    def release(self, entry: HeldSession) -> None:
+        """Give back what ``acquire`` (or a session read for this call) counted."""
+        with self._mutex:
+            entry.readers -= 1
+
+    def building(self, pos: int) -> threading.Lock:
+        """The lock held while session ``pos`` is read whole (one thread reads it)."""
+        self._own()
+        with self._mutex:
+            return self._builders.setdefault(pos, threading.Lock())
 
     def make_room(self, nbytes: int) -> None:
         """Drop least recently used sessions until ``nbytes`` more fit within ``max_bytes``."""
         self._own()
-        held = sum(e.nbytes for e in self._entries.values())
-        while self._entries and held + nbytes > self.max_bytes:
-            _, old = self._entries.popitem(last=False)
-            held -= old.nbytes
-            self.evictions += 1
-            self._spare = [a for a in old.arrays if a is not None][:4]
+        with self._mutex:
+            held = sum(e.nbytes for e in self._entries.values())
+            while self._entries and held + nbytes > self.max_bytes:
+                _, old = self._entries.popitem(last=False)
+                held -= old.nbytes
+                self.evictions += 1
+                if not old.readers:  # one being read is never overwritten
+                    self._spare = [a for a in old.arrays if a is not None][:4]
 
     def buffer(self, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
         """An array to read a session into: a dropped session's buffer when one fits exactly."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        for k, spare in enumerate(self._spare):
-            if spare.nbytes == nbytes:
-                del self._spare[k]
-                return spare.reshape(-1).view(np.uint8).view(dtype).reshape(tuple(shape))
+        with self._mutex:
+            for k, spare in enumerate(self._spare):
+                if spare.nbytes == nbytes:
+                    del self._spare[k]
+                    return spare.reshape(-1).view(np.uint8).view(dtype).reshape(tuple(shape))
         return np.empty(tuple(shape), dtype)
 
     def put(self, pos: int, entry: HeldSession) -> None:
         """Hold ``entry`` as session ``pos`` (after ``make_room``)."""
         self._own()
-        self._entries[pos] = entry
-        self._entries.move_to_end(pos)
-        self._spare = []
-        self.loads += 1
+        with self._mutex:
+            self._entries[pos] = entry
+            self._entries.move_to_end(pos)
+            self._spare = []
+            self.loads += 1
 
     def discard(self, pos: int) -> None:
         """Forget session ``pos`` (its file changed or failed)."""
         self._own()
-        self._entries.pop(pos, None)
+        with self._mutex:
+            self._entries.pop(pos, None)
 
     def set_max_bytes(self, max_bytes: int) -> None:
         """Change the budget; sessions over it are dropped now."""
@@ -159,20 +200,22 @@ class HeldSessions:
 
     def clear(self) -> None:
         """Drop every held session of this process."""
-        self._entries = OrderedDict()
-        self._spare = []
+        with self._mutex:
+            self._entries = OrderedDict()
+            self._spare = []
 
     def info(self) -> HeldInfo:
         """The statistics of this process."""
         self._own()
-        return HeldInfo(
-            self.loads,
-            self.hits,
-            self.evictions,
-            len(self._entries),
-            sum(e.nbytes for e in self._entries.values()),
-            self.max_bytes,
-        )
+        with self._mutex:
+            return HeldInfo(
+                self.loads,
+                self.hits,
+                self.evictions,
+                len(self._entries),
+                sum(e.nbytes for e in self._entries.values()),
+                self.max_bytes,
+            )
 
     def __len__(self) -> int:
         self._own()

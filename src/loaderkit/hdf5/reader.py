@@ -63,18 +63,14 @@ class SessionReader(WideReads):
     def read_one(self, index: int, pos: int, row: int) -> Any:
         """Sample ``index`` (session ``pos``, ``row``) as the default ``read`` returns it.
 
-        The caller holds the lock.
+        No lock is held: the handle is leased for the read.
 
         Raises:
             ConfigError: The rows have no torch type (``type_error``), raised at this call.
         """
         if self.type_error is not None:
             raise ConfigError(str(self.type_error))
-        try:
-            handle = self.cache.get(self.canonical[pos])
-        except Exception as exc:
-            self.note(exc, pos, row, index)
-            raise
+        handle = self.leased(pos, row, index)
         try:
             if self.single:
                 value = self._one(handle, 0, pos, row, index)
@@ -89,6 +85,8 @@ class SessionReader(WideReads):
             raise
         except Exception as exc:
             raise self.read_error(exc, pos, range(row, row + 1), index) from exc
+        finally:
+            self.cache.release(handle)
         return value
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
@@ -110,6 +108,12 @@ class SessionReader(WideReads):
             if rt.swap:
                 sample = sample.astype(rt.mem_dtype)
             return sample if rt.row_shape else sample[()]
+        if handle.chunked[k] is not None and rt.kind is Kind.NUMBER:  # raw chunks, no lock
+            rows = np.empty((1, *rt.row_shape), rt.read_dtype)
+            self._fill_run(handle, k, pos, row, 1, rows, index)
+            if rt.swap:
+                rows = rows.astype(rt.mem_dtype)
+            return rows[0] if rt.row_shape else rows[0][()]
         spec = self.specs[k]
         if spec.members:
             return rt.sample(self._member(handle, k, pos, row))
@@ -132,16 +136,15 @@ class SessionReader(WideReads):
             A ``RowBatch``: the samples in request order, and the collated batch.
         """
         n = idx.size
-        with self.cache.lock:
-            order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
-            if starts is None:
-                starts = np.arange(n)
-            if self.single:
-                samples, collated = self._read_key(0, idx, keys, order, starts)
-                # numbers: the row views now; dicts: built only when something asks for them
-                rows = samples() if self.types[0].kind is Kind.NUMBER else samples
-                return RowBatch(collated, rows, ragged=self._ragged_names[0])
-            parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
+        order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
+        if starts is None:
+            starts = np.arange(n)
+        if self.single:
+            samples, collated = self._read_key(0, idx, keys, order, starts)
+            # numbers: the row views now; dicts: built only when something asks for them
+            rows = samples() if self.types[0].kind is Kind.NUMBER else samples
+            return RowBatch(collated, rows, ragged=self._ragged_names[0])
+        parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
         names = [spec.name for spec in self.specs]
         batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
         ragged = next((self._ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None)
@@ -154,18 +157,25 @@ class SessionReader(WideReads):
         Rows that need converting (another byte order, records split into fields) are read
         here and copied out, so the batch costs no fresh allocation and page faults twice.
         """
-        view = self._scratches.get((n, rt.read_dtype, rt.row_shape))
+        local = self.scratch  # one buffer per thread: threads read batches at once
+        views: dict[tuple[int, np.dtype, tuple[int, ...]], np.ndarray] | None = getattr(
+            local, "views", None
+        )
+        if views is None:
+            views = local.views = {}
+            local.spare = None
+        view = views.get((n, rt.read_dtype, rt.row_shape))
         if view is not None:
             return view
         shape = (n, *rt.row_shape)
         nbytes = math.prod(shape) * rt.read_dtype.itemsize
-        if self._spare is None or self._spare.nbytes < nbytes:
-            self._spare = np.empty(max(nbytes, 1 << 16), np.uint8)
-            self._scratches.clear()  # views of the buffer replaced
-        if len(self._scratches) >= 16:  # batches of many sizes: keep the views bounded
-            self._scratches.clear()
-        view = self._spare[:nbytes].view(rt.read_dtype).reshape(shape)
-        self._scratches[n, rt.read_dtype, rt.row_shape] = view
+        if local.spare is None or local.spare.nbytes < nbytes:
+            local.spare = np.empty(max(nbytes, 1 << 16), np.uint8)
+            views.clear()  # views of the buffer replaced
+        if len(views) >= 16:  # batches of many sizes: keep the views bounded
+            views.clear()
+        view = local.spare[:nbytes].view(rt.read_dtype).reshape(shape)
+        views[n, rt.read_dtype, rt.row_shape] = view
         return view
 
     def _read_key(
@@ -218,17 +228,21 @@ class SessionReader(WideReads):
         checked: set[int] = set()
         for s, p in enumerate(pos[starts].tolist()):
             k0, k1 = bounds[s], bounds[s + 1]
-            handle = self.handle(p, int(rows[k0]), int(idx[k0]))
-            mapped = handle.maps[k]
-            if mapped is None:
-                return False  # not mapped (any more): _fill reads the whole batch again
-            if p not in checked:  # never fault on a truncated map: once per file and batch
-                self.verify(handle, p, "rows", int(idx[k0]))
-                checked.add(p)
-            segment = out[k0:k1]
-            # rows were checked against the file when it was opened (its record); mode="clip"
-            # because numpy buffers ``out`` for mode="raise"
-            np.take(mapped, rows[k0:k1], axis=0, out=segment, mode="clip")
+            handle = self.leased(p, int(rows[k0]), int(idx[k0]))
+            try:
+                mapped = handle.maps[k]
+                if mapped is None:
+                    return False  # not mapped (any more): _fill reads the whole batch again
+                if p not in checked:  # never fault on a truncated map: once per file and batch
+                    self.verify(handle, p, "rows", int(idx[k0]))
+                    checked.add(p)
+                segment = out[k0:k1]
+                # rows were checked against the file when it was opened (its record);
+                # mode="clip" because numpy buffers ``out`` for mode="raise"
+                np.take(mapped, rows[k0:k1], axis=0, out=segment, mode="clip")
+            finally:
+                mapped = None  # no view left: a retired handle's map closes at release
+                self.cache.release(handle)
         return True
 
     def _fill(
@@ -256,49 +270,63 @@ class SessionReader(WideReads):
         def index_at(slot: int) -> int:  # the dataset index read into ``buf[slot]``
             return int(idx[slot] if order is None else idx[order[slot]])
 
-        watched: list[tuple[int, Handle]] = []
         mapped_checked: set[int] = set()
-        get, canonical = self.cache.get, self.canonical
+        get, canonical = self.cache.lease, self.canonical
         last = -1
         handle: Handle | None = None
         raw: tuple[int, int] | None = None
         row_bytes = self.row_bytes[k]
-        for r, key in enumerate(run_keys):
-            pos, a = key >> _ROW_BITS, key & _ROW_MASK
-            k0, k1 = bounds[r], bounds[r + 1]
-            if pos != last:
+        try:
+            for r, key in enumerate(run_keys):
+                pos, a = key >> _ROW_BITS, key & _ROW_MASK
+                k0, k1 = bounds[r], bounds[r + 1]
+                if pos != last:
+                    if handle is not None:
+                        self._done(handle, last, index_at(k0))
+                        handle = None
+                    try:
+                        handle = get(canonical[pos])
+                    except Exception as exc:
+                        self.note(exc, pos, a, index_at(k0))
+                        raise
+                    if handle.maps[k] is None:
+                        raw = handle.raws[k]
+                    else:
+                        raw = None
+                        if pos not in mapped_checked:  # never fault on a truncated map
+                            self.verify(handle, pos, "rows", index_at(k0))
+                            mapped_checked.add(pos)
+                    last = pos
+                assert handle is not None
+                length = k1 - k0
                 try:
-                    handle = get(canonical[pos])
-                except Exception as exc:
-                    self.note(exc, pos, a, index_at(k0))
+                    if raw is not None:  # contiguous rows: one preadv, no HDF5 call
+                        pread(raw, a * row_bytes, rows[k0:k1], length * row_bytes)
+                    else:
+                        self._fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
+                except MemoryError:
                     raise
-                if handle.maps[k] is None:
-                    raw = handle.raws[k]
-                else:
-                    raw = None
-                    if pos not in mapped_checked:  # never fault on a truncated map
-                        self.verify(handle, pos, "rows", index_at(k0))
-                        mapped_checked.add(pos)
-                if handle.watch and not handle.dirty:
-                    handle.dirty = True
-                    watched.append((pos, handle))
-                last = pos
-            assert handle is not None
-            length = k1 - k0
-            try:
-                if raw is not None:  # contiguous rows: one preadv, no HDF5 call
-                    pread(raw, a * row_bytes, rows[k0:k1], length * row_bytes)
-                else:
-                    self._fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
-            except MemoryError:
-                raise
-            except Exception as exc:
-                raise self.read_error(exc, pos, range(a, a + length), index_at(k0), k) from exc
-        for pos, touched in watched:  # the rows read are real rows, not zeros past a new end
-            if touched.dirty:
-                self.verify(touched, pos, "rows", index_at(0))
+                except Exception as exc:
+                    raise self.read_error(exc, pos, range(a, a + length), index_at(k0), k) from exc
+            if handle is not None:
+                self._done(handle, last, index_at(0))
+                handle = None
+        finally:
+            if handle is not None:
+                self.cache.release(handle)
         if order is not None:
             out[order] = buf
+
+    def _done(self, handle: Handle, pos: int, index: int) -> None:
+        """Release a handle read through; first check the file when HDF5 read chunks of it.
+
+        The rows read are real rows, not zeros past a new end of the file.
+        """
+        try:
+            if handle.watch:
+                self.verify(handle, pos, "rows", index)
+        finally:
+            self.cache.release(handle)
 
     def read_runs(
         self,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import HDF5FileError
+from loaderkit.hdf5.chunkio import ChunkReader, ReadPath, choose_path
 from loaderkit.hdf5.diagnose import (
     Identity,
     changes,
@@ -48,6 +50,7 @@ from loaderkit.hdf5.sources import SessionSources
 from loaderkit.hdf5.types import Kind, RowType
 
 __all__ = ["SessionFiles"]
+
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +144,8 @@ class SessionFiles:
         self.cache = HandleCache(
             self._open, max_open, self.paths.__getitem__, on_evict=self._evicted
         )
-        self._spare: np.ndarray | None = None
-        self._scratches: dict[tuple[int, np.dtype, tuple[int, ...]], np.ndarray] = {}
+        #: Per thread: the reused scratch buffer of rows that need converting (``_scratch``).
+        self.scratch = threading.local()
         self._ragged_names = [self._ragged(k) for k in range(len(self.types))]
         #: Per session, per key: its rows span many chunks and are read apart (``wide``).
         self.wide = [
@@ -165,12 +168,12 @@ class SessionFiles:
         state = self.__dict__.copy()
         state["cache"] = self.cache.max_open  # handles never travel: only the bound
         state["held"] = self.held.max_bytes  # nor held rows
-        state["_spare"] = None
-        state["_scratches"] = {}
+        state["scratch"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.scratch = threading.local()
         self.cache = HandleCache(
             self._open, int(state["cache"]), self.paths.__getitem__, on_evict=self._evicted
         )
@@ -189,6 +192,10 @@ class SessionFiles:
             and not spec.members
             and k not in self.uneven
         )
+
+    def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
+        """Per key name, how its rows are read from ``handle``'s file (``ReadPath``)."""
+        return {spec.name: path for spec, path in zip(self.specs, handle.paths, strict=False)}
 
     def _ragged(self, k: int) -> str | None:
         inner = "" if k in self.uneven else self.types[k].ragged_field()
@@ -392,11 +399,34 @@ class SessionFiles:
         ]
         handle = Handle(f, datasets, raws, mapped, fd=fd, identity=identity)
         handle.position = pos
+        for k, obj in enumerate(objects):
+            reader, path = self._read_path(f, obj, k, pos, raws[k], mapped[k] is not None)
+            handle.chunked[k] = reader
+            handle.paths.append(path)
         handle.watch = any(  # HDF5 reads chunks past a new end of file as zeros
             raw is None and (spec.members or layout.chunk_rows is not None)
             for spec, layout, raw in zip(self.specs, self.records[pos].layouts, raws, strict=True)
         )
         return handle
+
+    def _read_path(
+        self, f: h5py.File, obj: Any, k: int, pos: int, raw: Any, mapped: bool
+    ) -> tuple[ChunkReader | None, ReadPath]:
+        """How key ``k`` of session ``pos``'s open file is read, and the chunk reader if any."""
+        spec, rt = self.specs[k], self.types[k] if k < len(self.types) else None
+        return choose_path(
+            f,
+            obj,
+            raw=raw,
+            mapped=mapped,
+            members=spec.members,
+            hooks=not self.fast or rt is None,
+            axis=spec.axis,
+            kind=None if rt is None else rt.kind.value,
+            swmr=self.swmr,
+            options=self.open_kwargs[pos],
+            wide=k < len(self.wide[pos]) and self.wide[pos][k],
+        )
 
     def _check_record(self, objects: Sequence[Any], pos: int, identity: Identity) -> None:
         """Raise ``HDF5FileError`` when the file is not what the index was built from.
@@ -455,6 +485,17 @@ class SessionFiles:
         """The open handle of session ``pos`` (caller holds the lock); errors get the context."""
         try:
             return self.cache.get(self.canonical[pos])
+        except Exception as exc:
+            self.note(exc, pos, row, index)
+            raise
+
+    def leased(self, pos: int, row: int, index: int) -> Handle:
+        """Session ``pos``'s handle with a lease (``cache.release`` it); errors get the context.
+
+        No lock is held while reading through it: the lease keeps the file open.
+        """
+        try:
+            return self.cache.lease(self.canonical[pos])
         except Exception as exc:
             self.note(exc, pos, row, index)
             raise
@@ -556,6 +597,13 @@ class SessionFiles:
             pread(raw, a * self.row_bytes[k], target, length * self.row_bytes[k])
             return
         dset = handle.datasets[k]
+        chunked = handle.chunked[k]
+        if chunked is not None and target.dtype == chunked.dtype and target.flags.c_contiguous:
+            if chunked.offsets is None:
+                with handle.guard:  # one thread indexes the chunks, under h5py's lock
+                    chunked.index(dset)
+            chunked.read(a, length, target)  # no lock: os.pread and codecs
+            return
         if spec.axis:
             slab = read_slab(dset, spec.axis, a, length, target.dtype)
             target[:] = np.moveaxis(slab, spec.axis, 0)
