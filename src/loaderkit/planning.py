@@ -80,6 +80,7 @@ class LoaderSetup:
         defers_sharding: ``distributed="auto"`` left sharding to ``accelerator.prepare``.
         handoff_slots: Batch slots per worker of loaderkit's hand-off (0: torch's path).
         main_threads: torch's threads in this process during a pass (``None``: untouched).
+        worker_method: ``"process"`` or ``"thread"``: what carries the workers.
     """
 
     torch_kwargs: dict[str, Any]
@@ -91,6 +92,7 @@ class LoaderSetup:
     defers_sharding: bool = False
     handoff_slots: int = 0
     main_threads: int | None = None
+    worker_method: str = "process"
 
 
 def dataset_facts(dataset: Any) -> DatasetFacts:
@@ -108,6 +110,8 @@ def dataset_facts(dataset: Any) -> DatasetFacts:
         max_open_files=max_open if isinstance(max_open, int) else None,
         type_name=type(dataset).__name__,
         read_path=dataset.read_path if isinstance(dataset, HDF5SessionDataset) else None,
+        thread_safe=isinstance(dataset, HDF5SessionDataset)
+        or getattr(dataset, "thread_safe", False) is True,
     )
 
 
@@ -253,10 +257,16 @@ _START_METHODS = ("fork", "spawn", "forkserver")
 
 
 def _worker_count(res: Resolution) -> int:
-    """The resolved worker count, 0 when none (or not an int: torch rejects it)."""
+    """The resolved count of worker *processes*, 0 when none (threads, or not an int)."""
     num_workers = res.values["num_workers"]
     ok = isinstance(num_workers, int) and res.start_method in _START_METHODS
+    ok = ok and res.worker_method == "process"
     return num_workers if ok and num_workers > 0 else 0
+
+
+def _processes(res: Resolution) -> Any:
+    """``num_workers`` as the budgets count processes: 0 worker processes for threads."""
+    return 0 if res.worker_method == "thread" else res.values["num_workers"]
 
 
 def _check_copy_on_read(dataset: Any, res: Resolution, found: _Findings) -> None:
@@ -291,7 +301,7 @@ def _check_picklable(
     dataset: Any, request: LoaderRequest, res: Resolution, found: _Findings
 ) -> None:
     """Spawn/forkserver preflight: fail early, naming the attribute that cannot be pickled."""
-    num_workers = res.values["num_workers"]
+    num_workers = _processes(res)
     if (
         not isinstance(num_workers, int)
         or num_workers <= 0
@@ -351,7 +361,7 @@ def _file_budget(
     Unset: the budget fitted to this loader's processes, each against its own descriptor limit
     (applied). Explicit: kept, and the entry shows what unset would have given.
     """
-    num_workers = res.values["num_workers"]
+    num_workers = _processes(res)
     if not isinstance(dataset, HDF5SessionDataset) or not isinstance(num_workers, int):
         return None, None
     budget = fit_open_files(
@@ -389,7 +399,7 @@ def _session_budget(
     budget fitted to this loader's processes and the machine's memory (applied); explicit,
     kept, and the entry shows what unset would have given.
     """
-    num_workers = res.values["num_workers"]
+    num_workers = _processes(res)
     if not isinstance(dataset, HDF5SessionDataset) or not isinstance(num_workers, int):
         return None, None
     if dataset.session_memory_bytes == 0:
@@ -414,7 +424,7 @@ def _check_resources(
     fitted: bool = False,
 ) -> None:
     """Open-file budget (per process) and ``/dev/shm`` size for the resolved worker count."""
-    num_workers = res.values["num_workers"]
+    num_workers = _processes(res)
     if not isinstance(num_workers, int) or num_workers < 0:
         return
     fds_per_file = getattr(dataset, "fds_per_file", 1)
@@ -523,8 +533,8 @@ def plan_loader(
     session_entry, session_bytes = _session_budget(dataset, res, platform)
     if session_entry is not None:
         found.entries.append(session_entry)
-    if isinstance(dataset, HDF5SessionDataset) and isinstance(res.values["num_workers"], int):
-        for name, given, value, reason in dataset.cache_plan(max(0, res.values["num_workers"])):
+    if isinstance(dataset, HDF5SessionDataset) and isinstance(_processes(res), int):
+        for name, given, value, reason in dataset.cache_plan(max(0, _processes(res))):
             found.entries.append(PlanEntry(name, value if given else UNSET, value, reason))
     if session_bytes is not None:
         dataset.set_session_bytes(session_bytes)  # before the checks and the block sampler
@@ -571,4 +581,5 @@ def plan_loader(
         defers_sharding=res.defers_sharding,
         handoff_slots=res.handoff_slots,
         main_threads=res.main_threads,
+        worker_method=res.worker_method,
     )

@@ -20,6 +20,8 @@ piece, each saying which torch releases it was checked on:
 ``cuda``           torch's bad-fork check
 ``devices``        the current accelerator (``torch.accelerator`` from 2.6, CUDA before)
 ``datapipes``      how torch sends DataPipes to workers
+``threads``        worker threads: ``get_worker_info()`` per thread, ``WorkerInfo`` built with
+                   this torch's fields, the fetcher, the pass iterator over threads
 ``probes``         one probe per piece, run once per process (``support()``)
 ``version``        torch's version, parsed, and the releases loaderkit is tested on
 =================  =========================================================================
@@ -72,6 +74,19 @@ from loaderkit._torch.messages import deaths_named, is_worker_exception, may_be_
 from loaderkit._torch.probes import PIECES, Probe, TorchSupport, refresh, support
 from loaderkit._torch.seeds import consume_base_seed_draw, draw_seed, worker_base_seed
 from loaderkit._torch.signals import wrap_worker_signal_handler
+from loaderkit._torch.threads import (
+    CarrierFactory,
+    ThreadCarrier,
+    ThreadSetup,
+    create_fetcher,
+    install_thread_info,
+    make_thread_rng,
+    make_worker_info,
+    set_thread_info,
+    thread_info_probe,
+    thread_iterator,
+    thread_safe_generator_exists,
+)
 from loaderkit._torch.storage import new_shared_tensor, storage_from_fd, storage_use_count
 from loaderkit._torch.version import (
     CHECKED_ON,
@@ -84,6 +99,17 @@ from loaderkit._torch.version import (
 
 __all__ = [
     "ARGUMENTS_SINCE",
+    "CarrierFactory",
+    "ThreadCarrier",
+    "ThreadSetup",
+    "create_fetcher",
+    "install_thread_info",
+    "make_thread_rng",
+    "make_worker_info",
+    "set_thread_info",
+    "thread_info_probe",
+    "thread_iterator",
+    "thread_safe_generator_exists",
     "CHECKED_ON",
     "NUMPY_BOOLS_COLLATE",
     "PIECES",

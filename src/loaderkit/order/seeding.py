@@ -24,6 +24,7 @@ import numbers
 import os
 import random
 import struct
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
@@ -36,6 +37,7 @@ from loaderkit import _torch
 from loaderkit.errors import check_int
 from loaderkit.machine.distributed import process_rank_and_world
 from loaderkit.order.hooks import call_hook
+from loaderkit.workers.threads import current_worker
 from loaderkit.workers.worker import share_batches
 
 __all__ = [
@@ -134,9 +136,8 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
         >>> import torch; a = torch.rand(1); _ = seed_everything(0); bool(torch.rand(1) == a)
         True
     """
-    global _worker_state
     seed = validate_seed(seed)
-    _worker_state = None  # restart worker_rng() of this process from the new seed
+    _set_state(None)  # restart worker_rng() of this process (or worker thread) from the seed
     random.seed(seed)
     _seed_numpy_legacy(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device (lazily when CUDA is not initialized)
@@ -176,6 +177,23 @@ class _RngState:
 _worker_state: _RngState | None = None
 
 
+def _get_state() -> _RngState | None:
+    """The ``worker_rng`` state of this worker thread, else of this process."""
+    worker = current_worker()
+    if worker is not None:
+        return worker.streams  # type: ignore[no-any-return]
+    return _worker_state
+
+
+def _set_state(state: _RngState | None) -> None:
+    global _worker_state
+    worker = current_worker()
+    if worker is not None:
+        worker.streams = state
+    else:
+        _worker_state = state
+
+
 def _current_rank() -> int:
     """Global rank seen from inside any process (worker processes included)."""
     return process_rank_and_world()[0]
@@ -186,11 +204,18 @@ def _worker_seed_sequence(base_seed: int, worker_id: int, rank: int) -> np.rando
 
 
 def _install_worker_streams(worker_id: int, base_seed: int, rank: int, world_size: int) -> None:
-    """Seed this worker's globals and its ``worker_rng`` from (base seed, worker, rank)."""
-    global _worker_state
+    """Seed this worker's globals and its ``worker_rng`` from (base seed, worker, rank).
+
+    A worker thread leaves the process's globals alone (the caller's thread and the other
+    workers use them too) and seeds its own generators instead.
+    """
     sequence = _worker_seed_sequence(base_seed, worker_id, rank)
     children = sequence.spawn(4)
-    if world_size > 1:
+    thread = current_worker()
+    if thread is not None and world_size > 1:
+        thread.torch_generator.manual_seed(_words(children[_TORCH], 1)[0])
+        thread.random.seed(_words(children[_PYTHON], 2)[0])
+    elif world_size > 1:
         # Every rank draws the same base seed from identically seeded generators: mix the rank
         # in, or all ranks augment identically.
         torch.manual_seed(_words(children[_TORCH], 1)[0])
@@ -199,10 +224,12 @@ def _install_worker_streams(worker_id: int, base_seed: int, rank: int, world_siz
     # In a single process torch's own per-worker seeds (base_seed + worker_id for torch and
     # random, a SeedSequence-style state for numpy) are already distinct: keep them, so a
     # dataset gives exactly the batches it gives under torch's DataLoader.
-    _worker_state = _RngState(
-        pid=os.getpid(),
-        key=(base_seed, rank, worker_id),
-        generator=np.random.Generator(np.random.PCG64(children[_RNG])),
+    _set_state(
+        _RngState(
+            pid=os.getpid(),
+            key=(base_seed, rank, worker_id),
+            generator=np.random.Generator(np.random.PCG64(children[_RNG])),
+        )
     )
 
 
@@ -255,14 +282,16 @@ class WorkerInit:
     freeze_gc: bool = False
 
     def __call__(self, worker_id: int) -> None:
-        if self.freeze_gc:
+        thread = current_worker() is not None  # a worker thread: the process is the caller's
+        if self.freeze_gc and not thread:
             gc.freeze()
         info = torch.utils.data.get_worker_info()
         if info is not None:
             _install_worker_streams(
                 worker_id, _torch.worker_base_seed(info), self.rank, self.world_size
             )
-        share_batches(self.shared_batches)
+        if not thread:
+            share_batches(self.shared_batches)
         if self.user_fn is not None:
             self.user_fn(worker_id)
 
@@ -286,27 +315,26 @@ def worker_rng() -> np.random.Generator:
         >>> _ = seed_everything(1); bool(worker_rng().random() == a)
         True
     """
-    global _worker_state
     if _sample_stream.active:
         return _sample_stream.get()
     pid = os.getpid()
     info = torch.utils.data.get_worker_info()
     if info is not None:
-        state = _worker_state
+        state = _get_state()
         if state is None or state.pid != pid:
             # A worker of a plain torch DataLoader (no seed_worker): derive from torch's seed.
             _install_worker_streams(info.id, _torch.worker_base_seed(info), _current_rank(), 1)
-            state = _worker_state
+            state = _get_state()
         assert state is not None
         return state.generator
     key = _main_process_key()
-    state = _worker_state
+    state = _get_state()
     if state is None or state.pid != pid or state.key != key:
         sequence = np.random.SeedSequence(entropy=key[0], spawn_key=key[1:])
         state = _RngState(
             pid=pid, key=key, generator=np.random.Generator(np.random.PCG64(sequence))
         )
-        _worker_state = state
+        _set_state(state)
     return state.generator
 
 
@@ -315,8 +343,11 @@ def worker_rng() -> np.random.Generator:
 _SAMPLE_PERSON = b"loaderkit-sample"  # domain separation for the per-sample hash
 
 
-class _SampleStream:
-    """The ``worker_rng`` of the sample being produced; re-stated lazily per sample."""
+class _SampleStream(threading.local):
+    """The ``worker_rng`` of the sample being produced; re-stated lazily per sample.
+
+    One per thread: worker threads produce samples at the same time.
+    """
 
     def __init__(self) -> None:
         self.bit_generator = np.random.PCG64(0)
@@ -382,11 +413,16 @@ class SampleSeeder:
             digest_size=52,
             person=_SAMPLE_PERSON,
         ).digest()
-        # torch.manual_seed() would also seed every accelerator backend (~50x slower); samples
-        # are produced on the CPU, so the CPU generator is the one that matters.
-        torch.default_generator.manual_seed(int.from_bytes(digest[0:8], "little"))
-        random.seed(int.from_bytes(digest[8:16], "little"))
-        np.random.seed(int.from_bytes(digest[16:20], "little"))
+        thread = current_worker()
+        if thread is not None:  # the process's RNGs are the caller's: the thread's own ones
+            thread.torch_generator.manual_seed(int.from_bytes(digest[0:8], "little"))
+            thread.random.seed(int.from_bytes(digest[8:16], "little"))
+        else:
+            # torch.manual_seed() would also seed every accelerator backend (~50x slower);
+            # samples are produced on the CPU, so the CPU generator is the one that matters.
+            torch.default_generator.manual_seed(int.from_bytes(digest[0:8], "little"))
+            random.seed(int.from_bytes(digest[8:16], "little"))
+            np.random.seed(int.from_bytes(digest[16:20], "little"))
         _sample_stream.words = digest[20:52]
         _sample_stream.active = True
 
