@@ -534,7 +534,9 @@ class DeterminismReport:
         return f"not deterministic: {self.first_difference}"
 
 
-def _fingerprints(loader: Iterable[Any], epochs: int) -> Iterator[tuple[int, int, list]]:
+def _fingerprints(
+    loader: Iterable[Any], epochs: int, draws: set[str]
+) -> Iterator[tuple[int, int, list]]:
     try:
         for epoch in range(epochs):
             for index, batch in enumerate(loader):
@@ -542,7 +544,21 @@ def _fingerprints(loader: Iterable[Any], epochs: int) -> Iterator[tuple[int, int
                 _leaves(batch, "batch", leaves)
                 yield epoch, index, leaves
     finally:
+        shared = getattr(loader, "shared_rng_draws", None)
+        if callable(shared):
+            draws.update(shared())
         call_hook(loader, "close")
+
+
+def _shared_note(draws: set[str]) -> str:
+    """Why batches of worker threads that drew from process-wide RNGs are not reproducible."""
+    return (
+        f"the loader's worker threads drew from {', '.join(sorted(draws))}, which every "
+        "thread of the process shares (the other workers and the training loop): the order "
+        "of the draws depends on thread scheduling. Draw from loaderkit.worker_rng() (and "
+        "torch.thread_safe_generator() for torch, where torch has it), or use "
+        "worker_method='process'"
+    )
 
 
 def check_determinism(
@@ -552,7 +568,10 @@ def check_determinism(
 
     Each batch is reduced to fingerprints of its leaves (tensors, arrays, scalars), so the
     comparison is exact (bit-for-bit) and cheap in memory. Loaders with a ``close()`` method are
-    closed afterwards.
+    closed afterwards. A loader whose worker threads drew from a random state every thread
+    shares (Python's ``random``, numpy's legacy global RNG, torch's default generator: see
+    ``DataLoader.shared_rng_draws``) is reported not deterministic, naming it, even when both
+    runs happened to match: the next run's thread schedule may differ.
 
     Args:
         make_loader: Zero-argument factory, e.g.
@@ -571,8 +590,9 @@ def check_determinism(
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
-    first = list(_fingerprints(make_loader(), epochs))
-    second = list(_fingerprints(make_loader(), epochs))
+    draws: set[str] = set()
+    first = list(_fingerprints(make_loader(), epochs, draws))
+    second = list(_fingerprints(make_loader(), epochs, draws))
     for (epoch, index, a), (_, _, b) in zip(first, second, strict=False):
         if a != b:
             for (path_a, fa), (path_b, fb) in zip(a, b, strict=False):
@@ -582,6 +602,8 @@ def check_determinism(
                     break
             else:
                 detail = f"batch has {len(a)} leaves in one run and {len(b)} in the other"
+            if draws:
+                detail += f"; {_shared_note(draws)}"
             return DeterminismReport(
                 False, epochs, index, f"epoch {epoch}, batch {index}: {detail}"
             )
@@ -591,5 +613,9 @@ def check_determinism(
             epochs,
             min(len(first), len(second)),
             f"the loaders yielded {len(first)} and {len(second)} batches",
+        )
+    if draws:  # identical this time, by the scheduler's chance
+        return DeterminismReport(
+            False, epochs, len(first), f"batches matched in both runs, but {_shared_note(draws)}"
         )
     return DeterminismReport(True, epochs, len(first), None)

@@ -1,0 +1,337 @@
+"""Worker threads against worker processes: the same contract, real threads, real processes.
+
+Every test of a behaviour both carriers share runs for ``"process"`` (forked workers) and
+``"thread"``; the rest test what only threads do (the dataset object shared, bounded close of
+a stuck thread, the Windows policy, the per-thread RNG rules).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset, IterableDataset, get_worker_info
+
+from loaderkit import check_determinism, create_dataloader, worker_rng
+from loaderkit.errors import ConfigError
+from loaderkit.workers import threads as worker_threads
+from tests.conftest import WINDOWS, fake_platform
+from tests.helpers import CountingIterable, SlowDataset, SquareDataset, child_pids
+
+METHODS = ["process", "thread"]
+
+
+def _batches(loader: Any) -> list[Any]:
+    return [[t.tolist() if isinstance(t, torch.Tensor) else t for t in b] for b in loader]
+
+
+class InfoDataset(Dataset):
+    """Sample i: (i, worker id, num_workers, seed, dataset is this object, pid, thread name)."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        info = get_worker_info()
+        assert info is not None
+        return (
+            i, info.id, info.num_workers, info.seed, info.dataset is self, os.getpid(),
+            threading.current_thread().name,
+        )  # fmt: skip
+
+
+class AugmentDataset(Dataset):
+    """Sample i: i plus draws from worker_rng and the thread-safe torch generator."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        generator = getattr(torch, "thread_safe_generator", lambda: None)()
+        return torch.tensor(
+            [float(i), float(worker_rng().random()), float(torch.rand(1, generator=generator))],
+            dtype=torch.float64,
+        )
+
+
+class GlobalDrawDataset(Dataset):
+    """Draws from Python's shared ``random`` module."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> float:
+        time.sleep(0.001)
+        return random.random()
+
+
+class FailingDataset(Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == 5:
+            raise ValueError(f"bad sample {i}")
+        return i
+
+
+class Blocking(Dataset):
+    """Index 3 blocks until ``release`` is set (a read that does not return)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        if i == 3:
+            self.release.wait(60)
+        return i
+
+
+INIT_CALLS: list[int] = []
+
+
+def record_init(worker_id: int) -> None:
+    INIT_CALLS.append(worker_id)
+    info = get_worker_info()
+    assert info is not None and info.id == worker_id
+
+
+# ------------------------------------------------------------------ shared behaviour
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("in_order", [True, False])
+def test_order_matches_zero_workers(method: str, in_order: bool) -> None:
+    expected = _batches(create_dataloader(SquareDataset(23), batch_size=3, shuffle=True, seed=4))
+    loader = create_dataloader(
+        SquareDataset(23), batch_size=3, shuffle=True, seed=4, num_workers=2,
+        worker_method=method, in_order=in_order, prefetch_factor=3,
+    )  # fmt: skip
+    got = _batches(loader)
+    assert (got == expected) if in_order else sorted(got) == sorted(expected)
+    assert loader.plan["worker_method"].value == method
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_worker_info_and_seeds_match_processes(method: str) -> None:
+    loader = create_dataloader(
+        InfoDataset(), batch_size=2, num_workers=2, worker_method=method, seed=11,
+        collate_fn=list,
+    )  # fmt: skip
+    rows = [sample for batch in loader for sample in batch]
+    assert [r[1] for r in rows] == [0, 0, 1, 1] * 3  # round robin, 2 per batch
+    assert {r[2] for r in rows} == {2}
+    seeds = {r[1]: r[3] for r in rows}
+    assert seeds[1] == seeds[0] + 1  # base_seed + id, as torch seeds processes
+    if method == "thread":
+        assert all(bool(r[4]) for r in rows)  # the caller's object, not a copy
+        assert {int(r[5]) for r in rows} == {os.getpid()}
+        assert {r[6] for r in rows} == {"loaderkit-worker-0", "loaderkit-worker-1"}
+    else:
+        assert os.getpid() not in {int(r[5]) for r in rows}
+    assert get_worker_info() is None
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_iterable_dataset_is_sharded(method: str) -> None:
+    loader = create_dataloader(CountingIterable(11), batch_size=2, num_workers=3,
+                               worker_method=method)  # fmt: skip
+    got = sorted(int(x) for batch in loader for x in batch)
+    assert got == list(range(11))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_persistent_workers_and_worker_init_fn_once_per_worker(method: str) -> None:
+    INIT_CALLS.clear()
+    loader = create_dataloader(
+        SquareDataset(9), batch_size=2, num_workers=2, worker_method=method,
+        persistent_workers=True, worker_init_fn=record_init,
+    )  # fmt: skip
+    first, second = _batches(loader), _batches(loader)
+    assert first == second == _batches(create_dataloader(SquareDataset(9), batch_size=2))
+    if method == "thread":  # the caller's process: its list is the workers' list
+        assert sorted(INIT_CALLS) == [0, 1]
+    loader.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_dataset_error_names_worker_and_keeps_type(method: str) -> None:
+    loader = create_dataloader(FailingDataset(), batch_size=2, num_workers=2,
+                               worker_method=method)  # fmt: skip
+    with pytest.raises(ValueError, match="bad sample 5") as info:
+        list(loader)
+    text = str(info.value) + "\n".join(getattr(info.value, "__notes__", []))
+    if method == "thread":
+        assert "worker thread 0 of 2" in text and "[4, 5]" in text
+    else:
+        assert "DataLoader worker process 0" in text
+    loader.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_timeout(method: str) -> None:
+    dataset = SlowDataset(n=8, delay=3.0)
+    loader = create_dataloader(dataset, batch_size=1, num_workers=1, timeout=0.5,
+                               worker_method=method)  # fmt: skip
+    with pytest.raises(RuntimeError, match="timed out after 0.5 seconds"):
+        next(iter(loader))
+    loader.close()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_sample_seeding_bit_identical_across_methods(method: str) -> None:
+    def make(workers: int, how: str | None) -> Any:
+        return create_dataloader(
+            AugmentDataset(), batch_size=4, shuffle=True, seed=3, sample_seeding=True,
+            num_workers=workers, worker_method=how,
+        )  # fmt: skip
+
+    reference = [b.tolist() for b in make(0, None)]
+    assert [b.tolist() for b in make(2, method)] == reference
+    assert [b.tolist() for b in make(3, method)] == reference
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [("process", "thread"), ("thread", "process")])
+def test_resume_across_methods(saved: str, resumed: str) -> None:
+    def make(method: str) -> Any:
+        return create_dataloader(
+            AugmentDataset(), batch_size=3, shuffle=True, seed=5, sample_seeding=True,
+            num_workers=2, worker_method=method,
+        )  # fmt: skip
+
+    full = [b.tolist() for b in make("process")]
+    first = make(saved)
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(3)]
+    state = first.state_dict()
+    first.close()
+    second = make(resumed)
+    second.load_state_dict(state)
+    assert head + [b.tolist() for b in second] == full
+    second.close()
+
+
+# ------------------------------------------------------------------ threads only
+
+
+def test_close_is_bounded_while_a_thread_is_stuck(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(worker_threads, "JOIN_S", 0.3)
+    dataset = Blocking()
+    before = threading.active_count()
+    loader = create_dataloader(dataset, batch_size=1, num_workers=2, worker_method="thread")
+    it = iter(loader)
+    assert [int(next(it)) for _ in range(3)] == [0, 1, 2]
+    start = time.monotonic()
+    loader.close()
+    assert time.monotonic() - start < 2.0
+    assert "did not end" in caplog.text  # the stuck one is named, left as a daemon
+    dataset.release.set()
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert threading.active_count() == before  # it ended once its read returned
+
+
+def test_keyboard_interrupt_reaches_the_caller_and_threads_end() -> None:
+    before = threading.active_count()
+    loader = create_dataloader(SlowDataset(n=200, delay=0.02), batch_size=2, num_workers=2,
+                               worker_method="thread")  # fmt: skip
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in loader:
+            pass
+    loader.close()
+    assert threading.active_count() == before
+
+
+def test_threads_start_no_process_and_no_pickling() -> None:
+    lock = threading.Lock()  # unpicklable: fine, nothing is pickled
+    before = child_pids()
+    loader = create_dataloader(
+        SquareDataset(6), batch_size=2, num_workers=2, worker_method="thread",
+        multiprocessing_context="spawn", collate_fn=lambda b, lock=lock: len(b),
+    )  # fmt: skip
+    assert list(loader) == [2, 2, 2]
+    assert child_pids() == before
+    assert "start_method" not in loader.plan and "pickled_dataset" not in loader.plan
+
+
+def test_shared_rng_named_by_check_determinism() -> None:
+    report = check_determinism(
+        lambda: create_dataloader(GlobalDrawDataset(), batch_size=4, num_workers=2,
+                                  worker_method="thread", seed=0)  # fmt: skip
+    )
+    assert not report.deterministic
+    assert "Python's random module" in str(report)
+
+
+def test_worker_rng_is_per_thread() -> None:
+    def make() -> Any:
+        return create_dataloader(AugmentDataset(), batch_size=4, num_workers=2,
+                                 worker_method="thread", seed=9)  # fmt: skip
+
+    report = check_determinism(make)
+    assert report.deterministic, str(report)
+    draws = torch.cat(list(make()))[:, 1]
+    assert len(set(draws.tolist())) == len(draws)
+
+
+# ------------------------------------------------------------------ policy
+
+
+def test_windows_policy_loads_with_threads() -> None:
+    win = fake_platform(**WINDOWS)
+    loader = create_dataloader(SquareDataset(6), batch_size=2, num_workers=2, platform=win)
+    assert loader.plan["worker_method"].value == "thread"
+    assert "Windows" in loader.plan["worker_method"].reason
+    assert loader.num_workers == 2 and len(_batches(loader)) == 3
+
+
+def test_windows_explicit_choices_win() -> None:
+    win = fake_platform(**WINDOWS)
+    with pytest.warns(UserWarning, match="became 0"):
+        zero = create_dataloader(SquareDataset(6), num_workers=2, platform=win,
+                                 force_zero_workers_on_windows=True)  # fmt: skip
+    assert zero.num_workers == 0
+    kept = create_dataloader(SquareDataset(6), num_workers=2, platform=win,
+                             worker_method="process")  # fmt: skip
+    assert kept.plan["worker_method"].value == "process"
+
+
+def test_elsewhere_unset_stays_processes_and_auto_states_its_rule() -> None:
+    loader = create_dataloader(SquareDataset(6), num_workers=2)
+    assert loader.plan["worker_method"].value == "process"
+    forked = create_dataloader(SquareDataset(6), num_workers=2, worker_method="auto",
+                               multiprocessing_context="fork")  # fmt: skip
+    assert forked.plan["worker_method"].value == "process"
+    safe = SquareDataset(6)
+    safe.thread_safe = True  # type: ignore[attr-defined]
+    spawned = create_dataloader(safe, num_workers=2, worker_method="auto",
+                                multiprocessing_context="spawn")  # fmt: skip
+    assert spawned.plan["worker_method"].value == "thread"
+    with pytest.raises(ConfigError, match="worker_method='threads'"):
+        create_dataloader(SquareDataset(6), num_workers=2, worker_method="threads")  # type: ignore[arg-type]
+
+
+def test_thread_rng_streams_are_the_threads_own() -> None:
+    class Draws(IterableDataset):
+        def __iter__(self):
+            info = get_worker_info()
+            rng = getattr(info, "rng", None)
+            if rng is not None:
+                yield rng.torch_generator is torch.thread_safe_generator()
+            yield isinstance(worker_rng(), np.random.Generator)
+
+    loader = create_dataloader(Draws(), batch_size=None, num_workers=1, worker_method="thread")
+    assert all(bool(x) for x in loader)
