@@ -44,13 +44,13 @@ from loaderkit.order.resume import (
 )
 from loaderkit.order.sample_seeding import sample_seeding_view
 from loaderkit.order.seeding import SampleSeeder, WorkerInit, epoch_seed
-from loaderkit.passes import LoaderPass
+from loaderkit.passes import LoaderPass, pass_iterator
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
 from loaderkit.policy import LoaderRequest
 from loaderkit.workers.handoff import HandoffCounts, HandoffStats
 from loaderkit.workers.teardown import shutdown_iterator
-from loaderkit.workers.threads import SharedDraws, WorkerThreads
+from loaderkit.workers.threads import SharedDraws
 
 __all__ = ["DataLoader", "loaders_built_since"]
 
@@ -114,8 +114,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             unless it already shards.
         num_workers: As in torch, or ``"auto"`` → ``recommended_num_workers``
             (CPU-affinity aware, per local rank, capped at 8). *Windows policy*: on Windows
-            the workers are threads of this process (``worker_method``), unless
-            ``force_zero_workers_on_windows`` says otherwise.
+            they are threads (``worker_method``, ``force_zero_workers_on_windows``).
         collate_fn: As in torch. Checked for picklability under spawn/forkserver.
         pin_memory: ``None`` (unset) → True exactly when CUDA is available and usable in this
             process (not in a child forked after CUDA was initialised) (*pin-memory policy*);
@@ -144,10 +143,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         sample_seeding: Seed python/numpy/torch RNGs and ``worker_rng`` from
             ``(seed, epoch, index)`` while each sample is produced, so batches do not depend on
             ``num_workers`` (map-style datasets; samples are then read one by one).
-        force_zero_workers_on_windows: The Windows policy. Unset (``None``): on Windows,
-            workers are threads unless ``worker_method`` says otherwise. ``True``: no
-            workers on Windows (any ``num_workers`` becomes 0, with a warning). ``False``:
-            worker processes on Windows too.
+        force_zero_workers_on_windows: Unset (``None``): the Windows policy (threads). ``True``:
+            no workers on Windows (``num_workers`` becomes 0, warned); ``False``: processes.
         distributed: ``"auto"``: under an initialized ``torch.distributed`` group with world
             size > 1 and no user sampler, shard the data (training with a ``seed``: an
             ``ElasticSampler``, whose global batches do not depend on the world size; without
@@ -160,13 +157,9 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             out while debugging). The plan's ``handoff`` row says what is used and why.
         platform: A ``PlatformInfo`` to plan for instead of detecting this
             machine (tests; "what would happen on Windows?").
-        worker_method: What carries the ``num_workers`` workers (torch main's experimental
-            name): ``"process"`` (worker processes, torch's behaviour), ``"thread"`` (threads
-            of this process: the same order, seeds, ``worker_init_fn``, ``get_worker_info()``
-            per thread with the dataset object itself; docs/threads.md) or ``"auto"``
-            (threads on Windows and, under spawn/forkserver, for a dataset marked
-            ``thread_safe``; processes elsewhere). Unset: processes, except under the Windows
-            policy. The plan's ``worker_method`` row says what is used and why.
+        worker_method: ``"process"``, ``"thread"`` (threads of this process, the same contract:
+            docs/threads.md) or ``"auto"`` (``loaderkit.policy.methods``); unset: processes,
+            except under the Windows policy. The plan's ``worker_method`` row says why.
 
     Beyond torch's DataLoader it has ``close()``, context-manager support,
     ``epoch``/``set_epoch()``, ``plan`` and ``describe()``. Every loaderkit-only argument is
@@ -250,8 +243,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self.handoff = handoff
         self.platform = platform
         self.worker_method = worker_method
-        self._threads = setup.worker_method == "thread"
-        self._shared_draws = SharedDraws()
+        self._threads, self._shared_draws = setup.worker_method == "thread", SharedDraws()
         self._defer_sharding = setup.defers_sharding
         self._owns_generator = setup.owns_generator
         self._sample_seeder: SampleSeeder | None = setup.sample_seeder
@@ -368,23 +360,12 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         if self._sample_seeder is not None:
             source = sample_seeding_view(self, self._sample_seeder)
         workers = self.num_workers > 0
-        if workers and self._threads:
-            hooks = LoaderPass(dataset=self.dataset, counts=self._handoff_counts)
-            draws = self._shared_draws
-            return _torch.thread_iterator(
-                source, hooks, lambda setup: WorkerThreads(setup, draws)
-            )
-        if workers:
+        if workers and not self._threads:
             self.check_worker_number_rationality()
-        hooks = LoaderPass(
-            dataset=self.dataset,
-            slots=self._handoff_slots if workers else 0,
-            counts=self._handoff_counts,
-            main_threads=self._main_threads if workers else None,
-            direct_queues="direct queues" not in self._torch_fallbacks,
-        )
-        fallback = bool({"loader hooks", "iterators"} & set(self._torch_fallbacks))
-        return _torch.make_iterator(source, hooks, workers=workers, fallback=fallback)
+        return pass_iterator(
+            source, self.dataset, self._handoff_counts, self._shared_draws, workers=workers,
+            threads=self._threads and workers, fallbacks=self._torch_fallbacks,
+            slots=self._handoff_slots, main_threads=self._main_threads)  # fmt: skip
 
     def _loaderkit_index_sampler(self, base: Any) -> Any:
         # torch's iterators read the index sampler here; PassIndices records each pass's
@@ -587,17 +568,11 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             ('torch', 0)
         """
         slots = self._handoff_slots if self.num_workers > 0 and not self._threads else 0
-        path = "in memory" if self._threads and self.num_workers > 0 else "torch"
-        return self._handoff_counts.snapshot("slots" if slots else path, slots)
+        path = "in memory" if self._threads and self.num_workers else "slots" if slots else "torch"
+        return self._handoff_counts.snapshot(path, slots)
 
     def shared_rng_draws(self) -> list[str]:
-        """The process-wide RNGs that changed while this loader's worker threads loaded batches.
-
-        Worker threads share Python's ``random``, numpy's legacy global RNG and torch's default
-        generator with each other and with the caller's thread: draws from them interleave in
-        an order the scheduler decides. Each worker thread compares them before and after a
-        batch; a change (the dataset drew, or the caller's thread did meanwhile) is named here.
-        Empty for worker processes and ``num_workers=0``. ``check_determinism`` reports it.
+        """The process-wide RNGs that changed while a worker thread loaded (docs/threads.md).
 
         Examples:
             >>> DataLoader(list(range(4))).shared_rng_draws()

@@ -256,14 +256,14 @@ def _classes() -> tuple[type, type] | None:
         return None
     _Counting, _Setup = bases
 
-    class SingleProcessIter(_Counting, _SingleProcessDataLoaderIter, _Setup):
+    class SingleProcessIter(_Counting, _SingleProcessDataLoaderIter, _Setup):  # type: ignore[misc, valid-type]
         """torch's single-process iterator with loaderkit's hooks."""
 
         def __init__(self, loader: Any, hooks: PassHooks) -> None:
             self.loaderkit_hooks = hooks
             super().__init__(loader)
 
-    class MultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter, _Setup):
+    class MultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter, _Setup):  # type: ignore[misc, valid-type]
         """torch's worker-process iterator with loaderkit's hooks."""
 
         def __init__(self, loader: Any, hooks: PassHooks) -> None:

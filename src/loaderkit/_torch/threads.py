@@ -1,8 +1,10 @@
 """What thread workers need of torch: per-thread worker info, the fetcher, the pass iterator.
 
-Checked on torch 2.13.0 (its ``WorkerInfo`` a frozen slotted dataclass with ``rng`` and
-``worker_method``; ``torch.thread_safe_generator``) and written for 2.4 on (``WorkerInfo`` a
-plain class taking keyword arguments; no ``thread_safe_generator``).
+Checked on torch 2.4.1 (``WorkerInfo`` a plain class taking keyword arguments; no
+``thread_safe_generator``), 2.13.0 and 2.14.1 (``WorkerInfo`` a frozen slotted dataclass with
+``rng`` and ``worker_method``; ``torch.thread_safe_generator``): their sources read, 2.13.0 run.
+The members used are the same in 2.6.0, 2.9.1 and 2.12.0, which lie between (not re-read for
+this module): ``get_worker_info`` returning its module global, the base iterator's attributes.
 
 * ``get_worker_info()`` per thread: torch's reads one module global (``_worker_info``), set in
   each worker *process*. ``install_thread_info`` makes it answer per thread as torch's main
@@ -125,13 +127,13 @@ def _info_fields() -> tuple[str, ...]:
 
 
 def make_worker_info(**values: Any) -> Any:
-    """torch's ``WorkerInfo`` from ``values``, keeping only the fields this torch has."""
+    """Torch's ``WorkerInfo`` from ``values``, keeping only the fields this torch has."""
     fields = _info_fields()
     return _worker_module().WorkerInfo(**{k: v for k, v in values.items() if k in fields})
 
 
 def make_thread_rng(random_generator: Any, torch_generator: Any, numpy_generator: Any) -> Any:
-    """torch's per-thread RNG record (``WorkerInfo.rng``), or ``None`` where torch has none."""
+    """Torch's per-thread RNG record (``WorkerInfo.rng``), or ``None`` where torch has none."""
     cls = getattr(_worker_module(), "_RNG", None)
     if cls is None:
         return None
@@ -150,7 +152,7 @@ def thread_safe_generator_exists() -> bool:
 def create_fetcher(
     iterable: bool, dataset: Any, auto_collation: bool, collate_fn: Any, drop_last: bool
 ) -> Any:
-    """torch's fetcher for a map-style (``iterable=False``) or iterable dataset."""
+    """Torch's fetcher for a map-style (``iterable=False``) or iterable dataset."""
     from torch.utils.data.dataloader import _DatasetKind
 
     kind = _DatasetKind.Iterable if iterable else _DatasetKind.Map

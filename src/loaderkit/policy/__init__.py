@@ -33,6 +33,7 @@ Examples:
 
 from __future__ import annotations
 
+from loaderkit.policy.methods import WORKER_METHODS, resolve_worker_method
 from loaderkit.policy.request import (
     DatasetFacts,
     Decision,
@@ -42,7 +43,6 @@ from loaderkit.policy.request import (
     TorchArguments,
     torch_arguments,
 )
-from loaderkit.policy.methods import WORKER_METHODS, resolve_worker_method
 from loaderkit.policy.resolve import resolve, resolve_pin_memory
 from loaderkit.policy.sampling import resolve_shuffle
 from loaderkit.policy.workers import (

@@ -10,6 +10,7 @@ from loaderkit.errors import ConfigError
 from loaderkit.machine.distributed import DistInfo
 from loaderkit.machine.platform import PlatformInfo
 from loaderkit.plan import UNSET
+from loaderkit.policy.methods import resolve_worker_method
 from loaderkit.policy.request import (
     DatasetFacts,
     Decision,
@@ -18,7 +19,6 @@ from loaderkit.policy.request import (
     Resolution,
     asked,
 )
-from loaderkit.policy.methods import resolve_worker_method
 from loaderkit.policy.sampling import resolve_sampler, resolve_seeds, resolve_shuffle
 from loaderkit.policy.workers import (
     HANDOFF_CHOICES,
@@ -163,8 +163,11 @@ def resolve(
         resolve_handoff(platform, None, requested=request.handoff)  # raises, naming the choices
     if isinstance(workers, int) and workers > 0 and res.worker_method == "thread":
         res.record(
-            "handoff", asked_handoff(request.handoff), "in memory", "worker threads: batches "
-            "are Python objects of this process, handed over on a queue (nothing is copied)"
+            "handoff",
+            asked_handoff(request.handoff),
+            "in memory",
+            "worker threads: batches "
+            "are Python objects of this process, handed over on a queue (nothing is copied)",
         )
     elif isinstance(workers, int) and workers > 0:
         handoff = resolve_handoff(

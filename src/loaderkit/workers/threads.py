@@ -367,5 +367,6 @@ class WorkerThreads:
         finally:
             if before is not None and self.draws is not None:
                 after = _fingerprint()
-                self.draws.add([n for n, a, b in zip(SHARED_RNGS, before, after) if a != b])
+                changed = zip(SHARED_RNGS, before, after, strict=True)
+                self.draws.add([name for name, was, now in changed if was != now])
         return data, False
