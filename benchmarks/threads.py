@@ -12,10 +12,12 @@ loaderkit:
 - ``NSD layout``: 4 sessions of 750 x 20,000 int16 with chunks ``(750, 1)`` (``--quick``:
   2,000 voxels), every session held whole in memory by each process that reads it.
 
-Each cell is one fresh process (so its memory is its own): it builds the loader, runs one pass
-and reports samples/s, and the growth of the whole process tree's memory over that pass (the
-summed USS, ``psutil.Process.memory_full_info().uss``, of the process and every child, sampled
-every 20 ms; the peak minus the value before the loader was built). Configurations: no workers,
+Each cell is one fresh process (so its memory is its own; ``--quick``: all in this process): it
+builds the loader, runs one pass and reports samples/s, and the growth of the whole process
+tree's memory over that pass (the summed USS, ``psutil.Process.memory_full_info().uss``, of the
+process and every child, sampled every 20 ms; the peak minus the value before the loader was
+built; and the same for PSS, which also counts memory processes share, such as batches in
+shared memory). Configurations: no workers,
 2 forked worker processes, 1 worker thread, 2 worker threads. Cells are interleaved and rotated
 between ``--repeats`` rounds; the table gives medians and the ratios the issue sets targets for.
 
@@ -30,6 +32,7 @@ hand-off).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
@@ -69,34 +72,43 @@ WORKLOADS = ("contiguous", "gzip-chunked", "NSD layout")
 BATCH = 64
 
 
-def tree_uss() -> int:
-    """Summed USS of this process and every descendant (bytes)."""
+def tree_memory() -> tuple[int, int]:
+    """Summed (USS, PSS) of this process and every descendant (bytes).
+
+    USS counts only pages no other process maps: memory two processes share (forked pages not
+    yet written, shared-memory batches) is in neither's USS; PSS splits it between them.
+    """
     me = psutil.Process()
-    total = 0
+    uss = pss = 0
     for process in [me, *me.children(recursive=True)]:
-        try:
-            total += process.memory_full_info().uss
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return total
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            info = process.memory_full_info()
+            uss += info.uss
+            pss += getattr(info, "pss", info.uss)
+    return uss, pss
 
 
 class _Peak(threading.Thread):
-    """Samples ``tree_uss`` every 20 ms until stopped; keeps the peak."""
+    """Samples ``tree_memory`` every 20 ms until stopped; keeps the peaks."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.peak = tree_uss()
+        self.peak = tree_memory()
         self.done = threading.Event()
+
+    def _sample(self) -> None:
+        now = tree_memory()
+        self.peak = (max(self.peak[0], now[0]), max(self.peak[1], now[1]))
 
     def run(self) -> None:
         while not self.done.wait(0.02):
-            self.peak = max(self.peak, tree_uss())
+            self._sample()
 
-    def stop(self) -> int:
+    def stop(self) -> tuple[int, int]:
         self.done.set()
         self.join()
-        return max(self.peak, tree_uss())
+        self._sample()
+        return self.peak
 
 
 def write(root: Path, workload: str, quick: bool) -> list[str]:
@@ -125,7 +137,7 @@ def cell(paths: Sequence[str], workers: int, method: str | None, start: str | No
     import loaderkit
 
     warnings.simplefilter("ignore")
-    before = tree_uss()
+    before = tree_memory()
     peak = _Peak()
     peak.start()
     dataset = loaderkit.HDF5SessionDataset(list(paths), key="betas")
@@ -146,12 +158,19 @@ def cell(paths: Sequence[str], workers: int, method: str | None, start: str | No
     for batch in iterator:
         samples += len(batch)
     elapsed = time.perf_counter() - began
-    grown = peak.stop() - before
+    uss, pss = peak.stop()
     loader.close()
-    return {"samples_per_s": samples / elapsed, "memory_growth": grown, "first_batch_s": first_s}
+    return {
+        "samples_per_s": samples / elapsed,
+        "memory_growth": uss - before[0],
+        "pss_growth": pss - before[1],
+        "first_batch_s": first_s,
+    }
 
 
-def _in_fresh_process(args: dict) -> dict:
+def _in_fresh_process(args: dict, quick: bool) -> dict:
+    if quick:  # in this process: memory figures include what earlier cells left behind
+        return cell(args["paths"], args["workers"], args["method"], args["start"])
     result = subprocess.run(
         [sys.executable, __file__, "--cell", json.dumps(args)],
         capture_output=True,
@@ -177,12 +196,13 @@ def run(*, quick: bool = False, repeats: int = 3) -> dict[str, Any]:
             for workload, (name, workers, method, start) in order[shift:] + order[:shift]:
                 got = _in_fresh_process(
                     {"paths": files[workload], "workers": workers, "method": method,
-                     "start": start}
+                     "start": start}, quick,
                 )  # fmt: skip
                 results[workload][name].append(got)
             for name, method, start in STARTS:
                 got = _in_fresh_process(
-                    {"paths": files["NSD layout"], "workers": 2, "method": method, "start": start}
+                    {"paths": files["NSD layout"], "workers": 2, "method": method, "start": start},
+                    quick,
                 )
                 starts[name].append(got["first_batch_s"])
     table: dict[str, Any] = {}
@@ -191,6 +211,7 @@ def run(*, quick: bool = False, repeats: int = 3) -> dict[str, Any]:
             name: {
                 "samples_per_s": statistics.median(c["samples_per_s"] for c in runs),
                 "memory_growth": statistics.median(c["memory_growth"] for c in runs),
+                "pss_growth": statistics.median(c["pss_growth"] for c in runs),
             }
             for name, runs in cells.items()
         }
@@ -201,15 +222,17 @@ def run(*, quick: bool = False, repeats: int = 3) -> dict[str, Any]:
 def format_table(data: dict[str, Any]) -> str:
     """The two markdown tables."""
     lines = [
-        "| workload | configuration | samples/s | x 0 workers | tree memory growth (MiB) |",
-        "|---|---|---:|---:|---:|",
+        "| workload | configuration | samples/s | x 0 workers | tree USS growth (MiB) "
+        "| tree PSS growth (MiB) |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for workload, cells in data["throughput"].items():
         zero = cells["0 workers"]["samples_per_s"]
         for name, c in cells.items():
             lines.append(
                 f"| {workload} | {name} | {c['samples_per_s']:.0f} | "
-                f"{c['samples_per_s'] / zero:.2f} | {c['memory_growth'] / 2**20:.0f} |"
+                f"{c['samples_per_s'] / zero:.2f} | {c['memory_growth'] / 2**20:.0f} | "
+                f"{c['pss_growth'] / 2**20:.0f} |"
             )
     for workload, cells in data["throughput"].items():
         two, one = cells["2 threads"], cells["1 thread"]

@@ -50,7 +50,6 @@ from loaderkit.planning import plan_loader
 from loaderkit.policy import LoaderRequest
 from loaderkit.workers.handoff import HandoffCounts, HandoffStats
 from loaderkit.workers.teardown import shutdown_iterator
-from loaderkit.workers.threads import SharedDraws
 
 __all__ = ["DataLoader", "loaders_built_since"]
 
@@ -243,7 +242,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self.handoff = handoff
         self.platform = platform
         self.worker_method = worker_method
-        self._threads, self._shared_draws = setup.worker_method == "thread", SharedDraws()
+        self._threads = setup.worker_method == "thread"
         self._defer_sharding = setup.defers_sharding
         self._owns_generator = setup.owns_generator
         self._sample_seeder: SampleSeeder | None = setup.sample_seeder
@@ -363,7 +362,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         if workers and not self._threads:
             self.check_worker_number_rationality()
         return pass_iterator(
-            source, self.dataset, self._handoff_counts, self._shared_draws, workers=workers,
+            source, self.dataset, self._handoff_counts, workers=workers,
             threads=self._threads and workers, fallbacks=self._torch_fallbacks,
             slots=self._handoff_slots, main_threads=self._main_threads)  # fmt: skip
 
@@ -570,15 +569,6 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         slots = self._handoff_slots if self.num_workers > 0 and not self._threads else 0
         path = "in memory" if self._threads and self.num_workers else "slots" if slots else "torch"
         return self._handoff_counts.snapshot(path, slots)
-
-    def shared_rng_draws(self) -> list[str]:
-        """The process-wide RNGs that changed while a worker thread loaded (docs/threads.md).
-
-        Examples:
-            >>> DataLoader(list(range(4))).shared_rng_draws()
-            []
-        """
-        return self._shared_draws.names()
 
     def describe(self) -> str:
         """The resolved plan as text: setting, requested, used, reason.

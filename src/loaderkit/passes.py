@@ -40,7 +40,7 @@ from loaderkit.workers.deaths import (
 )
 from loaderkit.workers.handoff import HandoffCounts, PinBackend, Received, Receiver
 from loaderkit.workers.queues import DirectContext, direct_writes_possible
-from loaderkit.workers.threads import SharedDraws, WorkerThreads
+from loaderkit.workers.threads import WorkerThreads
 from loaderkit.workers.worker import HandoffCollate, HandoffConfig
 
 __all__ = ["LoaderPass", "dead_workers", "pass_iterator"]
@@ -177,7 +177,6 @@ def pass_iterator(
     source: Any,
     dataset: Any,
     counts: HandoffCounts,
-    draws: SharedDraws,
     *,
     slots: int,
     main_threads: int | None,
@@ -188,14 +187,13 @@ def pass_iterator(
     """The iterator of one pass over ``source`` (a loader or a view of it), with its hooks.
 
     Worker threads (``threads``) are carried by ``loaderkit.workers.threads.WorkerThreads``
-    (shared-RNG draws recorded in ``draws``; nothing crosses processes: no slots, torch's
-    threads untouched); worker processes and no workers by torch's iterators with loaderkit's
-    hooks (torch's own where a probe failed: ``fallbacks``); ``slots`` and ``main_threads``
-    apply with workers only.
+    (nothing crosses processes: no slots, torch's threads untouched); worker processes and no
+    workers by torch's iterators with loaderkit's hooks (torch's own where a probe failed:
+    ``fallbacks``); ``slots`` and ``main_threads`` apply with workers only.
     """
     if threads:
         hooks = LoaderPass(dataset=dataset, counts=counts)
-        return _torch.thread_iterator(source, hooks, lambda setup: WorkerThreads(setup, draws))
+        return _torch.thread_iterator(source, hooks, WorkerThreads)
     hooks = LoaderPass(
         dataset=dataset,
         slots=slots if workers else 0,

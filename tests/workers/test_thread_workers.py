@@ -23,7 +23,13 @@ from loaderkit import check_determinism, create_dataloader, worker_rng
 from loaderkit.errors import ConfigError
 from loaderkit.workers import threads as worker_threads
 from tests.conftest import WINDOWS, fake_platform
-from tests.helpers import CountingIterable, SlowDataset, SquareDataset, child_pids
+from tests.helpers import (
+    CountingIterable,
+    SlowDataset,
+    SquareDataset,
+    child_pids,
+    write_h5_sessions,
+)
 
 METHODS = ["process", "thread"]
 
@@ -374,3 +380,64 @@ def test_thread_rng_streams_are_the_threads_own() -> None:
 
     loader = create_dataloader(Draws(), batch_size=None, num_workers=1, worker_method="thread")
     assert all(bool(x) for x in loader)
+
+
+# ------------------------------------------------------------------ real HDF5 files
+
+
+def _gzip_sessions(root: Any) -> list[str]:
+    import h5py
+
+    paths = []
+    for s in range(3):
+        path = os.path.join(root, f"gz_session{s + 1:02d}.hdf5")
+        data = (s * 1000 + np.arange(50, dtype=np.float32))[:, None].repeat(8, axis=1)
+        with h5py.File(path, "w") as f:
+            f.create_dataset("betas", data=data, chunks=(4, 8), compression="gzip")
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("shuffle", [True, "block"])
+def test_hdf5_sessions_match_zero_workers(tmp_path, method: str, shuffle: Any) -> None:
+    from loaderkit import HDF5SessionDataset
+
+    paths = write_h5_sessions(tmp_path) + _gzip_sessions(tmp_path)
+    contiguous, gzipped = paths[:3], paths[3:]
+    for files in (contiguous, gzipped):
+
+        def make(workers: int, how: str | None, files: list[str] = files) -> Any:
+            dataset = HDF5SessionDataset(files, key="betas")
+            return create_dataloader(
+                dataset, batch_size=8, shuffle=shuffle, seed=1, num_workers=workers,
+                worker_method=how,
+            )  # fmt: skip
+
+        expected = [b.tolist() for b in make(0, None)]
+        with make(2, method) as loader:
+            assert [b.tolist() for b in loader] == expected
+            assert [b.tolist() for b in loader] != expected  # the next epoch's order
+            if method == "thread":  # one process: budgets fitted to it alone
+                assert "1 process" in loader.plan["max_open_files"].reason or (
+                    "0 worker" in loader.plan["max_open_files"].reason
+                )
+
+
+def test_thread_batches_are_ordinary_memory() -> None:
+    loader = create_dataloader(
+        SquareDataset(8), batch_size=4, num_workers=2, worker_method="thread"
+    )
+    assert all(not t.is_shared() for batch in loader for t in batch)
+    assert torch.utils.data.default_collate([torch.ones(2)]).is_shared() is False
+
+
+def test_auto_picks_threads_for_hdf5_under_spawn(tmp_path) -> None:
+    from loaderkit import HDF5SessionDataset
+
+    dataset = HDF5SessionDataset(write_h5_sessions(tmp_path), key="betas")
+    loader = create_dataloader(dataset, num_workers=2, worker_method="auto",
+                               multiprocessing_context="spawn")  # fmt: skip
+    assert loader.plan["worker_method"].value == "thread"
+    assert "spawn" in loader.plan["worker_method"].reason
+    assert len(list(loader)) == 120

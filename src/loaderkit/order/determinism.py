@@ -1,7 +1,7 @@
 """``check_determinism``: two loaders from one factory, compared batch by batch, bit for bit.
 
 A loader whose worker threads drew from a random state every thread of the process shares is
-reported with that state named (``DataLoader.shared_rng_draws``).
+reported with that state named (``loaderkit.workers.threads.watch_shared_rngs``).
 
 Examples:
     >>> bool(DeterminismReport(True, 1, 0, None))
@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from loaderkit.order.hooks import call_hook
+from loaderkit.workers.threads import watch_shared_rngs
 
 __all__ = ["DeterminismReport", "check_determinism"]
 
@@ -81,9 +82,7 @@ class DeterminismReport:
         return f"not deterministic: {self.first_difference}"
 
 
-def _fingerprints(
-    loader: Iterable[Any], epochs: int, draws: set[str]
-) -> Iterator[tuple[int, int, list]]:
+def _fingerprints(loader: Iterable[Any], epochs: int) -> Iterator[tuple[int, int, list]]:
     try:
         for epoch in range(epochs):
             for index, batch in enumerate(loader):
@@ -91,9 +90,6 @@ def _fingerprints(
                 _leaves(batch, "batch", leaves)
                 yield epoch, index, leaves
     finally:
-        shared = getattr(loader, "shared_rng_draws", None)
-        if callable(shared):
-            draws.update(shared())
         call_hook(loader, "close")
 
 
@@ -117,8 +113,8 @@ def check_determinism(
     comparison is exact (bit-for-bit) and cheap in memory. Loaders with a ``close()`` method are
     closed afterwards. A loader whose worker threads drew from a random state every thread
     shares (Python's ``random``, numpy's legacy global RNG, torch's default generator: see
-    ``DataLoader.shared_rng_draws``) is reported not deterministic, naming it, even when both
-    runs happened to match: the next run's thread schedule may differ.
+    ``loaderkit.workers.threads.watch_shared_rngs``) is reported not deterministic, naming
+    it, even when both runs happened to match: the next run's thread schedule may differ.
 
     Args:
         make_loader: Zero-argument factory, e.g.
@@ -137,9 +133,10 @@ def check_determinism(
     """
     if epochs < 1:
         raise ValueError(f"epochs must be >= 1, got {epochs}")
-    draws: set[str] = set()
-    first = list(_fingerprints(make_loader(), epochs, draws))
-    second = list(_fingerprints(make_loader(), epochs, draws))
+    with watch_shared_rngs() as watched:
+        first = list(_fingerprints(make_loader(), epochs))
+        second = list(_fingerprints(make_loader(), epochs))
+    draws = set(watched.names())
     for (epoch, index, a), (_, _, b) in zip(first, second, strict=False):
         if a != b:
             for (path_a, fa), (path_b, fb) in zip(a, b, strict=False):

@@ -6,7 +6,8 @@
 * ``seed_worker`` is the worker initializer loaderkit installs in every loader (usable as a
   plain ``worker_init_fn`` too): streams differ per worker *and per rank*.
 * ``worker_rng`` is the recommended source of randomness for augmentations: a
-  ``numpy.random.Generator`` private to the current worker and rank (main process too).
+  ``numpy.random.Generator`` private to the current worker and rank (main process too); a
+  worker thread has its own (``loaderkit.workers.threads``).
 * ``check_determinism`` compares two loaders built by the same factory.
 * ``SampleSeeder`` implements ``sample_seeding=True``: every sample's RNGs are seeded from
   (seed, epoch, index), so batches do not depend on the number of workers.
@@ -380,7 +381,11 @@ class SampleSeeder:
     ``(seed, epoch, index)`` (a keyed hash gives independent streams for neighbouring indices
     at a fraction of the cost of a ``SeedSequence``). In a worker process the globals are left
     in that state; in the main process (``num_workers=0``) they are saved before a batch and
-    restored after it, so the training loop's own random state (dropout, ...) is untouched.
+    restored after it, so the training loop's own random state (dropout, ...) is untouched. In a
+    worker thread the process's RNGs belong to the training loop and the other workers: the
+    thread's own generators are seeded instead, with the same values (its ``torch.Generator``,
+    what ``torch.thread_safe_generator()`` returns there, and its ``random.Random``), so draws
+    from them match those from torch's and Python's global RNGs with 0 workers or processes.
 
     Args:
         seed: The loader's seed.

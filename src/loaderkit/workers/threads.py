@@ -17,7 +17,8 @@ thread runs it in ``WorkerThreads`` below, and adds only what a thread needs:
   thread and the indices it was loading.
 
 There is no shared-memory hand-off, no signal handler and nothing is pickled: batches are
-Python objects handed over a ``queue.Queue``.
+Python objects handed over a ``queue.Queue``, and ``default_collate`` stacks them in ordinary
+memory (``_stack_in_thread``; torch's rule everywhere else).
 
 Shared state and locks:
 
@@ -26,7 +27,9 @@ Shared state and locks:
 * ``WorkerThreads.stopping`` (a ``threading.Event``) tells every thread to end; no loaderkit
   lock is held while a thread reads its dataset, collates or pins;
 * ``SharedDraws`` (a set under its own lock, held only to add or copy a name) records which of
-  the process-wide RNGs changed while a worker thread loaded a batch;
+  the process-wide RNGs changed while a worker thread loaded a batch, while
+  ``watch_shared_rngs`` is open (``_watches``, under ``_watches_lock``, held only to add or
+  remove a watch);
 * ``_running`` (a ``threading.local``) holds the ``ThreadWorker`` of the current thread.
 
 A thread stuck in a read that never returns cannot be interrupted: ``stop`` waits up to
@@ -45,7 +48,8 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,6 +66,7 @@ __all__ = [
     "ThreadWorker",
     "WorkerThreads",
     "current_worker",
+    "watch_shared_rngs",
 ]
 
 logger = logging.getLogger("loaderkit")
@@ -122,6 +127,35 @@ class SharedDraws:
             return sorted(self._names)
 
 
+_watches: list[SharedDraws] = []
+_watches_lock = threading.Lock()
+
+
+@contextmanager
+def watch_shared_rngs() -> Iterator[SharedDraws]:
+    """While open, record the shared RNGs that change while any worker thread loads a batch.
+
+    Each worker thread then compares Python's ``random``, numpy's legacy global RNG and torch's
+    default generator before and after each batch (about 0.25 ms a batch, so only while
+    watched: ``check_determinism`` watches). A change means the dataset drew from one, or
+    another thread did meanwhile.
+
+    Examples:
+        >>> with watch_shared_rngs() as draws:
+        ...     pass
+        >>> draws.names()
+        []
+    """
+    draws = SharedDraws()
+    with _watches_lock:
+        _watches.append(draws)
+    try:
+        yield draws
+    finally:
+        with _watches_lock:
+            _watches.remove(draws)
+
+
 #: The RNGs every thread of a process shares, by the name ``check_determinism`` gives them.
 SHARED_RNGS = (
     "Python's random module",
@@ -138,6 +172,20 @@ def _fingerprint() -> tuple[Any, ...]:
         (numpy_state["state"]["pos"], numpy_state["has_gauss"], numpy_state["gauss"]),
         bytes(torch.default_generator.get_state().numpy()),
     )
+
+
+def _stack_in_thread(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
+    """``default_collate``'s tensor rule: a plain ``torch.stack`` in a worker thread.
+
+    torch's rule stacks into new shared memory whenever ``get_worker_info()`` is set, for the
+    trip to another process; a worker thread's batch makes no such trip.
+    """
+    rule = _torch.tensor_rule()
+    assert rule is not None  # installed only where torch has a rule map
+    elem = batch[0]
+    if current_worker() is None or elem.is_nested or elem.layout != torch.strided:
+        return rule(batch, collate_fn_map=collate_fn_map)
+    return torch.stack(list(batch), 0)
 
 
 class _Stop:
@@ -178,13 +226,12 @@ class WorkerThreads:
 
     Args:
         setup: What the threads run (``loaderkit._torch.ThreadSetup``).
-        draws: Where shared-RNG draws are recorded.
     """
 
-    def __init__(self, setup: _torch.ThreadSetup, draws: SharedDraws | None = None) -> None:
+    def __init__(self, setup: _torch.ThreadSetup) -> None:
         _torch.install_thread_info()
+        _torch.install_tensor_collate(_stack_in_thread)  # torch's rule outside worker threads
         self.setup = setup
-        self.draws = draws
         self.stopping = threading.Event()
         self.results: queue.Queue[tuple[Any, Any]] = queue.Queue()
         self.inboxes: list[queue.Queue[Any]] = [queue.Queue() for _ in range(setup.num_workers)]
@@ -350,7 +397,8 @@ class WorkerThreads:
 
     def _fetch(self, worker: ThreadWorker, fetcher: Any, indices: Any) -> tuple[Any, bool]:
         setup = self.setup
-        before = _fingerprint() if self.draws is not None else None
+        watches = list(_watches)
+        before = _fingerprint() if watches else None
         try:
             data = fetcher.fetch(indices)
             if setup.pin:
@@ -365,8 +413,9 @@ class WorkerThreads:
             add_note(exc, _where(worker.id, setup.num_workers, indices))
             return _Failure(exc), False
         finally:
-            if before is not None and self.draws is not None:
-                after = _fingerprint()
-                changed = zip(SHARED_RNGS, before, after, strict=True)
-                self.draws.add([name for name, was, now in changed if was != now])
+            if before is not None:
+                changed = zip(SHARED_RNGS, before, _fingerprint(), strict=True)
+                names = [name for name, was, now in changed if was != now]
+                for draws in watches:
+                    draws.add(names)
         return data, False
