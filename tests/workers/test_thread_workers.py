@@ -441,3 +441,35 @@ def test_auto_picks_threads_for_hdf5_under_spawn(tmp_path) -> None:
     assert loader.plan["worker_method"].value == "thread"
     assert "spawn" in loader.plan["worker_method"].reason
     assert len(list(loader)) == 120
+
+
+class PinProbe(Dataset):
+    """Sample i: i; records which threads pinned a batch (``Tensor.pin_memory`` calls)."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.full((4,), float(i))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_pin_memory_in_the_worker_thread(monkeypatch) -> None:
+    pinned_by: list[str] = []
+    original = torch.Tensor.pin_memory
+
+    def recording(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        pinned_by.append(threading.current_thread().name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", recording)
+    loader = create_dataloader(
+        PinProbe(), batch_size=4, num_workers=2, worker_method="thread", pin_memory=True
+    )
+    batches = list(loader)
+    assert [b[:, 0].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11],
+                                                   [12, 13, 14, 15]]  # fmt: skip
+    assert all(b.is_pinned() for b in batches)
+    assert pinned_by and set(pinned_by) <= {"loaderkit-worker-0", "loaderkit-worker-1"}
+    assert "pin_memory" not in {t.name for t in threading.enumerate()}
