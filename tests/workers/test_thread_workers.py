@@ -257,7 +257,41 @@ def test_resume_across_methods(saved: str, resumed: str) -> None:
     second.close()
 
 
+def failing_init(worker_id: int) -> None:
+    raise KeyError(f"no config for worker {worker_id}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_worker_init_fn_error_reaches_the_caller(method: str) -> None:
+    loader = create_dataloader(
+        SquareDataset(8), batch_size=2, num_workers=2, worker_method=method,
+        worker_init_fn=failing_init,
+    )  # fmt: skip
+    with pytest.raises(KeyError, match="no config for worker 0"):
+        list(loader)
+    loader.close()
+
+
 # ------------------------------------------------------------------ threads only
+
+
+class SeededInfo(Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> bool:
+        info = get_worker_info()
+        return info is not None and info.dataset is SEEDED
+
+
+SEEDED = SeededInfo()
+
+
+def test_worker_info_dataset_is_the_callers_with_sample_seeding() -> None:
+    loader = create_dataloader(
+        SEEDED, batch_size=3, num_workers=2, worker_method="thread", seed=0, sample_seeding=True
+    )
+    assert all(bool(x) for batch in loader for x in batch)
 
 
 def test_close_is_bounded_while_a_thread_is_stuck(monkeypatch, caplog) -> None:

@@ -40,6 +40,7 @@ import torch
 import torch.utils.data
 
 from loaderkit._torch.iterators import PassHooks
+from loaderkit._torch.loader import LoaderView
 
 __all__ = [
     "CarrierFactory",
@@ -165,6 +166,7 @@ class ThreadSetup:
 
     Attributes:
         dataset: The dataset the workers read (the caller's object, or loaderkit's view of it).
+        info_dataset: What ``get_worker_info().dataset`` is: the loader's own dataset object.
         iterable: An ``IterableDataset`` (workers report its end).
         auto_collation: Indices come in batches.
         collate_fn: The collate function (loaderkit's, with its error context).
@@ -177,6 +179,7 @@ class ThreadSetup:
     """
 
     dataset: Any
+    info_dataset: Any
     iterable: bool
     auto_collation: bool
     collate_fn: Any
@@ -239,6 +242,9 @@ def _thread_class() -> type:
             self._carrier = carrier(
                 ThreadSetup(
                     dataset=self._dataset,
+                    info_dataset=(
+                        loader.loader if isinstance(loader, LoaderView) else loader
+                    ).dataset,
                     iterable=self._iterable,
                     auto_collation=self._auto_collation,
                     collate_fn=self._collate_fn,

@@ -210,7 +210,12 @@ class _Failure:
     error: BaseException
 
 
-def _where(worker_id: int, num_workers: int, indices: Any) -> str:
+def _where(worker_id: int, num_workers: int, indices: Any = None) -> str:
+    if indices is None:
+        return (
+            f"loaderkit: raised by worker_init_fn in DataLoader worker thread {worker_id} of "
+            f"{num_workers}"
+        )
     shown = getattr(indices, "indices", indices)  # a batch tagged with its epoch: its indices
     if isinstance(shown, (list, tuple)) and len(shown) > 16:
         shown = f"{list(shown[:16])} ... ({len(shown)} indices)"
@@ -337,7 +342,7 @@ class WorkerThreads:
                 id=worker_id,
                 num_workers=setup.num_workers,
                 seed=seed,
-                dataset=setup.dataset,
+                dataset=setup.info_dataset,
                 rng=_torch.make_thread_rng(
                     worker.random, worker.torch_generator, worker.numpy_generator
                 ),
@@ -367,7 +372,7 @@ class WorkerThreads:
                 setup.init_fn(worker.id)
             fetcher = self._fetcher()
         except Exception as exc:
-            add_note(exc, _where(worker.id, setup.num_workers, "(worker_init_fn)"))
+            add_note(exc, _where(worker.id, setup.num_workers))
             init_error = exc
         iteration_end = False
         while not self.stopping.is_set():
