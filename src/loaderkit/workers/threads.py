@@ -33,7 +33,7 @@ Shared state and locks:
 * ``_running`` (a ``threading.local``) holds the ``ThreadWorker`` of the current thread.
 
 A thread stuck in a read that never returns cannot be interrupted: ``stop`` waits up to
-``JOIN_S`` for each thread, then leaves it as a daemon thread (it ends when its read returns, or
+``JOIN_S`` in all for the threads, then leaves a stuck one as a daemon thread (it ends when its read returns, or
 with the process), logs it, and returns.
 
 Examples:
@@ -73,7 +73,7 @@ logger = logging.getLogger("loaderkit")
 
 #: Seconds a waiting worker thread or caller sleeps at most before checking for a stop.
 POLL_S = 0.1
-#: Seconds ``WorkerThreads.stop`` waits for each thread to end.
+#: Seconds ``WorkerThreads.stop`` waits for its threads to end (all of them together).
 JOIN_S = 2.0
 
 
@@ -167,9 +167,10 @@ SHARED_RNGS = (
 def _fingerprint() -> tuple[Any, ...]:
     """Where each shared RNG stands (compared before and after a batch)."""
     numpy_state = np.random.get_state(legacy=False)
+    mt = numpy_state["state"]
     return (
         random.getstate(),
-        (numpy_state["state"]["pos"], numpy_state["has_gauss"], numpy_state["gauss"]),
+        (mt["pos"], int(mt["key"][0]), numpy_state["has_gauss"], numpy_state["gauss"]),
         bytes(torch.default_generator.get_state().numpy()),
     )
 
@@ -299,15 +300,16 @@ class WorkerThreads:
         return payload
 
     def stop(self) -> None:
-        """Ask every thread to end; wait up to ``JOIN_S`` each; never raise."""
+        """Ask every thread to end; wait up to ``JOIN_S`` in all; never raise."""
         self.stopping.set()
         for inbox in self.inboxes:
             inbox.put(_Stop())
         stuck = []
+        deadline = time.monotonic() + JOIN_S
         for thread in self.threads:
             if thread is threading.current_thread():
                 continue
-            thread.join(JOIN_S)
+            thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
                 stuck.append(thread.name)
         if stuck:
