@@ -241,8 +241,9 @@ def format_table(data: dict[str, Any]) -> str:
         lines.append(
             f"{workload}: 2 threads / 1 thread {two['samples_per_s'] / one['samples_per_s']:.2f}x;"
             f" 2 threads / 2 processes {two['samples_per_s'] / procs['samples_per_s']:.2f}x; "
-            f"memory growth 2 threads / 2 processes "
-            f"{two['memory_growth'] / max(procs['memory_growth'], 1):.2f}x"
+            f"tree memory growth 2 threads / 2 processes: USS "
+            f"{two['memory_growth'] / max(procs['memory_growth'], 1):.2f}x, PSS "
+            f"{two['pss_growth'] / max(procs['pss_growth'], 1):.2f}x"
         )
     lines += ["", "| NSD layout, 2 workers | first batch (s) | x threads |", "|---|---:|---:|"]
     threads = data["first_batch_s"]["threads"]
