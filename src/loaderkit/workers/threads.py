@@ -33,8 +33,8 @@ Shared state and locks:
 * ``_running`` (a ``threading.local``) holds the ``ThreadWorker`` of the current thread.
 
 A thread stuck in a read that never returns cannot be interrupted: ``stop`` waits up to
-``JOIN_S`` in all for the threads, then leaves a stuck one as a daemon thread (it ends when its read returns, or
-with the process), logs it, and returns.
+``JOIN_S`` in all for the threads, then leaves a stuck one as a daemon thread (it ends when its
+read returns, or with the process), logs it, and returns.
 
 Examples:
     >>> current_worker() is None   # the caller's thread is no worker
