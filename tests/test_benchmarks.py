@@ -280,3 +280,12 @@ def test_remote(tmp_path: Path) -> None:
     assert first["requests"]["range"] >= data["construction"]["sessions"]
     assert second["requests"].get("range", 0) == second["requests"].get("get", 0) == 0
     assert second["requests"]["list"] == first["requests"]["list"] >= 1  # listing only
+
+
+def test_threads(tmp_path: Path) -> None:
+    data = _run("threads.py", tmp_path)
+    assert set(data["throughput"]) == {"contiguous", "gzip-chunked", "NSD layout"}
+    for cells in data["throughput"].values():
+        assert set(cells) == {"0 workers", "2 processes (fork)", "1 thread", "2 threads"}
+        assert all(c["samples_per_s"] > 0 for c in cells.values())
+    assert all(s > 0 for s in data["first_batch_s"].values())

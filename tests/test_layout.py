@@ -47,6 +47,7 @@ LAYERS: tuple[str, ...] = (
     "storage",  # where session files live
     "hdf5",  # reading session files
     "passes",  # one pass of a loader (the front door from here on)
+    "checks",  # the checks before workers start (pickling, start method)
     "planning",
     "loader",
     "factory",

@@ -4,8 +4,8 @@ Replace ``DataLoader(...)`` with ``create_dataloader`` (or import ``DataLoader``
 here): every torch argument keeps its meaning, unset ones get safe and fast values, and each
 decision is recorded in ``loader.plan``.
 
-The package root is the front door (this module, ``factory``, ``loader``, ``planning``,
-``passes``) and the two leaves every layer may use (``errors``, ``plan``); the rest lives in a
+The package root is the front door (this module, ``factory``, ``loader``, ``planning`` with
+the checks before workers start in ``checks``, ``passes``) and the two leaves every layer may use (``errors``, ``plan``); the rest lives in a
 folder per stage of the data's way, lowest first: ``machine`` (what this machine and torch
 are), ``workers`` (what runs in worker processes and the hand-off), ``memory`` (what processes
 hold), ``order`` (which samples, in what order), ``policy`` (decisions and checks before a

@@ -44,7 +44,7 @@ from loaderkit.order.resume import (
 )
 from loaderkit.order.sample_seeding import sample_seeding_view
 from loaderkit.order.seeding import SampleSeeder, WorkerInit, epoch_seed
-from loaderkit.passes import LoaderPass
+from loaderkit.passes import LoaderPass, pass_iterator
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
 from loaderkit.policy import LoaderRequest
@@ -112,9 +112,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         batch_sampler: As in torch. Under ``torch.distributed`` its batches are dealt to ranks
             unless it already shards.
         num_workers: As in torch, or ``"auto"`` → ``recommended_num_workers``
-            (CPU-affinity aware, per local rank, capped at 8). *Windows policy*: on Windows,
-            while ``force_zero_workers_on_windows`` is True, any value becomes 0 with a
-            warning.
+            (CPU-affinity aware, per local rank, capped at 8). *Windows policy*: on Windows
+            they are threads (``worker_method``, ``force_zero_workers_on_windows``).
         collate_fn: As in torch. Checked for picklability under spawn/forkserver.
         pin_memory: ``None`` (unset) → True exactly when CUDA is available and usable in this
             process (not in a child forked after CUDA was initialised) (*pin-memory policy*);
@@ -143,7 +142,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         sample_seeding: Seed python/numpy/torch RNGs and ``worker_rng`` from
             ``(seed, epoch, index)`` while each sample is produced, so batches do not depend on
             ``num_workers`` (map-style datasets; samples are then read one by one).
-        force_zero_workers_on_windows: The Windows zero-worker policy (default on).
+        force_zero_workers_on_windows: Unset (``None``): the Windows policy (threads). ``True``:
+            no workers on Windows (``num_workers`` becomes 0, warned); ``False``: processes.
         distributed: ``"auto"``: under an initialized ``torch.distributed`` group with world
             size > 1 and no user sampler, shard the data (training with a ``seed``: an
             ``ElasticSampler``, whose global batches do not depend on the world size; without
@@ -156,6 +156,9 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             out while debugging). The plan's ``handoff`` row says what is used and why.
         platform: A ``PlatformInfo`` to plan for instead of detecting this
             machine (tests; "what would happen on Windows?").
+        worker_method: ``"process"``, ``"thread"`` (threads of this process, the same contract:
+            docs/threads.md) or ``"auto"`` (``loaderkit.policy.methods``); unset: processes,
+            except under the Windows policy. The plan's ``worker_method`` row says why.
 
     Beyond torch's DataLoader it has ``close()``, context-manager support,
     ``epoch``/``set_epoch()``, ``plan`` and ``describe()``. Every loaderkit-only argument is
@@ -205,10 +208,11 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         training: bool | None = None,
         seed: int | None = None,
         sample_seeding: bool = False,
-        force_zero_workers_on_windows: bool = True,
+        force_zero_workers_on_windows: bool | None = None,
         distributed: bool | str = "auto",
         handoff: Literal["auto", "slots", "torch"] = "auto",
         platform: PlatformInfo | None = None,
+        worker_method: Literal["process", "thread", "auto"] | None = None,
     ) -> None:
         if isinstance(worker_init_fn, WorkerInit):
             # Rebuilt from this loader's own attributes (Lightning's attribute path): take the
@@ -237,6 +241,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self.distributed = distributed
         self.handoff = handoff
         self.platform = platform
+        self.worker_method = worker_method
+        self._threads = setup.worker_method == "thread"
         self._defer_sharding = setup.defers_sharding
         self._owns_generator = setup.owns_generator
         self._sample_seeder: SampleSeeder | None = setup.sample_seeder
@@ -353,17 +359,12 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         if self._sample_seeder is not None:
             source = sample_seeding_view(self, self._sample_seeder)
         workers = self.num_workers > 0
-        if workers:
+        if workers and not self._threads:
             self.check_worker_number_rationality()
-        hooks = LoaderPass(
-            dataset=self.dataset,
-            slots=self._handoff_slots if workers else 0,
-            counts=self._handoff_counts,
-            main_threads=self._main_threads if workers else None,
-            direct_queues="direct queues" not in self._torch_fallbacks,
-        )
-        fallback = bool({"loader hooks", "iterators"} & set(self._torch_fallbacks))
-        return _torch.make_iterator(source, hooks, workers=workers, fallback=fallback)
+        return pass_iterator(
+            source, self.dataset, self._handoff_counts, workers=workers,
+            threads=self._threads and workers, fallbacks=self._torch_fallbacks,
+            slots=self._handoff_slots, main_threads=self._main_threads)  # fmt: skip
 
     def _loaderkit_index_sampler(self, base: Any) -> Any:
         # torch's iterators read the index sampler here; PassIndices records each pass's
@@ -565,8 +566,9 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             >>> stats.path, stats.batches
             ('torch', 0)
         """
-        slots = self._handoff_slots if self.num_workers > 0 else 0
-        return self._handoff_counts.snapshot("slots" if slots else "torch", slots)
+        slots = self._handoff_slots if self.num_workers > 0 and not self._threads else 0
+        path = "in memory" if self._threads and self.num_workers else "slots" if slots else "torch"
+        return self._handoff_counts.snapshot(path, slots)
 
     def describe(self) -> str:
         """The resolved plan as text: setting, requested, used, reason.

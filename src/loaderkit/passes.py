@@ -40,9 +40,10 @@ from loaderkit.workers.deaths import (
 )
 from loaderkit.workers.handoff import HandoffCounts, PinBackend, Received, Receiver
 from loaderkit.workers.queues import DirectContext, direct_writes_possible
+from loaderkit.workers.threads import WorkerThreads
 from loaderkit.workers.worker import HandoffCollate, HandoffConfig
 
-__all__ = ["LoaderPass", "dead_workers"]
+__all__ = ["LoaderPass", "dead_workers", "pass_iterator"]
 
 #: Seconds to wait for a dead worker to be seen dead after its queue failed.
 DEATH_GRACE_S = 2.0
@@ -170,6 +171,38 @@ class LoaderPass(_torch.PassHooks):
         if not deaths:
             return None
         return RuntimeError(death_message(deaths, self.dataset))
+
+
+def pass_iterator(
+    source: Any,
+    dataset: Any,
+    counts: HandoffCounts,
+    *,
+    slots: int,
+    main_threads: int | None,
+    workers: bool,
+    threads: bool,
+    fallbacks: tuple[str, ...] = (),
+) -> Any:
+    """The iterator of one pass over ``source`` (a loader or a view of it), with its hooks.
+
+    Worker threads (``threads``) are carried by ``loaderkit.workers.threads.WorkerThreads``
+    (nothing crosses processes: no slots, torch's threads untouched); worker processes and no
+    workers by torch's iterators with loaderkit's hooks (torch's own where a probe failed:
+    ``fallbacks``); ``slots`` and ``main_threads`` apply with workers only.
+    """
+    if threads:
+        hooks = LoaderPass(dataset=dataset, counts=counts)
+        return _torch.thread_iterator(source, hooks, WorkerThreads)
+    hooks = LoaderPass(
+        dataset=dataset,
+        slots=slots if workers else 0,
+        counts=counts,
+        main_threads=main_threads if workers else None,
+        direct_queues="direct queues" not in fallbacks,
+    )
+    fallback = bool({"loader hooks", "iterators"} & set(fallbacks))
+    return _torch.make_iterator(source, hooks, workers=workers, fallback=fallback)
 
 
 def dead_workers(iterator: Any, wait: float, *, mark: bool = True) -> list[WorkerDeath]:

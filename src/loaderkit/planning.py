@@ -19,21 +19,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset
 
-from loaderkit import _torch
+from loaderkit.checks import (
+    LARGE_PICKLE_BYTES,
+    Findings,
+    check_picklable,
+    counted_processes,
+    fit_start_method_to,
+    pickle_checks,
+    worker_processes,
+)
 from loaderkit.errors import ConfigError, PerformanceHint, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
 from loaderkit.machine.distributed import DistInfo, dist_info, local_world_size
-from loaderkit.machine.main_module import find_unguarded_call
 from loaderkit.machine.platform import PlatformInfo, detect_platform
 from loaderkit.machine.versions import fit_torch_arguments, torch_decision, torch_fallback_warning
 from loaderkit.memory.containers import survey_containers
-from loaderkit.memory.preflight import check_pickle
 from loaderkit.order.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
 from loaderkit.order.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
 from loaderkit.plan import UNSET, Plan, PlanEntry, short_repr
@@ -44,7 +50,6 @@ from loaderkit.policy import (
     SamplerChoice,
     resolve,
     torch_arguments,
-    unpicklable_is_error,
 )
 from loaderkit.policy.budgets import (
     check_open_file_budget,
@@ -53,18 +58,11 @@ from loaderkit.policy.budgets import (
     fit_open_files,
 )
 from loaderkit.policy.memory import advise_copy_on_read, resolve_gc_freeze
-from loaderkit.policy.start_method import fit_start_method
 from loaderkit.workers.collate import collate
 
 __all__ = ["LARGE_PICKLE_BYTES", "LoaderSetup", "dataset_facts", "plan_loader"]
 
 logger = logging.getLogger("loaderkit")
-
-#: Pickled dataset size above which spawn/forkserver loaders warn (each worker gets a copy).
-LARGE_PICKLE_BYTES = 64 * 2**20
-
-#: Loaders given fork instead of a spawn-like default, already warned about (once per cause).
-_WARNED_START_METHODS: set[tuple[str, ...]] = set()
 
 #: torch fallbacks already warned about in this process (once each).
 _WARNED_FALLBACKS: set[tuple[str, tuple[str, ...]]] = set()
@@ -86,6 +84,7 @@ class LoaderSetup:
         defers_sharding: ``distributed="auto"`` left sharding to ``accelerator.prepare``.
         handoff_slots: Batch slots per worker of loaderkit's hand-off (0: torch's path).
         main_threads: torch's threads in this process during a pass (``None``: untouched).
+        worker_method: ``"process"`` or ``"thread"``: what carries the workers.
     """
 
     torch_kwargs: dict[str, Any]
@@ -97,6 +96,7 @@ class LoaderSetup:
     defers_sharding: bool = False
     handoff_slots: int = 0
     main_threads: int | None = None
+    worker_method: str = "process"
 
 
 def dataset_facts(dataset: Any) -> DatasetFacts:
@@ -114,6 +114,8 @@ def dataset_facts(dataset: Any) -> DatasetFacts:
         max_open_files=max_open if isinstance(max_open, int) else None,
         type_name=type(dataset).__name__,
         read_path=dataset.read_path if isinstance(dataset, HDF5SessionDataset) else None,
+        thread_safe=isinstance(dataset, HDF5SessionDataset)
+        or getattr(dataset, "thread_safe", False) is True,
     )
 
 
@@ -245,29 +247,9 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> dic
     return {}
 
 
-@dataclass
-class _Findings:
-    """What the checks add to the plan: warning texts, hint texts and plan entries."""
-
-    warnings: list[str]
-    entries: list[PlanEntry]
-    hints: list[str] = field(default_factory=list)
-
-
-#: Start methods the checks know (an invalid ``multiprocessing_context`` is torch's to reject).
-_START_METHODS = ("fork", "spawn", "forkserver")
-
-
-def _worker_count(res: Resolution) -> int:
-    """The resolved worker count, 0 when none (or not an int: torch rejects it)."""
-    num_workers = res.values["num_workers"]
-    ok = isinstance(num_workers, int) and res.start_method in _START_METHODS
-    return num_workers if ok and num_workers > 0 else 0
-
-
-def _check_copy_on_read(dataset: Any, res: Resolution, found: _Findings) -> None:
+def _check_copy_on_read(dataset: Any, res: Resolution, found: Findings) -> None:
     """Name the dataset's large Python containers that forked workers would each copy."""
-    num_workers = _worker_count(res)
+    num_workers = worker_processes(res)
     if not num_workers:
         return
     try:
@@ -283,87 +265,14 @@ def _check_copy_on_read(dataset: Any, res: Resolution, found: _Findings) -> None
         found.hints.append(advice.hint)
 
 
-def _plan_gc_freeze(res: Resolution, found: _Findings) -> bool:
+def _plan_gc_freeze(res: Resolution, found: Findings) -> bool:
     """Whether workers freeze what they inherited from the garbage collector (plan row)."""
-    num_workers = _worker_count(res)
+    num_workers = worker_processes(res)
     if not num_workers:
         return False
     decision = resolve_gc_freeze(res.start_method, num_workers)
     found.entries.append(PlanEntry("gc_freeze", UNSET, decision.value, decision.reason))
     return decision.value
-
-
-def _pickle_checks(dataset: Any, request: LoaderRequest, res: Resolution) -> dict[str, Any]:
-    """What spawn/forkserver workers would receive, each pickled once (``{}``: nothing sent)."""
-    if not _worker_count(res) or res.start_method not in ("spawn", "forkserver"):
-        # fork, or an invalid multiprocessing_context that torch rejects with its own error
-        return {}
-    # what torch really sends (DataPipes go inside a wrapper that falls back to dill)
-    objects = {name: getattr(request, name) for name in ("collate_fn", "worker_init_fn")}
-    objects.update(sampler=request.sampler, batch_sampler=request.batch_sampler)
-    objects = {"dataset": _torch.as_sent_to_workers(dataset), **objects}
-    return {name: check_pickle(obj, name) for name, obj in objects.items() if obj is not None}
-
-
-def _fit_start_method(
-    res: Resolution, platform: PlatformInfo, checks: Mapping[str, Any], found: _Findings
-) -> Resolution:
-    """Fork in place of a spawn-like default the program cannot run under (policy.start_method)."""
-    if not checks:
-        return res
-    context = res.values["multiprocessing_context"]
-    problems = [c.problem for n, c in checks.items() if c.problem and unpicklable_is_error(n)]
-    fit = fit_start_method(
-        platform,
-        res.start_method,
-        "argument" if context is not None else platform.start_method_source,
-        rerun=find_unguarded_call(),
-        problem=problems[0].message(res.start_method) if problems else None,
-    )
-    if fit is None:
-        return res
-    if fit.key not in _WARNED_START_METHODS:
-        _WARNED_START_METHODS.add(fit.key)
-        found.warnings.append(fit.warning)
-    row = PlanEntry("start_method", UNSET, fit.start_method, fit.reason)
-    found.entries[:] = [row if e.name == "start_method" else e for e in found.entries]
-    values = {**res.values, "multiprocessing_context": fit.start_method}
-    return replace(res, start_method=fit.start_method, values=values)
-
-
-def _check_picklable(checks: Mapping[str, Any], res: Resolution, found: _Findings) -> None:
-    """Spawn/forkserver preflight: fail early, naming the attribute that cannot be pickled."""
-    if not checks or res.start_method not in ("spawn", "forkserver"):
-        return
-    num_workers = res.values["num_workers"]
-    for name, check in checks.items():
-        problem = check.problem
-        if problem is None:
-            continue
-        if unpicklable_is_error(name):
-            raise ConfigError(problem.message(res.start_method))
-        found.warnings.append(
-            f"{problem.path} cannot be pickled ({problem.reason}). It stays in the main "
-            "process, so loading works, but it cannot be checkpointed or sent to another "
-            f"process. Fix: {problem.fix}."
-        )
-    size = checks["dataset"].size or 0  # pickled once, above
-    found.entries.append(
-        PlanEntry(
-            "pickled_dataset",
-            None,
-            f"{size / 2**20:.1f} MiB",
-            f"copied to each of {num_workers} '{res.start_method}' workers at start",
-        )
-    )
-    if size > LARGE_PICKLE_BYTES:
-        found.warnings.append(
-            f"the dataset pickles to {size / 2**20:.0f} MiB and the '{res.start_method}' start "
-            f"method sends a copy to each of the {num_workers} workers "
-            f"({num_workers * size / 2**20:.0f} MiB in all, at every start). Keep large arrays "
-            "as torch tensors (shared, not copied), memory-map them, or load them lazily in "
-            "the worker."
-        )
 
 
 def _file_budget(
@@ -374,7 +283,7 @@ def _file_budget(
     Unset: the budget fitted to this loader's processes, each against its own descriptor limit
     (applied). Explicit: kept, and the entry shows what unset would have given.
     """
-    num_workers = res.values["num_workers"]
+    num_workers = counted_processes(res)
     if not isinstance(dataset, HDF5SessionDataset) or not isinstance(num_workers, int):
         return None, None
     budget = fit_open_files(
@@ -412,7 +321,7 @@ def _session_budget(
     budget fitted to this loader's processes and the machine's memory (applied); explicit,
     kept, and the entry shows what unset would have given.
     """
-    num_workers = res.values["num_workers"]
+    num_workers = counted_processes(res)
     if not isinstance(dataset, HDF5SessionDataset) or not isinstance(num_workers, int):
         return None, None
     if dataset.session_memory_bytes == 0:
@@ -432,12 +341,12 @@ def _check_resources(
     res: Resolution,
     platform: PlatformInfo,
     facts: DatasetFacts,
-    found: _Findings,
+    found: Findings,
     *,
     fitted: bool = False,
 ) -> None:
     """Open-file budget (per process) and ``/dev/shm`` size for the resolved worker count."""
-    num_workers = res.values["num_workers"]
+    num_workers = counted_processes(res)
     if not isinstance(num_workers, int) or num_workers < 0:
         return
     fds_per_file = getattr(dataset, "fds_per_file", 1)
@@ -478,7 +387,7 @@ def _check_resources(
             found.warnings.append(memory.message)
 
 
-def _note_torch(platform: PlatformInfo, found: _Findings) -> None:
+def _note_torch(platform: PlatformInfo, found: Findings) -> None:
     """The plan's first row (``torch``), and the fallback warning once per torch and fallbacks."""
     torch_row = torch_decision(platform)
     found.entries.insert(0, PlanEntry("torch", UNSET, torch_row.value, torch_row.reason))
@@ -535,11 +444,11 @@ def plan_loader(
     res = resolve(request, facts, platform, dist)
     _check_not_empty(dataset, request, res)
 
-    found = _Findings(warnings=list(res.warnings), entries=list(res.entries))
+    found = Findings(warnings=list(res.warnings), entries=list(res.entries))
     _note_torch(platform, found)
     fit_torch_arguments(torch_arguments(res).kwargs(), platform)  # refused before any side effect
-    checks = _pickle_checks(dataset, request, res)
-    res = _fit_start_method(res, platform, checks, found)
+    checks = pickle_checks(dataset, request, res)
+    res = fit_start_method_to(res, platform, checks, found)
     budget_entry, open_files = _file_budget(dataset, res, platform)
     if budget_entry is not None:
         found.entries.append(budget_entry)
@@ -548,13 +457,13 @@ def plan_loader(
     session_entry, session_bytes = _session_budget(dataset, res, platform)
     if session_entry is not None:
         found.entries.append(session_entry)
-    if isinstance(dataset, HDF5SessionDataset) and isinstance(res.values["num_workers"], int):
-        rows = [*dataset.io_plan(), *dataset.cache_plan(max(0, res.values["num_workers"]))]
+    if isinstance(dataset, HDF5SessionDataset) and isinstance(counted_processes(res), int):
+        rows = [*dataset.io_plan(), *dataset.cache_plan(max(0, counted_processes(res)))]
         for name, given, value, reason in rows:
             found.entries.append(PlanEntry(name, value if given else UNSET, value, reason))
     if session_bytes is not None:
         dataset.set_session_bytes(session_bytes)  # before the checks and the block sampler
-    _check_picklable(checks, res, found)
+    check_picklable(checks, res, found)
     _check_copy_on_read(dataset, res, found)
     freeze_gc = _plan_gc_freeze(res, found)
     _check_resources(dataset, request, res, platform, facts, found, fitted=open_files is not None)
@@ -597,4 +506,5 @@ def plan_loader(
         defers_sharding=res.defers_sharding,
         handoff_slots=res.handoff_slots,
         main_threads=res.main_threads,
+        worker_method=res.worker_method,
     )

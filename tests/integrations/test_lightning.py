@@ -116,6 +116,7 @@ def test_loader_passed_to_fit_survives_the_attribute_rebuild() -> None:
         distributed=False,
         force_zero_workers_on_windows=False,
         sample_seeding=True,
+        worker_method="process",
     )
     trainer = make_trainer()
     predictions = trainer.predict(RecordingModule(), dataloaders=loader)
@@ -129,6 +130,7 @@ def test_loader_passed_to_fit_survives_the_attribute_rebuild() -> None:
         "distributed",
         "force_zero_workers_on_windows",
         "num_workers",
+        "worker_method",
     ):
         assert getattr(rebuilt, name) == getattr(loader, name), name
     assert isinstance(rebuilt.worker_init_fn, WorkerInit)

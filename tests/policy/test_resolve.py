@@ -177,6 +177,7 @@ def test_windows_policy_forces_zero_workers(make_platform) -> None:
             timeout=5,
             multiprocessing_context="spawn",
             platform=win,
+            force_zero_workers_on_windows=True,  # given: the zero-worker policy, not threads
         )
     assert loader.num_workers == 0
     assert loader.persistent_workers is False
@@ -203,9 +204,21 @@ def test_windows_auto_workers_is_zero_without_warning(make_platform) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error", LoaderkitWarning)
         loader = create_dataloader(
-            SquareDataset(), num_workers="auto", platform=make_platform(**WINDOWS)
+            SquareDataset(),
+            num_workers="auto",
+            platform=make_platform(**WINDOWS),
+            force_zero_workers_on_windows=True,
         )
     assert loader.num_workers == 0
+
+
+def test_windows_auto_workers_unset_policy_are_threads(make_platform) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LoaderkitWarning)
+        loader = create_dataloader(
+            SquareDataset(), num_workers="auto", platform=make_platform(**WINDOWS, usable_cpus=4)
+        )
+    assert loader.num_workers == 3 and loader.plan["worker_method"].value == "thread"
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,8 @@ piece, each saying which torch releases it was checked on:
 ``cuda``           torch's bad-fork check
 ``devices``        the current accelerator (``torch.accelerator`` from 2.6, CUDA before)
 ``datapipes``      how torch sends DataPipes to workers
+``threads``        worker threads: ``get_worker_info()`` per thread, ``WorkerInfo`` built with
+                   this torch's fields, the fetcher, the pass iterator over threads
 ``probes``         one probe per piece, run once per process (``support()``)
 ``version``        torch's version, parsed, and the releases loaderkit is tested on
 =================  =========================================================================
@@ -73,6 +75,19 @@ from loaderkit._torch.probes import PIECES, Probe, TorchSupport, refresh, suppor
 from loaderkit._torch.seeds import consume_base_seed_draw, draw_seed, worker_base_seed
 from loaderkit._torch.signals import wrap_worker_signal_handler
 from loaderkit._torch.storage import new_shared_tensor, storage_from_fd, storage_use_count
+from loaderkit._torch.threads import (
+    CarrierFactory,
+    ThreadCarrier,
+    ThreadSetup,
+    create_fetcher,
+    install_thread_info,
+    make_thread_rng,
+    make_worker_info,
+    set_thread_info,
+    thread_info_probe,
+    thread_iterator,
+    thread_safe_generator_exists,
+)
 from loaderkit._torch.version import (
     CHECKED_ON,
     TESTED_FROM,
@@ -90,15 +105,19 @@ __all__ = [
     "TESTED_FROM",
     "TESTED_TO",
     "TORCH_VERSION",
+    "CarrierFactory",
     "IteratorParts",
     "LoaderView",
     "PassHooks",
     "Probe",
+    "ThreadCarrier",
+    "ThreadSetup",
     "TorchLoader",
     "TorchSupport",
     "accelerator_type",
     "as_sent_to_workers",
     "consume_base_seed_draw",
+    "create_fetcher",
     "deaths_named",
     "default_collate",
     "draw_seed",
@@ -107,11 +126,14 @@ __all__ = [
     "in_bad_fork",
     "index_sampler",
     "install_tensor_collate",
+    "install_thread_info",
     "is_exception_wrapper",
     "is_worker_exception",
     "kept_iterator",
     "loader_parameters",
     "make_iterator",
+    "make_thread_rng",
+    "make_worker_info",
     "mark_worker_gone",
     "may_be_worker_death",
     "new_shared_tensor",
@@ -121,11 +143,15 @@ __all__ = [
     "pin_memory",
     "record_stream",
     "refresh",
+    "set_thread_info",
     "shutdown_workers",
     "storage_from_fd",
     "storage_use_count",
     "support",
     "tensor_rule",
+    "thread_info_probe",
+    "thread_iterator",
+    "thread_safe_generator_exists",
     "torch_index_sampler",
     "worker_base_seed",
     "wrap_worker_signal_handler",

@@ -115,7 +115,8 @@ def tensor_rule() -> TensorCollate | None:
 def install_tensor_collate(rule: TensorCollate) -> bool:
     """Make ``default_collate`` stack tensors with ``rule`` in this process.
 
-    Only ever called in a worker process. Returns ``False`` (nothing installed) where torch has
+    Called in a worker process (its slots), or where worker threads start (a rule that is
+    torch's own outside them). Returns ``False`` (nothing installed) where torch has
     no rule map: batches are then made by torch's own code and copied where they must go.
     """
     if _TORCH_RULE is None or not isinstance(_MAP, dict):

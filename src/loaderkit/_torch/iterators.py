@@ -73,6 +73,7 @@ __all__ = [
     "make_iterator",
     "mark_worker_gone",
     "parts",
+    "pass_bases",
     "shutdown_workers",
 ]
 
@@ -217,14 +218,15 @@ class PublicIterator:
 
 
 @functools.lru_cache(maxsize=1)
-def _classes() -> tuple[type, type] | None:
-    """Loaderkit's single-process and worker-process iterator classes, or ``None``."""
+def pass_bases() -> tuple[type, type] | None:
+    """The two mixins every loaderkit iterator class is built from, or ``None``.
+
+    ``(counting, setup)``: ``counting`` calls ``yielded``/``exhausted`` around torch's
+    ``__next__``; ``setup`` sits right above torch's base iterator and sets the collate
+    function (``PassHooks.collate``) before any worker starts.
+    """
     try:
-        from torch.utils.data.dataloader import (
-            _BaseDataLoaderIter,
-            _MultiProcessingDataLoaderIter,
-            _SingleProcessDataLoaderIter,
-        )
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
     except ImportError:
         return None
 
@@ -251,14 +253,32 @@ def _classes() -> tuple[type, type] | None:
             self.loaderkit_hooks.yielded()
             return data
 
-    class SingleProcessIter(_Counting, _SingleProcessDataLoaderIter, _Setup):
+    return _Counting, _Setup
+
+
+@functools.lru_cache(maxsize=1)
+def _classes() -> tuple[type, type] | None:
+    """Loaderkit's single-process and worker-process iterator classes, or ``None``."""
+    bases = pass_bases()
+    try:
+        from torch.utils.data.dataloader import (
+            _MultiProcessingDataLoaderIter,
+            _SingleProcessDataLoaderIter,
+        )
+    except ImportError:
+        return None
+    if bases is None:
+        return None
+    _Counting, _Setup = bases
+
+    class SingleProcessIter(_Counting, _SingleProcessDataLoaderIter, _Setup):  # type: ignore[misc, valid-type]
         """torch's single-process iterator with loaderkit's hooks."""
 
         def __init__(self, loader: Any, hooks: PassHooks) -> None:
             self.loaderkit_hooks = hooks
             super().__init__(loader)
 
-    class MultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter, _Setup):
+    class MultiProcessingIter(_Counting, _MultiProcessingDataLoaderIter, _Setup):  # type: ignore[misc, valid-type]
         """torch's worker-process iterator with loaderkit's hooks."""
 
         def __init__(self, loader: Any, hooks: PassHooks) -> None:

@@ -113,7 +113,7 @@ def _start_method(p: PlatformInfo) -> Check:
 
 
 def _workers(p: PlatformInfo) -> Check:
-    recommended = _recommended(p)
+    recommended = _recommended(p, force_zero_workers_on_windows=None)
     finding = (
         f"{p.usable_cpus} usable of {p.cpu_count} CPUs; num_workers='auto' -> {recommended}"
         + (f" per rank ({p.local_world_size} local ranks)" if p.local_world_size else "")
@@ -122,9 +122,10 @@ def _workers(p: PlatformInfo) -> Check:
         return Check(
             "workers",
             WARN,
-            finding + "; Windows: loaders run in the main process",
-            "the zero-worker policy is on; pass force_zero_workers_on_windows=False "
-            "only for picklable datasets defined in importable modules",
+            finding + "; Windows: workers are threads of the training process",
+            "worker processes start slowly here and need picklable datasets in importable "
+            "modules: loaders use threads (worker_method='thread'); worker_method='process' "
+            "only for such datasets, force_zero_workers_on_windows=True for no workers",
         )
     if p.usable_cpus < p.cpu_count:
         return Check(

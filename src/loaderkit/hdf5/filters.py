@@ -17,7 +17,14 @@ from h5py import h5z
 
 from loaderkit.errors import HDF5FileError
 
-__all__ = ["Filter", "check_available", "check_filters", "needed_filters", "pipeline"]
+__all__ = [
+    "Filter",
+    "check_available",
+    "check_filters",
+    "fletcher_damage",
+    "needed_filters",
+    "pipeline",
+]
 
 #: Registered HDF5 filter ids: (name, where to get it). Ids from the HDF Group's registry.
 KNOWN_FILTERS: dict[int, tuple[str, str]] = {
@@ -165,3 +172,29 @@ def check_filters(dset: h5py.Dataset, *, key: str, session: Hashable, path: str)
         ...     check_filters(d, key="x", session=0, path=path)  # gzip is always there
     """
     check_available(needed_filters(dset), key=key, session=session, path=path)
+
+
+def fletcher_damage(dset: h5py.Dataset, axis: int, rows: range) -> str:
+    """Which chunks among ``rows`` fail their Fletcher-32 checksum, as a cause ("": none).
+
+    Each chunk holding one of ``rows`` is read on its own; the ones that fail are named by
+    their row spans. Datasets without the Fletcher-32 filter give "".
+    """
+    if not any(flt.id == 3 for flt in pipeline(dset)):
+        return ""
+    chunk = dset.chunks[axis] if dset.chunks else 1
+    bad = []
+    start = rows.start // chunk * chunk
+    while start <= rows[-1]:
+        stop = min(start + chunk, dset.shape[axis])
+        try:
+            dset[(slice(None),) * axis + (slice(start, stop),)]
+        except Exception:  # h5py raises OSError, damaged chunk indexes other errors
+            bad.append(f"rows {start}..{stop - 1}")
+        start = stop
+    if not bad:
+        return ""
+    return (
+        f"Fletcher-32 checksum mismatch: the chunk(s) holding {', '.join(bad)} are damaged "
+        "(the file's bytes differ from what was written); the other rows read correctly"
+    )

@@ -34,7 +34,7 @@ from loaderkit.hdf5.diagnose import (
     open_diagnosis,
     repair_advice,
 )
-from loaderkit.hdf5.filters import pipeline
+from loaderkit.hdf5.filters import fletcher_damage
 from loaderkit.hdf5.handles import Handle, HandleCache
 from loaderkit.hdf5.held import HeldSessions
 from loaderkit.hdf5.layout import SessionLayout, add_note, dataset_at, open_object
@@ -45,7 +45,7 @@ from loaderkit.hdf5.rawio import (
     raw_location,
     read_direct,
 )
-from loaderkit.hdf5.records import KeySpec, SessionRecord, axis_selection, read_slab
+from loaderkit.hdf5.records import KeySpec, SessionRecord, read_slab
 from loaderkit.hdf5.sources import SessionSources
 from loaderkit.hdf5.types import Kind, RowType
 
@@ -274,33 +274,7 @@ class SessionFiles:
                 return f"the file changed while it was open: {', '.join(changed)}", True
         if entry is None or key >= len(entry.datasets):
             return "", False
-        dset = entry.datasets[key]
-        if not any(flt.id == 3 for flt in pipeline(dset)):
-            return "", False
-        damaged = self._damaged_chunks(dset, self.specs[key].axis, rows)
-        if not damaged:
-            return "", False
-        spans = ", ".join(f"rows {a}..{b - 1}" for a, b in damaged)
-        return (
-            f"Fletcher-32 checksum mismatch: the chunk(s) holding {spans} are damaged "
-            "(the file's bytes differ from what was written); the other rows read correctly"
-        ), False
-
-    @staticmethod
-    def _damaged_chunks(dset: h5py.Dataset, axis: int, rows: range) -> list[tuple[int, int]]:
-        """Row spans of the chunks that fail to read on their own, among ``rows``."""
-        first, last = rows.start, rows[-1]
-        chunk = dset.chunks[axis] if dset.chunks else 1
-        bad = []
-        start = first // chunk * chunk
-        while start <= last:
-            stop = min(start + chunk, dset.shape[axis])
-            try:
-                dset[axis_selection(axis, start, stop)]
-            except Exception:  # h5py raises OSError, damaged chunk indexes other errors
-                bad.append((start, stop))
-            start = stop
-        return bad
+        return fletcher_damage(entry.datasets[key], self.specs[key].axis, rows), False
 
     def _open(self, pos: int) -> Handle:
         """Open session ``pos``'s file and check it against its record (the cache's opener).

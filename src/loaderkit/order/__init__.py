@@ -3,7 +3,10 @@
 Modules:
 
 - ``seeding``: reproducible, collision-free random streams in every process, worker, rank and
-  epoch (``seed_everything``, ``make_generator``, ``seed_worker``, ``worker_rng``).
+  epoch (``seed_everything``, ``make_generator``, ``seed_worker``, ``worker_rng``); per worker
+  thread where the worker is a thread.
+- ``determinism``: ``check_determinism``: two loaders compared bit for bit; the shared random
+  states worker threads drew from, named.
 - ``sample_seeding``: ``sample_seeding=True``: batches tagged with their epoch, samples seeded
   one by one *in the workers*.
 - ``samplers``: the samplers loaderkit builds for ``torch.distributed`` (``ElasticSampler``,
@@ -14,5 +17,6 @@ Modules:
   and datasets.
 
 Imports go down only: to ``loaderkit.machine`` (ranks), ``loaderkit.workers`` (whether a
-worker shares its batches), ``loaderkit._torch`` and ``loaderkit.errors``.
+worker shares its batches, the current worker thread), ``loaderkit._torch`` and
+``loaderkit.errors``.
 """

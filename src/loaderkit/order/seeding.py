@@ -6,7 +6,8 @@
 * ``seed_worker`` is the worker initializer loaderkit installs in every loader (usable as a
   plain ``worker_init_fn`` too): streams differ per worker *and per rank*.
 * ``worker_rng`` is the recommended source of randomness for augmentations: a
-  ``numpy.random.Generator`` private to the current worker and rank (main process too).
+  ``numpy.random.Generator`` private to the current worker and rank (main process too); a
+  worker thread has its own (``loaderkit.workers.threads``).
 * ``check_determinism`` compares two loaders built by the same factory.
 * ``SampleSeeder`` implements ``sample_seeding=True``: every sample's RNGs are seeded from
   (seed, epoch, index), so batches do not depend on the number of workers.
@@ -24,8 +25,9 @@ import numbers
 import os
 import random
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, fields, is_dataclass
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +37,8 @@ import torch.utils.data
 from loaderkit import _torch
 from loaderkit.errors import check_int
 from loaderkit.machine.distributed import process_rank_and_world
-from loaderkit.order.hooks import call_hook
+from loaderkit.order.determinism import DeterminismReport, check_determinism
+from loaderkit.workers.threads import current_worker
 from loaderkit.workers.worker import share_batches
 
 __all__ = [
@@ -134,9 +137,8 @@ def seed_everything(seed: int, *, deterministic: bool = False) -> int:
         >>> import torch; a = torch.rand(1); _ = seed_everything(0); bool(torch.rand(1) == a)
         True
     """
-    global _worker_state
     seed = validate_seed(seed)
-    _worker_state = None  # restart worker_rng() of this process from the new seed
+    _set_state(None)  # restart worker_rng() of this process (or worker thread) from the seed
     random.seed(seed)
     _seed_numpy_legacy(seed)
     torch.manual_seed(seed)  # also seeds every CUDA device (lazily when CUDA is not initialized)
@@ -176,6 +178,23 @@ class _RngState:
 _worker_state: _RngState | None = None
 
 
+def _get_state() -> _RngState | None:
+    """The ``worker_rng`` state of this worker thread, else of this process."""
+    worker = current_worker()
+    if worker is not None:
+        return worker.streams
+    return _worker_state
+
+
+def _set_state(state: _RngState | None) -> None:
+    global _worker_state
+    worker = current_worker()
+    if worker is not None:
+        worker.streams = state
+    else:
+        _worker_state = state
+
+
 def _current_rank() -> int:
     """Global rank seen from inside any process (worker processes included)."""
     return process_rank_and_world()[0]
@@ -186,11 +205,18 @@ def _worker_seed_sequence(base_seed: int, worker_id: int, rank: int) -> np.rando
 
 
 def _install_worker_streams(worker_id: int, base_seed: int, rank: int, world_size: int) -> None:
-    """Seed this worker's globals and its ``worker_rng`` from (base seed, worker, rank)."""
-    global _worker_state
+    """Seed this worker's globals and its ``worker_rng`` from (base seed, worker, rank).
+
+    A worker thread leaves the process's globals alone (the caller's thread and the other
+    workers use them too) and seeds its own generators instead.
+    """
     sequence = _worker_seed_sequence(base_seed, worker_id, rank)
     children = sequence.spawn(4)
-    if world_size > 1:
+    thread = current_worker()
+    if thread is not None and world_size > 1:
+        thread.torch_generator.manual_seed(_words(children[_TORCH], 1)[0])
+        thread.random.seed(_words(children[_PYTHON], 2)[0])
+    elif world_size > 1:
         # Every rank draws the same base seed from identically seeded generators: mix the rank
         # in, or all ranks augment identically.
         torch.manual_seed(_words(children[_TORCH], 1)[0])
@@ -199,10 +225,12 @@ def _install_worker_streams(worker_id: int, base_seed: int, rank: int, world_siz
     # In a single process torch's own per-worker seeds (base_seed + worker_id for torch and
     # random, a SeedSequence-style state for numpy) are already distinct: keep them, so a
     # dataset gives exactly the batches it gives under torch's DataLoader.
-    _worker_state = _RngState(
-        pid=os.getpid(),
-        key=(base_seed, rank, worker_id),
-        generator=np.random.Generator(np.random.PCG64(children[_RNG])),
+    _set_state(
+        _RngState(
+            pid=os.getpid(),
+            key=(base_seed, rank, worker_id),
+            generator=np.random.Generator(np.random.PCG64(children[_RNG])),
+        )
     )
 
 
@@ -255,14 +283,16 @@ class WorkerInit:
     freeze_gc: bool = False
 
     def __call__(self, worker_id: int) -> None:
-        if self.freeze_gc:
+        thread = current_worker() is not None  # a worker thread: the process is the caller's
+        if self.freeze_gc and not thread:
             gc.freeze()
         info = torch.utils.data.get_worker_info()
         if info is not None:
             _install_worker_streams(
                 worker_id, _torch.worker_base_seed(info), self.rank, self.world_size
             )
-        share_batches(self.shared_batches)
+        if not thread:
+            share_batches(self.shared_batches)
         if self.user_fn is not None:
             self.user_fn(worker_id)
 
@@ -286,27 +316,26 @@ def worker_rng() -> np.random.Generator:
         >>> _ = seed_everything(1); bool(worker_rng().random() == a)
         True
     """
-    global _worker_state
     if _sample_stream.active:
         return _sample_stream.get()
     pid = os.getpid()
     info = torch.utils.data.get_worker_info()
     if info is not None:
-        state = _worker_state
+        state = _get_state()
         if state is None or state.pid != pid:
             # A worker of a plain torch DataLoader (no seed_worker): derive from torch's seed.
             _install_worker_streams(info.id, _torch.worker_base_seed(info), _current_rank(), 1)
-            state = _worker_state
+            state = _get_state()
         assert state is not None
         return state.generator
     key = _main_process_key()
-    state = _worker_state
+    state = _get_state()
     if state is None or state.pid != pid or state.key != key:
         sequence = np.random.SeedSequence(entropy=key[0], spawn_key=key[1:])
         state = _RngState(
             pid=pid, key=key, generator=np.random.Generator(np.random.PCG64(sequence))
         )
-        _worker_state = state
+        _set_state(state)
     return state.generator
 
 
@@ -315,8 +344,11 @@ def worker_rng() -> np.random.Generator:
 _SAMPLE_PERSON = b"loaderkit-sample"  # domain separation for the per-sample hash
 
 
-class _SampleStream:
-    """The ``worker_rng`` of the sample being produced; re-stated lazily per sample."""
+class _SampleStream(threading.local):
+    """The ``worker_rng`` of the sample being produced; re-stated lazily per sample.
+
+    One per thread: worker threads produce samples at the same time.
+    """
 
     def __init__(self) -> None:
         self.bit_generator = np.random.PCG64(0)
@@ -349,7 +381,11 @@ class SampleSeeder:
     ``(seed, epoch, index)`` (a keyed hash gives independent streams for neighbouring indices
     at a fraction of the cost of a ``SeedSequence``). In a worker process the globals are left
     in that state; in the main process (``num_workers=0``) they are saved before a batch and
-    restored after it, so the training loop's own random state (dropout, ...) is untouched.
+    restored after it, so the training loop's own random state (dropout, ...) is untouched. In a
+    worker thread the process's RNGs belong to the training loop and the other workers: the
+    thread's own generators are seeded instead, with the same values (its ``torch.Generator``,
+    what ``torch.thread_safe_generator()`` returns there, and its ``random.Random``), so draws
+    from them match those from torch's and Python's global RNGs with 0 workers or processes.
 
     Args:
         seed: The loader's seed.
@@ -382,11 +418,16 @@ class SampleSeeder:
             digest_size=52,
             person=_SAMPLE_PERSON,
         ).digest()
-        # torch.manual_seed() would also seed every accelerator backend (~50x slower); samples
-        # are produced on the CPU, so the CPU generator is the one that matters.
-        torch.default_generator.manual_seed(int.from_bytes(digest[0:8], "little"))
-        random.seed(int.from_bytes(digest[8:16], "little"))
-        np.random.seed(int.from_bytes(digest[16:20], "little"))
+        thread = current_worker()
+        if thread is not None:  # the process's RNGs are the caller's: the thread's own ones
+            thread.torch_generator.manual_seed(int.from_bytes(digest[0:8], "little"))
+            thread.random.seed(int.from_bytes(digest[8:16], "little"))
+        else:
+            # torch.manual_seed() would also seed every accelerator backend (~50x slower);
+            # samples are produced on the CPU, so the CPU generator is the one that matters.
+            torch.default_generator.manual_seed(int.from_bytes(digest[0:8], "little"))
+            random.seed(int.from_bytes(digest[8:16], "little"))
+            np.random.seed(int.from_bytes(digest[16:20], "little"))
         _sample_stream.words = digest[20:52]
         _sample_stream.active = True
 
@@ -435,125 +476,3 @@ class _SeededSample:
 
     def __exit__(self, *exc: object) -> None:
         self._batch.__exit__(*exc)
-
-
-# --------------------------------------------------------------------------- determinism check
-
-
-def _leaves(obj: Any, path: str, out: list[tuple[str, str]]) -> None:
-    """Flatten a batch into (path, digest) pairs."""
-    if isinstance(obj, torch.Tensor):
-        tensor = obj.detach().cpu().contiguous()
-        digest = hashlib.blake2b(f"{tensor.dtype}{tuple(tensor.shape)}".encode(), digest_size=16)
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-        out.append((path, f"tensor {tensor.dtype} {tuple(tensor.shape)} {digest.hexdigest()}"))
-    elif isinstance(obj, np.ndarray):
-        array = np.ascontiguousarray(obj)
-        digest = hashlib.blake2b(f"{array.dtype}{array.shape}".encode(), digest_size=16)
-        if array.dtype.hasobject:
-            digest.update(repr(array.tolist()).encode())
-        else:
-            digest.update(array.tobytes())
-        out.append((path, f"ndarray {array.dtype} {array.shape} {digest.hexdigest()}"))
-    elif isinstance(obj, Mapping):
-        for key in sorted(obj, key=repr):
-            _leaves(obj[key], f"{path}[{key!r}]", out)
-    elif is_dataclass(obj) and not isinstance(obj, type):
-        for f in fields(obj):
-            _leaves(getattr(obj, f.name), f"{path}.{f.name}", out)
-    elif isinstance(obj, (list, tuple)):
-        for i, item in enumerate(obj):
-            _leaves(item, f"{path}[{i}]", out)
-    else:
-        out.append((path, f"{type(obj).__name__} {obj!r}"))
-
-
-@dataclass(frozen=True)
-class DeterminismReport:
-    """Result of ``check_determinism``.
-
-    Attributes:
-        deterministic: True when both loaders produced identical batches.
-        epochs: Passes compared.
-        batches: Batches compared.
-        first_difference: ``None``, or where the loaders first differ (epoch, batch, path,
-            and both values' fingerprints).
-
-    Examples:
-        >>> bool(DeterminismReport(True, 2, 10, None))
-        True
-    """
-
-    deterministic: bool
-    epochs: int
-    batches: int
-    first_difference: str | None
-
-    def __bool__(self) -> bool:
-        return self.deterministic
-
-    def __str__(self) -> str:
-        if self.deterministic:
-            return f"deterministic: {self.batches} batches over {self.epochs} epoch(s) identical"
-        return f"not deterministic: {self.first_difference}"
-
-
-def _fingerprints(loader: Iterable[Any], epochs: int) -> Iterator[tuple[int, int, list]]:
-    try:
-        for epoch in range(epochs):
-            for index, batch in enumerate(loader):
-                leaves: list[tuple[str, str]] = []
-                _leaves(batch, "batch", leaves)
-                yield epoch, index, leaves
-    finally:
-        call_hook(loader, "close")
-
-
-def check_determinism(
-    make_loader: Callable[[], Iterable[Any]], *, epochs: int = 2
-) -> DeterminismReport:
-    """Build two loaders with ``make_loader`` and compare their batches over ``epochs`` passes.
-
-    Each batch is reduced to fingerprints of its leaves (tensors, arrays, scalars), so the
-    comparison is exact (bit-for-bit) and cheap in memory. Loaders with a ``close()`` method are
-    closed afterwards.
-
-    Args:
-        make_loader: Zero-argument factory, e.g.
-            ``lambda: create_dataloader(ds, shuffle=True, num_workers=2, seed=0)``.
-        epochs: Passes over each loader.
-
-    Returns:
-        A ``DeterminismReport`` (truthy when identical) naming the first difference.
-
-    Examples:
-        >>> from loaderkit import create_dataloader
-        >>> report = check_determinism(lambda: create_dataloader(list(range(8)), batch_size=4,
-        ...                                                      shuffle=True, seed=0))
-        >>> report.deterministic
-        True
-    """
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
-    first = list(_fingerprints(make_loader(), epochs))
-    second = list(_fingerprints(make_loader(), epochs))
-    for (epoch, index, a), (_, _, b) in zip(first, second, strict=False):
-        if a != b:
-            for (path_a, fa), (path_b, fb) in zip(a, b, strict=False):
-                if (path_a, fa) != (path_b, fb):
-                    where = path_a if path_a == path_b else f"{path_a} vs {path_b}"
-                    detail = f"{where}: {fa} != {fb}"
-                    break
-            else:
-                detail = f"batch has {len(a)} leaves in one run and {len(b)} in the other"
-            return DeterminismReport(
-                False, epochs, index, f"epoch {epoch}, batch {index}: {detail}"
-            )
-    if len(first) != len(second):
-        return DeterminismReport(
-            False,
-            epochs,
-            min(len(first), len(second)),
-            f"the loaders yielded {len(first)} and {len(second)} batches",
-        )
-    return DeterminismReport(True, epochs, len(first), None)

@@ -9,11 +9,13 @@ warning texts for the caller to emit. Because every input is explicit, Windows, 
 
 The rule throughout: **explicit wins**. A policy fills a value only when the caller left it
 unset (``None`` for loaderkit's own defaults); torch's own values reproduce torch's behaviour.
-The one exception is the Windows zero-worker policy (opt out with
-``force_zero_workers_on_windows=False``).
+The one exception is the Windows policy: worker processes become threads of the caller
+(``force_zero_workers_on_windows=True`` loads in the main process, ``=False`` or
+``worker_method="process"`` keeps processes).
 
 Modules: ``request`` (the request, facts, decisions and the resolution), ``workers`` (worker
 count, persistence, start method, torch's threads, the hand-off, what spawn pickles),
+``methods`` (``worker_method``: processes or threads, the Windows policy, ``"auto"``'s rule),
 ``sampling`` (shuffling, samplers, sharding, seeds), ``resolve`` (all of them in order, pinning
 and collation), ``memory`` (forked workers' memory: the copy-on-read advice, ``gc.freeze()``),
 ``budgets`` (will a loader fit the open-file limit and shared memory; also used by ``hdf5``),
@@ -32,6 +34,7 @@ Examples:
 
 from __future__ import annotations
 
+from loaderkit.policy.methods import WORKER_METHODS, resolve_worker_method
 from loaderkit.policy.request import (
     DatasetFacts,
     Decision,
@@ -59,6 +62,7 @@ __all__ = [
     "HANDOFF_HELD",
     "MAX_AUTO_WORKERS",
     "SENT_TO_WORKERS",
+    "WORKER_METHODS",
     "DatasetFacts",
     "Decision",
     "LoaderRequest",
@@ -73,6 +77,7 @@ __all__ = [
     "resolve_persistent_workers",
     "resolve_pin_memory",
     "resolve_shuffle",
+    "resolve_worker_method",
     "torch_arguments",
     "unpicklable_is_error",
 ]

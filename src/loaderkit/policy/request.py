@@ -59,9 +59,10 @@ class LoaderRequest:
     training: bool | None = None
     seed: int | None = None
     sample_seeding: bool = False
-    force_zero_workers_on_windows: bool = True
+    force_zero_workers_on_windows: bool | None = None
     distributed: bool | str = "auto"
     handoff: str = "auto"
+    worker_method: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class DatasetFacts:
         type_name: The dataset's class name, for messages.
         read_path: How the dataset reads batches and why (``HDF5SessionDataset.read_path``),
             ``None`` when it does not say.
+        thread_safe: The dataset says it can be read by several threads at once.
     """
 
     iterable: bool = False
@@ -84,6 +86,7 @@ class DatasetFacts:
     max_open_files: int | None = None
     type_name: str = "Dataset"
     read_path: tuple[str, str] | None = None
+    thread_safe: bool = False
 
 
 class SamplerChoice:
@@ -157,6 +160,7 @@ class Resolution:
             0 when batches take torch's path.
         main_threads: torch's intra-op threads in this process during a pass
             (``loaderkit.machine.threads``); ``None`` leaves them alone.
+        worker_method: ``"process"`` or ``"thread"`` (``loaderkit.policy.methods``).
     """
 
     values: Mapping[str, Any]
@@ -171,6 +175,7 @@ class Resolution:
     defers_sharding: bool = False
     handoff_slots: int = 0
     main_threads: int | None = None
+    worker_method: str = "process"
 
 
 @dataclass
@@ -189,6 +194,7 @@ class Draft:
     defers_sharding: bool = False
     handoff_slots: int = 0
     main_threads: int | None = None
+    worker_method: str = "process"
 
     def record(self, name: str, requested: Any, value: Any, reason: str) -> None:
         """Append a plan entry."""

@@ -5,10 +5,12 @@ See ``loaderkit.policy``.
 
 from __future__ import annotations
 
+from loaderkit import _torch
 from loaderkit.errors import ConfigError
 from loaderkit.machine.distributed import DistInfo
 from loaderkit.machine.platform import PlatformInfo
 from loaderkit.plan import UNSET
+from loaderkit.policy.methods import resolve_worker_method
 from loaderkit.policy.request import (
     DatasetFacts,
     Decision,
@@ -111,6 +113,20 @@ def resolve(
 
     resolve_workers(request, platform, dist, res)
     decide_start_method(platform, res)
+    workers = res.values.get("num_workers")
+    method = resolve_worker_method(
+        request.worker_method,
+        platform,
+        facts,
+        num_workers=workers if isinstance(workers, int) else 0,
+        start_method=res.start_method,
+        force_zero_workers_on_windows=request.force_zero_workers_on_windows,
+        thread_problem=_torch.thread_info_probe() if workers else None,
+    )
+    res.worker_method = method.value
+    if method.value == "thread":  # no processes start: no start method
+        res.entries = [e for e in res.entries if e.name != "start_method"]
+    res.record("worker_method", asked(request.worker_method), method.value, method.reason)
 
     shuffle = resolve_shuffle(
         request.shuffle,
@@ -145,7 +161,15 @@ def resolve(
     workers = res.values.get("num_workers")
     if request.handoff not in HANDOFF_CHOICES:
         resolve_handoff(platform, None, requested=request.handoff)  # raises, naming the choices
-    if isinstance(workers, int) and workers > 0:
+    if isinstance(workers, int) and workers > 0 and res.worker_method == "thread":
+        res.record(
+            "handoff",
+            asked_handoff(request.handoff),
+            "in memory",
+            "worker threads: batches "
+            "are Python objects of this process, handed over on a queue (nothing is copied)",
+        )
+    elif isinstance(workers, int) and workers > 0:
         handoff = resolve_handoff(
             platform,
             res.values.get("prefetch_factor"),
@@ -161,6 +185,11 @@ def resolve(
         kept = "kept" if platform.torch_threads is None else platform.torch_threads
         res.record("main_threads", UNSET, threads.value or kept, threads.reason)
     return res.freeze()
+
+
+def asked_handoff(handoff: str) -> object:
+    """The ``requested`` of the ``handoff`` row."""
+    return UNSET if handoff == "auto" else handoff
 
 
 def _resolve_collate(

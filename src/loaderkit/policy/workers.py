@@ -35,15 +35,18 @@ MAX_AUTO_WORKERS = 8
 # --------------------------------------------------------------------------- workers
 
 
-def _windows_forbids_workers(platform: PlatformInfo, force_zero_workers_on_windows: bool) -> bool:
-    return platform.is_windows and force_zero_workers_on_windows
+def _windows_forbids_workers(
+    platform: PlatformInfo, force_zero_workers_on_windows: bool | None
+) -> bool:
+    """The zero-worker policy: Windows and ``force_zero_workers_on_windows=True`` (given)."""
+    return platform.is_windows and force_zero_workers_on_windows is True
 
 
 def recommended_num_workers(
     platform: PlatformInfo | None = None,
     *,
     local_world_size: int | None = None,
-    force_zero_workers_on_windows: bool = True,
+    force_zero_workers_on_windows: bool | None = True,
 ) -> int:
     """The worker count ``num_workers="auto"`` uses.
 
@@ -85,7 +88,7 @@ def resolve_num_workers(
     requested: int | str,
     platform: PlatformInfo,
     *,
-    force_zero_workers_on_windows: bool = True,
+    force_zero_workers_on_windows: bool | None = True,
     local_world_size: int | None = None,
 ) -> Decision[int]:
     """Decide ``num_workers``: ``"auto"`` is resolved, Windows may force 0, else as given.

@@ -38,7 +38,11 @@ def shutdown_iterator(iterator: Any) -> None:
     Never raises (a worker that already died is simply reaped).
     """
     workers = _torch.parts(iterator).workers
-    if not workers:
+    if not workers:  # no worker processes: worker threads stop themselves, within bounded time
+        try:
+            _torch.shutdown_workers(iterator)
+        except Exception:  # pragma: no cover - never raise from a shutdown
+            logger.debug("loaderkit: stopping worker threads failed", exc_info=True)
         return
     try:
         _torch.shutdown_workers(iterator)

@@ -1,0 +1,273 @@
+"""Worker threads against worker processes and no workers, side by side in one run.
+
+Usage: python benchmarks/threads.py [--quick] [--json PATH] [--repeats N]
+
+Three workloads, written into a temporary directory (read from the page cache), batch 64,
+``shuffle=True, seed=0``, ``HDF5SessionDataset(paths, key="betas")``, everything else left to
+loaderkit:
+
+- ``contiguous``: 8 sessions of 750 rows of 64 x 64 float32 (16 KiB rows), contiguous storage
+  (``--quick``: 200 rows);
+- ``gzip-chunked``: the same rows in chunks of 8 rows, gzip level 1;
+- ``NSD layout``: 4 sessions of 750 x 20,000 int16 with chunks ``(750, 1)`` (``--quick``:
+  2,000 voxels), every session held whole in memory by each process that reads it.
+
+Each cell is one fresh process (so its memory is its own; ``--quick``: all in this process): it
+builds the loader, runs one pass and reports samples/s, and the growth of the whole process
+tree's memory over that pass (the summed USS, ``psutil.Process.memory_full_info().uss``, of the
+process and every child, sampled every 20 ms; the peak minus the value before the loader was
+built; and the same for PSS, which also counts memory processes share, such as batches in
+shared memory). Configurations: no workers,
+2 forked worker processes, 1 worker thread, 2 worker threads. Cells are interleaved and rotated
+between ``--repeats`` rounds; the table gives medians and the ratios the issue sets targets for.
+
+A second table: the time from ``iter(loader)`` to the first batch with 2 workers, on the NSD
+layout, for processes started with ``fork``, ``forkserver`` (the first loader of a process:
+its server starts too) and ``spawn``, and for threads; each in a fresh process.
+
+On this branch HDF5 reads still hold h5py's and loaderkit's locks (the read-lock work lands
+separately), so threads parallelise only what runs outside them (collation, the sampler, the
+hand-off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+try:
+    import _cli
+except ImportError:  # imported as a module from elsewhere (tests)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _cli
+
+__all__ = ["CONFIGS", "main", "run"]
+
+#: (name, num_workers, worker_method, start method)
+CONFIGS: tuple[tuple[str, int, str | None, str | None], ...] = (
+    ("0 workers", 0, None, None),
+    ("2 processes (fork)", 2, "process", "fork"),
+    ("1 thread", 1, "thread", None),
+    ("2 threads", 2, "thread", None),
+)
+STARTS: tuple[tuple[str, str, str | None], ...] = (
+    ("processes, fork", "process", "fork"),
+    ("processes, forkserver", "process", "forkserver"),
+    ("processes, spawn", "process", "spawn"),
+    ("threads", "thread", None),
+)
+WORKLOADS = ("contiguous", "gzip-chunked", "NSD layout")
+BATCH = 64
+
+
+def tree_memory() -> tuple[int, int]:
+    """Summed (USS, PSS) of this process and every descendant (bytes).
+
+    USS counts only pages no other process maps: memory two processes share (forked pages not
+    yet written, shared-memory batches) is in neither's USS; PSS splits it between them.
+    """
+    me = psutil.Process()
+    uss = pss = 0
+    for process in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            info = process.memory_full_info()
+            uss += info.uss
+            pss += getattr(info, "pss", info.uss)
+    return uss, pss
+
+
+class _Peak(threading.Thread):
+    """Samples ``tree_memory`` every 20 ms until stopped; keeps the peaks."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = tree_memory()
+        self.done = threading.Event()
+
+    def _sample(self) -> None:
+        now = tree_memory()
+        self.peak = (max(self.peak[0], now[0]), max(self.peak[1], now[1]))
+
+    def run(self) -> None:
+        while not self.done.wait(0.02):
+            self._sample()
+
+    def stop(self) -> tuple[int, int]:
+        self.done.set()
+        self.join()
+        self._sample()
+        return self.peak
+
+
+def write(root: Path, workload: str, quick: bool) -> list[str]:
+    """The session files of ``workload`` under ``root``."""
+    if workload == "NSD layout":
+        from nsd_layout import QUICK_VOXELS, SESSIONS, VOXELS, write_sessions
+
+        paths, _ = write_sessions(root, QUICK_VOXELS if quick else VOXELS, SESSIONS)
+    else:
+        from _workloads import WORKLOADS as SHAPES
+        from _workloads import Workload, make_workload
+
+        base = SHAPES["gzip-chunked" if workload == "gzip-chunked" else "small-rows"]
+        shape = Workload(
+            workload, base.sessions, base.rows, base.quick_rows, base.row_shape,
+            base.chunk_rows, base.compression, base.compression_opts,
+        )  # fmt: skip
+        paths = make_workload(root, shape, quick=quick)
+    return [str(p) for p in paths]
+
+
+def cell(paths: Sequence[str], workers: int, method: str | None, start: str | None) -> dict:
+    """One pass in this process: samples/s, tree memory growth, first-batch seconds."""
+    import warnings
+
+    import loaderkit
+
+    warnings.simplefilter("ignore")
+    before = tree_memory()
+    peak = _Peak()
+    peak.start()
+    dataset = loaderkit.HDF5SessionDataset(list(paths), key="betas")
+    loader = loaderkit.DataLoader(
+        dataset,
+        batch_size=BATCH,
+        shuffle=True,
+        seed=0,
+        num_workers=workers,
+        worker_method=method,
+        multiprocessing_context=start if workers else None,
+    )
+    began = time.perf_counter()
+    iterator = iter(loader)
+    first = next(iterator)
+    first_s = time.perf_counter() - began
+    samples = len(first)
+    for batch in iterator:
+        samples += len(batch)
+    elapsed = time.perf_counter() - began
+    uss, pss = peak.stop()
+    loader.close()
+    return {
+        "samples_per_s": samples / elapsed,
+        "memory_growth": uss - before[0],
+        "pss_growth": pss - before[1],
+        "first_batch_s": first_s,
+    }
+
+
+def _in_fresh_process(args: dict, quick: bool) -> dict:
+    if quick:  # in this process: memory figures include what earlier cells left behind
+        return cell(args["paths"], args["workers"], args["method"], args["start"])
+    result = subprocess.run(
+        [sys.executable, __file__, "--cell", json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def run(*, quick: bool = False, repeats: int = 3) -> dict[str, Any]:
+    """Every cell in a fresh process, interleaved over ``repeats`` rounds."""
+    repeats = 1 if quick else repeats
+    results: dict[str, dict[str, list[dict]]] = {w: {c[0]: [] for c in CONFIGS} for w in WORKLOADS}
+    starts: dict[str, list[float]] = {s[0]: [] for s in STARTS}
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {w: write(Path(tmp) / str(i), w, quick) for i, w in enumerate(WORKLOADS)}
+        order = [(w, c) for w in WORKLOADS for c in CONFIGS]
+        for round_ in range(repeats):
+            shift = round_ % len(order)
+            for workload, (name, workers, method, start) in order[shift:] + order[:shift]:
+                got = _in_fresh_process(
+                    {"paths": files[workload], "workers": workers, "method": method,
+                     "start": start}, quick,
+                )  # fmt: skip
+                results[workload][name].append(got)
+            for name, method, start in STARTS:
+                got = _in_fresh_process(
+                    {"paths": files["NSD layout"], "workers": 2, "method": method, "start": start},
+                    quick,
+                )
+                starts[name].append(got["first_batch_s"])
+    table: dict[str, Any] = {}
+    for workload, cells in results.items():
+        table[workload] = {
+            name: {
+                "samples_per_s": statistics.median(c["samples_per_s"] for c in runs),
+                "memory_growth": statistics.median(c["memory_growth"] for c in runs),
+                "pss_growth": statistics.median(c["pss_growth"] for c in runs),
+            }
+            for name, runs in cells.items()
+        }
+    first = {name: statistics.median(values) for name, values in starts.items()}
+    return {"quick": quick, "repeats": repeats, "throughput": table, "first_batch_s": first}
+
+
+def format_table(data: dict[str, Any]) -> str:
+    """The two markdown tables."""
+    lines = [
+        "| workload | configuration | samples/s | x 0 workers | tree USS growth (MiB) "
+        "| tree PSS growth (MiB) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for workload, cells in data["throughput"].items():
+        zero = cells["0 workers"]["samples_per_s"]
+        for name, c in cells.items():
+            lines.append(
+                f"| {workload} | {name} | {c['samples_per_s']:.0f} | "
+                f"{c['samples_per_s'] / zero:.2f} | {c['memory_growth'] / 2**20:.0f} | "
+                f"{c['pss_growth'] / 2**20:.0f} |"
+            )
+    for workload, cells in data["throughput"].items():
+        two, one = cells["2 threads"], cells["1 thread"]
+        procs = cells["2 processes (fork)"]
+        lines.append("")
+        lines.append(
+            f"{workload}: 2 threads / 1 thread {two['samples_per_s'] / one['samples_per_s']:.2f}x;"
+            f" 2 threads / 2 processes {two['samples_per_s'] / procs['samples_per_s']:.2f}x; "
+            f"tree memory growth 2 threads / 2 processes: USS "
+            f"{two['memory_growth'] / max(procs['memory_growth'], 1):.2f}x, PSS "
+            f"{two['pss_growth'] / max(procs['pss_growth'], 1):.2f}x"
+        )
+    lines += ["", "| NSD layout, 2 workers | first batch (s) | x threads |", "|---|---:|---:|"]
+    threads = data["first_batch_s"]["threads"]
+    for name, seconds in data["first_batch_s"].items():
+        lines.append(f"| {name} | {seconds:.3f} | {seconds / threads:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (or, with ``--cell``, one cell of it) and print the tables."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["--cell"]:
+        spec = json.loads(args_list[1])
+        result = cell(spec["paths"], spec["workers"], spec["method"], spec["start"])
+        print(json.dumps(result))
+        return 0
+    parser = _cli.parser(__doc__ or "", "small files, one round")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args(args_list)
+    data = run(quick=args.quick, repeats=args.repeats)
+    _cli.emit(data, format_table(data), args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    raise SystemExit(main())
