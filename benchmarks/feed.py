@@ -31,6 +31,9 @@ Rows of the table (one block per worker count; full run 4, 8, 12 workers, ``--qu
   the old fixed handle budget (with 16 sessions and uniform shuffling it evicts constantly).
 - ``loaderkit block``: the default dataset with ``shuffle="block"`` (locality-aware shuffling:
   runs of contiguous rows, batches still mixing sessions).
+- ``loaderkit default, threads`` and ``loaderkit block, threads``: those two loaders with
+  ``worker_method="thread"``: the same number of workers as threads of this process (the
+  batches never cross a process boundary; pinning happens in the worker threads).
 - ``loaderkit block, torch's hand-off``: the same with loaderkit's worker hand-off switched off
   (each batch a new shared-memory segment, torch's path), beside ``loaderkit block``, which
   hands batches over in long-lived slots (``docs/handoff.md``).
@@ -118,6 +121,8 @@ COMPUTE = "compute only"
 PREFETCHED = ("loaderkit default + DevicePrefetcher", "loaderkit block + DevicePrefetcher")
 #: ``loaderkit block`` with its worker hand-off switched to torch's path (no batch slots).
 TORCH_HANDOFF = "loaderkit block, torch's hand-off"
+#: The loaderkit rows again with worker threads (``worker_method="thread"``) for processes.
+THREADED = ("loaderkit default, threads", "loaderkit block, threads")
 LOADERS = (
     SEEDS_FIX,
     LRU,
@@ -125,6 +130,7 @@ LOADERS = (
     "loaderkit default",
     "loaderkit max_open_files=8",
     "loaderkit block",
+    *THREADED,
     TORCH_HANDOFF,
     "loaderkit block + sample_seeding",
     *PREFETCHED,
@@ -363,6 +369,7 @@ def _build(name: str, paths: list[Path], params: Params, workers: int) -> tuple[
         persistent_workers=workers > 0,
         # torch's row: every batch a new shared-memory segment, as torch does
         handoff="torch" if name == TORCH_HANDOFF else "auto",
+        **({"worker_method": "thread"} if name in THREADED else {}),
     )
     if name in PREFETCHED:
         return loaderkit.DevicePrefetcher(loader, params.device), loader
@@ -426,8 +433,9 @@ def _start(
         else:
             row.max_open_files = TORCH_MAX_OPEN[name]
     pids = _worker_pids(row.loader)
-    if row.loader is not None and len(pids) != workers:
-        print(f"note: {name}: found {len(pids)} worker processes, not {workers}", file=sys.stderr)
+    expected = 0 if name in THREADED else workers  # worker threads start no process
+    if row.loader is not None and len(pids) != expected:
+        print(f"note: {name}: found {len(pids)} worker processes, not {expected}", file=sys.stderr)
     row.monitor = Monitor(row.root, pids)
     return row
 

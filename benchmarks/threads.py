@@ -25,9 +25,9 @@ A second table: the time from ``iter(loader)`` to the first batch with 2 workers
 layout, for processes started with ``fork``, ``forkserver`` (the first loader of a process:
 its server starts too) and ``spawn``, and for threads; each in a fresh process.
 
-On this branch HDF5 reads still hold h5py's and loaderkit's locks (the read-lock work lands
-separately), so threads parallelise only what runs outside them (collation, the sampler, the
-hand-off).
+HDF5 reads run outside loaderkit's locks and, where the read path allows (``hdf5_reads`` in the
+plan: ``preadv``, raw or decoded chunks), outside h5py's too; ``benchmarks/parallel_reads.py``
+measures the reads alone.
 """
 
 from __future__ import annotations
