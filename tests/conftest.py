@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -113,3 +114,19 @@ LINUX_314 = {
 @pytest.fixture
 def make_platform() -> Callable[..., PlatformInfo]:
     return fake_platform
+
+
+@pytest.fixture
+def fork_default() -> Iterator[None]:
+    """Workers start with fork during the test, as Python 3.13's default did.
+
+    For tests whose code lives where no worker can import it (docs blocks run like a reader's
+    session, an example loaded from its path under another name): spawn-like workers
+    (Python 3.14's forkserver default) cannot receive it.
+    """
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("fork", force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(previous, force=True)

@@ -17,7 +17,9 @@ def _pages() -> list[Path]:
 
 
 @pytest.mark.parametrize("page", _pages(), ids=lambda p: str(p.relative_to(DOCS)))
-def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_python_blocks_run(
+    page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fork_default: None
+) -> None:
     monkeypatch.chdir(tmp_path)
     namespace: dict[str, object] = {"__name__": "__docs__"}
     ran = 0

@@ -116,6 +116,8 @@ def test_batches_equal_torch_dataloader(workers: dict[str, Any], valid: bool) ->
             "collate_fn": collate,
             "generator": _seeded_generator,
             **workers,
+            # fork: every pass of the grid starts workers (as the interpreter's default on 3.13)
+            **({"multiprocessing_context": "fork"} if with_workers else {}),
         }
         unordered = workers.get("in_order") is False
         expected = _outcome(torch.utils.data.DataLoader, dataset, kwargs, unordered)

@@ -5,12 +5,13 @@ here): every torch argument keeps its meaning, unset ones get safe and fast valu
 decision is recorded in ``loader.plan``.
 
 The package root is the front door (this module, ``factory``, ``loader``, ``planning`` with
-the checks before workers start in ``checks``, ``passes``) and the two leaves every layer may use (``errors``, ``plan``); the rest lives in a
-folder per stage of the data's way, lowest first: ``machine`` (what this machine and torch
-are), ``workers`` (what runs in worker processes and the hand-off), ``memory`` (what processes
-hold), ``order`` (which samples, in what order), ``policy`` (decisions and checks before a
-start), ``device`` (to the GPU), ``storage`` (where files live), ``hdf5`` (reading sessions);
-``integrations`` and ``cli`` sit on top. ``_torch`` holds every use of torch's private API.
+the checks before workers start in ``checks``, ``passes``) and the two leaves every layer may
+use (``errors``, ``plan``); the rest lives in a folder per stage of the data's way, lowest
+first: ``machine`` (what this machine and torch are), ``workers`` (what runs in worker
+processes and threads, and the hand-off), ``memory`` (what processes hold), ``order`` (which
+samples, in what order), ``policy`` (decisions and checks before a start), ``device`` (to the
+GPU), ``storage`` (where files live), ``hdf5`` (reading sessions); ``integrations`` and
+``cli`` sit on top. ``_torch`` holds every use of torch's private API.
 ``docs/architecture.md`` draws the flow.
 """
 

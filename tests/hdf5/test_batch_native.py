@@ -206,19 +206,24 @@ class ReportsSharing(HDF5SessionDataset):
 
 def test_only_a_loader_that_keeps_the_batch_allocates_it_in_shared_memory(tmp_path: Path) -> None:
     """Shared memory when the buffer is what torch sends; a private buffer otherwise."""
+    # fork: the collate functions are local to the test (a spawn-like default cannot send them)
     ds = ReportsSharing(write_sessions(tmp_path, [20]), key="betas")
 
     def first(batch: list[Any]) -> bool:
         return bool(batch[0])
 
-    ours = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=None)
+    ours = DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="fork")
     ours.collate_fn = first  # what the worker allocated, as seen by loaderkit's own setup
     assert ours.worker_init_fn.shared_batches  # type: ignore[union-attr]
     assert all(next(iter(ours)) for _ in range(2))
     ours.close()
-    other = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=first)
+    other = DataLoader(
+        ds, batch_size=4, num_workers=1, collate_fn=first, multiprocessing_context="fork"
+    )
     assert not other.worker_init_fn.shared_batches  # type: ignore[union-attr]
     assert not next(iter(other))
     other.close()
-    plain = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, collate_fn=first)
+    plain = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=1, collate_fn=first, multiprocessing_context="fork"
+    )
     assert not next(iter(plain))

@@ -174,7 +174,8 @@ def test_an_exception_in_transform_names_index_session_row_file(tmp_path: Path) 
         notes = "\n".join(getattr(info.value, "__notes__", []))
         assert "transform" in notes and "dataset index 7" in notes and "session 1" in notes
         assert "row 2" in notes and str(paths[1]) in notes and str(os.getpid()) in notes
-    loader = create_dataloader(ds, batch_size=4, num_workers=2)
+    # fork: the dataset's class is local to the test
+    loader = create_dataloader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
     with pytest.raises(ValueError, match="bad augmentation") as info:
         list(loader)
     assert "dataset index 7" in str(info.value) and "transform" in str(info.value)

@@ -26,7 +26,8 @@ def _load(relative: str, name: str) -> ModuleType:
     return module
 
 
-def test_nsd_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
+def test_nsd_example_runs(capsys: pytest.CaptureFixture[str], fork_default: None) -> None:
+    # fork: the example is loaded from its path under a name workers cannot import
     nsd = _load("examples/nsd_dataset.py", "nsd_dataset_example")
     args = ["--sessions", "3", "--trials", "20", "--voxels", "300", "--workers", "2"]
     assert nsd.main([*args, "--epochs", "2"]) == 0

@@ -103,6 +103,7 @@ def test_positional_arguments_fail_in_predict_exactly_as_torch_does() -> None:
 def test_loader_passed_to_fit_survives_the_attribute_rebuild() -> None:
     """Built outside the hooks, then rebuilt by Lightning from its attributes (predict)."""
 
+    # fork: user_init is local to the test (a spawn-like default could not send it)
     def user_init(worker_id: int) -> None:
         torch.manual_seed(1234 + worker_id)
 
@@ -117,6 +118,7 @@ def test_loader_passed_to_fit_survives_the_attribute_rebuild() -> None:
         force_zero_workers_on_windows=False,
         sample_seeding=True,
         worker_method="process",
+        multiprocessing_context="fork",
     )
     trainer = make_trainer()
     predictions = trainer.predict(RecordingModule(), dataloaders=loader)

@@ -291,6 +291,8 @@ def test_user_generator_resumes_exactly_including_later_passes(persistent: bool)
             generator=torch.Generator().manual_seed(3),
             num_workers=workers,
             persistent_workers=persistent and workers > 0,
+            # fork: a dozen passes that each start workers (forkserver would start each anew)
+            multiprocessing_context="fork" if workers else None,
         )
 
     # torch draws the workers' base seed from the generator for each new iterator (a

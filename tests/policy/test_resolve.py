@@ -343,7 +343,10 @@ def test_open_file_budget_is_checked(make_platform) -> None:
     class SomeFiles(SquareDataset):
         max_open_files = 450
 
-    tight = make_platform(open_files_soft=1024, open_fds=10)
+    # fork: the datasets' classes are local to the test
+    tight = make_platform(
+        open_files_soft=1024, open_fds=10, start_method="fork", start_method_source="argument"
+    )
     with pytest.raises(ConfigError, match="Too many open files"):
         create_dataloader(ManyFiles(), num_workers=4, platform=tight)
     with pytest.warns(LoaderkitWarning, match="over half the limit"):

@@ -184,7 +184,7 @@ def test_an_unguarded_script_with_an_explicit_spawn_like_method_gets_a_config_er
     script = tmp_path / "train.py"
     script.write_text(
         "import multiprocessing\n"
-        "multiprocessing.set_start_method('forkserver')\n"
+        "multiprocessing.set_start_method('spawn')\n"
         + _DATASET
         + "loader = create_dataloader(Squares(), batch_size=4, num_workers=2)\n"
         + "print('batches', [b.tolist() for b in loader])\n"

@@ -151,7 +151,11 @@ def test_tensors_requiring_grad_take_torchs_path() -> None:
     def collate(batch: list[Any]) -> torch.Tensor:
         return torch.tensor(batch, dtype=torch.float32).requires_grad_()
 
-    with create_dataloader(list(range(20)), batch_size=5, num_workers=1, collate_fn=collate) as lo:
+    # fork: the collate function is local to the test
+    fork = {"multiprocessing_context": "fork"}
+    with create_dataloader(
+        list(range(20)), batch_size=5, num_workers=1, collate_fn=collate, **fork
+    ) as lo:
         got = list(lo)
         assert lo.handoff_stats().other == 4
     assert got[1].requires_grad and got[1].tolist() == [5, 6, 7, 8, 9]
@@ -173,7 +177,10 @@ def test_custom_collate_is_copied_into_a_slot() -> None:
         xs, ys = zip(*batch, strict=True)
         return {"x": torch.stack(xs) * 2, "y": torch.stack(ys)}
 
-    with create_dataloader(rows(), batch_size=20, num_workers=2, collate_fn=collate) as loader:
+    # fork: the collate function is local to the test
+    with create_dataloader(
+        rows(), batch_size=20, num_workers=2, collate_fn=collate, multiprocessing_context="fork"
+    ) as loader:
         for batch in loader:
             check_rows(batch["x"] / 2, batch["y"])
         stats = loader.handoff_stats()

@@ -51,7 +51,8 @@ class PlatformInfo:
         start_method: The multiprocessing start method workers will use.
         start_method_source: Where ``start_method`` came from: ``"argument"`` (the
             ``multiprocessing_context`` passed to the loader), ``"global"`` (set with
-            ``multiprocessing.set_start_method``) or ``"default"`` (the interpreter's default).
+            ``multiprocessing.set_start_method`` to another method than the interpreter's
+            default) or ``"default"`` (the interpreter's default).
         usable_cpus: CPUs this process may run on (CPU affinity / cgroup cpuset aware).
         cpu_count: Logical CPUs of the machine (``os.cpu_count()``).
         cuda_available: ``torch.cuda.is_available()``.
@@ -206,16 +207,23 @@ def resolve_start_method(
 
     Returns:
         ``(start_method, source)`` where source is ``"argument"``, ``"global"`` or ``"default"``.
+        A global start method that is the interpreter's default counts as the default:
+        multiprocessing cannot tell ``set_start_method(default)`` from the default that any
+        ``multiprocessing.get_start_method()`` call (torch's, a library's) fixes in place.
 
     Examples:
         >>> resolve_start_method("spawn", "fork", "fork")
         ('spawn', 'argument')
         >>> resolve_start_method(None, None, "forkserver")
         ('forkserver', 'default')
+        >>> resolve_start_method(None, "forkserver", "forkserver")
+        ('forkserver', 'default')
+        >>> resolve_start_method(None, "spawn", "forkserver")
+        ('spawn', 'global')
     """
     if multiprocessing_context is not None:
         return _context_name(multiprocessing_context), "argument"
-    if global_start_method is not None:
+    if global_start_method is not None and global_start_method != default:
         return global_start_method, "global"
     return default, "default"
 

@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import psutil
@@ -118,6 +119,19 @@ def _is_helper(child: psutil.Process, parent_pid: int) -> bool:
     return child.ppid() == parent_pid and any(
         marker in " ".join(child.cmdline()) for marker in _MP_HELPERS
     )
+
+
+def _own(children: Sequence[ChildProcess]) -> int:
+    """Children that are not multiprocessing's helpers (forkserver server, resource tracker)."""
+    return sum(not c.helper for c in children)
+
+
+def _helpers_note(children: Sequence[ChildProcess]) -> str:
+    """`` (+ N of multiprocessing's helpers, kept for the process's life)`` or ``""``."""
+    helpers = len(children) - _own(children)
+    if not helpers:
+        return ""
+    return f" (+ {helpers} of multiprocessing's helpers, kept for the process's life)"
 
 
 def worker_processes(pid: int | None = None) -> list[psutil.Process]:
@@ -432,7 +446,8 @@ class LeakReport:
         lines = [
             f"file descriptors: {self.before.num_fds} -> {self.after.num_fds} "
             f"({self.fd_growth:+d})",
-            f"child processes: {len(self.before.children)} -> {len(self.after.children)}",
+            f"child processes: {_own(self.before.children)} -> {_own(self.after.children)}"
+            + _helpers_note(self.after.children),
             f"RSS: {self.before.rss / _MIB:.1f} -> {self.after.rss / _MIB:.1f} MiB "
             f"({self.rss_growth / _MIB:+.1f} MiB)",
         ]

@@ -31,6 +31,7 @@ Examples:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -170,7 +171,9 @@ def fit_for_unpicklable(
         "Pass multiprocessing_context='fork' to choose this yourself, or fix the pickling to "
         "keep the default."
     )
-    return StartMethodFit("fork", reason, warning, ("pickle", head))
+    return StartMethodFit(
+        "fork", reason, warning, ("pickle", re.sub(r" at 0x[0-9a-f]+", "", problem))
+    )
 
 
 def _in_effect(platform: PlatformInfo, start_method: str) -> PlatformInfo:
