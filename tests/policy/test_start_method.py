@@ -143,6 +143,17 @@ _DATASET = textwrap.dedent(
 )
 
 
+#: A loader made, iterated and closed at the script's top level, with no main guard.
+_TOP_LEVEL_LOADER = textwrap.dedent(
+    """\
+    loader = create_dataloader(Squares(), batch_size=4, num_workers=2, platform=platform)
+    print("start_method", loader.plan["start_method"].value)
+    print("batches", [b.tolist() for b in loader])
+    loader.close()
+    """
+)
+
+
 def _run(args: list[str], tmp_path: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONWARNINGS": "always", "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
@@ -157,18 +168,7 @@ def test_an_unguarded_script_with_workers_finishes_under_a_forkserver_default(
     tmp_path: Path,
 ) -> None:
     script = tmp_path / "train.py"
-    script.write_text(
-        _EMULATE
-        + _DATASET
-        + textwrap.dedent(
-            """\
-            loader = create_dataloader(Squares(), batch_size=4, num_workers=2, platform=platform)
-            print("start_method", loader.plan["start_method"].value)
-            print("batches", [b.tolist() for b in loader])
-            loader.close()
-            """
-        )
-    )
+    script.write_text(_EMULATE + _DATASET + _TOP_LEVEL_LOADER)
     done = _run([sys.executable, str(script)], tmp_path)
     assert done.returncode == 0, done.stderr
     assert "start_method fork" in done.stdout
@@ -227,18 +227,7 @@ def test_a_guarded_script_keeps_its_spawn_like_start_method(tmp_path: Path) -> N
 def test_a_dataset_defined_in_python_c_loads_with_fork_under_a_forkserver_default(
     tmp_path: Path,
 ) -> None:
-    code = (
-        _EMULATE
-        + _DATASET
-        + textwrap.dedent(
-            """\
-            loader = create_dataloader(Squares(), batch_size=4, num_workers=2, platform=platform)
-            print("start_method", loader.plan["start_method"].value)
-            print("batches", [b.tolist() for b in loader])
-            loader.close()
-            """
-        )
-    )
+    code = _EMULATE + _DATASET + _TOP_LEVEL_LOADER
     done = _run([sys.executable, "-c", code], tmp_path)
     assert done.returncode == 0, done.stderr
     assert "start_method fork" in done.stdout
