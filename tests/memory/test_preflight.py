@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from loaderkit import ConfigError, LoaderkitWarning, create_dataloader, planning
+from loaderkit import ConfigError, LoaderkitWarning, checks, create_dataloader
 from loaderkit.memory.preflight import find_unpicklable, pickled_size
 from tests.helpers import (
     LargeArrayDataset,
@@ -151,7 +151,7 @@ def test_fork_runs_no_preflight() -> None:
 
 
 def test_large_dataset_warns_with_its_size(monkeypatch) -> None:
-    monkeypatch.setattr(planning, "LARGE_PICKLE_BYTES", 1 << 20)
+    monkeypatch.setattr(checks, "LARGE_PICKLE_BYTES", 1 << 20)
     with pytest.warns(LoaderkitWarning, match=r"pickles to 2 MiB .* each of the 2 workers"):
         create_dataloader(
             LargeArrayDataset(2 << 20), num_workers=2, multiprocessing_context="spawn"

@@ -2,7 +2,8 @@
 
 Checked on torch 2.4.1 (``WorkerInfo`` a plain class taking keyword arguments; no
 ``thread_safe_generator``), 2.13.0 and 2.14.1 (``WorkerInfo`` a frozen slotted dataclass with
-``rng`` and ``worker_method``; ``torch.thread_safe_generator``): their sources read, 2.13.0 run.
+``rng`` and ``worker_method``; ``torch.thread_safe_generator``): their sources read, 2.13.0 and
+2.15.0 (Python 3.14) run.
 The members used are the same in 2.6.0, 2.9.1 and 2.12.0, which lie between (not re-read for
 this module): ``get_worker_info`` returning its module global, the base iterator's attributes.
 
