@@ -84,6 +84,8 @@ def test_feed(tmp_path: Path) -> None:
         "loaderkit default",
         "loaderkit max_open_files=8",
         "loaderkit block",
+        "loaderkit default, threads",
+        "loaderkit block, threads",
         "loaderkit block, torch's hand-off",
         "loaderkit block + sample_seeding",
         *prefetched,
