@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from loaderkit import DataLoader, HDF5SessionDataset, SessionCache
-from loaderkit.errors import CacheRepairWarning, ConfigError
+from loaderkit.errors import CacheRepairWarning, ConfigError, LoaderkitWarning
 from tests.hdf5 import remote as files
 from tests.hdf5.remote import Remote, rows
 
@@ -134,7 +134,9 @@ def test_workers_fetch_a_damaged_copy_again_once(
         got = _epoch(_dataset(s3, cache), num_workers=workers, multiprocessing_context=method)
     assert got == reference
     assert [s3.whole_gets(url) for url in s3.urls] == [0, 1, 1, 0, 0, 0, 0, 0]
-    assert all(issubclass(w.category, CacheRepairWarning) for w in caught)
+    # Python 3.12+ adds a DeprecationWarning for each fork while the S3 server's threads run
+    ours = [w for w in caught if issubclass(w.category, LoaderkitWarning)]
+    assert all(issubclass(w.category, CacheRepairWarning) for w in ours), ours
 
 
 def _rank(urls: list[str], options: dict[str, Any], directory: str, barrier: Any, out: str) -> None:
