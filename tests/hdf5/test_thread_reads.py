@@ -185,3 +185,35 @@ def test_a_held_session_is_one_copy_shared_by_the_threads(tmp_path: Path) -> Non
     assert info.loads == 1  # one copy of session 0 for every thread, not one each
     assert info.hits >= 3
     ds.close()
+
+
+def test_a_batch_reads_its_other_sessions_while_another_thread_reads_one_whole(
+    tmp_path: Path,
+) -> None:
+    """Two threads whose batches need the same sessions read different ones whole at once."""
+    paths, arrays = write_wide(tmp_path, 2, 60, (40,), chunk_rows=60)
+    with pytest.warns(PerformanceHint, match="spans 40 chunks"):
+        ds = HDF5SessionDataset(paths, key="betas", max_session_bytes=1 << 20)
+    held = ds._reader.held
+    batch = [0, 1, 60, 61]  # rows of session 0 and session 1
+    pool = ThreadPoolExecutor(1)
+    other = held.building(0)
+    other.acquire()  # as if another thread read session 0 whole now
+    try:
+        assert held.reading(0) and not held.reading(1)
+        pending = pool.submit(ds.__getitems__, batch)
+        deadline = time.monotonic() + 60
+        while held.get(1, touch=False) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # session 1 was read whole first; the batch now waits for session 0
+        assert held.get(1, touch=False) is not None and held.get(0, touch=False) is None
+        assert not pending.done()
+    finally:
+        other.release()
+        pool.shutdown(wait=True)
+    rows = np.stack(pending.result(timeout=60))
+    assert not held.reading(0)
+    expected = np.concatenate([arrays[0][[0, 1]], arrays[1][[0, 1]]])
+    assert rows.tobytes() == expected.tobytes()
+    assert ds.held_info().loads == 2
+    ds.close()

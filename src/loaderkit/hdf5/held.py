@@ -155,6 +155,13 @@ class HeldSessions:
         with self._mutex:
             return self._builders.setdefault(pos, threading.Lock())
 
+    def reading(self, pos: int) -> bool:
+        """Whether a thread is reading session ``pos`` whole now (its ``building`` lock is held)."""
+        self._own()
+        with self._mutex:
+            lock = self._builders.get(pos)
+        return lock is not None and lock.locked()
+
     def make_room(self, nbytes: int) -> None:
         """Drop least recently used sessions until ``nbytes`` more fit within ``max_bytes``."""
         self._own()

@@ -8,6 +8,7 @@ that block order reads each session once per pass.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 
@@ -186,8 +187,18 @@ class WideReads(SessionFiles):
         # sessions already held first: they are this batch's, and must not make room for
         # the sessions it reads anew (least recently used go first)
         segments.sort(key=lambda seg: self.held.get(int(positions[seg[0]]), touch=False) is None)
-        for s, e in segments:
+        pending = collections.deque(segments)
+        passed = 0  # sessions put back in a row because another thread reads them whole
+        while pending:
+            s, e = pending[0]
             pos = int(positions[s])
+            if passed < len(pending) and self.wide[pos][k] and self.held.reading(pos):
+                # another thread reads this session whole: read the batch's others meanwhile
+                pending.rotate(-1)
+                passed += 1
+                continue
+            pending.popleft()
+            passed = 0
             rows = skeys[s:e] & _ROW_MASK
             index = int(idx[order[s]])
             if self.wide[pos][k]:
