@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
@@ -130,3 +131,18 @@ def fork_default() -> Iterator[None]:
         yield
     finally:
         multiprocessing.set_start_method(previous, force=True)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_handler_kept() -> Iterator[None]:
+    """Every test starts with Python's Ctrl-C handler and leaves it as it found it.
+
+    Lightning sets ``SIGINT`` to ``SIG_IGN`` when a fit ends in ``KeyboardInterrupt`` and to
+    ``SIG_DFL`` when it tears down a process group; a later test in the same process would
+    then never see a ``KeyboardInterrupt`` (or die of the signal).
+    """
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
