@@ -47,6 +47,21 @@ def test_rows_land_in_one_tensor_in_request_order(tmp_path: Path, layout: str, o
     assert batch[0].__array_interface__["data"][0] == batch.tensor.data_ptr()
 
 
+@pytest.mark.parametrize("memory_map", [False, True])
+def test_a_batch_takes_each_sessions_file_once(tmp_path: Path, memory_map: bool) -> None:
+    """Rows that alternate between sessions: one lease of each session's file per batch."""
+    ds = HDF5SessionDataset(
+        write_sessions(tmp_path, [10, 12, 9]), key="betas", memory_map=memory_map
+    )
+    indices = [0, 10, 22, 1, 11, 23, 5, 15, 25, 2]  # sessions 0, 1, 2, 0, 1, 2, ...
+    ds.__getitems__(indices)  # opens the three files
+    before = ds.cache_info()
+    batch = ds.__getitems__(indices)
+    after = ds.cache_info()
+    assert torch.equal(batch.tensor, _per_item(ds, indices))
+    assert (after.hits - before.hits, after.misses - before.misses) == (3, 0)
+
+
 def test_scalar_rows_and_integer_dtypes(tmp_path: Path) -> None:
     path = tmp_path / "s.h5"
     with h5py.File(path, "w") as f:

@@ -266,6 +266,11 @@ class SessionReader(WideReads):
         run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
         bounds = starts.tolist()
         bounds.append(n)
+        runs: Sequence[int] = range(len(run_keys))
+        if order is None and len(run_keys) > 1:
+            # runs in request order, each into its own slice of ``buf``: read session by
+            # session (one lease per session, not per run); sorted() is stable
+            runs = sorted(runs, key=lambda r: run_keys[r] >> _ROW_BITS)
 
         def index_at(slot: int) -> int:  # the dataset index read into ``buf[slot]``
             return int(idx[slot] if order is None else idx[order[slot]])
@@ -277,7 +282,8 @@ class SessionReader(WideReads):
         raw: tuple[int, int] | None = None
         row_bytes = self.row_bytes[k]
         try:
-            for r, key in enumerate(run_keys):
+            for r in runs:
+                key = run_keys[r]
                 pos, a = key >> _ROW_BITS, key & _ROW_MASK
                 k0, k1 = bounds[r], bounds[r + 1]
                 if pos != last:
