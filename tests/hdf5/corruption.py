@@ -196,7 +196,7 @@ def read_rechunk(path: Path) -> tuple[str, str]:
     """``(outcome, error text)`` of ``loaderkit rechunk``'s function on ``path``: ``done``, a
     ``named`` error (a loaderkit error naming the file, with the repair advice) or ``raw``."""
     from loaderkit.errors import LoaderkitError
-    from loaderkit.hdf5.rechunk import rechunk
+    from loaderkit.hdf5.convert.rechunk import rechunk
 
     out = path.parent / "rechunked" / path.stem
     try:

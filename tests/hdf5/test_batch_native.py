@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import default_collate
 
 from loaderkit import DataLoader, HDF5SessionDataset, detect_platform, worker_rng
-from loaderkit.hdf5.reader import SessionReader
+from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.workers.collate import RowBatch, collate
 from tests.hdf5.helpers import Scaled, ScaledRows, expected, write_sessions
 

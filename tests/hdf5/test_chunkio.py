@@ -16,8 +16,8 @@ import pytest
 
 import loaderkit
 from loaderkit import HDF5FileError, HDF5SessionDataset
-from loaderkit.hdf5.chunkio import ReadPath
-from loaderkit.hdf5.codecs import decoder, fletcher32
+from loaderkit.hdf5.read.chunkio import ReadPath
+from loaderkit.hdf5.read.codecs import decoder, fletcher32
 
 hdf5plugin = pytest.importorskip("hdf5plugin")
 

@@ -23,7 +23,7 @@ from loaderkit.hdf5 import (
     SampleIndex,
     default_chunk_cache,
 )
-from loaderkit.hdf5.diagnose import open_failure
+from loaderkit.hdf5.meta.diagnose import open_failure
 from tests.hdf5.helpers import (
     EveryOther,
     FailingRead,

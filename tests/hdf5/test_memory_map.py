@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from loaderkit import DataLoader, HDF5SessionDataset
-from loaderkit.hdf5.rawio import map_rows, raw_location
+from loaderkit.hdf5.read.rawio import map_rows, raw_location
 from tests.hdf5.helpers import expected, hdf5_fds, write_sessions
 
 ORDERS = [

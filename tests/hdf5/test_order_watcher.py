@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from loaderkit.hdf5.sources import OrderWatcher
+from loaderkit.hdf5.remote.sources import OrderWatcher
 from loaderkit.order.lookahead import look_ahead
 
 ROWS = 10  # index i lies in session i // ROWS

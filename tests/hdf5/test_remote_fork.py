@@ -1,7 +1,7 @@
 """``layout="rows"`` and fork: the rechunk runs h5py in a prefetch thread of the main process.
 
 A fork while that thread is inside h5py would hand the child h5py's global lock held by a thread
-it does not have. ``loaderkit.hdf5.rowcache.FORK_GUARD`` makes a fork wait for a running
+it does not have. ``loaderkit.hdf5.convert.rowcache.FORK_GUARD`` makes a fork wait for a running
 transform: checked directly (a fork during a rechunk returns only after it), and end to end
 (non-persistent fork workers over a rows-layout remote dataset whose sessions are evicted and
 rechunked again every epoch, prefetch on: every epoch completes, in bounded time).
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from loaderkit import DataLoader, HDF5SessionDataset, SessionCache
-from loaderkit.hdf5.rowcache import RowsTransform
+from loaderkit.hdf5.convert.rowcache import RowsTransform
 from tests.hdf5 import remote as files
 from tests.hdf5.remote import Remote, rows
 

@@ -21,7 +21,7 @@ from h5py import h5f
 
 from loaderkit import HDF5SessionDataset
 from loaderkit.errors import PerformanceHint
-from loaderkit.hdf5.handles import Handle, HandleCache
+from loaderkit.hdf5.read.handles import Handle, HandleCache
 
 from .helpers import write_wide
 

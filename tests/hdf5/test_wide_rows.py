@@ -30,8 +30,8 @@ from loaderkit import (
     LoaderkitWarning,
     PerformanceHint,
 )
-from loaderkit.hdf5.blocks import chunks_per_row, column_blocks
-from loaderkit.hdf5.wide import BLOCK_BYTES
+from loaderkit.hdf5.meta.columnblocks import chunks_per_row, column_blocks
+from loaderkit.hdf5.read.widerows import BLOCK_BYTES
 from loaderkit.policy.budgets import check_session_memory, fit_session_bytes
 from tests.conftest import fake_platform
 from tests.hdf5.helpers import record_worker_start, report_collate, write_wide

@@ -3,7 +3,7 @@
 Two halves that must agree:
 
 - ``RowsTransform(key)``: what the cache runs on a fetched file before it renames it into
-  place (``SessionCache.lease(transform=...)``): ``loaderkit.hdf5.rechunk`` (``layout="auto"``:
+  place (``SessionCache.lease(transform=...)``): ``rechunk.rechunk`` (``layout="auto"``:
   contiguous rows, or chunks of whole rows for compressed data), verified value for value,
   written under the cache's temporary name. It runs in whichever process or fetcher thread
   downloads the entry.
@@ -37,8 +37,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from loaderkit.hdf5.rechunk import CHUNK_BYTES, _choose_layout, rechunk
-from loaderkit.hdf5.records import KeySpec, SessionRecord
+from loaderkit.hdf5.convert.rechunk import CHUNK_BYTES, _choose_layout, rechunk
+from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
 
 __all__ = ["FORK_GUARD", "RowsTransform", "cached_record", "rows_key"]
 

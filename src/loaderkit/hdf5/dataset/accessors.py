@@ -14,19 +14,19 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import ArgumentTypeError, ConfigError
-from loaderkit.hdf5.chunkio import ReadPath
-from loaderkit.hdf5.handles import CacheInfo
-from loaderkit.hdf5.index import (
+from loaderkit.hdf5.meta.index import (
     unpack_index,
 )
-from loaderkit.hdf5.keys import (
+from loaderkit.hdf5.meta.inventory import (
     sample_type,
 )
-from loaderkit.hdf5.layout import (
+from loaderkit.hdf5.meta.layout import (
     SessionLayout,
 )
-from loaderkit.hdf5.reader import SessionReader
-from loaderkit.hdf5.types import Kind, RowType
+from loaderkit.hdf5.meta.types import Kind, RowType
+from loaderkit.hdf5.read.chunkio import ReadPath
+from loaderkit.hdf5.read.handles import CacheInfo
+from loaderkit.hdf5.read.reader import SessionReader
 
 __all__ = ["SessionAccess"]
 

@@ -44,7 +44,7 @@ from h5py import h5t
 from torch.utils.data import default_collate, get_worker_info
 
 from loaderkit.errors import ConfigError, HDF5FileError
-from loaderkit.hdf5.diagnose import repair_advice, type_damage
+from loaderkit.hdf5.meta.diagnose import repair_advice, type_damage
 from loaderkit.workers.collate import torch_dtype
 
 __all__ = [

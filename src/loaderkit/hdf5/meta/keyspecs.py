@@ -18,8 +18,8 @@ import h5py
 import numpy as np
 from h5py import h5s
 
-from loaderkit.hdf5.diagnose import Identity
-from loaderkit.hdf5.layout import SessionLayout
+from loaderkit.hdf5.meta.diagnose import Identity
+from loaderkit.hdf5.meta.layout import SessionLayout
 
 __all__ = ["KeySpec", "SessionRecord", "axis_selection", "read_slab"]
 

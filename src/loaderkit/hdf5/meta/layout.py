@@ -17,8 +17,8 @@ import numpy as np
 
 from loaderkit import errors
 from loaderkit.errors import ConfigError, MissingKeyError, PerformanceHint, warn
-from loaderkit.hdf5.blocks import chunks_per_row
-from loaderkit.hdf5.diagnose import metadata_errors
+from loaderkit.hdf5.meta.columnblocks import chunks_per_row
+from loaderkit.hdf5.meta.diagnose import metadata_errors
 
 __all__ = [
     "MANY_CHUNKS",
@@ -28,6 +28,7 @@ __all__ = [
     "advise",
     "check_same_rows",
     "dataset_at",
+    "dataset_names",
     "default_chunk_cache",
     "describe_layout",
     "open_kwargs",
@@ -44,7 +45,7 @@ _CACHE_ONE_ROW_BYTES = 1 << 20
 _CACHE_MAX_BYTES = 64 << 20
 #: A row touching at least this many chunks "spans many chunks": the dataset warns
 #: (``advise``); when other rows share those chunks, batches read each chunk once per session
-#: (``loaderkit.hdf5.wide``) and sessions may be held in memory (``max_session_bytes``).
+#: (``loaderkit.hdf5.read.widerows``) and sessions may be held in memory (``max_session_bytes``).
 MANY_CHUNKS = 8
 #: Most hash slots: HDF5 allocates and walks the slot table at every dataset open (millions of
 #: slots for tiny chunks cost 15 ms per open and tens of MiB per open file).
@@ -100,7 +101,7 @@ class SessionLayout(NamedTuple):
         """Whether rows spanning many chunks share them with other rows (several per chunk).
 
         One row then reads other rows' bytes too (read amplification): batches read each
-        chunk once per session (``loaderkit.hdf5.wide``) and whole sessions may be held in
+        chunk once per session (``loaderkit.hdf5.read.widerows``) and whole sessions may be held in
         memory (``max_session_bytes``). Chunks of one row each cost lookups, not bytes.
 
         Example:
@@ -184,7 +185,20 @@ def add_note(exc: BaseException, note: str) -> None:
     errors.add_note(exc, note)
 
 
-def _dataset_names(f: h5py.Group, limit: int = 25) -> list[str]:
+def dataset_names(f: h5py.Group, limit: int = 25) -> list[str]:
+    """The paths of every dataset in ``f``, the first ``limit`` of them (for messages).
+
+    Args:
+        f: An open file or group.
+        limit: Most names listed; more are summed up as ``"... (N more)"``.
+
+    Returns:
+        Dataset paths relative to ``f``, in h5py's visiting order.
+
+    Example:
+        >>> dataset_names(h5py.File("session.h5"))  # doctest: +SKIP
+        ['betas', 'stim/ids']
+    """
     names: list[str] = []
 
     def visit(name: str, obj: object) -> None:
@@ -290,7 +304,7 @@ def open_object(f: h5py.Group, key: str) -> Any:
         return f[key]
     except KeyError:
         try:
-            present = key in f or key.strip("/") in _dataset_names(f, limit=10**9)
+            present = key in f or key.strip("/") in dataset_names(f, limit=10**9)
         except Exception:  # the file's tree cannot be walked either
             present = True
         if present:
@@ -326,7 +340,7 @@ def dataset_at(
     """
     with metadata_errors(session, path, f"{key!r}"):
         obj = open_object(f, key)
-        present = None if isinstance(obj, h5py.Dataset) else _dataset_names(f)
+        present = None if isinstance(obj, h5py.Dataset) else dataset_names(f)
     if obj is None:
         raise MissingKeyError(
             f"session {session!r}: {path} has no dataset {key!r} (or a link to it is broken); "

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from loaderkit.hdf5.index import _ROW_BITS
-from loaderkit.hdf5.reader import SessionReader
-from loaderkit.hdf5.sources import OrderWatcher, SessionSources
+from loaderkit.hdf5.meta.index import ROW_BITS
+from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.remote.sources import OrderWatcher, SessionSources
 from loaderkit.machine.distributed import local_world_size
 from loaderkit.storage import CacheStats, SessionCache
 from loaderkit.storage.limits import fit_to_readers, format_bytes, window_sessions
@@ -72,10 +72,10 @@ class CachedSessions:
             return np.full(idx.size, -1, np.int64)
         n = len(keys)
         if not idx.size or (idx.min() >= -n and idx.max() < n):
-            return np.asarray(keys[idx]) >> _ROW_BITS
+            return np.asarray(keys[idx]) >> ROW_BITS
         good = (idx >= -n) & (idx < n)  # bad ones fail in the reader, named
         out = np.full(idx.size, -1, np.int64)
-        out[good] = np.asarray(keys[idx[good]]) >> _ROW_BITS
+        out[good] = np.asarray(keys[idx[good]]) >> ROW_BITS
         return out
 
     def cached_open_files(self, num_workers: int, ranks: int | None = None) -> int | None:

@@ -188,7 +188,7 @@ def decoder(
     """
     known = DECODED_FILTERS.get(int(filter_id))
     if known is None:
-        from loaderkit.hdf5.filters import KNOWN_FILTERS
+        from loaderkit.hdf5.meta.filters import KNOWN_FILTERS
 
         name = KNOWN_FILTERS.get(int(filter_id), (f"filter {filter_id}", ""))[0]
         name = name.split(" ")[0]

@@ -13,10 +13,10 @@ and pickling, and hands its default reads here:
   batch (``loaderkit.workers.collate.RowBatch``).
 
 Keys whose rows span many chunks that other rows share (``SessionLayout.shares_chunks``:
-NSD's ``(750, V)`` betas with chunks ``(750, 1)``) are read apart (``loaderkit.hdf5.wide``):
-a batch's rows of one session in one pass over that session's chunks, and whole sessions held
-in memory within ``max_session_bytes`` (``loaderkit.hdf5.held``), so that block order reads
-each session once.
+NSD's ``(750, V)`` betas with chunks ``(750, 1)``) are read apart (``widereads``, with
+``widerows``): a batch's rows of one session in one pass over that session's chunks, and whole
+sessions held in memory within ``max_session_bytes`` (``heldsessions``), so that block order
+reads each session once.
 
 Never silently wrong: a file is compared with its ``SessionRecord`` when it is (re)opened, and
 with its identity at open (one ``fstat``) after every read and before every copy out of a
@@ -34,15 +34,15 @@ from typing import Any
 import numpy as np
 
 from loaderkit.errors import ConfigError
-from loaderkit.hdf5.handles import Handle
-from loaderkit.hdf5.index import _ROW_BITS, _ROW_MASK
-from loaderkit.hdf5.rawio import (
+from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
+from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection, read_slab
+from loaderkit.hdf5.meta.types import Kind, RowType, Samples, _dicts
+from loaderkit.hdf5.read.handles import Handle
+from loaderkit.hdf5.read.rawio import (
     pread,
 )
-from loaderkit.hdf5.records import KeySpec, SessionRecord, axis_selection, read_slab
-from loaderkit.hdf5.runs import plan_runs
-from loaderkit.hdf5.types import Kind, RowType, Samples, _dicts
-from loaderkit.hdf5.widereads import WideReads
+from loaderkit.hdf5.read.runs import plan_runs
+from loaderkit.hdf5.read.widereads import WideReads
 from loaderkit.workers.collate import RowBatch, batch_buffer
 
 __all__ = ["KeySpec", "SessionReader", "SessionRecord"]
@@ -51,8 +51,8 @@ __all__ = ["KeySpec", "SessionReader", "SessionRecord"]
 class SessionReader(WideReads):
     """Default reads of ``HDF5SessionDataset``: one sample, a batch, runs through a hook.
 
-    Built with the arguments of ``loaderkit.hdf5.sessionfiles.SessionFiles`` (keys, types,
-    records, handles and checks); ``loaderkit.hdf5.widereads.WideReads`` adds the keys whose
+    Built with the arguments of ``loaderkit.hdf5.read.sessionfiles.SessionFiles`` (keys, types,
+    records, handles and checks); ``loaderkit.hdf5.read.widereads.WideReads`` adds the keys whose
     rows span many chunks.
 
     Example:
@@ -218,11 +218,11 @@ class SessionReader(WideReads):
         not ``SIGBUS``. Caller holds the lock.
         """
         n = keys.shape[0]
-        pos = keys >> _ROW_BITS
+        pos = keys >> ROW_BITS
         cuts = np.flatnonzero(pos[1:] != pos[:-1]) + 1
         if (cuts.size + 1) * 4 > n:
             return False
-        rows = keys & _ROW_MASK
+        rows = keys & ROW_MASK
         starts = np.concatenate(([0], cuts))
         bounds = [*starts.tolist(), n]
         checked: set[int] = set()
@@ -278,7 +278,7 @@ class SessionReader(WideReads):
         row_bytes = self.row_bytes[k]
         try:
             for r, key in enumerate(run_keys):
-                pos, a = key >> _ROW_BITS, key & _ROW_MASK
+                pos, a = key >> ROW_BITS, key & ROW_MASK
                 k0, k1 = bounds[r], bounds[r + 1]
                 if pos != last:
                     if handle is not None:
@@ -361,7 +361,7 @@ class SessionReader(WideReads):
         targets = list(range(n)) if order is None else order.tolist()
         ids = self.ids
         for r, key in enumerate(run_keys):
-            pos, a = key >> _ROW_BITS, key & _ROW_MASK
+            pos, a = key >> ROW_BITS, key & ROW_MASK
             k, k2 = bounds[r], bounds[r + 1]
             try:
                 samples = read_rows(ids[pos], a, a + (k2 - k))

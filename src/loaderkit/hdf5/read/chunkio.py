@@ -4,7 +4,7 @@ h5py runs every HDF5 call under one global lock, decompression included, so thre
 through it take turns. ``ChunkReader`` reads a chunked dataset's rows itself: the chunk index
 (one pass of ``H5Dchunk_iter`` per open file, under h5py's lock, built on the first read) says
 where every chunk lies, ``os.pread``/``os.preadv`` read its bytes (the GIL released), the
-filters are undone in the reading thread (``loaderkit.hdf5.codecs``), and the rows wanted are
+filters are undone in the reading thread (``loaderkit.hdf5.read.codecs``), and the rows wanted are
 copied out. Uncompressed chunks that span whole rows are read straight into the destination.
 Edge chunks are stored whole (padded): only what the dataset's shape allows is copied. Chunks
 never written read as the dataset's fill value; a filter whose bit is set in a chunk's filter
@@ -33,7 +33,7 @@ import h5py
 import numpy as np
 from h5py import h5d, h5t
 
-from loaderkit.hdf5.codecs import Decoder, decoder
+from loaderkit.hdf5.read.codecs import Decoder, decoder
 
 __all__ = ["ChunkReader", "ReadPath", "choose_path", "chunk_reader"]
 
@@ -53,7 +53,7 @@ class ReadPath(NamedTuple):
         kind: ``"memory map"`` / ``"preadv"`` (contiguous rows), ``"raw chunks"``
             (uncompressed chunks read with ``os.preadv``), ``"decoded chunks"`` (compressed
             chunks read raw and decoded in the reading thread), ``"column chunks"`` (rows
-            spanning many uncompressed chunks, ``loaderkit.hdf5.wide``) -- all outside every
+            spanning many uncompressed chunks, ``widerows``) -- all outside every
             lock -- or ``"h5py"`` (HDF5 reads it, serially under h5py's global lock).
         reason: Why this path (for ``"h5py"``: what made the fast paths decline).
 
@@ -251,7 +251,7 @@ def chunk_reader(f: h5py.File, dset: h5py.Dataset) -> tuple[ChunkReader | None, 
 
     That is the case for a chunked dataset of numbers whose file type is exactly a numpy dtype
     (either byte order), in a plain file opened with the default ``sec2`` driver, with every
-    filter decoded by ``loaderkit.hdf5.codecs`` (its codec importable), no external storage,
+    filter decoded by ``loaderkit.hdf5.read.codecs`` (its codec importable), no external storage,
     a defined fill value, and ``H5Dchunk_iter`` (h5py >= 3.8).
 
     Args:
@@ -362,7 +362,7 @@ def choose_path(
         kind: What a row holds (``Kind.value``), ``None`` when unknown.
         swmr: Files are opened for SWMR.
         options: The ``h5py.File`` options.
-        wide: Rows span many chunks shared with other rows (``loaderkit.hdf5.wide``).
+        wide: Rows span many chunks shared with other rows (``loaderkit.hdf5.read.widerows``).
 
     Returns:
         ``(reader or None, ReadPath)``.

@@ -8,7 +8,7 @@ Where each part runs:
   (``import loaderkit`` and local datasets import no fsspec).
 - *every reading process* (the main one, DataLoader workers): ``lease(pos)`` when the handle
   cache opens session ``pos``: a local, verified copy that h5py opens; the lease is held as
-  long as the handle is open (``loaderkit.hdf5.handles.Handle.lease``).
+  long as the handle is open (``loaderkit.hdf5.read.handles.Handle.lease``).
 - *the process that draws the loader's indices* (each rank's main process): ``ahead`` moves
   a ``loaderkit.storage.Prefetcher``'s window over the sessions the pass reads next
   (``OrderWatcher``, fed by the loader's ``PassIndices``). The prefetcher is made at its first
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from loaderkit.errors import CacheDamageError, ConfigError, HDF5FileError, StorageError
-from loaderkit.hdf5.records import KeySpec
-from loaderkit.hdf5.rowcache import RowsTransform, rows_key
+from loaderkit.hdf5.convert.rowcache import RowsTransform, rows_key
+from loaderkit.hdf5.meta.keyspecs import KeySpec
 from loaderkit.machine.distributed import local_world_size
 from loaderkit.storage import (
     CachedFile,

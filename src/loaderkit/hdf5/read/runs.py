@@ -1,7 +1,7 @@
 """How a batch of packed (session, row) keys is cut into runs of consecutive rows.
 
 Pure: ``plan_runs`` decides the read order and where each run starts; the readers
-(``loaderkit.hdf5.reader``) do the reading.
+(``loaderkit.hdf5.read.reader``) do the reading.
 """
 
 from __future__ import annotations

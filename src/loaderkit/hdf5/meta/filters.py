@@ -3,7 +3,7 @@
 HDF5 reports a missing filter only when a chunk is read, as an ``OSError`` about the plugin
 directory. ``check_filters`` asks HDF5's filter registry (``H5Zfilter_avail``) for every filter
 in a dataset's pipeline at construction instead, and names the filter, its id and the package
-that provides it. ``hdf5plugin`` (imported by ``loaderkit.hdf5.dataset`` when installed)
+that provides it. ``hdf5plugin`` (imported by ``loaderkit.hdf5.dataset.dataset`` when installed)
 registers the common third-party filters in every process that imports loaderkit.
 """
 
@@ -103,7 +103,7 @@ def needed_filters(dset: h5py.Dataset) -> tuple[Filter, ...]:
     """The filters ``dset``'s rows need: its pipeline, less optional filters never applied.
 
     What a dataset's metadata record keeps, so that a later construction that reads no file
-    (``loaderkit.hdf5.remotemeta``) still checks them (``check_available``).
+    (``loaderkit.hdf5.remote.remotemeta``) still checks them (``check_available``).
 
     Example:
         >>> import h5py, numpy as np, tempfile, os

@@ -4,7 +4,7 @@ Runs in the process that constructs the dataset (the main process), once per obj
 
 - ``inspect_remote`` opens each object with h5py through an fsspec file (small blocks, block
   cache: only the superblock, object headers, B-trees and attributes are fetched, never the
-  rows), runs the same inspection as for a local file (``keys.inspect_session``) and the row
+  rows), runs the same inspection as for a local file (``inventory.inspect_session``) and the row
   types (``types.row_type``), several objects at once in a small thread pool;
 - the result is kept in ``<cache dir>/meta/<key>.json``, ``<key>`` a hash of the URL, the
   object's identity (ETag, or size and mtime) and what was asked (keys, axis, fields), written
@@ -37,13 +37,13 @@ import h5py
 import torch
 
 from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError
-from loaderkit.hdf5.diagnose import Identity
-from loaderkit.hdf5.filters import Filter, check_available, needed_filters
-from loaderkit.hdf5.keys import inspect_session
-from loaderkit.hdf5.layout import SessionLayout, _dataset_names
-from loaderkit.hdf5.records import KeySpec, SessionRecord
-from loaderkit.hdf5.rowcache import cached_record
-from loaderkit.hdf5.types import Kind, RowType, row_type, where
+from loaderkit.hdf5.convert.rowcache import cached_record
+from loaderkit.hdf5.meta.diagnose import Identity
+from loaderkit.hdf5.meta.filters import Filter, check_available, needed_filters
+from loaderkit.hdf5.meta.inventory import inspect_session
+from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
+from loaderkit.hdf5.meta.layout import SessionLayout, dataset_names
+from loaderkit.hdf5.meta.types import Kind, RowType, row_type, where
 from loaderkit.storage import ObjectInfo
 from loaderkit.storage.datarecords import RecordCodec, RecordError
 from loaderkit.storage.filesystems import filesystem_for, strip
@@ -62,7 +62,7 @@ _FORMAT = 3  # 2: the filters each key needs; 3: JSON records
 
 @dataclass(frozen=True)
 class RemoteRecord:
-    """What one remote session file holds of the keys (``keys.inspect_session``'s result).
+    """What one remote session file holds of the keys (``inventory.inspect_session``'s result).
 
     Attributes:
         record: The ``SessionRecord`` (its identity is ``None``: the store's keys the copy).
@@ -238,7 +238,7 @@ def tree_names(
 
     def read() -> list[str]:
         with _gc_paused(), open_remote(info, session, storage_options) as f:
-            return _dataset_names(f, limit=10**9)
+            return dataset_names(f, limit=10**9)
 
     names = store.get_or_make(store.key(info, "names"), read, lambda v: isinstance(v, list))
     return list(names)
@@ -258,7 +258,7 @@ def inspect_remote(
     Args:
         infos: Position -> the object as listed.
         ids: Session ids, by position (for messages).
-        specs: The keys (as ``keys.parse_keys`` gives them).
+        specs: The keys (as ``inventory.parse_keys`` gives them).
         fields: Compound fields to read.
         storage_options: For the fsspec filesystem.
         store: Where records are kept.

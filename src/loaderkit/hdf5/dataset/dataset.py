@@ -2,12 +2,12 @@
 
 This module holds the dataset class itself: its hooks (``read``, ``read_rows``,
 ``build_index``, ``transform``), reading, lifecycle and pickling; its bases add the accessors
-(``loaderkit.hdf5.access``), the file and memory budgets (``loaderkit.hdf5.budgeting``) and the
-construction steps (``loaderkit.hdf5.inspection``). What the files hold is read
-once, in the process that constructs the dataset (``loaderkit.hdf5.keys``: keys, layouts, types,
-filters, identities); the sample index is packed by ``loaderkit.hdf5.index``; files are opened
-lazily, read-only, in the process that reads, and read by ``loaderkit.hdf5.reader.SessionReader``
-(per-process handle cache, batched reads, the checks that a file did not change).
+(``accessors``), the file and memory budgets (``budgeting``) and the construction steps
+(``inspection``). What the files hold is read once, in the process that constructs the dataset
+(``loaderkit.hdf5.meta.inventory``: keys, layouts, types, filters, identities); the sample
+index is packed by ``loaderkit.hdf5.meta.index``; files are opened lazily, read-only, in the
+process that reads, and read by ``loaderkit.hdf5.read.reader.SessionReader`` (per-process
+handle cache, batched reads, the checks that a file did not change).
 """
 
 from __future__ import annotations
@@ -23,34 +23,34 @@ import numpy as np
 from torch.utils.data import Dataset
 
 from loaderkit.errors import ConfigError, HDF5FileError
-from loaderkit.hdf5.access import SessionAccess
-from loaderkit.hdf5.arguments import (
+from loaderkit.hdf5.dataset.accessors import SessionAccess
+from loaderkit.hdf5.dataset.arguments import (
     check_max_open_files,
     check_max_session_bytes,
     check_options,
     normalize_files,
 )
-from loaderkit.hdf5.budgeting import SessionBudgets
-from loaderkit.hdf5.cached import CachedSessions
-from loaderkit.hdf5.index import (
-    _ROW_BITS,
-    _ROW_MASK,
+from loaderkit.hdf5.dataset.budgeting import SessionBudgets
+from loaderkit.hdf5.dataset.inspection import DatasetInspection
+from loaderkit.hdf5.meta.index import (
+    ROW_BITS,
+    ROW_MASK,
     SampleIndex,
     decode_index,
     default_index,
     encode_index,
     lookup,
 )
-from loaderkit.hdf5.inspection import DatasetInspection
-from loaderkit.hdf5.layout import (
+from loaderkit.hdf5.meta.layout import (
     SessionLayout,
     add_note,
     default_chunk_cache,
 )
-from loaderkit.hdf5.reading import ReadMode, overrides, read_mode, uses_default_read
-from loaderkit.hdf5.runs import plan_runs
-from loaderkit.hdf5.sources import SessionSources, session_names
-from loaderkit.hdf5.types import Kind
+from loaderkit.hdf5.meta.types import Kind
+from loaderkit.hdf5.read.runs import plan_runs
+from loaderkit.hdf5.read.strategy import ReadMode, overrides, read_mode, uses_default_read
+from loaderkit.hdf5.remote.cachedsessions import CachedSessions
+from loaderkit.hdf5.remote.sources import SessionSources, session_names
 from loaderkit.machine.platform import memory_bytes, open_file_limits
 from loaderkit.storage import SessionCache
 
@@ -416,12 +416,12 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
             (1, 0)
         """
         key = int(self._key[self._check_index(index)])
-        return self._ids[key >> _ROW_BITS], key & _ROW_MASK
+        return self._ids[key >> ROW_BITS], key & ROW_MASK
 
     def __getitem__(self, index: int) -> Any:
         i = self._check_index(index)
         key = int(self._key[i])
-        pos, row = key >> _ROW_BITS, key & _ROW_MASK
+        pos, row = key >> ROW_BITS, key & ROW_MASK
         reader = self._reader
         if self._item_fast:  # no lock: the handle is leased for the read
             sample = reader.read_one(i, pos, row)
@@ -452,7 +452,7 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
         for sample, i, key in zip(batch, idx.tolist(), keys.tolist(), strict=True):
             if seed_sample is not None:
                 seed_sample(i)
-            out.append(self._transform(sample, i, key >> _ROW_BITS, key & _ROW_MASK))
+            out.append(self._transform(sample, i, key >> ROW_BITS, key & ROW_MASK))
         return out
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:

@@ -1,7 +1,7 @@
 """``SessionFiles``: a session reader's state, its open files and the checks on them.
 
-The base of ``loaderkit.hdf5.reader.SessionReader`` (``loaderkit.hdf5.widereads`` and
-``loaderkit.hdf5.reader`` build on it): what the reader knows (keys, types, records), the
+The base of ``loaderkit.hdf5.read.reader.SessionReader`` (``loaderkit.hdf5.read.widereads`` and
+``loaderkit.hdf5.read.reader`` build on it): what the reader knows (keys, types, records), the
 per-process handle cache and how a file is (re)opened and compared with its ``SessionRecord``,
 the error context every read failure gets, and the read of one run of rows from an open file.
 
@@ -23,8 +23,7 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import HDF5FileError
-from loaderkit.hdf5.chunkio import ChunkReader, ReadPath, choose_path
-from loaderkit.hdf5.diagnose import (
+from loaderkit.hdf5.meta.diagnose import (
     Identity,
     changes,
     hdf5_message,
@@ -34,20 +33,21 @@ from loaderkit.hdf5.diagnose import (
     open_diagnosis,
     repair_advice,
 )
-from loaderkit.hdf5.filters import fletcher_damage
-from loaderkit.hdf5.handles import Handle, HandleCache
-from loaderkit.hdf5.held import HeldSessions
-from loaderkit.hdf5.layout import SessionLayout, add_note, dataset_at, open_object
-from loaderkit.hdf5.rawio import (
+from loaderkit.hdf5.meta.filters import fletcher_damage
+from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, read_slab
+from loaderkit.hdf5.meta.layout import SessionLayout, add_note, dataset_at, open_object
+from loaderkit.hdf5.meta.types import Kind, RowType
+from loaderkit.hdf5.read.chunkio import ChunkReader, ReadPath, choose_path
+from loaderkit.hdf5.read.copies import SessionCopies
+from loaderkit.hdf5.read.handles import Handle, HandleCache
+from loaderkit.hdf5.read.heldsessions import HeldSessions
+from loaderkit.hdf5.read.rawio import (
     map_rows,
     pread,
     preadv_possible,
     raw_location,
     read_direct,
 )
-from loaderkit.hdf5.records import KeySpec, SessionRecord, read_slab
-from loaderkit.hdf5.sources import SessionSources
-from loaderkit.hdf5.types import Kind, RowType
 
 __all__ = ["SessionFiles"]
 
@@ -90,7 +90,7 @@ class SessionFiles:
     """
 
     #: The sessions read through a ``SessionCache`` (``None``: every file read in place).
-    sources: SessionSources | None = None
+    sources: SessionCopies | None = None
 
     def __init__(
         self,
@@ -147,7 +147,7 @@ class SessionFiles:
         #: Per thread: the reused scratch buffer of rows that need converting (``_scratch``).
         self.scratch = threading.local()
         self._ragged_names = [self._ragged(k) for k in range(len(self.types))]
-        #: Per session, per key: its rows span many chunks and are read apart (``wide``).
+        #: Per session, per key: its rows span many chunks and are read apart (``widerows``).
         self.wide = [
             tuple(
                 self._reads_wide(k, layout)

@@ -1,8 +1,8 @@
 """Building an ``HDF5SessionDataset``: what every file holds, read once, and the reader over it.
 
 ``DatasetInspection`` is a base of ``HDF5SessionDataset``: it opens each session file once in
-the constructing process (``loaderkit.hdf5.keys``: keys, layouts, types, filters, identities),
-finds the key when none is given, tells files listed twice apart, builds the
+the constructing process (``loaderkit.hdf5.meta.inventory``: keys, layouts, types, filters,
+identities), finds the key when none is given, tells files listed twice apart, builds the
 ``SessionReader``, and packs the index ``build_index`` returned.
 """
 
@@ -15,28 +15,28 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError, warn
-from loaderkit.hdf5.diagnose import metadata_errors, open_diagnosis
-from loaderkit.hdf5.index import (
+from loaderkit.hdf5.convert.rowcache import cached_record
+from loaderkit.hdf5.meta.diagnose import metadata_errors, open_diagnosis
+from loaderkit.hdf5.meta.index import (
     pack_index,
 )
-from loaderkit.hdf5.keys import (
+from loaderkit.hdf5.meta.inventory import (
     check_aligned,
     check_rows,
     inspect_session,
     parse_keys,
     row_types,
 )
-from loaderkit.hdf5.layout import (
-    _dataset_names,
+from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
+from loaderkit.hdf5.meta.layout import (
     advise,
+    dataset_names,
     open_kwargs,
 )
-from loaderkit.hdf5.reader import SessionReader
-from loaderkit.hdf5.records import KeySpec, SessionRecord
-from loaderkit.hdf5.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
-from loaderkit.hdf5.rowcache import cached_record
-from loaderkit.hdf5.sources import SessionSources
-from loaderkit.hdf5.types import RowType
+from loaderkit.hdf5.meta.types import RowType
+from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.remote.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
+from loaderkit.hdf5.remote.sources import SessionSources
 from loaderkit.storage import ObjectInfo
 
 __all__ = ["DatasetInspection"]
@@ -208,7 +208,7 @@ class DatasetInspection:
             names = tree_names(info, sid, storage.storage_options, MetaStore(storage.cache.dir))
         else:
             with self._open_for_inspection(0) as f, metadata_errors(sid, path, "the file's tree"):
-                names = _dataset_names(f, limit=10**9)
+                names = dataset_names(f, limit=10**9)
         if len(names) == 1:
             return names[0]
         if self._custom_index and not self._item_fast:

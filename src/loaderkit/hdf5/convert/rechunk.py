@@ -40,11 +40,11 @@ import numpy as np
 from h5py import h5d, h5s, h5z
 
 from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError
-from loaderkit.hdf5.blocks import column_blocks
-from loaderkit.hdf5.diagnose import hdf5_message, repair_advice
-from loaderkit.hdf5.layout import _dataset_names, add_note
-from loaderkit.hdf5.rawio import chunk_map
-from loaderkit.hdf5.wide import BLOCK_CHUNKS, read_rows_raw
+from loaderkit.hdf5.meta.columnblocks import column_blocks
+from loaderkit.hdf5.meta.diagnose import hdf5_message, repair_advice
+from loaderkit.hdf5.meta.layout import add_note, dataset_names
+from loaderkit.hdf5.read.rawio import chunk_map
+from loaderkit.hdf5.read.widerows import BLOCK_CHUNKS, read_rows_raw
 
 __all__ = ["LAYOUTS", "RechunkResult", "rechunk"]
 
@@ -190,7 +190,7 @@ def _lookup(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
         what = "a group" if isinstance(obj, h5py.Group) else "missing"
         raise MissingKeyError(
             f"rechunk: {path} has no dataset {key!r} ({what}); datasets present: "
-            f"{_dataset_names(f)}. Pass the right --key."
+            f"{dataset_names(f)}. Pass the right --key."
         )
     if obj.ndim < 1 or obj.shape is None:
         raise ConfigError(
@@ -249,7 +249,7 @@ def _box_reader(src_file: h5py.File, src: h5py.Dataset) -> Callable[[tuple[slice
     """Reads a box of ``_source_blocks`` from ``src``: raw chunk bytes where possible.
 
     Unfiltered column chunks (NSD's ``(750, 1)``) are read with ``os.preadv`` in file order
-    (``loaderkit.hdf5.wide.read_rows_raw``), several times faster than HDF5's per-chunk
+    (``loaderkit.hdf5.read.widerows.read_rows_raw``), several times faster than HDF5's per-chunk
     bookkeeping; the boxes of ``column_blocks`` over such chunks are flat ranges of columns.
     """
     cmap = chunk_map(src_file, src) if src.ndim > 1 else None

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from loaderkit.hdf5.arguments import (
+from loaderkit.hdf5.dataset.arguments import (
     check_max_open_files,
     check_max_session_bytes,
 )
-from loaderkit.hdf5.held import HeldInfo
-from loaderkit.hdf5.reader import SessionReader
+from loaderkit.hdf5.read.heldsessions import HeldInfo
+from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.policy.budgets import (
     CHUNK_INDEX_BYTES,
     FILE_OVERHEAD_BYTES,

@@ -3,19 +3,17 @@
 NSD stores its betas as ``(750, V)`` int16 with chunks ``(750, 1)``: one chunk per voxel,
 holding all 750 trials, so one trial (row) touches every chunk. Reading rows one by one reads
 the whole file per row; HDF5's own read of several rows (a union of row hyperslabs) reads each
-chunk once but spends time per chunk and per row piece (measured: 16 rows of a
-``(750, 20000)`` session 0.3-1.1 s, 64 rows 1-5 s, every row of it in blocks of columns
-0.2 s). The two readers here fill a buffer with any sorted set of rows of one session and
-touch every chunk they need exactly once:
+chunk once but spends time per chunk and per row piece (``benchmarks/nsd_layout.py`` measures
+the ways of reading such files). The two readers here fill a buffer with any sorted set of
+rows of one session and touch every chunk they need exactly once:
 
-* ``read_rows_raw``: unfiltered column chunks (``loaderkit.hdf5.rawio.ChunkMap``): the chunks
-  are read in file order with a few large ``os.preadv`` calls into a bounded staging buffer,
-  and the wanted rows transposed out of it in numpy (a 30 MB session: 5 ms of reads; 16 rows
-  7 ms in all);
+* ``read_rows_raw``: unfiltered column chunks (``rawio.ChunkMap``): the chunks are read in
+  file order with a few large ``os.preadv`` calls into a bounded staging buffer, and the wanted
+  rows transposed out of it in numpy;
 * ``read_rows_hdf5``: anything else (filters, other chunk shapes): HDF5 reads boxes of whole
-  chunks, every row of a band of chunks at a time (``loaderkit.hdf5.blocks.column_blocks``),
-  straight into the destination when every row is wanted, else into a bounded scratch buffer
-  from which the wanted rows are copied.
+  chunks, every row of a band of chunks at a time
+  (``loaderkit.hdf5.meta.columnblocks.column_blocks``), straight into the destination when
+  every row is wanted, else into a bounded scratch buffer from which the wanted rows are copied.
 
 Both keep the rows of one chunk band (a chunk's extent along the sample axis) together, so a
 batch whose rows fall in few bands reads only those bands.
@@ -29,8 +27,8 @@ from collections.abc import Iterator
 import h5py
 import numpy as np
 
-from loaderkit.hdf5.blocks import column_blocks
-from loaderkit.hdf5.rawio import ChunkMap, pread
+from loaderkit.hdf5.meta.columnblocks import column_blocks
+from loaderkit.hdf5.read.rawio import ChunkMap, pread
 
 __all__ = ["BLOCK_BYTES", "BLOCK_CHUNKS", "read_rows_hdf5", "read_rows_raw"]
 
@@ -87,7 +85,7 @@ def read_rows_raw(
 
     Example:
         >>> import h5py, numpy as np, tempfile, os
-        >>> from loaderkit.hdf5.rawio import chunk_map
+        >>> from loaderkit.hdf5.read.rawio import chunk_map
         >>> path = os.path.join(tempfile.mkdtemp(), "w.h5")
         >>> data = np.arange(24, dtype=">i2").reshape(6, 4)
         >>> with h5py.File(path, "w") as f:

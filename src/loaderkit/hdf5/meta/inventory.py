@@ -17,17 +17,17 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError, check_int
-from loaderkit.hdf5.diagnose import identity_of, metadata_errors, missing_sources
-from loaderkit.hdf5.filters import check_filters
-from loaderkit.hdf5.layout import (
+from loaderkit.hdf5.meta.diagnose import identity_of, metadata_errors, missing_sources
+from loaderkit.hdf5.meta.filters import check_filters
+from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
+from loaderkit.hdf5.meta.layout import (
     SessionLayout,
     check_same_rows,
     dataset_at,
     describe_layout,
     open_object,
 )
-from loaderkit.hdf5.records import KeySpec, SessionRecord
-from loaderkit.hdf5.types import RowType, row_type, struct_of, where
+from loaderkit.hdf5.meta.types import RowType, row_type, struct_of, where
 
 __all__ = [
     "check_aligned",
@@ -269,7 +269,7 @@ def sample_type(types: Sequence[RowType], specs: Sequence[KeySpec]) -> RowType:
     """The type of a whole sample: the one key's, or a dict of every key's.
 
     Example:
-        >>> from loaderkit.hdf5.types import Kind
+        >>> from loaderkit.hdf5.meta.types import Kind
         >>> rt = RowType(Kind.TEXT, np.dtype("S2"), ())
         >>> sample_type([rt], [KeySpec("x", "x")]) is rt
         True

@@ -5,9 +5,9 @@ A dataset such as NSD's betas, ``(750, V)`` with chunks ``(750, 1)``, stores eac
 row by row reads every chunk once per row; reading it in blocks of columns (every row, a
 range of columns) reads every chunk exactly once. ``column_blocks`` cuts the row axes into
 such blocks: each block is a box of whole chunks, all rows, within a byte budget and a chunk
-count (HDF5 keeps a few KiB of bookkeeping per chunk of one read, 6.6 KiB measured with
-h5py 3.16 / HDF5 2.0, so one read of a whole 700,000-chunk session costs gigabytes on top of
-the data). ``chunks_per_row`` counts the chunks one row touches.
+count (HDF5 keeps a few KiB of bookkeeping per chunk of one read, so one read of a whole
+session of hundreds of thousands of chunks costs gigabytes on top of the data).
+``chunks_per_row`` counts the chunks one row touches.
 
 Pure functions of shapes and sizes; nothing here opens a file.
 """

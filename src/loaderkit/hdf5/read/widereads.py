@@ -1,9 +1,9 @@
 """``WideReads``: keys whose rows span many chunks that other rows share, read apart.
 
 NSD's ``(750, V)`` betas with chunks ``(750, 1)``: one row touches every chunk. A batch's rows
-of one session are read in one pass over that session's chunks (``loaderkit.hdf5.wide``), and
-whole sessions are held in memory within ``max_session_bytes`` (``loaderkit.hdf5.held``), so
-that block order reads each session once per pass.
+of one session are read in one pass over that session's chunks (``widerows``), and whole
+sessions are held in memory within ``max_session_bytes`` (``heldsessions``), so that block
+order reads each session once per pass.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ import os
 import numpy as np
 
 from loaderkit.errors import HDF5FileError
-from loaderkit.hdf5.handles import Handle
-from loaderkit.hdf5.held import HeldSession
-from loaderkit.hdf5.index import _ROW_BITS, _ROW_MASK
-from loaderkit.hdf5.rawio import (
+from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
+from loaderkit.hdf5.read.handles import Handle
+from loaderkit.hdf5.read.heldsessions import HeldSession
+from loaderkit.hdf5.read.rawio import (
     ChunkMap,
     chunk_map,
     preadv_possible,
 )
-from loaderkit.hdf5.sessionfiles import SessionFiles
-from loaderkit.hdf5.wide import read_rows_hdf5, read_rows_raw
+from loaderkit.hdf5.read.sessionfiles import SessionFiles
+from loaderkit.hdf5.read.widerows import read_rows_hdf5, read_rows_raw
 
 __all__ = ["WideReads"]
 
@@ -179,7 +179,7 @@ class WideReads(SessionFiles):
         ordered = bool(np.all(order == np.arange(n)))
         buf = out if ordered else np.empty_like(out)
         skeys = keys if ordered else keys[order]
-        positions = skeys >> _ROW_BITS
+        positions = skeys >> ROW_BITS
         cuts = np.flatnonzero(np.diff(positions)) + 1
         bounds = [0, *cuts.tolist(), n]
         segments = list(itertools.pairwise(bounds))
@@ -188,7 +188,7 @@ class WideReads(SessionFiles):
         segments.sort(key=lambda seg: self.held.get(int(positions[seg[0]]), touch=False) is None)
         for s, e in segments:
             pos = int(positions[s])
-            rows = skeys[s:e] & _ROW_MASK
+            rows = skeys[s:e] & ROW_MASK
             index = int(idx[order[s]])
             if self.wide[pos][k]:
                 self._read_wide(k, pos, rows, buf[s:e], index)

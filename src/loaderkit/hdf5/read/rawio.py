@@ -10,7 +10,7 @@ Unfiltered *column chunks* (chunks one element wide on every row axis, such as N
 ``(750, 1)``: each chunk one voxel's trials) are stored as the C-order array of each chunk:
 ``chunk_map`` records where every chunk lies (one pass of ``H5Dchunk_iter``), so rows can be
 read with a few large ``os.preadv`` calls and transposed in numpy, instead of HDF5's
-bookkeeping of some microseconds per chunk (``loaderkit.hdf5.wide``).
+bookkeeping of some microseconds per chunk (``loaderkit.hdf5.read.widerows``).
 """
 
 from __future__ import annotations

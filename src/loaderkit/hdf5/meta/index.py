@@ -1,7 +1,7 @@
 """The sample index: dataset index -> (session position, row), packed into one int64 array.
 
 ``build_index`` returns a ``SampleIndex`` (or pairs, or an ``(n, 2)`` array); ``pack_index``
-validates it and packs every entry as ``position << _ROW_BITS | row``, so locating a sample is
+validates it and packs every entry as ``position << ROW_BITS | row``, so locating a sample is
 one array lookup and two bit operations. ``encode_index``/``decode_index`` run-length encode
 the packed array for pickling, so a million samples ship in a few kilobytes to spawn workers.
 """
@@ -17,6 +17,8 @@ import numpy as np
 from loaderkit.errors import ConfigError
 
 __all__ = [
+    "ROW_BITS",
+    "ROW_MASK",
     "SampleIndex",
     "decode_index",
     "default_index",
@@ -26,10 +28,11 @@ __all__ = [
     "unpack_index",
 ]
 
-#: The index is one int64 array: session position in the high bits, row in the low bits.
-_ROW_BITS = 36
-_ROW_LIMIT = 1 << _ROW_BITS
-_ROW_MASK = _ROW_LIMIT - 1
+#: The index is one int64 array: session position in the high bits, row in the low bits
+#: (``key >> ROW_BITS`` is the position, ``key & ROW_MASK`` the row).
+ROW_BITS = 36
+_ROW_LIMIT = 1 << ROW_BITS
+ROW_MASK = _ROW_LIMIT - 1
 
 
 class SampleIndex(NamedTuple):
@@ -113,7 +116,7 @@ def _as_arrays(index: Any) -> tuple[np.ndarray, np.ndarray]:
     if rows.size and rows.min() < 0:
         raise ConfigError("build_index(): rows must be >= 0.")
     if rows.size and rows.max() >= _ROW_LIMIT:
-        raise ConfigError(f"build_index(): rows must be < 2**{_ROW_BITS}.")
+        raise ConfigError(f"build_index(): rows must be < 2**{ROW_BITS}.")
     return sessions, rows
 
 
@@ -160,7 +163,7 @@ def pack_index(
         key: Name of the dataset (for messages).
 
     Returns:
-        ``position << _ROW_BITS | row`` for every sample (int64, writable).
+        ``position << ROW_BITS | row`` for every sample (int64, writable).
 
     Raises:
         ConfigError: Malformed index, unknown session or a row out of range.
@@ -184,7 +187,7 @@ def pack_index(
                 f"build_index() entry {k} asks for row {int(rows[k])} of session "
                 f"{ids[p]!r}, but {key!r} in {paths[p]} has {int(limits[p])} rows."
             )
-    return (pos << _ROW_BITS) | rows
+    return (pos << ROW_BITS) | rows
 
 
 def lookup(keys: np.ndarray, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -241,8 +244,8 @@ def unpack_index(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         >>> int(pos[0]), int(rows[0])
         (0, 5)
     """
-    pos = (keys >> _ROW_BITS).astype(np.int32)
-    rows = keys & _ROW_MASK
+    pos = (keys >> ROW_BITS).astype(np.int32)
+    rows = keys & ROW_MASK
     pos.setflags(write=False)
     rows.setflags(write=False)
     return pos, rows
