@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from loaderkit import DataLoader, HDF5SessionDataset, SessionCache
-from loaderkit.hdf5 import sources as sources_module
+from loaderkit.hdf5.remote import sources as sources_module
 from loaderkit.storage import Prefetcher, stat_objects
 from loaderkit.storage import cache as cache_module
 from tests.hdf5.remote import ROWS, write_session
