@@ -22,8 +22,7 @@ from h5py import h5f
 from loaderkit import HDF5SessionDataset
 from loaderkit.errors import PerformanceHint
 from loaderkit.hdf5.read.handles import Handle, HandleCache
-
-from .helpers import write_wide
+from tests.hdf5.helpers import write_wide
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 

@@ -21,7 +21,7 @@ from loaderkit import DataLoader, HDF5SessionDataset, SessionCache
 from loaderkit.hdf5.remote import sources as sources_module
 from loaderkit.storage import Prefetcher, stat_objects
 from loaderkit.storage import cache as cache_module
-from tests.hdf5.remote import ROWS, write_session
+from tests.hdf5.remotefiles import ROWS, write_session
 
 SESSIONS = 4
 BATCH = 8  # ROWS / BATCH = 12 batches per session

@@ -26,19 +26,19 @@ from loaderkit import HDF5FileError, HDF5SessionDataset, create_dataloader
 from tests.hdf5 import corruption
 from tests.hdf5.corruption import BASES, COPIES, DAMAGE, KEY, named
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 #: The whole corpus must be read within this (a hang is a failure, not a stuck run).
 CHILD_TIMEOUT_S = 120
-#: The files of the corpus whose construction raised the three raw errors issue 35 quotes,
-#: before the fix (HDF5's words for one damage vary with what was read before it). Found with
-#: HDF5 ``ISSUE_35_HDF5`` (h5py 3.16): another HDF5 may lay the files out or read them
-#: differently; every other test here holds for any version.
-ISSUE_35_FILES = {
+#: The files of the corpus whose construction raises one of three errors in HDF5's own words
+#: unless loaderkit names them (HDF5's words for one damage vary with what was read before
+#: it). Found with HDF5 ``RAW_ERROR_HDF5`` (h5py 3.16): another HDF5 may lay the files out or
+#: read them differently; every other test here holds for any version.
+RAW_ERROR_FILES = {
     "fletcher32_flips_0.h5": "RuntimeError: Object visitation failed (wrong B-tree signature)",
     "contiguous_head_flips_6.h5": "RuntimeError: Object visitation failed (addr overflow, ...)",
     "table_head_flips_5.h5": "KeyError: '... (datatype has unusually large # of unused bits",
 }
-ISSUE_35_HDF5 = "2.0.0"
+RAW_ERROR_HDF5 = "2.0.0"
 
 pytestmark = pytest.mark.filterwarnings("ignore::loaderkit.errors.PerformanceHint")
 
@@ -132,14 +132,14 @@ def test_wrong_only_where_h5py_is_wrong_too(
     assert not exact, table(rows)  # what h5py reads right, loaderkit reads right
 
 
-def test_the_damages_issue_35_found_are_named_as_metadata_damage(
+def test_damages_hdf5_reports_raw_are_named_as_metadata_damage(
     corpus_outcomes: tuple[Path, list[dict[str, Any]]],
 ) -> None:
-    if h5py.version.hdf5_version != ISSUE_35_HDF5:
-        pytest.skip(f"the files were found with HDF5 {ISSUE_35_HDF5}")
+    if h5py.version.hdf5_version != RAW_ERROR_HDF5:
+        pytest.skip(f"the files were found with HDF5 {RAW_ERROR_HDF5}")
     _, rows = corpus_outcomes
     by_file = {row["file"]: row for row in rows}
-    for name in ISSUE_35_FILES:
+    for name in RAW_ERROR_FILES:
         message = by_file[name]["loaderkit_error"]
         assert by_file[name]["loaderkit"] == "named", message
         assert "HDF5 cannot read the metadata of dataset 'data'" in message, message

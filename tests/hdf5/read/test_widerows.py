@@ -306,7 +306,8 @@ def large_sessions(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path]
 
 
 @pytest.mark.skipif(not HAS_IO, reason="needs the kernel's count of bytes read (Linux)")
-# spawn reads as fork does once the dataset is unpickled (tests/hdf5/test_workers.py); slow tier
+# spawn reads as fork does once the dataset is unpickled
+# (tests/hdf5/dataset/test_workers.py); slow tier
 @pytest.mark.parametrize("context", tiered(["fork", "spawn"], {"fork"}))
 def test_workers_read_each_session_once_and_stay_within_the_budget(
     large_sessions: tuple[list[Path], list[np.ndarray]], context: str

@@ -145,7 +145,7 @@ def test_records_cross_torchs_shared_memory_path_too(cases: dict[str, Case], nam
 
 
 # slow tier: the dataset pickled by path into spawned workers is fast in
-# tests/hdf5/test_workers.py; these cases read there as forked workers do
+# tests/hdf5/dataset/test_workers.py; these cases read there as forked workers do
 @pytest.mark.parametrize("name", tiered(SPAWN_CASES, set()))
 def test_spawned_workers_read_the_same(cases: dict[str, Case], name: str) -> None:
     assert_loader_reads_the_oracle(cases[name], num_workers=2, multiprocessing_context="spawn")
@@ -178,7 +178,7 @@ def test_pad_collate_pads_ragged_rows_and_gives_their_lengths(
 ) -> None:
     case = cases[name]
     want = expected_samples(case)
-    pad_collate = loaderkit.pad_collate  # issue 20: the collate loaderkit ships for ragged rows
+    pad_collate = loaderkit.pad_collate  # the collate loaderkit ships for ragged rows
     padded_type = loaderkit.Padded
     ds = open_dataset(case)
     try:

@@ -20,8 +20,8 @@ import pytest
 
 from loaderkit import DataLoader, HDF5SessionDataset, SessionCache
 from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitWarning, StorageAccessError
-from tests.hdf5 import remote as files
-from tests.hdf5.remote import Remote, rows
+from tests.hdf5 import remotefiles as files
+from tests.hdf5.remotefiles import Remote, rows
 from tests.storage.s3server import REFUSED_KEY
 
 

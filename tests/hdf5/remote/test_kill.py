@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from loaderkit import DataLoader, HDF5SessionDataset, SessionCache
-from tests.hdf5 import remote as files
-from tests.hdf5.remote import Remote, rows
+from tests.hdf5 import remotefiles as files
+from tests.hdf5.remotefiles import Remote, rows
 
 SESSIONS = 3
 KIB = 1024

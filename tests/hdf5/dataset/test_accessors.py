@@ -122,7 +122,7 @@ def _expected(ds: HDF5SessionDataset) -> list[tuple[np.ndarray, int]]:
 
 
 # fast: this process and forked workers; spawned workers unpickle the subclass by path as
-# tests/hdf5/test_workers.py's fast spawn cell does (slow tier)
+# tests/hdf5/dataset/test_workers.py's fast spawn cell does (slow tier)
 @pytest.mark.parametrize(
     ("workers", "context"),
     tiered(

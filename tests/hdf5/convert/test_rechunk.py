@@ -28,7 +28,7 @@ from loaderkit.hdf5 import RechunkResult, rechunk
 from loaderkit.hdf5.convert.rechunk import _verify
 from tests.hdf5.helpers import write_wide
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _digest(path: Path) -> str:

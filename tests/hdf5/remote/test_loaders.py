@@ -17,8 +17,8 @@ import pytest
 
 from loaderkit import DataLoader, HDF5SessionDataset, SessionCache
 from tests.dist_utils import run_distributed
-from tests.hdf5 import remote as files
-from tests.hdf5.remote import Remote, rows
+from tests.hdf5 import remotefiles as files
+from tests.hdf5.remotefiles import Remote, rows
 
 GLOBAL = 16  # samples per global batch
 STOP = 7  # batches of epoch 0 before the checkpoint

@@ -1,3 +1,5 @@
+"""``HDF5SessionDataset``: construction, reads, errors, handles, fork, pickling and close."""
+
 from __future__ import annotations
 
 import gc

@@ -24,8 +24,8 @@ import pytest
 
 from loaderkit import DataLoader, HDF5SessionDataset, SessionCache
 from loaderkit.errors import CacheRepairWarning, ConfigError, LoaderkitWarning
-from tests.hdf5 import remote as files
-from tests.hdf5.remote import Remote, rows
+from tests.hdf5 import remotefiles as files
+from tests.hdf5.remotefiles import Remote, rows
 
 SESSIONS = 8
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from loaderkit import DataLoader, HDF5SessionDataset, SessionCache
-from tests.hdf5 import remote as files
-from tests.hdf5.remote import rows
+from tests.hdf5 import remotefiles as files
+from tests.hdf5.remotefiles import rows
 from tests.storage.httpserver import HTTPFileServer
 
 SESSIONS = 3
