@@ -1,7 +1,8 @@
 """``HDF5SessionDataset``, the public class, and its constructor arguments.
 
 The top stage: imports go down only, to ``loaderkit.hdf5.remote``, ``convert``, ``read`` and
-``meta``.
+``meta``, and below the package to ``loaderkit.storage``, ``loaderkit.policy.budgets`` and
+``loaderkit.machine``.
 
 - ``dataset``: the dataset class: hooks, reading, pickling;
 - ``arguments``: its constructor arguments, checked and normalised once;

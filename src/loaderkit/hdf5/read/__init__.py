@@ -1,8 +1,9 @@
 """Reading rows out of session files: handles, raw I/O, runs, row readers, held sessions.
 
 Imports go down only: to ``loaderkit.hdf5.meta`` (never to ``convert``, ``remote`` or
-``dataset``). Sessions read from a cache's local copy reach the reader through the
-``SessionCopies`` protocol defined here; the remote stage provides it.
+``dataset``), and below the package to ``loaderkit.workers.collate`` and, for the types of a
+lease, ``loaderkit.storage``. Sessions read from a cache's local copy reach the reader through
+the ``SessionCopies`` protocol defined here; the remote stage provides it.
 
 - ``handles``: the per-process LRU cache of open files (``HandleCache``, ``CacheInfo``);
 - ``rawio``: ``os.preadv`` reads, memory maps, chunk maps, direct ``H5Dread``;
