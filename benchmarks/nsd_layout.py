@@ -77,7 +77,7 @@ except ImportError:  # imported as a module from elsewhere (tests)
 import loaderkit
 from loaderkit import HDF5SessionDataset, PerformanceHint
 from loaderkit.hdf5 import rechunk
-from loaderkit.hdf5.wide import BLOCK_BYTES
+from loaderkit.hdf5.read.widerows import BLOCK_BYTES
 
 __all__ = ["SeedsDataset", "format_table", "main", "run", "write_sessions"]
 

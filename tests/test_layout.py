@@ -1,16 +1,20 @@
 """The package layout, checked by reading the source tree (and the tests' tree).
 
 * the package root holds at most ``ROOT_MAX`` modules (the front door and two leaves);
-* every folder's ``__init__`` has a docstring that maps the folder (names each of its modules)
-  and says which way its imports go;
+* every folder's ``__init__`` has a docstring that maps the folder (names each of its modules
+  and sub-folders) and says which way its imports go;
 * no module is longer than ``MAX_LINES`` lines;
 * the import graph between *units* (a folder, or one module of the root) follows ``LAYERS``:
   a unit imports only units listed before it, so nothing imports back up;
+* inside ``hdf5/`` the same holds one level down: its units (a stage folder, or one module of
+  ``hdf5/`` itself) follow ``HDF5_LAYERS``, and ``hdf5/`` itself holds at most
+  ``HDF5_MAX_MODULES`` modules;
 * the import graph between *modules* has no circle, inside folders too. Every import counts,
   also those inside functions and under ``TYPE_CHECKING``;
 * tests, examples, benchmarks and tools import loaderkit only by module paths that exist;
 * ``tests/`` mirrors the package: at most ``TESTS_ROOT_MAX`` test modules in ``tests/`` itself,
-  every other one in ``tests/<folder>/`` for a folder of ``src/loaderkit/``.
+  every other one in ``tests/<folder>/`` for a folder of ``src/loaderkit/``, and
+  ``tests/hdf5/<stage>/`` for a stage folder of ``src/loaderkit/hdf5/``.
 
 ``imports_of``, ``layer_violations`` and ``find_cycle`` are pure functions, tested here on
 small synthetic inputs so that the checks on the real tree are known to be able to fail.
@@ -56,6 +60,20 @@ LAYERS: tuple[str, ...] = (
     "cli",  # the command line
     "__main__",
 )
+
+#: Inside ``hdf5/``, its units from the bottom up, in the same sense as ``LAYERS``: a stage
+#: folder, or one module of ``hdf5/`` itself (``__init__`` is ``loaderkit.hdf5``).
+HDF5_LAYERS: tuple[str, ...] = (
+    "meta",  # what session files hold; imports nothing else of hdf5
+    "read",  # rows read out of the files
+    "convert",  # files rewritten row by row
+    "remote",  # sessions read through the node cache
+    "dataset",  # HDF5SessionDataset
+    "sampler",  # stands apart: reads the dataset's public accessors only
+    "__init__",
+)
+HDF5 = PACKAGE / "hdf5"
+HDF5_MAX_MODULES = 4
 
 
 # ------------------------------------------------------------------ pure functions
@@ -162,23 +180,42 @@ def _modules() -> dict[str, Path]:
     return names
 
 
-def _unit(name: str) -> str:
-    parts = name.split(".")
+def _inside(name: str, package: str) -> bool:
+    return name == package or name.startswith(f"{package}.")
+
+
+def _unit(name: str, package: str = "loaderkit") -> str:
+    """The unit of module ``name`` inside ``package``: its folder, its own name, or __init__.
+
+    Examples:
+        >>> name = "loaderkit.hdf5.read.reader"
+        >>> _unit(name), _unit(name, "loaderkit.hdf5")
+        ('hdf5', 'read')
+        >>> [_unit(f"loaderkit.hdf5{tail}", "loaderkit.hdf5") for tail in ("", ".sampler")]
+        ['__init__', 'sampler']
+    """
+    parts = name.split(".")[package.count(".") :]
     return "__init__" if len(parts) == 1 else parts[1]
 
 
-def _unit_graph() -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
-    """Unit -> units it imports, and one module-level example of each edge."""
+def _unit_graph(
+    package: str = "loaderkit",
+) -> tuple[dict[str, set[str]], dict[tuple[str, str], str]]:
+    """Unit -> units of ``package`` it imports, and one module-level example of each edge."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     examples: dict[tuple[str, str], str] = {}
     for name, path in modules.items():
-        unit = _unit(name)
+        if not _inside(name, package):
+            continue
+        unit = _unit(name, package)
         graph.setdefault(unit, set())
         module = name if path.name != "__init__.py" else f"{name}.__init__"
         for target in imports_of(path.read_text(encoding="utf-8"), module, set(modules)):
             assert target in modules, f"{name} imports {target}, which is no module"
-            target_unit = _unit(target)
+            if not _inside(target, package):
+                continue
+            target_unit = _unit(target, package)
             if target_unit != unit:
                 graph[unit].add(target_unit)
                 examples.setdefault((unit, target_unit), f"{name} -> {target}")
@@ -193,6 +230,10 @@ def test_the_checks_can_fail() -> None:
         "workers imports order, which is above it",
     ]
     assert layer_violations({"x": {"errors"}}, ["errors"]) == ["x is in no layer"]
+    # inside hdf5/: the reader importing the remote stage is an arrow back up
+    stages = {"read": {"meta", "remote"}, "remote": {"read"}, "meta": set()}
+    assert layer_violations(stages, HDF5_LAYERS) == ["read imports remote, which is above it"]
+    assert _unit("loaderkit.hdf5.read.sessionfiles", "loaderkit.hdf5") == "read"
     nested = "import os\nif True:\n    def f():\n        import loaderkit.order.seeding as s\n"
     assert imports_of(nested, "loaderkit.workers.worker") == {"loaderkit.order.seeding"}
     relative = "from ..order import seeding\nfrom . import wire\n"
@@ -214,6 +255,26 @@ def test_every_unit_has_a_layer() -> None:
     assert units == set(LAYERS), (units - set(LAYERS), set(LAYERS) - units)
 
 
+def test_hdf5_holds_at_most_four_modules_and_every_unit_has_a_layer() -> None:
+    own = sorted(path.name for path in HDF5.glob("*.py"))
+    assert len(own) <= HDF5_MAX_MODULES, own
+    units = {
+        _unit(name, "loaderkit.hdf5") for name in _modules() if _inside(name, "loaderkit.hdf5")
+    }
+    assert units == set(HDF5_LAYERS), (units - set(HDF5_LAYERS), set(HDF5_LAYERS) - units)
+
+
+def test_hdf5_imports_follow_its_stages() -> None:
+    graph, examples = _unit_graph("loaderkit.hdf5")
+    assert "meta" in graph["read"]  # the graph holds real imports
+    problems = layer_violations(graph, HDF5_LAYERS)
+    where = [
+        examples.get((words[0], words[2].rstrip(",")), "")
+        for words in (problem.split() for problem in problems)
+    ]
+    assert not problems, list(zip(problems, where, strict=True))
+
+
 def test_every_folder_docstring_maps_the_folder_and_its_imports() -> None:
     for init in sorted(PACKAGE.rglob("__init__.py")):
         folder = init.parent
@@ -225,6 +286,11 @@ def test_every_folder_docstring_maps_the_folder_and_its_imports() -> None:
             path.stem
             for path in sorted(folder.glob("*.py"))
             if path.stem != "__init__" and f"``{path.stem}``" not in doc
+        ]
+        missing += [
+            sub.parent.name
+            for sub in sorted(folder.glob("*/__init__.py"))
+            if f"``{sub.parent.name}``" not in doc
         ]
         assert not missing, f"{folder.name}/__init__.py does not name {missing}"
         assert re.search(r"\bimports?\b", doc, re.IGNORECASE), f"{folder.name}: which way?"
@@ -299,3 +365,9 @@ def test_tests_mirror_the_package() -> None:
             f"tests/{folder.name}/ names no src/loaderkit/ folder"
         )
         assert (folder / "__init__.py").is_file(), f"tests/{folder.name}/ has no __init__.py"
+    stages = {path.parent.name for path in HDF5.glob("*/__init__.py")}
+    for folder in sorted(p for p in (TESTS / "hdf5").iterdir() if p.is_dir()):
+        if not any(folder.rglob("*.py")):
+            continue
+        assert folder.name in stages, f"tests/hdf5/{folder.name}/ names no hdf5/ stage folder"
+        assert (folder / "__init__.py").is_file(), f"tests/hdf5/{folder.name}/ has no __init__.py"

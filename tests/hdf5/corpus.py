@@ -29,7 +29,7 @@ One place where h5py itself is wrong is corrected: h5py 3.16 returns the element
 variable-length arrays with their bytes unswapped but labelled native (the file holds the right
 bytes); ``_h5py_vlen_byteorder_bug`` detects that once and the oracle reinterprets them. Every
 case records ``truth`` (the values as written, in the oracle's form) where that is easy, so
-``test_real_files.py`` checks the oracle itself against what was written.
+``meta/test_types.py`` checks the oracle itself against what was written.
 """
 
 from __future__ import annotations

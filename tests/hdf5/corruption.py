@@ -53,7 +53,7 @@ BASES: dict[str, dict[str, Any]] = {
 DAMAGE = ("flips", "head_flips", "zero_page", "truncate")
 #: Damaged copies per (base, damage).
 COPIES = 8
-#: Chosen so that the corpus holds the three damages issue 35 found escaping raw (a wrong
+#: Chosen so that the corpus holds three damages that HDF5 reports in its own words (a wrong
 #: B-tree signature, an address overflow, a datatype with too many unused bits).
 SEED = 12
 PAGE = 4096
@@ -196,7 +196,7 @@ def read_rechunk(path: Path) -> tuple[str, str]:
     """``(outcome, error text)`` of ``loaderkit rechunk``'s function on ``path``: ``done``, a
     ``named`` error (a loaderkit error naming the file, with the repair advice) or ``raw``."""
     from loaderkit.errors import LoaderkitError
-    from loaderkit.hdf5.rechunk import rechunk
+    from loaderkit.hdf5.convert.rechunk import rechunk
 
     out = path.parent / "rechunked" / path.stem
     try:

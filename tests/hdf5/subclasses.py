@@ -128,7 +128,7 @@ class RawBytesRead(HDF5SessionDataset):
 
 
 class WithStimIds(HDF5SessionDataset):
-    """Reads its label from a second dataset of the file (NSD: betas plus trial ids, issue 35)."""
+    """Reads its label from a second dataset of the file (NSD: betas plus trial ids)."""
 
     def read(self, session: Hashable, row: int) -> Any:
         return {

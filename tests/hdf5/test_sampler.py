@@ -1,3 +1,5 @@
+"""``BlockShuffleSampler``: blocks of consecutive rows, epoch- and rank-aware, reproducible."""
+
 from __future__ import annotations
 
 from pathlib import Path

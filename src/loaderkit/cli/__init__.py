@@ -10,7 +10,7 @@ The only module (with ``__main__``) that prints. Each command returns an exit co
 * ``demo``: a self-contained run on generated NSD-like session files; exit 1 when a check
   fails;
 * ``rechunk``: copies of session files with one dataset stored row by row, verified
-  (``loaderkit.hdf5.rechunk``); exit 1 when a file cannot be rewritten;
+  (``loaderkit.hdf5.convert.rechunk``); exit 1 when a file cannot be rewritten;
 * ``fetch`` and ``cache ls|du|clear``: a node's session cache (``loaderkit.cli.cache``, which
   prints too).
 
@@ -182,7 +182,7 @@ def _size_text(nbytes: int) -> str:
 
 
 def _cmd_rechunk(args: argparse.Namespace) -> int:
-    from loaderkit.hdf5.rechunk import rechunk
+    from loaderkit.hdf5.convert.rechunk import rechunk
 
     bars = None if args.no_progress else _ByteBars()
     try:
@@ -377,7 +377,7 @@ def _add_demo(commands: Any) -> None:
 
 def _add_rechunk(commands: Any) -> None:
     """``loaderkit rechunk``: the files, the key, where the copies go, the layout."""
-    from loaderkit.hdf5.rechunk import CHUNK_BYTES, LAYOUTS
+    from loaderkit.hdf5.convert.rechunk import CHUNK_BYTES, LAYOUTS
 
     rechunk = commands.add_parser(
         "rechunk",

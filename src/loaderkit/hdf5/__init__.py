@@ -4,30 +4,20 @@
 fork-safe, thread-safe per-process cache of open files; ``BlockShuffleSampler`` shuffles
 blocks of consecutive rows so that batched reads stay sequential. See ``docs/hdf5.md``.
 
-Modules: ``dataset`` (the dataset class: hooks, reading, pickling) with its bases ``access``
-(accessors), ``budgeting`` (open-file and held-session budgets) and ``inspection`` (what the
-files hold, read once at construction); ``arguments`` (its constructor arguments), ``keys``
-(what each file holds of the keys), ``records`` (``KeySpec``, ``SessionRecord``), ``reader``
-(``SessionReader``: default reads) with its bases ``sessionfiles`` (state, handles, the checks
-that a file did not change, error context) and ``widereads`` (keys whose rows span many
-chunks); ``types`` (HDF5 type -> sample), ``reading`` (which read strategy), ``runs`` (a batch
-cut into runs of consecutive rows), ``filters`` (compression filters available?), ``diagnose``
-(causes established by checks), ``handles`` (per-process file cache), ``index`` (packed sample
-index), ``layout`` (per-session layout, chunk cache, hints), ``rawio`` (``os.preadv`` reads,
-maps, chunk maps), ``chunkio`` (chunked rows read raw outside h5py, ``ReadPath``), ``codecs``
-(filters decoded in the reading thread), ``blocks`` (boxes of whole chunks), ``wide`` (rows
-that span many chunks, each chunk read once), ``held`` (sessions held in memory); ``sampler``
-stands apart (it reads the dataset's public accessors only), and ``rechunk`` rewrites files row
-by row (``loaderkit rechunk``). Sessions read through a node cache (remote URLs, or local paths
-with ``cache=``): ``sources`` (which sessions, leases, the prefetch window and the
-``OrderWatcher`` the loader feeds), ``remotemeta`` (their metadata by range reads, kept in the
-cache directory), ``cached`` (fetch order, budgets and plan rows of the dataset) and
-``rowcache`` (``SessionCache(layout="rows")``); ``loaderkit.storage`` below does the fetching
-and knows nothing of HDF5.
+Stages, each a folder; imports go one way, from the top of this list down:
 
-Imports go down only: to ``loaderkit.storage``, ``loaderkit.policy.budgets``,
-``loaderkit.order`` (seeds, global batches), ``loaderkit.workers`` (batch buffers),
-``loaderkit.machine`` and ``loaderkit.errors``; ``planning`` and the command line use it.
+- ``dataset``: ``HDF5SessionDataset`` and its constructor arguments;
+- ``remote``: sessions read through ``loaderkit.storage.SessionCache`` (sources, the order
+  watcher, remote metadata);
+- ``convert``: files rewritten row by row (``loaderkit rechunk``, the cache's rows layout);
+- ``read``: handles, raw I/O, runs, row and wide-row readers, held sessions;
+- ``meta``: what files hold (types, layouts, filters, the index, diagnoses).
+
+``sampler`` stands apart (it reads the dataset's public accessors only). Each folder's
+``__init__`` maps its modules. Below the package, imports go to ``loaderkit.storage``,
+``loaderkit.policy.budgets``, ``loaderkit.order`` (seeds, global batches),
+``loaderkit.workers`` (batch buffers), ``loaderkit.machine`` and ``loaderkit.errors``;
+``planning`` and the command line use it.
 
 Example:
     >>> from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
@@ -38,12 +28,12 @@ Example:
 from __future__ import annotations
 
 from loaderkit.errors import HDF5FileError
-from loaderkit.hdf5.dataset import HDF5SessionDataset
-from loaderkit.hdf5.handles import CacheInfo
-from loaderkit.hdf5.held import HeldInfo
-from loaderkit.hdf5.index import SampleIndex
-from loaderkit.hdf5.layout import SessionLayout, default_chunk_cache
-from loaderkit.hdf5.rechunk import RechunkResult, rechunk
+from loaderkit.hdf5.convert.rechunk import RechunkResult, rechunk
+from loaderkit.hdf5.dataset.dataset import HDF5SessionDataset
+from loaderkit.hdf5.meta.index import SampleIndex
+from loaderkit.hdf5.meta.layout import SessionLayout, default_chunk_cache
+from loaderkit.hdf5.read.handles import CacheInfo
+from loaderkit.hdf5.read.heldsessions import HeldInfo
 from loaderkit.hdf5.sampler import DEFAULT_BLOCK_SIZE, BlockShuffleSampler
 
 __all__ = [

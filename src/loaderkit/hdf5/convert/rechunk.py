@@ -1,0 +1,589 @@
+"""``rechunk``: copy session files with one dataset stored row by row, verified.
+
+NSD writes its betas from MATLAB with one chunk per voxel (``(750, 1)`` as h5py sees it), so
+any one trial reads the whole file. A one-off copy that stores the key's rows whole (rows
+contiguous, or chunks of whole rows) makes a trial one read of its own bytes. ``rechunk``
+writes, for each source file, a copy with the same name under an output directory:
+
+* the key's dataset stored *contiguous* (``layout="auto"`` when the source has no filters and
+  a fixed shape: loaderkit then reads rows with one ``os.preadv`` per run, no HDF5 call, and
+  a random row reads only its own bytes), or in *chunks of whole rows* of about
+  ``chunk_bytes`` (1 MiB; the source's filters kept: compression needs chunks);
+* every other object and attribute copied as it is (HDF5's own object copy), links kept as
+  links;
+* read in blocks of whole source chunks (blocks of columns for column-chunked sources, of
+  rows otherwise), so memory stays within ``block_bytes`` plus HDF5's own per-chunk state,
+  whatever the file's size (chunked output from a column-chunked source goes through a
+  contiguous scratch copy in the output directory, removed afterwards);
+* verified after writing: the key's values compared bit for bit with the source, every
+  other dataset's values, every object's attributes, block by block;
+* written under a temporary name in the output directory and renamed over the final name only
+  once verified: a failure never leaves a half-written file under the final name.
+
+It refuses to write over a source (the same file by path, symlink or hard link) and over an
+existing file unless ``overwrite=True``. The command line is ``loaderkit rechunk``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+from h5py import h5d, h5s, h5z
+
+from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError
+from loaderkit.hdf5.meta.columnblocks import column_blocks
+from loaderkit.hdf5.meta.diagnose import hdf5_message, repair_advice
+from loaderkit.hdf5.meta.layout import add_note, dataset_names
+from loaderkit.hdf5.read.rawio import chunk_map
+from loaderkit.hdf5.read.widerows import BLOCK_CHUNKS, read_rows_raw
+
+__all__ = ["LAYOUTS", "RechunkResult", "rechunk"]
+
+logger = logging.getLogger(__name__)
+
+try:  # the filters of the files being copied, in this process too
+    import hdf5plugin  # noqa: F401
+except ImportError:  # pragma: no cover - depends on the environment
+    logger.debug("hdf5plugin is not installed: only HDF5's built-in filters are available")
+
+#: ``layout=`` values: ``"auto"`` (contiguous unless the source has filters or can grow),
+#: ``"contiguous"`` or ``"chunked"`` (chunks of whole rows).
+LAYOUTS = ("auto", "contiguous", "chunked")
+#: Bytes per chunk of whole rows (at least one row per chunk).
+CHUNK_BYTES = 1 << 20
+#: Bytes read or written per block.
+BLOCK_BYTES = 64 << 20
+
+#: Called as ``progress(description, done_bytes, total_bytes)`` after every block.
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class RechunkResult:
+    """One file rewritten.
+
+    Attributes:
+        source: The file read.
+        target: The copy written (same name, in the output directory).
+        key: The dataset stored row by row.
+        shape: Its shape.
+        layout: ``"contiguous"`` or ``"chunks (R, ...)"``.
+        nbytes: Bytes of the key's values.
+        seconds: Time taken, verification included.
+
+    Example:
+        >>> RechunkResult(Path("a.h5"), Path("out/a.h5"), "betas", (750, 10), "contiguous",
+        ...               15000, 0.1).layout
+        'contiguous'
+    """
+
+    source: Path
+    target: Path
+    key: str
+    shape: tuple[int, ...]
+    layout: str
+    nbytes: int
+    seconds: float
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _plan_targets(
+    sources: Sequence[Path], out_dir: Path, *, overwrite: bool
+) -> list[tuple[Path, Path]]:
+    """Each source with its target; refuse writing over a source or an existing file."""
+    if not sources:
+        raise ConfigError("rechunk: no files given; pass the session files to rewrite.")
+    stats = {}
+    for source in sources:
+        try:
+            stats[source] = os.stat(source)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"rechunk: {source} does not exist; check the path.") from None
+    names: dict[str, Path] = {}
+    pairs = []
+    for source in sources:
+        other = names.setdefault(source.name, source)
+        if other != source:
+            raise ConfigError(
+                f"rechunk: {other} and {source} have the same name {source.name!r}, so both "
+                f"copies would be {out_dir / source.name}. Rewrite them into separate --out "
+                "directories."
+            )
+        target = out_dir / source.name
+        try:
+            existing = os.stat(target)
+        except FileNotFoundError:
+            existing = None
+        if existing is not None:
+            same = [s for s, st in stats.items() if _same_file(st, existing)]
+            if same:
+                raise ConfigError(
+                    f"rechunk: refusing to write over a source: {target} is {same[0]} (the "
+                    "same file: same path, a symlink or a hard link). Pass another --out "
+                    "directory."
+                )
+            if not overwrite:
+                raise FileExistsError(
+                    f"rechunk: {target} already exists (not one of the sources); remove it or "
+                    "pass overwrite=True (--overwrite) to replace it."
+                )
+        pairs.append((source, target))
+    return pairs
+
+
+@contextlib.contextmanager
+def _reading(source: Path, what: str) -> Iterator[None]:
+    """h5py's errors while reading ``what`` of ``source``: an ``HDF5FileError`` naming it.
+
+    The message carries the repair advice; loaderkit's own errors and ``MemoryError`` pass.
+    """
+    try:
+        yield
+    except (LoaderkitError, MemoryError):
+        raise
+    except Exception as exc:
+        raise HDF5FileError(
+            f"rechunk: cannot read {what} of {source}: the file is damaged (HDF5: "
+            f"{hdf5_message(exc)}). {repair_advice(str(source))}."
+        ) from exc
+
+
+def _open_source(source: Path) -> h5py.File:
+    """``source`` opened for reading, or an ``HDF5FileError`` naming it and what to do."""
+    try:
+        return h5py.File(source, "r")
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError | PermissionError):
+            raise
+        raise HDF5FileError(
+            f"rechunk: cannot open {source} as HDF5 ({hdf5_message(exc)}). "
+            f"{repair_advice(str(source))}."
+        ) from exc
+
+
+def _dataset(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
+    with _reading(path, f"dataset {key!r}"):
+        return _lookup(f, key, path)
+
+
+def _lookup(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
+    link = f.get(key, getlink=True)
+    if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
+        raise ConfigError(
+            f"rechunk: {key!r} in {path} is a link ({link!r}); pass the dataset's own path "
+            "as --key (the link is copied as it is)."
+        )
+    obj = f.get(key)
+    if not isinstance(obj, h5py.Dataset):
+        what = "a group" if isinstance(obj, h5py.Group) else "missing"
+        raise MissingKeyError(
+            f"rechunk: {path} has no dataset {key!r} ({what}); datasets present: "
+            f"{dataset_names(f)}. Pass the right --key."
+        )
+    if obj.ndim < 1 or obj.shape is None:
+        raise ConfigError(
+            f"rechunk: {key!r} in {path} is scalar (shape {obj.shape}): its first axis must "
+            "index rows."
+        )
+    return obj
+
+
+def _row_bytes(dset: h5py.Dataset) -> int:
+    return max(1, int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize)
+
+
+def _choose_layout(dset: h5py.Dataset, layout: str, chunk_bytes: int) -> tuple[int, ...] | None:
+    """The target chunk shape (``None``: contiguous)."""
+    filtered = dset.id.get_create_plist().get_nfilters() > 0
+    growable = dset.maxshape != dset.shape
+    if layout == "contiguous" and (filtered or growable):
+        why = "has filters (compression)" if filtered else f"can grow (maxshape {dset.maxshape})"
+        raise ConfigError(
+            f"rechunk: layout='contiguous' but {dset.name!r} in {dset.file.filename} {why}, "
+            "which needs chunks. Use layout='chunked' (or 'auto')."
+        )
+    if layout == "contiguous" or (layout == "auto" and not filtered and not growable):
+        return None
+    rows = max(1, min(dset.shape[0] or 1, chunk_bytes // _row_bytes(dset)))
+    return (rows, *(max(1, n) for n in dset.shape[1:]))
+
+
+def _row_blocks(n: int, rows_per_block: int) -> Iterator[slice]:
+    for start in range(0, n, rows_per_block):
+        yield slice(start, min(n, start + rows_per_block))
+
+
+def _source_blocks(dset: h5py.Dataset, block_bytes: int) -> Iterator[tuple[slice, ...]]:
+    """Selections covering ``dset`` so that every source chunk is read once, within a budget.
+
+    Rows of whole chunks when a chunk spans whole rows (or the data is contiguous); boxes of
+    whole chunks with every row (blocks of columns) otherwise.
+    """
+    shape = tuple(int(n) for n in dset.shape)
+    rest = tuple(slice(0, n) for n in shape[1:])
+    chunks = dset.chunks
+    if chunks is None or tuple(chunks[1:]) == shape[1:] or len(shape) == 1:
+        unit = chunks[0] if chunks is not None else 1
+        per_block = max(1, block_bytes // (_row_bytes(dset) * unit)) * unit
+        for rows in _row_blocks(shape[0], per_block):
+            yield (rows, *rest)
+        return
+    yield from column_blocks(
+        shape, tuple(chunks), dset.dtype.itemsize, max_bytes=block_bytes, max_chunks=BLOCK_CHUNKS
+    )
+
+
+def _box_reader(src_file: h5py.File, src: h5py.Dataset) -> Callable[[tuple[slice, ...]], Any]:
+    """Reads a box of ``_source_blocks`` from ``src``: raw chunk bytes where possible.
+
+    Unfiltered column chunks (NSD's ``(750, 1)``) are read with ``os.preadv`` in file order
+    (``loaderkit.hdf5.read.widerows.read_rows_raw``), several times faster than HDF5's per-chunk
+    bookkeeping; the boxes of ``column_blocks`` over such chunks are flat ranges of columns.
+    """
+    cmap = chunk_map(src_file, src) if src.ndim > 1 else None
+    if cmap is None:
+        return lambda box: src[box]
+    shape = tuple(int(n) for n in src.shape)
+    rows = np.arange(shape[0])
+
+    def read(box: tuple[slice, ...]) -> np.ndarray:
+        sizes = tuple(b.stop - b.start for b in box[1:])
+        lo = int(np.ravel_multi_index(tuple(b.start for b in box[1:]), shape[1:]))
+        out = np.empty((shape[0], *sizes), src.dtype)
+        read_rows_raw(cmap, rows, out.reshape(shape[0], -1), columns=(lo, lo + out[0].size))
+        return out
+
+    return read
+
+
+def _copy_attrs(source: Any, target: Any) -> None:
+    """Every attribute of ``source`` onto ``target``, with its own type."""
+    for name in source.attrs:
+        value = source.attrs[name]
+        if isinstance(value, h5py.Empty):
+            target.attrs[name] = value
+            continue
+        dtype = source.attrs.get_id(name).dtype
+        target.attrs.create(name, value, dtype=dtype)
+
+
+def _create_key(
+    src: h5py.Dataset, group: h5py.Group, name: str, chunks: tuple[int, ...] | None
+) -> h5py.Dataset:
+    """The target dataset: the source's type, shape, fill value and filters, new layout."""
+    dcpl = src.id.get_create_plist().copy()
+    if chunks is None:
+        dcpl.remove_filter(h5z.FILTER_ALL)
+        dcpl.set_layout(h5d.CONTIGUOUS)
+    else:
+        dcpl.set_chunk(chunks)
+    maxshape = tuple(h5s.UNLIMITED if m is None else m for m in (src.maxshape or src.shape))
+    space = h5s.create_simple(src.shape, maxshape)
+    dsid = h5d.create(group.id, name.encode(), src.id.get_type(), space, dcpl=dcpl)
+    dset = h5py.Dataset(dsid)
+    _copy_attrs(src, dset)
+    return dset
+
+
+def _copy_tree(
+    src: h5py.Group, dst: h5py.Group, key_path: str, make_key: Callable[[h5py.Group, str], None]
+) -> None:
+    """Copy ``src`` into ``dst`` except the key, which ``make_key`` creates; links stay links."""
+    _copy_attrs(src, dst)
+    head, _, rest = key_path.partition("/")
+    for name in src:
+        link = src.get(name, getlink=True)
+        if isinstance(link, h5py.SoftLink):
+            dst[name] = h5py.SoftLink(link.path)
+            continue
+        if isinstance(link, h5py.ExternalLink):
+            dst[name] = h5py.ExternalLink(link.filename, link.path)
+            continue
+        if name == head and not rest:
+            make_key(dst, name)
+        elif name == head:
+            _copy_tree(src[name], dst.create_group(name), rest, make_key)
+        else:
+            src.copy(src[name], dst, name=name)
+
+
+def _write(
+    src_file: h5py.File,
+    src: h5py.Dataset,
+    tmp: Path,
+    scratch: Path,
+    key: str,
+    chunks: tuple[int, ...] | None,
+    block_bytes: int,
+    report: Callable[[str, int], None],
+    source: Path,
+) -> None:
+    """Write the copy to ``tmp`` (the key's values streamed in blocks)."""
+    path = src.name.lstrip("/")
+    userblock = src_file.userblock_size  # e.g. MATLAB v7.3 files: kept, byte for byte
+    with h5py.File(tmp, "w", libver=src_file.libver, userblock_size=userblock) as out:
+        holder: list[h5py.Dataset] = []
+        with _reading(source, "the objects and attributes"):
+            _copy_tree(
+                src_file, out, path, lambda g, n: holder.append(_create_key(src, g, n, chunks))
+            )
+        (target,) = holder
+        if src.size == 0:
+            return
+        reader = _box_reader(src_file, src)
+
+        def read(box: tuple[slice, ...]) -> np.ndarray:
+            with _reading(source, f"the rows {box} of {key!r}"):
+                return reader(box)
+
+        column_chunked = src.chunks is not None and tuple(src.chunks[1:]) != tuple(src.shape[1:])
+        if chunks is None or not column_chunked or src.ndim == 1:
+            done = 0
+            for box in _source_blocks(src, block_bytes):  # every source chunk read once
+                data = read(box)
+                target[box] = data
+                done += data.nbytes
+                report("writing", done)
+            return
+        # chunked output from column chunks: blocks of columns into a contiguous scratch
+        # copy, then blocks of whole target chunks (each written once, whole)
+        with h5py.File(scratch, "w") as side:
+            staged = side.create_dataset("x", shape=src.shape, dtype=src.dtype)
+            done = 0
+            for box in _source_blocks(src, block_bytes):
+                data = read(box)
+                staged[box] = data
+                done += data.nbytes // 2
+                report("writing", done)
+            rows = max(1, block_bytes // (_row_bytes(src) * chunks[0])) * chunks[0]
+            for block in _row_blocks(src.shape[0], rows):
+                data = staged[block]
+                target[block] = data
+                done += data.nbytes - data.nbytes // 2
+                report("writing", done)
+
+
+def _copy_userblock(source: Path, target: Path, size: int) -> None:
+    """The source's user block (bytes before the HDF5 data, e.g. a MATLAB header)."""
+    if size <= 0:
+        return
+    with open(source, "rb") as src, open(target, "r+b") as dst:
+        dst.write(src.read(size))
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit (NaNs and -0.0 included); element by element for variable-length data."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.hasobject:
+        return all(
+            np.array_equal(np.asarray(x), np.asarray(y))
+            for x, y in zip(a.reshape(-1), b.reshape(-1), strict=True)
+        )
+    if not a.size:
+        return True
+    left = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    right = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
+    return bool(np.array_equal(left, right))
+
+
+def _same_attrs(a: Any, b: Any) -> bool:
+    if sorted(a.attrs) != sorted(b.attrs):
+        return False
+    for name in a.attrs:
+        x, y = a.attrs[name], b.attrs[name]
+        if isinstance(x, h5py.Empty) or isinstance(y, h5py.Empty):
+            if not (isinstance(x, h5py.Empty) and isinstance(y, h5py.Empty)):
+                return False
+            continue
+        if not _equal(np.asarray(x), np.asarray(y)):
+            return False
+    return True
+
+
+def _verify(src_file: h5py.File, out: h5py.File, key: str, block_bytes: int, report: Any) -> None:
+    """Raise ``HDF5FileError`` unless ``out`` holds what ``src_file`` holds."""
+    problems: list[str] = []
+    names: list[str] = []
+    src_file.visit(names.append)
+    copied: list[str] = []
+    out.visit(copied.append)
+    if sorted(names) != sorted(copied):
+        missing = sorted(set(names) - set(copied))
+        extra = sorted(set(copied) - set(names))
+        problems.append(f"objects differ (missing {missing[:5]}, extra {extra[:5]})")
+    key_name = src_file[key].name.lstrip("/")
+    read_key = _box_reader(src_file, src_file[key])
+    for name in [""] + [n for n in names if n in out]:
+        a, b = (src_file, out) if not name else (src_file[name], out[name])
+        if not _same_attrs(a, b):
+            problems.append(f"attributes of {name or '/'!r}")
+        if not isinstance(a, h5py.Dataset):
+            continue
+        if not isinstance(b, h5py.Dataset) or a.shape != b.shape or a.dtype != b.dtype:
+            problems.append(f"{name!r} is not the same dataset (shape/type)")
+            continue
+        if a.shape is None or a.size == 0:
+            continue
+        done = 0
+        for box in _source_blocks(a, block_bytes):
+            x, y = (read_key(box) if name == key_name else a[box]), b[box]
+            if not _equal(np.asarray(x), np.asarray(y)):
+                problems.append(f"values of {name!r} in {box}")
+                break
+            if name == key_name:
+                done += np.asarray(x).nbytes
+                report("verifying", done)
+    if problems:
+        raise HDF5FileError(
+            f"verification failed: {'; '.join(problems[:5])}"
+            + (f" (+{len(problems) - 5} more)" if len(problems) > 5 else "")
+        )
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return
+    except OSError:  # pragma: no cover - reported by the caller's own error
+        logger.warning("could not remove %s", path, exc_info=True)
+
+
+def _rechunk_one(
+    source: Path,
+    target: Path,
+    key: str,
+    layout: str,
+    chunk_bytes: int,
+    block_bytes: int,
+    progress: Progress | None,
+) -> RechunkResult:
+    started = time.perf_counter()
+    tmp = target.parent / f".{target.name}.rechunk-{os.getpid()}.tmp"
+    scratch = target.parent / f".{target.name}.rechunk-{os.getpid()}.scratch"
+    try:
+        with _open_source(source) as src_file:
+            src = _dataset(src_file, key, source)
+            with _reading(source, f"dataset {key!r}"):
+                chunks = _choose_layout(src, layout, chunk_bytes)
+            nbytes = int(src.size) * src.dtype.itemsize
+            total = max(1, nbytes)
+
+            def report(phase: str, done: int) -> None:
+                if progress is not None:
+                    progress(f"{source.name}: {phase}", min(done, total), total)
+
+            _write(src_file, src, tmp, scratch, key, chunks, block_bytes, report, source)
+            _remove(scratch)
+            _copy_userblock(source, tmp, src_file.userblock_size)
+            with h5py.File(tmp, "r") as out, _reading(source, "the objects, verifying the copy"):
+                _verify(src_file, out, key, block_bytes, report)
+            shape = tuple(int(n) for n in src.shape)
+        with open(tmp, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)  # the final name appears only now, whole and verified
+    except BaseException as exc:
+        _remove(tmp)
+        _remove(scratch)
+        if isinstance(exc, Exception):
+            add_note(
+                exc,
+                f"loaderkit rechunk: {source} (key {key!r}) -> {target}: nothing was written "
+                "under the final name.",
+            )
+            if isinstance(exc, HDF5FileError) and str(exc).startswith("verification failed"):
+                raise HDF5FileError(
+                    f"rechunk: the copy of {source} (key {key!r}) does not hold what the "
+                    f"source holds: {exc}. It was removed; {target} was not written."
+                ) from exc
+        raise
+    what = "contiguous" if chunks is None else f"chunks {chunks}"
+    return RechunkResult(source, target, key, shape, what, nbytes, time.perf_counter() - started)
+
+
+def rechunk(
+    files: Sequence[str | os.PathLike[str]],
+    key: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    layout: str = "auto",
+    chunk_bytes: int = CHUNK_BYTES,
+    block_bytes: int = BLOCK_BYTES,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> list[RechunkResult]:
+    """Copy each file into ``out_dir`` (same name) with ``key`` stored row by row, verified.
+
+    Args:
+        files: The session files to rewrite (any number; never written to).
+        key: The dataset to store row by row (a path inside the files, e.g. ``"betas"``).
+        out_dir: Where the copies go (created if missing; must not hold a source).
+        layout: ``"auto"`` (contiguous, or chunks of whole rows when the source has filters
+            or can grow), ``"contiguous"`` or ``"chunked"`` (chunks of whole rows, the
+            source's filters kept).
+        chunk_bytes: Target bytes per chunk for chunked output (at least one whole row).
+        block_bytes: Bytes read and written per block (memory bound, besides HDF5's state).
+        overwrite: Replace copies that already exist in ``out_dir`` (never a source).
+        progress: Called as ``progress(description, done_bytes, total_bytes)`` after every
+            block (the command line draws tqdm bars with it).
+
+    Returns:
+        One ``RechunkResult`` per file, in order.
+
+    Raises:
+        ConfigError: No files, a bad ``layout``, a target that is a source (same path,
+            symlink or hard link), two sources with the same name, or ``"contiguous"`` for a
+            dataset that needs chunks.
+        FileExistsError: A target exists and ``overwrite`` is false.
+        FileNotFoundError: A source does not exist.
+        KeyError: A source has no dataset ``key`` (the message lists what it holds).
+        HDF5FileError: A source cannot be read, or the copy does not verify (it is removed).
+
+    Example:
+        >>> import h5py, numpy as np, tempfile, os
+        >>> root = tempfile.mkdtemp()
+        >>> src = os.path.join(root, "betas_session01.hdf5")
+        >>> with h5py.File(src, "w") as f:
+        ...     _ = f.create_dataset("betas", data=np.arange(60, dtype="i2").reshape(6, 10),
+        ...                          chunks=(6, 1))
+        >>> [result] = rechunk([src], "betas", os.path.join(root, "rows"))
+        >>> result.layout, result.target.name
+        ('contiguous', 'betas_session01.hdf5')
+        >>> with h5py.File(result.target) as f:
+        ...     betas = f["betas"]
+        ...     betas.chunks is None, int(betas[5, 9])
+        (True, 59)
+    """
+    if layout not in LAYOUTS:
+        raise ConfigError(f"rechunk: layout must be one of {LAYOUTS}, got {layout!r}.")
+    if chunk_bytes < 1 or block_bytes < 1:
+        raise ConfigError(
+            f"rechunk: chunk_bytes and block_bytes must be >= 1, got {chunk_bytes} and "
+            f"{block_bytes}."
+        )
+    out = Path(out_dir).expanduser().absolute()
+    sources = [Path(f).expanduser().absolute() for f in files]
+    pairs = _plan_targets(sources, out, overwrite=overwrite)
+    for source, _ in pairs:  # every source readable, with the key, before writing anything
+        with _open_source(source) as f:
+            dset = _dataset(f, key, source)
+            with _reading(source, f"dataset {key!r}"):
+                _choose_layout(dset, layout, chunk_bytes)
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        _rechunk_one(source, target, key, layout, chunk_bytes, block_bytes, progress)
+        for source, target in pairs
+    ]

@@ -1,0 +1,236 @@
+"""Building an ``HDF5SessionDataset``: what every file holds, read once, and the reader over it.
+
+``DatasetInspection`` is a base of ``HDF5SessionDataset``: it opens each session file once in
+the constructing process (``loaderkit.hdf5.meta.inventory``: keys, layouts, types, filters,
+identities), finds the key when none is given, tells files listed twice apart, builds the
+``SessionReader``, and packs the index ``build_index`` returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import h5py
+import numpy as np
+
+from loaderkit.errors import ConfigError, HDF5FileError, warn
+from loaderkit.hdf5.convert.rowcache import cached_record
+from loaderkit.hdf5.meta.diagnose import metadata_errors, open_diagnosis
+from loaderkit.hdf5.meta.index import (
+    pack_index,
+)
+from loaderkit.hdf5.meta.inventory import (
+    check_aligned,
+    check_rows,
+    inspect_session,
+    parse_keys,
+    row_types,
+)
+from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
+from loaderkit.hdf5.meta.layout import (
+    advise,
+    dataset_names,
+    open_kwargs,
+)
+from loaderkit.hdf5.meta.types import RowType
+from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.remote.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
+from loaderkit.hdf5.remote.sources import SessionSources
+from loaderkit.storage import ObjectInfo
+
+__all__ = ["DatasetInspection"]
+
+
+class DatasetInspection:
+    """Construction steps of a session dataset (a base class)."""
+
+    _ids: list[Hashable]
+    _paths: list[str]
+    _reader: SessionReader
+    _item_fast: bool
+    _custom_index: bool
+    key: Any
+    fields: tuple[str, ...] | None
+    sample_axis: int
+    h5py_options: dict[str, Any]
+    memory_map: bool
+    max_open_files: int
+    max_session_bytes: int
+    _sources: SessionSources | None
+
+    def _remote_info(self, pos: int) -> ObjectInfo | None:
+        """The object session ``pos`` is, when it is a URL (its metadata is read remotely)."""
+        sources = self._sources
+        return None if sources is None else sources.remote.get(pos)
+
+    def _open_for_inspection(self, pos: int) -> Any:
+        sid, path = self._ids[pos], self._paths[pos]
+        info = self._remote_info(pos)
+        if info is not None:
+            assert self._sources is not None
+            return open_remote(info, sid, self._sources.storage_options)
+        try:
+            return h5py.File(path, "r", **self.h5py_options)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(
+                f"session {sid!r}: file {path} does not exist ({exc})."
+            ) from exc
+        except TypeError as exc:
+            raise ConfigError(
+                f"h5py_options {self.h5py_options!r} rejected by h5py.File: {exc}"
+            ) from exc
+        except Exception as exc:
+            locking = self.h5py_options.get("locking", True) is not False
+            hint, os_error, advice = open_diagnosis(path, locking=locking)
+            raise HDF5FileError(
+                *((os_error.errno,) if os_error is not None and os_error.errno else ()),
+                f"session {sid!r}: cannot open {path} as HDF5: {hint or 'HDF5 refused it'} "
+                f"(HDF5: {exc}).{' ' + advice if advice else ''}",
+            ) from (os_error or exc)
+
+    def _inspect_files(self) -> SessionReader:
+        """Read what every file holds (main process only) and build the reader over it."""
+        specs = parse_keys(self.key, self.sample_axis)
+        if specs is None:
+            found = self._autodetect_key()
+            specs = [] if found is None else parse_keys(found, self.sample_axis) or []
+            self.key = found
+        records: list[SessionRecord] = []
+        resolved: list[KeySpec] = list(specs)
+        uneven = [False] * len(specs)
+        remote, known = self._inspect_remote(specs)
+        for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
+            if pos in remote:
+                record, resolved, odd = remote[pos]
+            else:
+                with self._open_for_inspection(pos) as f:
+                    record, resolved, odd = inspect_session(f, specs, sid, path)
+                    if self._sources is not None and self._sources.cached(pos):
+                        layout = self._sources.cache.layout  # read from the cache's copy
+                        record = cached_record(record, f, resolved, layout)
+            records.append(record)
+            uneven = [a or b for a, b in zip(uneven, odd, strict=True)]
+        files = list(zip(self._ids, self._paths, strict=True))
+        check_aligned(records, resolved, files)
+        types: list[RowType] = []
+        type_error: ConfigError | None = None
+        try:
+            check_rows(records, resolved, files)
+            types = row_types(
+                records, resolved, self.fields, files, self._open_for_inspection, known
+            )
+        except ConfigError as exc:
+            if self._item_fast:
+                raise
+            # ``read`` is overridden and may convert such rows itself: the base ``read``
+            # raises this when (and only when) an override calls it through ``super()``
+            type_error = exc
+        for k, spec in enumerate(resolved):  # group keys: one row shape in every session
+            shapes = {rec.layouts[k].row_shape for rec in records if rec.layouts[k].rows}
+            uneven[k] = uneven[k] or (spec.members and len(shapes) > 1)
+            if not spec.members:
+                advise([rec.layouts[k] for rec in records], self._ids, self._paths, spec.path)
+        first = [rec.layouts[0] if rec.layouts else None for rec in records]
+        return SessionReader(
+            ids=self._ids,
+            paths=self._paths,
+            canonical=self._canonical(records),
+            specs=resolved,
+            types=types,
+            type_error=type_error,
+            records=records,
+            open_kwargs=[
+                open_kwargs(lay, self.h5py_options, default_read=self._item_fast) for lay in first
+            ],
+            max_open=self.max_open_files,
+            memory_map=self.memory_map,
+            fast=self._item_fast,
+            single=isinstance(self.key, str),
+            label=f"{type(self).__name__} over {len(self._ids)} session(s)",
+            uneven=[k for k, odd in enumerate(uneven) if odd],
+            max_session_bytes=self.max_session_bytes,
+        )
+
+    def _inspect_remote(
+        self, specs: Sequence[KeySpec]
+    ) -> tuple[
+        dict[int, tuple[SessionRecord, list[KeySpec], list[bool]]],
+        dict[tuple[int, int], RowType | Exception],
+    ]:
+        """Remote sessions' records and row types (``remotemeta``: range reads, kept)."""
+        sources = self._sources
+        infos = {} if sources is None else sources.remote
+        if not infos:
+            return {}, {}
+        assert sources is not None
+        found = inspect_remote(
+            infos,
+            self._ids,
+            specs,
+            self.fields,
+            sources.storage_options,
+            MetaStore(sources.cache.dir),
+            sources.cache.layout,
+        )
+        records = {
+            pos: (rec.record, list(rec.resolved), list(rec.uneven)) for pos, rec in found.items()
+        }
+        known = {(pos, k): rt for pos, rec in found.items() for k, rt in enumerate(rec.types)}
+        return records, known
+
+    def _canonical(self, records: Sequence[SessionRecord]) -> list[int]:
+        """Per session, the first session with the same file (path, symlink or hard link)."""
+        seen: dict[tuple[int, int], int] = {}
+        canonical = []
+        for pos, rec in enumerate(records):
+            ident = rec.identity
+            if ident is None:
+                canonical.append(pos)
+                continue
+            first = seen.setdefault((ident.device, ident.inode), pos)
+            if first != pos:
+                warn(
+                    f"sessions {self._ids[first]!r} ({self._paths[first]}) and "
+                    f"{self._ids[pos]!r} ({self._paths[pos]}) are the same file (same device "
+                    "and inode: a repeated path, a symlink or a hard link): its samples appear "
+                    "once per session. Remove one of them unless you mean to repeat the file."
+                )
+            canonical.append(first)
+        return canonical
+
+    def _autodetect_key(self) -> str | None:
+        sid, path = self._ids[0], self._paths[0]
+        info = self._remote_info(0)
+        if info is not None:
+            assert self._sources is not None
+            storage = self._sources
+            names = tree_names(info, sid, storage.storage_options, MetaStore(storage.cache.dir))
+        else:
+            with self._open_for_inspection(0) as f, metadata_errors(sid, path, "the file's tree"):
+                names = dataset_names(f, limit=10**9)
+        if len(names) == 1:
+            return names[0]
+        if self._custom_index and not self._item_fast:
+            return None  # the subclass reads and indexes on its own
+        raise ConfigError(
+            f"key=None but session {self._ids[0]!r} ({self._paths[0]}) holds "
+            f"{len(names)} datasets {names[:25]}; pass key='<name of the per-sample dataset>', "
+            "several as key=('a', 'b'), or a group whose datasets are the samples."
+        )
+
+    def _index_key(self, index: Any) -> np.ndarray:
+        records = self._reader.records
+        check_rows = self._item_fast and all(rec.layouts for rec in records)
+        return pack_index(
+            index,
+            self._ids,
+            row_counts=[rec.layouts[0].rows for rec in records] if check_rows else None,
+            paths=self._paths,
+            key=self._key_name,
+        )
+
+    @property
+    def _key_name(self) -> str | None:
+        specs = self._reader.specs
+        return specs[0].path if len(specs) == 1 else None if not specs else str(self.key)

@@ -1,0 +1,16 @@
+"""What session files hold: types, layouts, filters, the index, and why a file fails.
+
+The bottom stage of ``loaderkit.hdf5``; it imports nothing else of ``loaderkit.hdf5`` (only
+``loaderkit.errors``, ``loaderkit.workers`` for batch building, and h5py/numpy/torch). Every
+other stage imports it.
+
+- ``types``: HDF5 type -> what a sample's row becomes (``RowType``), and the types refused;
+- ``layout``: per-session layout of a key (``SessionLayout``), chunk cache, hints,
+  ``dataset_names``;
+- ``columnblocks``: blocks of whole chunks along the columns of rows that span many chunks;
+- ``filters``: whether every compression filter a dataset needs is available;
+- ``index``: the packed sample index (``SampleIndex``, ``ROW_BITS``/``ROW_MASK``);
+- ``diagnose``: why a file failed, established by checks;
+- ``keyspecs``: ``KeySpec`` (where a key's rows lie), ``SessionRecord`` (what a file held);
+- ``inventory``: ``parse_keys`` and ``inspect_session``: what each file holds of the keys.
+"""

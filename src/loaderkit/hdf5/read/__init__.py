@@ -1,0 +1,20 @@
+"""Reading rows out of session files: handles, raw I/O, runs, row readers, held sessions.
+
+Imports go down only: to ``loaderkit.hdf5.meta`` (never to ``convert``, ``remote`` or
+``dataset``), and below the package to ``loaderkit.workers.collate`` and, for the types of a
+lease, ``loaderkit.storage``. Sessions read from a cache's local copy reach the reader through
+the ``SessionCopies`` protocol defined here; the remote stage provides it.
+
+- ``handles``: the per-process LRU cache of open files (``HandleCache``, ``CacheInfo``);
+- ``rawio``: ``os.preadv`` reads, memory maps, chunk maps, direct ``H5Dread``;
+- ``codecs``: HDF5 filters decoded in the reading thread;
+- ``chunkio``: chunked rows read raw outside h5py (``ReadPath``);
+- ``runs``: a batch cut into runs of consecutive rows;
+- ``widerows``: rows that span many chunks, each chunk read once;
+- ``heldsessions``: whole sessions held in memory (``HeldSessions``, ``HeldInfo``);
+- ``copies``: ``SessionCopies``, what a reader needs of sessions read from a local copy;
+- ``sessionfiles``: ``SessionFiles``, the reader's state, open files and their checks;
+- ``widereads``: ``WideReads``, keys whose rows span many chunks, read apart;
+- ``reader``: ``SessionReader``, the default reads of one or several keys;
+- ``strategy``: which read mode a dataset class gets (``ReadMode``).
+"""

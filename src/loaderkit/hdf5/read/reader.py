@@ -1,0 +1,385 @@
+"""``SessionReader``: reads rows of one or several keys from session files, and checks them.
+
+The reader owns what reading needs: the per-process handle cache, how each key is stored
+(``KeySpec``) and typed (``RowType``), what every session file held when the index was built
+(``SessionRecord``), and the error context. ``HDF5SessionDataset`` keeps its hooks, accessors
+and pickling, and hands its default reads here:
+
+* ``read_one`` — one sample (per-item reads);
+* ``read_batch`` — a batch grouped into runs of consecutive rows (``runs.plan_runs``),
+  every key read into one buffer: ``os.preadv`` or a memory map for contiguous numbers (other
+  byte orders into a reused scratch buffer, converted while copied), HDF5 otherwise (which
+  converts byte order, enums and compounds itself), then split into samples and the collated
+  batch (``loaderkit.workers.collate.RowBatch``).
+
+Keys whose rows span many chunks that other rows share (``SessionLayout.shares_chunks``:
+NSD's ``(750, V)`` betas with chunks ``(750, 1)``) are read apart (``widereads``, with
+``widerows``): a batch's rows of one session in one pass over that session's chunks, and whole
+sessions held in memory within ``max_session_bytes`` (``heldsessions``), so that block order
+reads each session once.
+
+Never silently wrong: a file is compared with its ``SessionRecord`` when it is (re)opened, and
+with its identity at open (one ``fstat``) after every read and before every copy out of a
+memory map, so a file rewritten, shrunk or truncated under the dataset is an
+``HDF5FileError`` naming what changed, never another dataset's bytes or zero rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from loaderkit.errors import ConfigError
+from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
+from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection, read_slab
+from loaderkit.hdf5.meta.types import Kind, RowType, Samples, _dicts
+from loaderkit.hdf5.read.handles import Handle
+from loaderkit.hdf5.read.rawio import (
+    pread,
+)
+from loaderkit.hdf5.read.runs import plan_runs
+from loaderkit.hdf5.read.widereads import WideReads
+from loaderkit.workers.collate import RowBatch, batch_buffer
+
+__all__ = ["KeySpec", "SessionReader", "SessionRecord"]
+
+
+class SessionReader(WideReads):
+    """Default reads of ``HDF5SessionDataset``: one sample, a batch, runs through a hook.
+
+    Built with the arguments of ``loaderkit.hdf5.read.sessionfiles.SessionFiles`` (keys, types,
+    records, handles and checks); ``loaderkit.hdf5.read.widereads.WideReads`` adds the keys whose
+    rows span many chunks.
+
+    Example:
+        >>> SessionReader.read_one.__name__
+        'read_one'
+    """
+
+    def read_one(self, index: int, pos: int, row: int) -> Any:
+        """Sample ``index`` (session ``pos``, ``row``) as the default ``read`` returns it.
+
+        No lock is held: the handle is leased for the read.
+
+        Raises:
+            ConfigError: The rows have no torch type (``type_error``), raised at this call.
+        """
+        if self.type_error is not None:
+            raise ConfigError(str(self.type_error))
+        handle = self.leased(pos, row, index)
+        try:
+            if self.single:
+                value = self._one(handle, 0, pos, row, index)
+            else:
+                value = {
+                    spec.name: self._one(handle, k, pos, row, index)
+                    for k, spec in enumerate(self.specs)
+                }
+            if handle.watch:
+                self.verify(handle, pos, f"row {row}", index)
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise self.read_error(exc, pos, range(row, row + 1), index) from exc
+        finally:
+            self.cache.release(handle)
+        return value
+
+    def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
+        rt = self.types[k]
+        if self._some_wide and self.wide[pos][k]:  # a row touches every chunk: held, or a pass
+            sample = np.empty((1, *rt.row_shape), rt.mem_dtype)
+            self._read_wide(k, pos, np.array([row], np.int64), sample, index)
+            return sample[0] if rt.row_shape else sample[0][()]
+        raw, mapped = handle.raws[k], handle.maps[k]
+        if raw is not None:
+            sample = np.empty(rt.row_shape, rt.read_dtype)
+            if mapped is not None:
+                self.verify(handle, pos, f"row {row}", index)  # never fault on a truncated map
+                sample[...] = mapped[row]  # a copy, never a view of the map
+            else:
+                pread(raw, row * self.row_bytes[k], sample, self.row_bytes[k])
+            if rt.kind is Kind.STRUCT:
+                return rt.sample(sample[()] if not rt.row_shape else sample)
+            if rt.swap:
+                sample = sample.astype(rt.mem_dtype)
+            return sample if rt.row_shape else sample[()]
+        if handle.chunked[k] is not None and rt.kind is Kind.NUMBER:  # raw chunks, no lock
+            rows = np.empty((1, *rt.row_shape), rt.read_dtype)
+            self._fill_run(handle, k, pos, row, 1, rows, index)
+            if rt.swap:
+                rows = rows.astype(rt.mem_dtype)
+            return rows[0] if rt.row_shape else rows[0][()]
+        spec = self.specs[k]
+        if spec.members:
+            return rt.sample(self._member(handle, k, pos, row))
+        dset = handle.datasets[k]
+        if rt.kind is Kind.NUMBER:
+            value = dset[axis_selection(spec.axis, row, None)] if spec.axis else dset[row]
+            if isinstance(value, np.ndarray):
+                return value.astype(rt.mem_dtype, copy=False)
+            return np.asarray(value).astype(rt.mem_dtype)[()]
+        if rt.kind is Kind.STRUCT:
+            slab = read_slab(dset, spec.axis, row, 1, rt.read_dtype)
+            return rt.sample(np.moveaxis(slab, spec.axis, 0)[0])
+        value = dset[axis_selection(spec.axis, row, None)] if spec.axis else dset[row]
+        return rt.sample(value)
+
+    def read_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
+        """Read the samples of ``keys`` (dataset indices ``idx``), every key into one buffer.
+
+        Returns:
+            A ``RowBatch``: the samples in request order, and the collated batch.
+        """
+        n = idx.size
+        order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
+        if starts is None:
+            starts = np.arange(n)
+        if self.single:
+            samples, collated = self._read_key(0, idx, keys, order, starts)
+            # numbers: the row views now; dicts: built only when something asks for them
+            rows = samples() if self.types[0].kind is Kind.NUMBER else samples
+            return RowBatch(collated, rows, ragged=self._ragged_names[0])
+        parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
+        names = [spec.name for spec in self.specs]
+        batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
+        ragged = next((self._ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None)
+        rows = functools.partial(_dicts, names, [part[0] for part in parts])
+        return RowBatch(None if ragged else batch, rows, ragged=ragged)
+
+    def _scratch(self, n: int, rt: RowType) -> np.ndarray:
+        """A reused buffer of ``n`` rows as stored (``read_dtype``); never handed out.
+
+        Rows that need converting (another byte order, records split into fields) are read
+        here and copied out, so the batch costs no fresh allocation and page faults twice.
+        """
+        local = self.scratch  # one buffer per thread: threads read batches at once
+        views: dict[tuple[int, np.dtype, tuple[int, ...]], np.ndarray] | None = getattr(
+            local, "views", None
+        )
+        if views is None:
+            views = local.views = {}
+            local.spare = None
+        view = views.get((n, rt.read_dtype, rt.row_shape))
+        if view is not None:
+            return view
+        shape = (n, *rt.row_shape)
+        nbytes = math.prod(shape) * rt.read_dtype.itemsize
+        if local.spare is None or local.spare.nbytes < nbytes:
+            local.spare = np.empty(max(nbytes, 1 << 16), np.uint8)
+            views.clear()  # views of the buffer replaced
+        if len(views) >= 16:  # batches of many sizes: keep the views bounded
+            views.clear()
+        view = local.spare[:nbytes].view(rt.read_dtype).reshape(shape)
+        views[n, rt.read_dtype, rt.row_shape] = view
+        return view
+
+    def _read_key(
+        self,
+        k: int,
+        idx: np.ndarray,
+        keys: np.ndarray,
+        order: np.ndarray | None,
+        starts: np.ndarray,
+    ) -> tuple[Samples, Any]:
+        rt = self.types[k]
+        n = idx.size
+        if rt.kind is Kind.NUMBER and not self.specs[k].members:
+            tensor, out = batch_buffer(n, rt.row_shape, rt.mem_dtype)
+            stored = self._scratch(n, rt) if rt.swap else out
+            if not (self.memory_map and self.contiguous and self._mapped(k, idx, keys, stored)):
+                self._fill(k, idx, keys, order, starts, stored)
+            if stored is not out:
+                np.copyto(out, stored)  # to native byte order while copying
+            return functools.partial(list, out), tensor
+        if k in self.uneven:
+            out = np.empty(n, object)
+        elif rt.record is not None:  # split into fresh per-field batches: the records are scratch
+            out = self._scratch(n, rt)
+        else:
+            out = np.empty((n, *rt.row_shape), rt.read_dtype)
+        self._fill(k, idx, keys, order, starts, out)
+        if k in self.uneven:  # per-sample datasets of differing shapes: never stacked
+            return functools.partial(list, [rt.sample(v) for v in out]), None
+        return rt.batch(out, batch_buffer)
+
+    def _mapped(self, k: int, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> bool:
+        """Gather a batch from memory maps with one ``np.take`` per session segment.
+
+        A segment is a stretch of the batch (request order) whose rows come from one session:
+        block-shuffled batches have a few, so the batch is copied at memory speed with a
+        handful of C calls. Returns ``False`` (nothing read) for batches of many segments
+        (uniform shuffling: ``_fill`` copies run by run) or a session that is not mapped.
+        The file is checked (``verify``) before every copy: a truncated file is an error,
+        not ``SIGBUS``. Caller holds the lock.
+        """
+        n = keys.shape[0]
+        pos = keys >> ROW_BITS
+        cuts = np.flatnonzero(pos[1:] != pos[:-1]) + 1
+        if (cuts.size + 1) * 4 > n:
+            return False
+        rows = keys & ROW_MASK
+        starts = np.concatenate(([0], cuts))
+        bounds = [*starts.tolist(), n]
+        checked: set[int] = set()
+        for s, p in enumerate(pos[starts].tolist()):
+            k0, k1 = bounds[s], bounds[s + 1]
+            handle = self.leased(p, int(rows[k0]), int(idx[k0]))
+            try:
+                mapped = handle.maps[k]
+                if mapped is None:
+                    return False  # not mapped (any more): _fill reads the whole batch again
+                if p not in checked:  # never fault on a truncated map: once per file and batch
+                    self.verify(handle, p, "rows", int(idx[k0]))
+                    checked.add(p)
+                segment = out[k0:k1]
+                # rows were checked against the file when it was opened (its record);
+                # mode="clip" because numpy buffers ``out`` for mode="raise"
+                np.take(mapped, rows[k0:k1], axis=0, out=segment, mode="clip")
+            finally:
+                mapped = None  # no view left: a retired handle's map closes at release
+                self.cache.release(handle)
+        return True
+
+    def _fill(
+        self,
+        k: int,
+        idx: np.ndarray,
+        keys: np.ndarray,
+        order: np.ndarray | None,
+        starts: np.ndarray,
+        out: np.ndarray,
+    ) -> None:
+        """Read the runs of ``keys`` for key ``k`` into ``out`` (request order)."""
+        if self.any_wide[k]:
+            self._fill_wide(k, idx, keys, out)
+            return
+        n = idx.size
+        buf = out if order is None else np.empty_like(out)
+        # os.preadv takes the rows as bytes: exporting a record dtype's buffer is slow
+        plain = buf.dtype.names is None or buf.dtype.hasobject  # objects: never read raw
+        rows = buf if plain else buf.view(np.uint8).reshape(n, -1)
+        run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
+        bounds = starts.tolist()
+        bounds.append(n)
+        runs: Sequence[int] = range(len(run_keys))
+        if order is None and len(run_keys) > 1:
+            # runs in request order, each into its own slice of ``buf``: read session by
+            # session (one lease per session, not per run); sorted() is stable
+            runs = sorted(runs, key=lambda r: run_keys[r] >> _ROW_BITS)
+
+        def index_at(slot: int) -> int:  # the dataset index read into ``buf[slot]``
+            return int(idx[slot] if order is None else idx[order[slot]])
+
+        mapped_checked: set[int] = set()
+        get, canonical = self.cache.lease, self.canonical
+        last = -1
+        handle: Handle | None = None
+        raw: tuple[int, int] | None = None
+        row_bytes = self.row_bytes[k]
+        try:
+            for r in runs:
+                key = run_keys[r]
+                pos, a = key >> ROW_BITS, key & ROW_MASK
+                k0, k1 = bounds[r], bounds[r + 1]
+                if pos != last:
+                    if handle is not None:
+                        self._done(handle, last, index_at(k0))
+                        handle = None
+                    try:
+                        handle = get(canonical[pos])
+                    except Exception as exc:
+                        self.note(exc, pos, a, index_at(k0))
+                        raise
+                    if handle.maps[k] is None:
+                        raw = handle.raws[k]
+                    else:
+                        raw = None
+                        if pos not in mapped_checked:  # never fault on a truncated map
+                            self.verify(handle, pos, "rows", index_at(k0))
+                            mapped_checked.add(pos)
+                    last = pos
+                assert handle is not None
+                length = k1 - k0
+                try:
+                    if raw is not None:  # contiguous rows: one preadv, no HDF5 call
+                        pread(raw, a * row_bytes, rows[k0:k1], length * row_bytes)
+                    else:
+                        self._fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    raise self.read_error(exc, pos, range(a, a + length), index_at(k0), k) from exc
+            if handle is not None:
+                self._done(handle, last, index_at(0))
+                handle = None
+        finally:
+            if handle is not None:
+                self.cache.release(handle)
+        if order is not None:
+            out[order] = buf
+
+    def _done(self, handle: Handle, pos: int, index: int) -> None:
+        """Release a handle read through; first check the file when HDF5 read chunks of it.
+
+        The rows read are real rows, not zeros past a new end of the file.
+        """
+        try:
+            if handle.watch:
+                self.verify(handle, pos, "rows", index)
+        finally:
+            self.cache.release(handle)
+
+    def read_runs(
+        self,
+        read_rows: Callable[[Hashable, int, int], Sequence[Any]],
+        idx: np.ndarray,
+        keys: np.ndarray,
+        order: np.ndarray | None,
+        starts: np.ndarray | None,
+    ) -> list[Any]:
+        """Coalesced reads through a subclass's ``read_rows``; caller holds the handle lock.
+
+        Args:
+            read_rows: The subclass's hook.
+            idx: Dataset indices of the batch (for messages).
+            keys: Their packed keys.
+            order: Read order from ``plan_runs``.
+            starts: Run starts from ``plan_runs`` (``None``: one run per sample).
+
+        Returns:
+            One sample per key, in request order.
+
+        Raises:
+            ConfigError: ``read_rows`` returned the wrong number of samples.
+        """
+        n = idx.size
+        if starts is None:
+            starts = np.arange(n)
+        run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
+        bounds = starts.tolist()
+        bounds.append(n)
+        result: list[Any] = [None] * n
+        targets = list(range(n)) if order is None else order.tolist()
+        ids = self.ids
+        for r, key in enumerate(run_keys):
+            pos, a = key >> ROW_BITS, key & ROW_MASK
+            k, k2 = bounds[r], bounds[r + 1]
+            try:
+                samples = read_rows(ids[pos], a, a + (k2 - k))
+                if len(samples) != k2 - k:
+                    raise ConfigError(
+                        f"read_rows({ids[pos]!r}, {a}, {a + k2 - k}) returned {len(samples)} "
+                        f"samples, expected {k2 - k}."
+                    )
+            except Exception as exc:
+                self.cache.discard(self.canonical[pos])
+                self.note(exc, pos, a, int(idx[targets[k]]))
+                raise
+            for t, sample in zip(targets[k:k2], samples, strict=True):
+                result[t] = sample
+        return result

@@ -1,0 +1,225 @@
+"""``WideReads``: keys whose rows span many chunks that other rows share, read apart.
+
+NSD's ``(750, V)`` betas with chunks ``(750, 1)``: one row touches every chunk. A batch's rows
+of one session are read in one pass over that session's chunks (``widerows``), and whole
+sessions are held in memory within ``max_session_bytes`` (``heldsessions``), so that block
+order reads each session once per pass.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import os
+
+import numpy as np
+
+from loaderkit.errors import HDF5FileError
+from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
+from loaderkit.hdf5.read.handles import Handle
+from loaderkit.hdf5.read.heldsessions import HeldSession
+from loaderkit.hdf5.read.rawio import (
+    ChunkMap,
+    chunk_map,
+    preadv_possible,
+)
+from loaderkit.hdf5.read.sessionfiles import SessionFiles
+from loaderkit.hdf5.read.widerows import read_rows_hdf5, read_rows_raw
+
+__all__ = ["WideReads"]
+
+
+class WideReads(SessionFiles):
+    """The reads of rows that span many chunks (``SessionLayout.shares_chunks``)."""
+
+    def _chunk_map(self, handle: Handle, k: int) -> ChunkMap | None:
+        """The raw chunk map of key ``k`` in an open file (built once per open), or ``None``."""
+        maps = handle.chunk_maps
+        found = maps[k] if maps is not None else False
+        if found is False:
+            with handle.guard:  # one thread builds it; the others wait for it
+                maps = handle.chunk_maps
+                if maps is None:
+                    maps = handle.chunk_maps = [False] * len(self.specs)
+                found = maps[k]
+                if found is False:
+                    found = None
+                    if preadv_possible(self.open_kwargs[handle.position]) and handle.fd is not None:
+                        found = chunk_map(handle.file, handle.datasets[k])
+                    maps[k] = found
+        return found if isinstance(found, ChunkMap) else None
+
+    def _wide_rows(self, handle: Handle, k: int, rows: np.ndarray, out: np.ndarray) -> int:
+        """Rows (sorted) of key ``k`` from an open file into ``out``, every chunk read once."""
+        cmap = self._chunk_map(handle, k)
+        if cmap is not None:
+            return read_rows_raw(cmap, rows, out)
+        return read_rows_hdf5(handle.datasets[k], rows, out)
+
+    def _held(self, pos: int, index: int) -> HeldSession | None:
+        """Session ``pos`` held in memory, read whole now if it fits ``max_session_bytes``.
+
+        A held session is served only while its file is unchanged (one ``os.stat``). The
+        session returned counts one more reader: ``self.held.release`` it after copying.
+        One copy per process: the threads that want a session not held yet wait while one
+        of them reads it (its ``building`` lock), then share it.
+        """
+        held = self.held.acquire(pos)
+        if held is not None:
+            self._check_held(held, pos, index)
+            return held
+        nbytes = self.session_nbytes[pos]
+        if not self.held.fits(nbytes):
+            return None
+        with self.held.building(pos):
+            held = self.held.acquire(pos)
+            if held is not None:  # another thread read it meanwhile
+                self._check_held(held, pos, index)
+                return held
+            handle = self.leased(pos, 0, index)
+            try:
+                held = self._read_session(handle, pos, index, nbytes)
+            finally:
+                self.cache.release(handle)
+            return held
+
+    def _check_held(self, held: HeldSession, pos: int, index: int) -> None:
+        """Raise ``HDF5FileError`` (and forget the session) when its file changed since."""
+        if self.swmr or (self.sources is not None and self.sources.cached(pos)):
+            return  # a cached copy is one version of the object: it cannot change
+        try:
+            st = os.stat(self.paths[pos])
+            same = st.st_size == held.size and st.st_mtime_ns == held.mtime_ns
+            now_text = (
+                f"size {held.size} -> {st.st_size} bytes"
+                if st.st_size != held.size
+                else "same size, modified since"
+            )
+        except OSError as exc:
+            same, now_text = False, f"it cannot be examined any more ({exc})"
+        if same:
+            return
+        self.held.release(held)
+        self.held.discard(pos)
+        self.cache.discard(self.canonical[pos])
+        error = HDF5FileError(
+            f"session {self.ids[pos]!r}: {self.paths[pos]} changed after its rows were read "
+            f"into memory ({now_text}); rows for dataset index {index} were not returned. "
+            "Never rewrite session files while a dataset over them is in use; create the "
+            "dataset again afterwards."
+        )
+        if index >= 0:
+            self.note(error, pos, -1, index)
+        raise error
+
+    def _read_session(self, handle: Handle, pos: int, index: int, nbytes: int) -> HeldSession:
+        """Read session ``pos``'s wide keys whole and hold them (one reader counted)."""
+        self.held.make_room(nbytes)
+        arrays: list[np.ndarray | None] = []
+        rows = self.records[pos].layouts
+        for k, wide in enumerate(self.wide[pos]):
+            if not wide:
+                arrays.append(None)
+                continue
+            rt = self.types[k]
+            out = self.held.buffer((rows[k].rows, *rt.row_shape), rt.mem_dtype)
+            try:
+                self._wide_rows(handle, k, np.arange(rows[k].rows), out)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                raise self.read_error(exc, pos, range(rows[k].rows), index, k) from exc
+            arrays.append(out)
+        self.verify(handle, pos, "rows", index)  # what was read is the file as it is
+        ident = handle.identity
+        held = HeldSession(
+            arrays,
+            size=ident.size if ident is not None else -1,
+            mtime_ns=ident.mtime_ns if ident is not None else -1,
+            readers=1,
+        )
+        if ident is not None:
+            self.held.put(pos, held)
+        return held
+
+    def _read_wide(self, k: int, pos: int, rows: np.ndarray, out: np.ndarray, index: int) -> None:
+        """Rows (sorted) of key ``k`` in session ``pos`` into ``out``: held, or one pass.
+
+        No lock is held while reading: the handle is leased, a held session counted.
+        """
+        held = self._held(pos, index)
+        if held is not None:
+            try:
+                source = held.arrays[k]
+                assert source is not None
+                np.take(source, rows, axis=0, out=out, mode="clip")  # rows checked at open
+            finally:
+                self.held.release(held)
+            return
+        handle = self.leased(pos, int(rows[0]), index)
+        try:
+            try:
+                self._wide_rows(handle, k, rows, out)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                span = range(int(rows[0]), int(rows[-1]) + 1)
+                raise self.read_error(exc, pos, span, index, k) from exc
+            self.verify(handle, pos, "rows", index)
+        finally:
+            self.cache.release(handle)
+
+    def _fill_wide(self, k: int, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> None:
+        """``_fill`` for a key whose rows span many chunks in some session.
+
+        The batch is sorted by (session, row); each wide session's rows are read in one pass
+        over its chunks (or served from memory), other sessions' runs as usual.
+        """
+        n = keys.shape[0]
+        order = np.argsort(keys, kind="stable")
+        ordered = bool(np.all(order == np.arange(n)))
+        buf = out if ordered else np.empty_like(out)
+        skeys = keys if ordered else keys[order]
+        positions = skeys >> ROW_BITS
+        cuts = np.flatnonzero(np.diff(positions)) + 1
+        bounds = [0, *cuts.tolist(), n]
+        segments = list(itertools.pairwise(bounds))
+        # sessions already held first: they are this batch's, and must not make room for
+        # the sessions it reads anew (least recently used go first)
+        segments.sort(key=lambda seg: self.held.get(int(positions[seg[0]]), touch=False) is None)
+        pending = collections.deque(segments)
+        passed = 0  # sessions put back in a row because another thread reads them whole
+        while pending:
+            s, e = pending[0]
+            pos = int(positions[s])
+            if passed < len(pending) and self.wide[pos][k] and self.held.reading(pos):
+                # another thread reads this session whole: read the batch's others meanwhile
+                pending.rotate(-1)
+                passed += 1
+                continue
+            pending.popleft()
+            passed = 0
+            rows = skeys[s:e] & ROW_MASK
+            index = int(idx[order[s]])
+            if self.wide[pos][k]:
+                self._read_wide(k, pos, rows, buf[s:e], index)
+                continue
+            handle = self.leased(pos, int(rows[0]), index)
+            try:
+                brk = np.flatnonzero(np.diff(rows) != 1) + 1
+                starts = [0, *brk.tolist(), e - s]
+                for a, b in itertools.pairwise(starts):
+                    first = int(rows[a])
+                    try:
+                        self._fill_run(handle, k, pos, first, b - a, buf[s + a : s + b], index)
+                    except MemoryError:
+                        raise
+                    except Exception as exc:
+                        span = range(first, first + b - a)
+                        raise self.read_error(exc, pos, span, index, k) from exc
+                if handle.watch:
+                    self.verify(handle, pos, "rows", index)
+            finally:
+                self.cache.release(handle)
+        if not ordered:
+            out[order] = buf

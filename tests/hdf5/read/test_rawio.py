@@ -1,0 +1,87 @@
+"""memory_map=True: contiguous rows copied out of a read-only map, bounded and released."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from loaderkit import DataLoader, HDF5SessionDataset
+from loaderkit.hdf5.read.rawio import map_rows, raw_location
+from tests.hdf5.helpers import expected, hdf5_fds, write_sessions
+
+ORDERS = [
+    list(range(3, 40)),  # block-like: long runs in one session
+    [17, 2, 29, 8, 8, 13, 0, 25, 31, 30, 29],  # scattered, duplicates
+    [5],
+]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_mapped_reads_equal_the_stored_rows(tmp_path: Path, order: list[int]) -> None:
+    paths = write_sessions(tmp_path, [20, 12, 9])
+    ds = HDF5SessionDataset(paths, key="betas", memory_map=True)
+    want = np.stack([expected(ds, i) for i in order])
+    assert np.array_equal(np.stack(list(ds.__getitems__(order))), want)
+    assert np.array_equal(np.stack([ds[i] for i in order]), want)
+    assert ds._reader.cache.get(0).maps[0] is not None  # really mapped
+    ds.close()
+    assert hdf5_fds(tmp_path) == []  # maps and files released
+
+
+def test_items_are_copies_not_views_of_the_map(tmp_path: Path) -> None:
+    ds = HDF5SessionDataset(write_sessions(tmp_path, [4]), key="betas", memory_map=True)
+    sample = ds[1]
+    assert sample.flags.writeable and sample.base is None
+    ds.close()
+    assert sample.sum() == expected(ds, 1).sum()  # still readable after the map is gone
+
+
+def test_each_open_file_holds_two_descriptors_and_the_bound_counts_them(tmp_path: Path) -> None:
+    paths = write_sessions(tmp_path, [5] * 6)
+    ds = HDF5SessionDataset(paths, key="betas", memory_map=True, max_open_files=2)
+    assert ds.fds_per_file == 2
+    for i in (0, 7, 14, 21, 0, 28, 7):  # sessions 0 1 2 4 0 5 1: evictions all along
+        ds.__getitems__([i, i + 1])
+        assert len(hdf5_fds(tmp_path)) <= 2 * 2
+    budget = ds.file_budget(1, 100, None)  # per process: 6 files x 2 fit what a worker has left
+    assert budget.files == 6 and "x 2 descriptors" in budget.reason
+    assert ds.file_budget(1, 70, None).files < 6
+    wide = HDF5SessionDataset(paths, key="betas", memory_map=True).file_budget(3, 1024, None)
+    assert "x 2 descriptors" in wide.reason
+    ds.close()
+
+
+def test_chunked_data_is_not_mapped(tmp_path: Path) -> None:
+    paths = write_sessions(tmp_path, [12], chunks=4)
+    ds = HDF5SessionDataset(paths, key="betas", memory_map=True)
+    assert ds.fds_per_file == 1
+    assert np.array_equal(ds[5], expected(ds, 5))
+    assert ds._reader.cache.get(0).maps[0] is None
+    ds.close()
+
+
+def test_a_file_shorter_than_its_data_is_not_mapped(tmp_path: Path) -> None:
+    path = tmp_path / "short.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=np.arange(64, dtype="f4").reshape(16, 4))
+    with h5py.File(path, "r") as f:
+        raw = raw_location(f, f["x"])
+        assert raw is not None
+        assert map_rows(raw, (10**6, 4), np.dtype("f4")) is None  # past the end of the file
+        assert map_rows(raw, (0, 4), np.dtype("f4")) is None  # nothing to map
+
+
+def test_loader_with_mapped_workers(tmp_path: Path) -> None:
+    paths = write_sessions(tmp_path, [30, 30])
+    ds = HDF5SessionDataset(paths, key="betas", memory_map=True)
+    loader = DataLoader(ds, batch_size=8, shuffle="block", seed=0, num_workers=2)
+    order = list(loader.sampler)
+    got = torch.cat(list(loader))
+    loader.close()
+    want = torch.stack([torch.as_tensor(expected(ds, i)) for i in order])
+    assert torch.equal(got, want)
+    assert hdf5_fds(tmp_path) == []
