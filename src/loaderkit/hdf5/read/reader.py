@@ -270,7 +270,7 @@ class SessionReader(WideReads):
         if order is None and len(run_keys) > 1:
             # runs in request order, each into its own slice of ``buf``: read session by
             # session (one lease per session, not per run); sorted() is stable
-            runs = sorted(runs, key=lambda r: run_keys[r] >> _ROW_BITS)
+            runs = sorted(runs, key=lambda r: run_keys[r] >> ROW_BITS)
 
         def index_at(slot: int) -> int:  # the dataset index read into ``buf[slot]``
             return int(idx[slot] if order is None else idx[order[slot]])
