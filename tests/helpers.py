@@ -260,6 +260,23 @@ def wait_children_gone(before: set[int], timeout: float = 10.0) -> set[int]:
         time.sleep(0.05)
 
 
+def workers_of(method: str) -> set[Any]:
+    """Live loader workers of this process: child pids, or ``loaderkit-worker-N`` threads."""
+    if method == "thread":
+        return {t for t in threading.enumerate() if t.name.startswith("loaderkit-worker-")}
+    return child_pids()
+
+
+def wait_workers_gone(method: str, before: set[Any], timeout: float = 10.0) -> set[Any]:
+    """Wait until no worker of ``method`` beyond ``before`` is alive; return the ones left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        extra = workers_of(method) - before
+        if not extra or time.monotonic() > deadline:
+            return extra
+        time.sleep(0.05)
+
+
 LOCK = threading.Lock()
 
 

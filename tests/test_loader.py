@@ -27,7 +27,12 @@ from tests.helpers import (
     child_pids,
     tuple_collate,
     wait_children_gone,
+    wait_workers_gone,
+    workers_of,
 )
+
+#: Worker behaviours shared by worker processes and worker threads run for both.
+METHODS = ["process", "thread"]
 
 # ---------------------------------------------------------------- drop-in equivalence
 
@@ -233,36 +238,47 @@ def test_bad_loaderkit_arguments_are_config_errors() -> None:
 # ---------------------------------------------------------------- close()
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("persistent", [False, True])
-def test_close_leaves_no_worker_processes(persistent: bool) -> None:
-    before = child_pids()
+def test_close_leaves_no_workers(persistent: bool, method: str) -> None:
+    before = workers_of(method)
     loader = create_dataloader(
-        SquareDataset(20), batch_size=2, num_workers=2, persistent_workers=persistent
+        SquareDataset(20),
+        batch_size=2,
+        num_workers=2,
+        persistent_workers=persistent,
+        worker_method=method,
     )
     assert len(list(loader)) == 10
     if persistent:
-        assert len(child_pids() - before) == 2  # workers kept between epochs
+        assert len(workers_of(method) - before) == 2  # workers kept between epochs
     loader.close()
-    assert wait_children_gone(before, timeout=10) == set()
+    assert wait_workers_gone(method, before, timeout=10) == set()
 
 
-def test_close_stops_workers_of_an_abandoned_iterator() -> None:
-    before = child_pids()
-    loader = create_dataloader(SlowDataset(200, 0.005), batch_size=2, num_workers=2)
+@pytest.mark.parametrize("method", METHODS)
+def test_close_stops_workers_of_an_abandoned_iterator(method: str) -> None:
+    before = workers_of(method)
+    loader = create_dataloader(
+        SlowDataset(200, 0.005), batch_size=2, num_workers=2, worker_method=method
+    )
     iterator = iter(loader)
     next(iterator)  # mid-epoch: workers busy, iterator still referenced
-    assert len(child_pids() - before) == 2
+    assert len(workers_of(method) - before) == 2
     start = time.monotonic()
     loader.close()
     assert time.monotonic() - start < 15
-    assert wait_children_gone(before, timeout=5) == set()
+    assert wait_workers_gone(method, before, timeout=5) == set()
     del iterator
 
 
-def test_close_is_idempotent_and_loader_restarts() -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_close_is_idempotent_and_loader_restarts(method: str) -> None:
     dataset = ClosableDataset(6)
-    before = child_pids()
-    loader = create_dataloader(dataset, batch_size=3, num_workers=2, persistent_workers=True)
+    before = workers_of(method)
+    loader = create_dataloader(
+        dataset, batch_size=3, num_workers=2, persistent_workers=True, worker_method=method
+    )
     first = [b[0].tolist() for b in loader]
     loader.close()
     loader.close()
@@ -270,16 +286,19 @@ def test_close_is_idempotent_and_loader_restarts() -> None:
     assert [b[0].tolist() for b in loader] == first  # fresh workers
     loader.close()
     assert dataset.closed == 2
-    assert wait_children_gone(before) == set()
+    assert wait_workers_gone(method, before) == set()
 
 
-def test_context_manager_closes() -> None:
-    before = child_pids()
+@pytest.mark.parametrize("method", METHODS)
+def test_context_manager_closes(method: str) -> None:
+    before = workers_of(method)
     dataset = ClosableDataset(4)
-    with create_dataloader(dataset, num_workers=2, persistent_workers=True) as loader:
+    with create_dataloader(
+        dataset, num_workers=2, persistent_workers=True, worker_method=method
+    ) as loader:
         assert len(list(loader)) == 4
     assert dataset.closed == 1
-    assert wait_children_gone(before) == set()
+    assert wait_workers_gone(method, before) == set()
 
 
 def test_close_does_not_raise_when_a_worker_already_died() -> None:
@@ -328,8 +347,11 @@ def test_set_epoch_reaches_the_sampler_inside_a_batch_sampler() -> None:
     assert inner.epochs == [0, 1]
 
 
-def test_dataset_epoch_reaches_non_persistent_workers() -> None:
-    loader = create_dataloader(EpochRecordingDataset(4), batch_size=2, num_workers=2)
+@pytest.mark.parametrize("method", METHODS)
+def test_dataset_epoch_reaches_non_persistent_workers(method: str) -> None:
+    loader = create_dataloader(
+        EpochRecordingDataset(4), batch_size=2, num_workers=2, worker_method=method
+    )
     loader.set_epoch(4)
     assert [b[1].tolist() for b in loader] == [[4, 4], [4, 4]]
     assert [b[1].tolist() for b in loader] == [[5, 5], [5, 5]]
@@ -360,11 +382,13 @@ def test_seeded_order_depends_only_on_seed_and_epoch() -> None:
     assert order(torch_loader) == runs[0]
 
 
-def test_dataset_epoch_reaches_persistent_workers_with_sample_seeding() -> None:
+@pytest.mark.parametrize("method", METHODS)
+def test_dataset_epoch_reaches_persistent_workers_with_sample_seeding(method: str) -> None:
     loader = create_dataloader(
         EpochRecordingDataset(4),
         batch_size=2,
         num_workers=2,
+        worker_method=method,
         persistent_workers=True,
         sample_seeding=True,
         seed=0,

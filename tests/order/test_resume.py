@@ -224,14 +224,14 @@ def test_state_of_a_loaded_loader_before_iterating_is_the_loaded_one() -> None:
 # ------------------------------------------------------------------ skipping reads nothing
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_skipped_batches_are_not_read(tmp_path: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "method"), [(0, None), (2, "process"), (2, "thread")])
+def test_skipped_batches_are_not_read(tmp_path: Path, workers: int, method: str | None) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
     total = augment_loader(n=400)
     k = int(0.9 * len(total))
     state = {**total.state_dict(), "batches_yielded": k}
-    loader = augment_loader(n=400, num_workers=workers, log_dir=str(logs))
+    loader = augment_loader(n=400, num_workers=workers, worker_method=method, log_dir=str(logs))
     loader.load_state_dict(state)
     batches = [flat(b) for b in loader]
     loader.close()

@@ -16,6 +16,8 @@ from tests.helpers import (
     child_pids,
     tiered,
     wait_children_gone,
+    wait_workers_gone,
+    workers_of,
     write_h5_sessions,
 )
 
@@ -35,28 +37,40 @@ def _session_files_open(root) -> list[str]:
 
 
 # a spawned worker's exception crosses the same queue as a forked one's; spawn in the slow tier
-@pytest.mark.parametrize("context", tiered(["fork", "spawn"], {"fork"}))
-def test_worker_exception_keeps_type_and_names_session_path_and_index(tmp_path, context) -> None:
+@pytest.mark.parametrize(
+    ("method", "context"),
+    tiered(
+        [("thread", None), ("process", "fork"), ("process", "spawn")],
+        {("thread", None), ("process", "fork")},
+    ),
+)
+def test_worker_exception_keeps_type_and_names_session_path_and_index(
+    tmp_path, method, context
+) -> None:
     paths = write_h5_sessions(tmp_path)
     dataset = FailingSessions(paths, key="betas", bad_row=7)
     bad_index = 7  # row 7 of every session fails; in order, session 0's comes first
-    before = child_pids()
+    before = workers_of(method)
     loader = create_dataloader(
         dataset,
         batch_size=4,
         num_workers=2,
+        worker_method=method,
         multiprocessing_context=context,
         persistent_workers=True,
     )
     with pytest.raises(ValueError, match="corrupt trial 7") as info:
         for _ in loader:
             pass
-    message = str(info.value)
-    assert "DataLoader worker process" in message  # torch's wrapper, original type kept
-    assert f"dataset index {bad_index}" in message
-    assert "session 0" in message and paths[0] in message
+    text = str(info.value) + "\n".join(getattr(info.value, "__notes__", []))
+    if method == "thread":  # the dataset's own exception object, with a note
+        assert "worker thread" in text
+    else:  # torch's wrapper, original type kept
+        assert "DataLoader worker process" in text
+    assert f"dataset index {bad_index}" in text
+    assert "session 0" in text and paths[0] in text
     loader.close()
-    assert wait_children_gone(before) == set()
+    assert wait_workers_gone(method, before) == set()
     assert _session_files_open(tmp_path) == []
 
 

@@ -268,6 +268,36 @@ def test_resume_across_methods(saved: str, resumed: str) -> None:
     second.close()
 
 
+@pytest.mark.parametrize(("before", "after"), [(2, 0), (0, 3), (3, 1)])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_resume_across_thread_counts(before: int, after: int, persistent: bool) -> None:
+    def make(workers: int) -> Any:
+        return create_dataloader(
+            AugmentDataset(),
+            batch_size=3,
+            shuffle=True,
+            seed=5,
+            sample_seeding=True,
+            num_workers=workers,
+            worker_method="thread" if workers else None,
+            persistent_workers=persistent and workers > 0,
+        )
+
+    reference = make(0)
+    full = [b.tolist() for b in reference]
+    later = [b.tolist() for b in reference]  # the pass after
+    first = make(before)
+    it = iter(first)
+    head = [next(it).tolist() for _ in range(3)]
+    state = first.state_dict()
+    first.close()
+    second = make(after)
+    second.load_state_dict(state)
+    assert head + [b.tolist() for b in second] == full
+    assert [b.tolist() for b in second] == later
+    second.close()
+
+
 def failing_init(worker_id: int) -> None:
     raise KeyError(f"no config for worker {worker_id}")
 
