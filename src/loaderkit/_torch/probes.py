@@ -21,6 +21,7 @@ from loaderkit._torch.iterators import direct_queues_probe, iterator_probe
 from loaderkit._torch.loader import loader_hooks_probe
 from loaderkit._torch.seeds import base_seed_probe, worker_seed_probe
 from loaderkit._torch.storage import storage_probe
+from loaderkit._torch.threads import thread_info_probe
 from loaderkit._torch.version import TESTED_FROM, TESTED_TO, TORCH_VERSION, version_text
 
 __all__ = ["PIECES", "Probe", "TorchSupport", "refresh", "support"]
@@ -75,6 +76,11 @@ PIECES: dict[str, tuple[Callable[[], str | None], str]] = {
         "differently from one without, and a resumed pass from the one it continues",
     ),
     "worker seeds": (worker_seed_probe, "each worker's streams derived from its own seed as is"),
+    "worker threads": (
+        thread_info_probe,
+        "worker processes only: worker_method='thread' is refused, 'auto' and the Windows "
+        "policy choose processes",
+    ),
 }
 
 
