@@ -243,57 +243,48 @@ def test_sample_seeding_bit_identical_across_methods(method: str) -> None:
     assert [b.tolist() for b in make(3, method)] == reference
 
 
-@pytest.mark.parametrize(("saved", "resumed"), [("process", "thread"), ("thread", "process")])
-def test_resume_across_methods(saved: str, resumed: str) -> None:
-    def make(method: str) -> Any:
-        return create_dataloader(
-            AugmentDataset(),
-            batch_size=3,
-            shuffle=True,
-            seed=5,
-            sample_seeding=True,
-            num_workers=2,
-            worker_method=method,
-        )
+def _augmenting(workers: int, method: str | None, persistent: bool = False) -> Any:
+    return create_dataloader(
+        AugmentDataset(),
+        batch_size=3,
+        shuffle=True,
+        seed=5,
+        sample_seeding=True,
+        num_workers=workers,
+        worker_method=method,
+        persistent_workers=persistent and workers > 0,
+    )
 
-    full = [b.tolist() for b in make("process")]
-    first = make(saved)
+
+def _split_pass(first: Any, second: Any) -> tuple[list[Any], Any]:
+    """Three batches from ``first``, its state loaded into ``second``, and the rest from it."""
     it = iter(first)
     head = [next(it).tolist() for _ in range(3)]
     state = first.state_dict()
     first.close()
-    second = make(resumed)
     second.load_state_dict(state)
-    assert head + [b.tolist() for b in second] == full
+    return head + [b.tolist() for b in second], second
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [("process", "thread"), ("thread", "process")])
+def test_resume_across_methods(saved: str, resumed: str) -> None:
+    full = [b.tolist() for b in _augmenting(2, "process")]
+    got, second = _split_pass(_augmenting(2, saved), _augmenting(2, resumed))
+    assert got == full
     second.close()
 
 
 @pytest.mark.parametrize(("before", "after"), [(2, 0), (0, 3), (3, 1)])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_resume_across_thread_counts(before: int, after: int, persistent: bool) -> None:
-    def make(workers: int) -> Any:
-        return create_dataloader(
-            AugmentDataset(),
-            batch_size=3,
-            shuffle=True,
-            seed=5,
-            sample_seeding=True,
-            num_workers=workers,
-            worker_method="thread" if workers else None,
-            persistent_workers=persistent and workers > 0,
-        )
-
-    reference = make(0)
+    reference = _augmenting(0, None)
     full = [b.tolist() for b in reference]
     later = [b.tolist() for b in reference]  # the pass after
-    first = make(before)
-    it = iter(first)
-    head = [next(it).tolist() for _ in range(3)]
-    state = first.state_dict()
-    first.close()
-    second = make(after)
-    second.load_state_dict(state)
-    assert head + [b.tolist() for b in second] == full
+    got, second = _split_pass(
+        _augmenting(before, "thread" if before else None, persistent),
+        _augmenting(after, "thread" if after else None, persistent),
+    )
+    assert got == full
     assert [b.tolist() for b in second] == later
     second.close()
 
