@@ -78,18 +78,30 @@ class S3Server:
         return body
 
     def _counted(self, body: Iterable[bytes], pause: float) -> Iterator[bytes]:
+        """``body`` in 16 KiB pieces, ``pause`` s before each; counted in ``active`` until its
+        last piece is handed out (a client that has every byte may send its next request
+        before this generator is resumed once more)."""
         with self._lock:
             self.active += 1
             self.peak = max(self.peak, self.active)
+        counted = True
         try:
-            for chunk in body:
-                for start in range(0, len(chunk), 16384):
-                    yield chunk[start : start + 16384]
-                    if pause:
-                        time.sleep(pause)
+            pieces = (c[s : s + 16384] for c in body for s in range(0, max(len(c), 1), 16384))
+            piece = next(pieces, None)
+            while piece is not None:
+                if pause:
+                    time.sleep(pause)
+                following = next(pieces, None)
+                if following is None:
+                    with self._lock:
+                        self.active -= 1
+                    counted = False
+                yield piece
+                piece = following
         finally:
-            with self._lock:
-                self.active -= 1
+            if counted:
+                with self._lock:
+                    self.active -= 1
 
     def reset(self) -> None:
         """Forget every bucket (moto) and every counted request."""
