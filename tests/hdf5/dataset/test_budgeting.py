@@ -121,7 +121,7 @@ def test_an_explicit_value_wins(tmp_path: Path) -> None:
 
 def _open_in_worker(_: Any) -> Any:
     info = torch.utils.data.get_worker_info()
-    return info.dataset.cache_info() if info is not None else None
+    return info.dataset.handle_cache_info() if info is not None else None
 
 
 def test_uniform_shuffle_with_defaults_never_reopens_a_file(tmp_path: Path) -> None:

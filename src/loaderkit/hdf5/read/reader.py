@@ -61,6 +61,13 @@ class SessionReader(SessionFiles):
         'read_one'
     """
 
+    def close(self) -> None:
+        """Close this process's open files and drop the sessions held in memory."""
+        if self.__dict__.get("cache") is not None:
+            self.cache.close()
+        if self.__dict__.get("held") is not None:
+            self.held.clear()
+
     def read_one(self, index: int, pos: int, row: int) -> Any:
         """Sample ``index`` (session ``pos``, ``row``) as the default ``read`` returns it.
 
