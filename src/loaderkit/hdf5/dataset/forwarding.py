@@ -99,8 +99,8 @@ class deprecated:
         if obj is None:
             return self
         warn(
-            f"{type(obj).__name__}.{self.old} is deprecated: use .{self.new} (the same "
-            "object; the new name says which cache).",
+            f"{type(obj).__name__}.{self.old} is deprecated: use .{self.new}, which answers "
+            "the same and names the cache it is about.",
             LoaderkitDeprecationWarning,
         )
         return getattr(obj, self.new)
