@@ -18,7 +18,8 @@ expects, so ``except ValueError`` / ``except TypeError`` / ``except OSError`` ke
     UserWarning
     └── LoaderkitWarning                            works, but not the way you probably want
         ├── PerformanceHint                         works correctly, only slower than it could
-        └── CacheRepairWarning                      a damaged cached copy was fetched again
+        ├── CacheRepairWarning                      a damaged cached copy was fetched again
+        └── LoaderkitDeprecationWarning             an old name that still works: use the new one
 
 Protocol errors keep torch's and Python's types and are documented where they are raised:
 ``IndexError`` for an index out of range, ``KeyError`` for a missing HDF5 key (raised as
@@ -44,6 +45,7 @@ __all__ = [
     "CacheRepairWarning",
     "ConfigError",
     "HDF5FileError",
+    "LoaderkitDeprecationWarning",
     "LoaderkitError",
     "LoaderkitWarning",
     "MissingKeyError",
@@ -212,6 +214,15 @@ class CacheRepairWarning(LoaderkitWarning):
 
     Examples:
         >>> issubclass(CacheRepairWarning, LoaderkitWarning)
+        True
+    """
+
+
+class LoaderkitDeprecationWarning(LoaderkitWarning):
+    """An old public name that still works; the message names the one to use instead.
+
+    Examples:
+        >>> issubclass(LoaderkitDeprecationWarning, LoaderkitWarning)
         True
     """
 

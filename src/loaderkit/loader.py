@@ -577,7 +577,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             >>> print(DataLoader(list(range(4)), training=False).describe())  # doctest: +SKIP
         """
         text = self.plan.describe()
-        stats = getattr(self.dataset, "cache_stats", None)
+        stats = getattr(self.dataset, "session_cache_stats", None)
         now = stats() if callable(stats) else None
         if now is not None:  # a dataset read through a session cache: its counters now
             text += (

@@ -147,3 +147,18 @@ def test_a_subclass_reading_a_second_dataset_in_loaders(
     np.testing.assert_array_equal(betas, np.stack([b for b, _ in want]))
     assert stims == [s for _, s in want]
     ds.close()
+
+
+def test_the_access_part_answers_for_the_dataset(paths: list[Path]) -> None:
+    """``SessionAccess`` holds the reader and the ids; the dataset's accessors are its answers."""
+    with HDF5SessionDataset(paths, key="betas") as ds:
+        access = ds._access
+        assert access.reader is ds._reader and access.ids == [0, 1]
+        assert access.pos_of(1) == 1
+        with pytest.raises(KeyError, match=r"unknown session 'x'; sessions: \[0, 1\]"):
+            access.pos_of("x")
+        assert access.h5dataset(1, "stim_ids") is ds.h5dataset(1, "stim_ids")
+        assert access.io_paths(0).keys() == ds.io_paths(0).keys() == {"betas"}
+        assert access.session_ids == ds.session_ids == (0, 1)
+        pos, rows = access.index_arrays()
+        assert pos.tolist() == [0] * ROWS[0] + [1] * ROWS[1] and not rows.flags.writeable

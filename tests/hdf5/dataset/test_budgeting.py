@@ -121,7 +121,7 @@ def test_an_explicit_value_wins(tmp_path: Path) -> None:
 
 def _open_in_worker(_: Any) -> Any:
     info = torch.utils.data.get_worker_info()
-    return info.dataset.cache_info() if info is not None else None
+    return info.dataset.handle_cache_info() if info is not None else None
 
 
 def test_uniform_shuffle_with_defaults_never_reopens_a_file(tmp_path: Path) -> None:
@@ -144,3 +144,20 @@ def test_uniform_shuffle_with_defaults_never_reopens_a_file(tmp_path: Path) -> N
     assert all(info.evictions == 0 for info in infos)
     assert max(info.open_files for info in infos) == 16
     assert {info.max_open_files for info in infos} == {16}
+
+
+def test_the_budgets_part_reads_its_reader(tmp_path: Path) -> None:
+    """``SessionBudgets`` answers from the reader it holds: bounds set there are seen at once."""
+    paths = write_sessions(tmp_path, [6, 4], chunks=2)
+    with HDF5SessionDataset(paths, key="betas", max_open_files=1, memory_map=True) as ds:
+        budgets = ds._budgets
+        assert budgets.reader is ds._reader
+        assert budgets.fds_per_file == 1  # chunked rows: nothing memory-mapped
+        assert budgets.file_memory_bytes == ds.file_memory_bytes > 0
+        budgets.set_open_files(2)  # the part applies the bound to the reader's handle cache
+        assert ds._reader.cache.max_open == 2 and ds.max_open_files == 1  # the dataset's own
+        ds.set_open_files(3)
+        assert ds._reader.cache.max_open == 3 and ds.max_open_files == 3
+        with pytest.raises(ConfigError, match="max_open_files"):
+            budgets.set_open_files(0)
+        assert ds.held_capacity is None  # no key's rows span many chunks

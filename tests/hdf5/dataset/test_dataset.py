@@ -243,12 +243,12 @@ def test_stdio_driver_warns(paths: list[Path]) -> None:
 def test_lru_statistics_and_bound(tmp_path: Path) -> None:
     p = write_sessions(tmp_path, [2, 2, 2])
     ds = HDF5SessionDataset(p, key="betas", max_open_files=2)
-    assert ds.cache_info() == CacheInfo(0, 0, 0, 0, 0, 2)  # nothing left open by __init__
+    assert ds.handle_cache_info() == CacheInfo(0, 0, 0, 0, 0, 2)  # nothing left open by __init__
     for i in (0, 1, 2, 0, 4, 1, 0, 2):  # sessions 0 0 1 0 2 0 0 1
         ds[i]
         assert ds.open_files <= 2
         assert len(hdf5_fds(tmp_path)) <= 2
-    info = ds.cache_info()
+    info = ds.handle_cache_info()
     # misses: s0, s1, s2 (evicts s1), s1 again (evicts s2)
     assert (info.hits, info.misses, info.evictions, info.opens) == (4, 4, 2, 4)
     assert info.open_files == 2
@@ -330,7 +330,7 @@ def test_pickle_ships_no_handles_and_large_index_is_small(tmp_path: Path) -> Non
     blob = pickle.dumps(ds)
     assert len(blob) < 20_000  # a million samples, run-length encoded
     clone = pickle.loads(blob)
-    assert clone.open_files == 0 and clone.cache_info().opens == 0
+    assert clone.open_files == 0 and clone.handle_cache_info().opens == 0
     assert len(clone) == n and clone.locate(n - 1) == (1, n // 2 - 1)
     assert clone[n - 1] == (n // 2 - 1) % 256
     clone.close()
@@ -423,7 +423,7 @@ def test_threads_hammering_a_small_lru(tmp_path: Path) -> None:
         assert errors == []
         assert max(most_open) <= 2
         assert len(hdf5_fds(tmp_path)) <= 2
-        assert ds.cache_info().evictions > 0
+        assert ds.handle_cache_info().evictions > 0
         ds.close()
 
 
@@ -468,7 +468,7 @@ def _child_read(ds: HDF5SessionDataset, index: int, queue: mp.Queue) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         before = ds.open_files
-        stats = ds.cache_info()
+        stats = ds.handle_cache_info()
         value = ds[index]
         ok = bool(np.array_equal(value, expected(ds, index)))
     queue.put(
@@ -495,7 +495,7 @@ def test_fork_child_drops_inherited_handles(paths: list[Path]) -> None:
     assert before == 0 and opens == 0 and ok
     assert caught == []  # our own inherited handles are not "foreign"
     np.testing.assert_array_equal(ds[6], expected(ds, 6))  # the parent's handles still work
-    assert ds.cache_info().opens == 3
+    assert ds.handle_cache_info().opens == 3
 
 
 def test_fork_child_warns_about_foreign_handles(paths: list[Path]) -> None:

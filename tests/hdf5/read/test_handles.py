@@ -110,7 +110,7 @@ def test_many_threads_over_more_files_than_max_open_read_what_one_thread_reads(
         watcher.join()
     for batch, got in results:
         assert got.tobytes() == want[batch].tobytes()
-    info = ds.cache_info()
+    info = ds.handle_cache_info()
     assert info.evictions > 0
     assert 0 < peak[0] <= 3  # never more than max_open_files, not even for a moment
     ds.close()

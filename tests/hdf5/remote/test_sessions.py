@@ -88,7 +88,7 @@ def test_samples_equal_the_local_files(s3: Remote, warm: SessionCache) -> None:
     batch, expected = ds.__getitems__(order), local.__getitems__(order)
     for got, want in zip(batch, expected, strict=True):
         assert all(np.array_equal(got[k], want[k]) for k in want)
-    assert ds.cache_stats() == warm.stats() and warm.stats().misses == misses  # all cached
+    assert ds.session_cache_stats() == warm.stats() and warm.stats().misses == misses  # all cached
     ds.close()
     local.close()
 
@@ -151,7 +151,7 @@ def test_local_paths_with_a_cache_are_copied(s3: Remote, tmp_path: Path) -> None
     assert listed[0].in_use  # the open file holds its lease
     ds.close()
     assert not cache.ls()[0].in_use
-    assert ds.cache_stats().bytes_fetched == s3.sizes[1]  # type: ignore[union-attr]
+    assert ds.session_cache_stats().bytes_fetched == s3.sizes[1]  # type: ignore[union-attr]
 
 
 def test_a_local_file_changed_under_a_cached_dataset(tmp_path: Path) -> None:

@@ -1,22 +1,21 @@
-"""What an ``HDF5SessionDataset`` says about its files: handles, layouts, types, the index.
+"""What an ``HDF5SessionDataset`` says about its files: handles, layouts, types, read paths.
 
-``SessionAccess`` is a base of ``HDF5SessionDataset``: this process's open ``h5py.File`` and
-``h5py.Dataset`` of a session, the handle cache's lock and statistics, each session's layout,
-the sample's type and size, and the index as arrays.
+``SessionAccess`` is a part the dataset holds (``ds._access``), over its reader and its
+session ids: this process's open ``h5py.File`` and ``h5py.Dataset`` of a session, the handle
+cache's lock and statistics, each session's layout, the sample's type and size, and how rows
+are read. The dataset's public accessors forward to it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import h5py
 import numpy as np
 
 from loaderkit.errors import ArgumentTypeError, ConfigError
-from loaderkit.hdf5.meta.index import (
-    unpack_index,
-)
+from loaderkit.hdf5.meta.index import unpack_index
 from loaderkit.hdf5.meta.inventory import (
     sample_type,
 )
@@ -32,21 +31,45 @@ __all__ = ["SessionAccess"]
 
 
 class SessionAccess:
-    """Accessors of a session dataset (a base class)."""
+    """What a session dataset's files hold and how they are read, per session id.
 
-    _reader: SessionReader
-    _ids: list[Hashable]
-    _position: dict[Hashable, int]
-    _key: np.ndarray
-    _item_fast: bool
+    Args:
+        reader: The dataset's reader (its handle cache, records, keys and types).
+        ids: Session ids, in position order.
+        item_fast: The dataset reads with the default ``read`` (no hook overridden).
+        label: The dataset's class name, for messages and plan rows.
 
-    def _pos_of(self, session: Hashable) -> int:
+    Example:
+        >>> SessionAccess.h5dataset.__name__
+        'h5dataset'
+    """
+
+    def __init__(
+        self, reader: SessionReader, ids: Sequence[Hashable], item_fast: bool, label: str
+    ) -> None:
+        self.reader = reader
+        self.ids = list(ids)
+        self.position = {sid: i for i, sid in enumerate(self.ids)}
+        self.item_fast = item_fast
+        self.label = label
+        #: The dataset's packed index (set once it is built).
+        self.keys: np.ndarray = np.empty(0, np.int64)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "keys": None}  # the dataset pickles its index, packed
+
+    def pos_of(self, session: Hashable) -> int:
+        """The position of ``session`` in ``ids``.
+
+        Raises:
+            KeyError: An unknown session (the message lists the first ids).
+        """
         try:
-            return self._position[session]
+            return self.position[session]
         except (KeyError, TypeError):
             raise KeyError(
-                f"unknown session {session!r}; sessions: {self._ids[:20]}"
-                + (" ..." if len(self._ids) > 20 else "")
+                f"unknown session {session!r}; sessions: {self.ids[:20]}"
+                + (" ..." if len(self.ids) > 20 else "")
             ) from None
 
     def file(self, session: Hashable) -> h5py.File:
@@ -65,9 +88,9 @@ class SessionAccess:
             >>> ds.file(0).filename  # doctest: +SKIP
             '/data/betas_session01.hdf5'
         """
-        pos = self._pos_of(session)
+        pos = self.pos_of(session)
         with self.lock:
-            return self._reader.handle(pos, 0, -1).file
+            return self.reader.handle(pos, 0, -1).file
 
     def h5dataset(self, session: Hashable, key: str | None = None) -> h5py.Dataset:
         """Return this process's cached ``h5py.Dataset`` of ``key`` in ``session``'s file.
@@ -101,8 +124,8 @@ class SessionAccess:
             ...         betas = super().read(session, row)
             ...         return betas, int(self.h5dataset(session, "stim_ids")[row])
         """
-        pos = self._pos_of(session)
-        specs = self._reader.specs
+        pos = self.pos_of(session)
+        specs = self.reader.specs
         if key is None and not specs:
             raise ConfigError(
                 "h5dataset(session) without a name needs key=; pass the dataset's path: "
@@ -118,11 +141,11 @@ class SessionAccess:
             next((k for k, spec in enumerate(specs) if key == spec.path), None),
         )
         with self.lock:
-            handle = self._reader.handle(pos, 0, -1)
+            handle = self.reader.handle(pos, 0, -1)
             if k is not None:
                 return handle.datasets[k]
             assert key is not None
-            return self._reader.other_dataset(handle, pos, key)
+            return self.reader.other_dataset(handle, pos, key)
 
     def io_paths(self, session: Hashable | None = None) -> dict[str, ReadPath]:
         """How each key's rows are read from ``session``'s file, and why (``ReadPath``).
@@ -143,8 +166,8 @@ class SessionAccess:
             >>> ds.io_paths()["betas"].kind  # doctest: +SKIP
             'decoded chunks'
         """
-        pos = 0 if session is None else self._pos_of(session)
-        reader = self._reader
+        pos = 0 if session is None else self.pos_of(session)
+        reader = self.reader
         key = reader.canonical[pos]
         was_open = reader.cache.peek(key) is not None
         handle = reader.leased(pos, 0, -1)
@@ -161,16 +184,16 @@ class SessionAccess:
         Returns:
             ``[(name, given, value, reason)]`` (empty for a dataset without keys).
         """
-        reader = self._reader
-        if not reader.specs or not self._ids:
+        reader = self.reader
+        if not reader.specs or not self.ids:
             return []
-        if not self._item_fast:
+        if not self.item_fast:
             return [
                 (
                     "hdf5_reads",
                     False,
                     "h5py (hooks)",
-                    f"{type(self).__name__} overrides read: its hooks read under the dataset's "
+                    f"{self.label} overrides read: its hooks read under the dataset's "
                     "lock, serially",
                 )
             ]
@@ -193,7 +216,7 @@ class SessionAccess:
             f"{name!r}: {path.reason}" + ("" if path.parallel else " (serial under h5py's lock)")
             for name, path in paths.items()
         )
-        return [("hdf5_reads", False, value, f"session {self._ids[0]!r}: {reasons}")]
+        return [("hdf5_reads", False, value, f"session {self.ids[0]!r}: {reasons}")]
 
     @property
     def lock(self) -> Any:
@@ -203,25 +226,25 @@ class SessionAccess:
         overridden ``read`` / ``read_rows`` / ``__getitem__`` run under it. The default reads
         never take it (they lease their handle).
         """
-        return self._reader.cache.lock
+        return self.reader.cache.lock
 
     @property
     def open_files(self) -> int:
         """Number of files this dataset holds open in the current process."""
-        return len(self._reader.cache)
+        return len(self.reader.cache)
 
-    def cache_info(self) -> CacheInfo:
-        """Handle-cache statistics of the current process.
+    def handle_cache_info(self) -> CacheInfo:
+        """Statistics of this process's cache of open files (the handle cache).
 
         Returns:
             ``CacheInfo(hits, misses, evictions, opens, open_files, max_open_files)``; counters
             start at zero in every new process (fork or spawn).
 
         Example:
-            >>> ds.cache_info().opens  # doctest: +SKIP
+            >>> ds.handle_cache_info().opens  # doctest: +SKIP
             8
         """
-        return self._reader.cache.info()
+        return self.reader.cache.info()
 
     def layout(self, session: Hashable) -> SessionLayout | None:
         """Return the layout of (the first) ``key`` in ``session`` (``None`` without a key).
@@ -230,7 +253,7 @@ class SessionAccess:
             >>> ds.layout(0).chunk_rows  # doctest: +SKIP
             8
         """
-        layouts = self._reader.records[self._pos_of(session)].layouts
+        layouts = self.reader.records[self.pos_of(session)].layouts
         return layouts[0] if layouts else None
 
     @property
@@ -241,8 +264,8 @@ class SessionAccess:
             >>> ds.sample_type.kind  # doctest: +SKIP
             <Kind.NUMBER: 'number'>
         """
-        reader = self._reader
-        if not self._item_fast or not reader.types:
+        reader = self.reader
+        if not self.item_fast or not reader.types:
             return None
         return sample_type(reader.types, reader.specs)
 
@@ -256,9 +279,9 @@ class SessionAccess:
             >>> ds.sample_nbytes  # doctest: +SKIP
             16384
         """
-        reader = self._reader
+        reader = self.reader
         if (
-            not self._item_fast
+            not self.item_fast
             or not reader.types
             or any(
                 rt.kind in (Kind.TEXT, Kind.RAGGED)
@@ -273,7 +296,7 @@ class SessionAccess:
     @property
     def session_ids(self) -> tuple[Hashable, ...]:
         """Session ids in the order of ``files`` (position ``p`` in ``index_arrays``)."""
-        return tuple(self._ids)
+        return tuple(self.ids)
 
     def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Return read-only ``(session_positions, rows)`` arrays of the whole index.
@@ -284,4 +307,4 @@ class SessionAccess:
         Example:
             >>> pos, rows = ds.index_arrays()  # doctest: +SKIP
         """
-        return unpack_index(self._key)
+        return unpack_index(self.keys)

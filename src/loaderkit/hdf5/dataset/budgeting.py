@@ -1,13 +1,12 @@
 """What an ``HDF5SessionDataset`` costs a process: open files and sessions held in memory.
 
-``SessionBudgets`` is a base of ``HDF5SessionDataset``: the memory one open file may hold,
-the ``max_open_files`` and ``max_session_bytes`` that fit a loader (``loaderkit.policy.budgets``
-does the arithmetic), and setting them.
+``SessionBudgets`` is a part the dataset holds (``ds._budgets``), over its reader: the memory
+one open file may hold, the ``max_open_files`` and ``max_session_bytes`` that fit a loader
+(``loaderkit.policy.budgets`` does the arithmetic), and the sessions a byte budget holds. The
+dataset keeps the values in use (``max_open_files``, ``max_session_bytes``) and forwards to it.
 """
 
 from __future__ import annotations
-
-from collections.abc import Hashable
 
 from loaderkit.hdf5.dataset.arguments import (
     check_max_open_files,
@@ -31,13 +30,20 @@ _HDF5_DEFAULT_CACHE = 8 << 20
 
 
 class SessionBudgets:
-    """The open-file and held-session budgets of a session dataset (a base class)."""
+    """The open-file and held-session budgets of a session dataset's reader.
 
-    _reader: SessionReader
-    _ids: list[Hashable]
-    memory_map: bool
-    max_open_files: int
-    max_session_bytes: int
+    Args:
+        reader: The dataset's reader (records, keys, types, open-file options).
+        memory_map: Contiguous rows are read through memory maps.
+
+    Example:
+        >>> SessionBudgets.file_budget.__name__
+        'file_budget'
+    """
+
+    def __init__(self, reader: SessionReader, memory_map: bool) -> None:
+        self.reader = reader
+        self.memory_map = memory_map
 
     @property
     def file_memory_bytes(self) -> int:
@@ -52,11 +58,11 @@ class SessionBudgets:
             9437184
         """
         cache = 0
-        if self._reader.chunked:
+        if self.reader.chunked:
             cache = max(
-                int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in self._reader.open_kwargs
+                int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in self.reader.open_kwargs
             )
-        index = CHUNK_INDEX_BYTES if any(self._reader.any_wide) else 0
+        index = CHUNK_INDEX_BYTES if any(self.reader.any_wide) else 0
         return cache + FILE_OVERHEAD_BYTES + index
 
     def file_budget(
@@ -82,7 +88,7 @@ class SessionBudgets:
             16
         """
         return fit_open_files(
-            len(self._ids),
+            len(self.reader.ids),
             num_workers,
             soft_limit,
             self.file_memory_bytes,
@@ -96,7 +102,7 @@ class SessionBudgets:
 
         Python's ``mmap`` keeps a duplicate of the file's descriptor while the map is open.
         """
-        return 2 if self.memory_map and self._reader.contiguous else 1
+        return 2 if self.memory_map and self.reader.contiguous else 1
 
     def set_open_files(self, files: int) -> None:
         """Keep at most ``files`` files open per process from now on (the loader's budget).
@@ -111,8 +117,7 @@ class SessionBudgets:
             ConfigError: ``files`` is not an int >= 1.
         """
         check_max_open_files(files)
-        self.max_open_files = files
-        self._reader.cache.max_open = files
+        self.reader.cache.max_open = files
 
     @property
     def session_memory_bytes(self) -> int:
@@ -126,7 +131,7 @@ class SessionBudgets:
             >>> ds.session_memory_bytes  # doctest: +SKIP
             30000000
         """
-        return max(self._reader.session_nbytes, default=0)
+        return max(self.reader.session_nbytes, default=0)
 
     def session_budget(self, num_workers: int, memory: int | None) -> SessionBudget:
         """The ``max_session_bytes`` that fits a loader with ``num_workers`` workers.
@@ -146,7 +151,7 @@ class SessionBudgets:
             >>> ds.session_budget(2, 24 << 30).sessions  # doctest: +SKIP
             4
         """
-        held = [n for n in self._reader.session_nbytes if n]
+        held = [n for n in self.reader.session_nbytes if n]
         return fit_session_bytes(max(held, default=0), len(held), num_workers, memory)
 
     def set_session_bytes(self, nbytes: int) -> None:
@@ -165,8 +170,7 @@ class SessionBudgets:
             >>> ds.set_session_bytes(2 << 30)  # doctest: +SKIP
         """
         check_max_session_bytes(nbytes)
-        self.max_session_bytes = nbytes
-        self._reader.held.set_max_bytes(nbytes)
+        self.reader.held.set_max_bytes(nbytes)
 
     @property
     def held_capacity(self) -> int | None:
@@ -184,8 +188,8 @@ class SessionBudgets:
         size = self.session_memory_bytes
         if size == 0:
             return None
-        held = sum(1 for n in self._reader.session_nbytes if n)
-        return min(held, self.max_session_bytes // size)
+        held = sum(1 for n in self.reader.session_nbytes if n)
+        return min(held, self.reader.held.max_bytes // size)
 
     def held_info(self) -> HeldInfo:
         """Statistics of the sessions held in memory by the current process.
@@ -198,4 +202,4 @@ class SessionBudgets:
             >>> ds.held_info().loads  # doctest: +SKIP
             4
         """
-        return self._reader.held.info()
+        return self.reader.held.info()

@@ -1,19 +1,15 @@
 """``HDF5SessionDataset``: one map-style dataset over many per-session HDF5 files.
 
-This module holds the dataset class itself: its hooks (``read``, ``read_rows``,
-``build_index``, ``transform``), reading, lifecycle and pickling; its bases add the accessors
-(``accessors``), the file and memory budgets (``budgeting``) and the construction steps
-(``inspection``). What the files hold is read once, in the process that constructs the dataset
-(``loaderkit.hdf5.meta.inventory``: keys, layouts, types, filters, identities); the sample
-index is packed by ``loaderkit.hdf5.meta.index``; files are opened lazily, read-only, in the
-process that reads, and read by ``loaderkit.hdf5.read.reader.SessionReader`` (per-process
-handle cache, batched reads, the checks that a file did not change).
+The class itself: hooks (``read``, ``read_rows``, ``build_index``, ``transform``), reading,
+lifecycle, pickling. Its parts, each forwarded to (``forwarding``): the reader
+(``read.reader.SessionReader``), the accessors (``accessors.SessionAccess``), the budgets
+(``budgeting.SessionBudgets``) and the cache view (``remote.cachedsessions.CachedSessions``).
+What the files hold is read once, where it is constructed (``inspection.DatasetInspection``).
 """
 
 from __future__ import annotations
 
 import logging
-import operator
 import os
 from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +18,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Dataset
 
-from loaderkit.errors import ConfigError, HDF5FileError
+from loaderkit.errors import ConfigError
 from loaderkit.hdf5.dataset.accessors import SessionAccess
 from loaderkit.hdf5.dataset.arguments import (
     check_max_open_files,
@@ -31,36 +27,36 @@ from loaderkit.hdf5.dataset.arguments import (
     normalize_files,
 )
 from loaderkit.hdf5.dataset.budgeting import SessionBudgets
+from loaderkit.hdf5.dataset.forwarding import deprecated, forward, forward_property
 from loaderkit.hdf5.dataset.inspection import DatasetInspection
 from loaderkit.hdf5.meta.index import (
     ROW_BITS,
     ROW_MASK,
     SampleIndex,
+    check_index,
     decode_index,
     default_index,
     encode_index,
     lookup,
 )
 from loaderkit.hdf5.meta.layout import (
-    SessionLayout,
     add_note,
-    default_chunk_cache,
 )
 from loaderkit.hdf5.meta.types import Kind
 from loaderkit.hdf5.read.runs import plan_runs
-from loaderkit.hdf5.read.strategy import ReadMode, overrides, read_mode, uses_default_read
+from loaderkit.hdf5.read.strategy import (
+    ReadMode,
+    describe_read_path,
+    overrides,
+    read_mode,
+    uses_default_read,
+)
 from loaderkit.hdf5.remote.cachedsessions import CachedSessions
 from loaderkit.hdf5.remote.sources import SessionSources, session_names
 from loaderkit.machine.platform import memory_bytes, open_file_limits
 from loaderkit.storage import SessionCache
 
-__all__ = [
-    "HDF5FileError",
-    "HDF5SessionDataset",
-    "SampleIndex",
-    "SessionLayout",
-    "default_chunk_cache",
-]
+__all__ = ["HDF5SessionDataset"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,8 +65,7 @@ try:  # Registers Blosc, LZ4, Zstd, bzip2, bitshuffle, ZFP... in every process t
 except ImportError:  # pragma: no cover - depends on the environment
     logger.debug("hdf5plugin is not installed: only HDF5's built-in filters are available")
 
-#: ``max_open_files`` while a dataset is being built with ``max_open_files=None`` (the index is
-#: built with it; the fitted budget replaces it before the first read).
+#: ``max_open_files`` while a dataset is built with ``max_open_files=None`` (then fitted).
 _STANDALONE_FILES = 8
 
 
@@ -78,7 +73,7 @@ def _overrides(cls: type, name: str) -> bool:
     return overrides(cls, HDF5SessionDataset, name)
 
 
-class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetInspection, Dataset):
+class HDF5SessionDataset(Dataset):
     """A map-style dataset over per-session HDF5 files with a bounded per-process handle cache.
 
     Sample ``i`` is row ``locate(i)[1]`` of the session file ``locate(i)[0]``. The index is built
@@ -204,24 +199,41 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
         self.max_session_bytes = max_session_bytes or 0
         self._ids: list[Hashable] = list(self.files)
         self._paths: list[str] = [os.fspath(p) for p in self.files.values()]
-        self._position: dict[Hashable, int] = {sid: i for i, sid in enumerate(self._ids)}
         self._item_fast = uses_default_read(type(self), HDF5SessionDataset)
         self._mode = read_mode(type(self), HDF5SessionDataset)
         self._transforms = _overrides(type(self), "transform")
-        self._custom_index = _overrides(type(self), "build_index")
-        self._sources = SessionSources.build(self._ids, self._paths, storage_options, cache)
-        #: The node cache remote (and, when given, local) sessions are read through.
-        self.cache = None if self._sources is None else self._sources.cache
+        self._sources = sources = SessionSources.build(
+            self._ids, self._paths, storage_options, cache
+        )
         for sid, path in self.files.items():
             if isinstance(path, Path) and not path.exists():
                 raise FileNotFoundError(
                     f"session {sid!r}: file {path} does not exist. Check the path (and that the "
                     "file system is mounted) or remove the session from `files`."
                 )
-        self._reader = self._inspect_files()
-        self._reader.sources = self._sources
-        if self._sources is not None:
-            self._sources.use_keys(self._reader.specs)
+        inspection = DatasetInspection(
+            self._ids,
+            self._paths,
+            key,
+            fields=self.fields,
+            sample_axis=sample_axis,
+            h5py_options=self.h5py_options,
+            sources=sources,
+            item_fast=self._item_fast,
+            custom_index=_overrides(type(self), "build_index"),
+            label=type(self).__name__,
+        )
+        # the parts: the reader, and what the dataset's public names forward to
+        self._reader = reader = inspection.reader(
+            self.max_open_files, self.memory_map, self.max_session_bytes
+        )
+        self.key = inspection.key
+        reader.sources = sources
+        if sources is not None:
+            sources.use_keys(reader.specs)
+        self._access = SessionAccess(reader, self._ids, self._item_fast, type(self).__name__)
+        self._budgets = SessionBudgets(reader, self.memory_map)
+        self._cached = CachedSessions(sources, reader)
         try:
             try:
                 index = self.build_index()
@@ -232,10 +244,10 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
                     f"{os.getpid()}, {len(self._ids)} sessions)",
                 )
                 raise
-            self._key = self._index_key(index)
+            self._key = self._cached.keys = self._access.keys = inspection.pack(index, reader)
             self._key.setflags(write=False)
         finally:
-            self._reader.cache.close()  # never leave a file open in the constructing process
+            reader.cache.close()  # never leave a file open in the constructing process
         if max_open_files is None:
             soft, _ = open_file_limits()
             budget = self.file_budget(0, soft, memory_bytes()).files
@@ -245,11 +257,52 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
         else:
             self.set_session_bytes(max_session_bytes)
 
-    # ------------------------------------------------------------------ file budget
+    # ------------------------------------------------------------------ parts' answers
 
-    # ------------------------------------------------------------------ sessions in memory
+    file = forward("_access", SessionAccess.file)
+    h5dataset = forward("_access", SessionAccess.h5dataset)
+    io_paths = forward("_access", SessionAccess.io_paths)
+    io_plan = forward("_access", SessionAccess.io_plan)
+    layout = forward("_access", SessionAccess.layout)
+    handle_cache_info = forward("_access", SessionAccess.handle_cache_info)
+    lock = forward_property("_access", SessionAccess, "lock")
+    open_files = forward_property("_access", SessionAccess, "open_files")
+    sample_type = forward_property("_access", SessionAccess, "sample_type")
+    sample_nbytes = forward_property("_access", SessionAccess, "sample_nbytes")
+    file_budget = forward("_budgets", SessionBudgets.file_budget)
+    session_budget = forward("_budgets", SessionBudgets.session_budget)
+    held_info = forward("_budgets", SessionBudgets.held_info)
+    session_ids = forward_property("_access", SessionAccess, "session_ids")
+    index_arrays = forward("_access", SessionAccess.index_arrays)
+    file_memory_bytes = forward_property("_budgets", SessionBudgets, "file_memory_bytes")
+    fds_per_file = forward_property("_budgets", SessionBudgets, "fds_per_file")
+    session_memory_bytes = forward_property("_budgets", SessionBudgets, "session_memory_bytes")
+    held_capacity = forward_property("_budgets", SessionBudgets, "held_capacity")
+    session_cache = forward_property("_cached", CachedSessions, "session_cache")
+    session_cache_stats = forward("_cached", CachedSessions.session_cache_stats)
+    prefetch_watcher = forward("_cached", CachedSessions.prefetch_watcher)
+    cached_open_files = forward("_cached", CachedSessions.cached_open_files)
+    cache_plan = forward("_cached", CachedSessions.cache_plan)
+    # old names: a LoaderkitDeprecationWarning naming the new one, then the same answer
+    cache = deprecated("session_cache")
+    cache_stats = deprecated("session_cache_stats")
+    cache_info = deprecated("handle_cache_info")
 
-    # ------------------------------------------------------------------ construction helpers
+    def set_open_files(self, files: int) -> None:
+        """Keep at most ``files`` (an int >= 1) files open per process from now on.
+
+        See ``SessionBudgets.set_open_files``; ``max_open_files`` says the value in use.
+        """
+        self._budgets.set_open_files(files)
+        self.max_open_files = files
+
+    def set_session_bytes(self, nbytes: int) -> None:
+        """Hold at most ``nbytes`` (an int >= 0) of whole sessions in memory per process.
+
+        See ``SessionBudgets.set_session_bytes``; ``max_session_bytes`` says the value in use.
+        """
+        self._budgets.set_session_bytes(nbytes)
+        self.max_session_bytes = nbytes
 
     # ------------------------------------------------------------------ hooks
 
@@ -299,7 +352,7 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
             ...     def read(self, session, row):
             ...         return self.h5dataset(session)[row].astype("float32") / 300
         """
-        return self._reader.read_one(-1, self._pos_of(session), row)
+        return self._reader.read_one(-1, self._access.pos_of(session), row)
 
     def read_rows(self, session: Hashable, start: int, stop: int) -> Sequence[Any]:
         """Return samples for rows ``start..stop-1`` of ``session`` (batched-read opt-in).
@@ -336,10 +389,8 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
             >>> ds.close()  # doctest: +SKIP
         """
         reader = self.__dict__.get("_reader")
-        if reader is not None and reader.__dict__.get("cache") is not None:
-            reader.cache.close()
-        if reader is not None and reader.__dict__.get("held") is not None:
-            reader.held.clear()
+        if reader is not None:
+            reader.close()
         sources = self.__dict__.get("_sources")
         if sources is not None:
             sources.close()
@@ -365,7 +416,7 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._key = decode_index(state["_key"])
+        self._key = self._cached.keys = self._access.keys = decode_index(state["_key"])
         self._mode = read_mode(type(self), HDF5SessionDataset)
         self._transforms = _overrides(type(self), "transform")
 
@@ -392,18 +443,7 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
             yield self[i]
 
     def _check_index(self, index: Any) -> int:
-        n = self._key.shape[0]
-        try:
-            i = operator.index(index)
-        except TypeError:
-            raise TypeError(
-                f"dataset indices must be integers, got {type(index).__name__}"
-            ) from None
-        if i < 0:
-            i += n
-        if i < 0 or i >= n:
-            raise IndexError(f"index {index} is out of range for a dataset of {n} samples")
-        return i
+        return check_index(index, self._key.shape[0])
 
     def locate(self, index: int) -> tuple[Hashable, int]:
         """Return ``(session, row)`` of sample ``index``.
@@ -459,16 +499,12 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
         """Read a batch of samples at once (torch's fetcher calls this with a batch).
 
         With the default reads (*batch-native*), indices are grouped by session, consecutive
-        rows are read as one slab, and every key's rows land straight in one batch buffer
-        allocated as ``default_collate`` would (in shared memory inside a worker). The result
-        is a ``loaderkit.workers.collate.RowBatch``: a list of the samples, in request order (views
-        of the buffer), so any ``collate_fn`` sees what per-item reads give, while
-        ``loaderkit.workers.collate.collate`` (filled in by the loader when ``collate_fn`` is unset)
-        returns the batch it was read into: a tensor, or a dict of per-field batches for
-        compound rows and several keys; no split, no re-stack. ``transform``, when
-        overridden, is applied to each row after the batched read. When a subclass overrides
-        ``read`` or ``__getitem__`` (and not ``read_rows``), ``self[i]`` is called once per
-        item.
+        rows are read as one slab into one batch buffer (in shared memory inside a worker):
+        a ``loaderkit.workers.collate.RowBatch``, the samples in request order, which
+        ``loaderkit.workers.collate.collate`` returns as the batch it was read into (see
+        docs/hdf5.md). ``transform``, when overridden, runs on each row after the read; a
+        subclass that overrides ``read`` or ``__getitem__`` (not ``read_rows``) gets
+        ``self[i]`` once per item.
 
         Args:
             indices: Dataset indices, any order, duplicates allowed.
@@ -530,11 +566,8 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
         ``read_rows`` or ``__getitem__`` gets ``seed_sample(i)`` then ``self[i]`` for each index.
 
         Args:
-            indices: Dataset indices of the batch.
+            indices: Dataset indices of the batch (one sample each is returned, in this order).
             seed_sample: Called with each index right before that sample's random step.
-
-        Returns:
-            One sample per index, in the order given.
         """
         if self._mode is not ReadMode.FAST:
             samples = []
@@ -558,29 +591,6 @@ class HDF5SessionDataset(SessionAccess, SessionBudgets, CachedSessions, DatasetI
             >>> ds.read_path[0]  # doctest: +SKIP
             'batch-native'
         """
-        name = type(self).__name__
-        if self._mode is ReadMode.ITEM:
-            return (
-                "per-sample",
-                f"{name} overrides read or __getitem__: one self[i] per sample "
-                "(override transform instead to keep batched reads)",
-            )
-        if self._mode is ReadMode.ROWS:
-            return "runs", f"{name} overrides read_rows: one call per run of consecutive rows"
-        if self._transforms:
-            return (
-                "batch-native",
-                "rows read into one batch buffer, then transform per sample "
-                "(default_collate stacks the results)",
-            )
         kind = self.sample_type
-        what = (
-            "one batch tensor"
-            if kind is None or kind.kind is Kind.NUMBER
-            else ("one buffer per key, split into per-field batches")
-        )
-        return (
-            "batch-native",
-            f"rows read straight into {what} (in shared memory in a worker); "
-            "collation returns it as is",
-        )
+        numbers = kind is None or kind.kind is Kind.NUMBER
+        return describe_read_path(self._mode, type(self).__name__, self._transforms, numbers)

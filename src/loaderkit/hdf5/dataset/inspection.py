@@ -1,6 +1,7 @@
 """Building an ``HDF5SessionDataset``: what every file holds, read once, and the reader over it.
 
-``DatasetInspection`` is a base of ``HDF5SessionDataset``: it opens each session file once in
+``DatasetInspection`` is the step ``HDF5SessionDataset.__init__`` takes first (it is not kept
+afterwards: what it found lives on in the reader's records): it opens each session file once in
 the constructing process (``loaderkit.hdf5.meta.inventory``: keys, layouts, types, filters,
 identities), finds the key when none is given, tells files listed twice apart, builds the
 ``SessionReader``, and packs the index ``build_index`` returned.
@@ -43,21 +44,50 @@ __all__ = ["DatasetInspection"]
 
 
 class DatasetInspection:
-    """Construction steps of a session dataset (a base class)."""
+    """What a dataset's files hold, read once where it is constructed; the reader over it.
 
-    _ids: list[Hashable]
-    _paths: list[str]
-    _reader: SessionReader
-    _item_fast: bool
-    _custom_index: bool
-    key: Any
-    fields: tuple[str, ...] | None
-    sample_axis: int
-    h5py_options: dict[str, Any]
-    memory_map: bool
-    max_open_files: int
-    max_session_bytes: int
-    _sources: SessionSources | None
+    Args:
+        ids: Session ids, in position order.
+        paths: Their paths (or URLs).
+        key: The dataset's ``key=`` (``None``: found here when the first file holds one
+            dataset; ``key`` then holds what was found).
+        fields: The compound fields read (``None``: all).
+        sample_axis: The axis that indexes samples.
+        h5py_options: Keyword arguments for ``h5py.File``.
+        sources: The sessions read through a cache (``None``: every file read in place).
+        item_fast: The dataset reads with the default ``read``.
+        custom_index: The dataset's class overrides ``build_index``.
+        label: The dataset's class name, for messages.
+
+    Example:
+        >>> DatasetInspection.reader.__name__
+        'reader'
+    """
+
+    def __init__(
+        self,
+        ids: Sequence[Hashable],
+        paths: Sequence[str],
+        key: Any,
+        *,
+        fields: tuple[str, ...] | None,
+        sample_axis: int,
+        h5py_options: dict[str, Any],
+        sources: SessionSources | None,
+        item_fast: bool,
+        custom_index: bool,
+        label: str,
+    ) -> None:
+        self._ids = list(ids)
+        self._paths = list(paths)
+        self.key = key
+        self.fields = fields
+        self.sample_axis = sample_axis
+        self.h5py_options = h5py_options
+        self._sources = sources
+        self._item_fast = item_fast
+        self._custom_index = custom_index
+        self.label = label
 
     def _remote_info(self, pos: int) -> ObjectInfo | None:
         """The object session ``pos`` is, when it is a URL (its metadata is read remotely)."""
@@ -89,8 +119,14 @@ class DatasetInspection:
                 f"(HDF5: {exc}).{' ' + advice if advice else ''}",
             ) from (os_error or exc)
 
-    def _inspect_files(self) -> SessionReader:
-        """Read what every file holds (main process only) and build the reader over it."""
+    def reader(self, max_open: int, memory_map: bool, max_session_bytes: int) -> SessionReader:
+        """Read what every file holds (main process only) and build the reader over it.
+
+        Args:
+            max_open: Most files open at once per process.
+            memory_map: Read contiguous rows through memory maps.
+            max_session_bytes: Most bytes of whole sessions held per process.
+        """
         specs = parse_keys(self.key, self.sample_axis)
         if specs is None:
             found = self._autodetect_key()
@@ -143,13 +179,13 @@ class DatasetInspection:
             open_kwargs=[
                 open_kwargs(lay, self.h5py_options, default_read=self._item_fast) for lay in first
             ],
-            max_open=self.max_open_files,
-            memory_map=self.memory_map,
+            max_open=max_open,
+            memory_map=memory_map,
             fast=self._item_fast,
             single=isinstance(self.key, str),
-            label=f"{type(self).__name__} over {len(self._ids)} session(s)",
+            label=f"{self.label} over {len(self._ids)} session(s)",
             uneven=[k for k, odd in enumerate(uneven) if odd],
-            max_session_bytes=self.max_session_bytes,
+            max_session_bytes=max_session_bytes,
         )
 
     def _inspect_remote(
@@ -219,18 +255,18 @@ class DatasetInspection:
             "several as key=('a', 'b'), or a group whose datasets are the samples."
         )
 
-    def _index_key(self, index: Any) -> np.ndarray:
-        records = self._reader.records
+    def pack(self, index: Any, reader: SessionReader) -> np.ndarray:
+        """The packed, read-only index of what ``build_index`` returned (checked)."""
+        records = reader.records
         check_rows = self._item_fast and all(rec.layouts for rec in records)
         return pack_index(
             index,
             self._ids,
             row_counts=[rec.layouts[0].rows for rec in records] if check_rows else None,
             paths=self._paths,
-            key=self._key_name,
+            key=self._key_name(reader),
         )
 
-    @property
-    def _key_name(self) -> str | None:
-        specs = self._reader.specs
+    def _key_name(self, reader: SessionReader) -> str | None:
+        specs = reader.specs
         return specs[0].path if len(specs) == 1 else None if not specs else str(self.key)

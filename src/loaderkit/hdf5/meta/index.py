@@ -20,6 +20,7 @@ __all__ = [
     "ROW_BITS",
     "ROW_MASK",
     "SampleIndex",
+    "check_index",
     "decode_index",
     "default_index",
     "encode_index",
@@ -294,3 +295,25 @@ def decode_index(packed: tuple[Any, ...]) -> np.ndarray:
         keys = np.arange(n, dtype=np.int64) + np.repeat(run_key - starts, lengths)
     keys.setflags(write=False)
     return keys
+
+
+def check_index(index: Any, n: int) -> int:
+    """``index`` as a position in ``0..n-1`` (negative ones count from the end).
+
+    Raises:
+        TypeError: ``index`` is not an integer.
+        IndexError: ``index`` is out of range.
+
+    Example:
+        >>> check_index(-1, 5)
+        4
+    """
+    try:
+        i = operator.index(index)
+    except TypeError:
+        raise TypeError(f"dataset indices must be integers, got {type(index).__name__}") from None
+    if i < 0:
+        i += n
+    if i < 0 or i >= n:
+        raise IndexError(f"index {index} is out of range for a dataset of {n} samples")
+    return i

@@ -13,8 +13,8 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``widerows``: rows that span many chunks, each chunk read once;
 - ``heldsessions``: whole sessions held in memory (``HeldSessions``, ``HeldInfo``);
 - ``copies``: ``SessionCopies``, what a reader needs of sessions read from a local copy;
-- ``sessionfiles``: ``SessionFiles``, the reader's state, open files and their checks;
-- ``widereads``: ``WideReads``, keys whose rows span many chunks, read apart;
+- ``sessionfiles``: ``SessionFiles``, the reader's base: its state, open files and their checks;
+- ``widekeys``: keys whose rows span many chunks, read apart (functions over that state);
 - ``reader``: ``SessionReader``, the default reads of one or several keys;
 - ``strategy``: which read mode a dataset class gets (``ReadMode``).
 """

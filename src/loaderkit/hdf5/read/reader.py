@@ -13,7 +13,7 @@ and pickling, and hands its default reads here:
   batch (``loaderkit.workers.collate.RowBatch``).
 
 Keys whose rows span many chunks that other rows share (``SessionLayout.shares_chunks``:
-NSD's ``(750, V)`` betas with chunks ``(750, 1)``) are read apart (``widereads``, with
+NSD's ``(750, V)`` betas with chunks ``(750, 1)``) are read apart (``widekeys``, with
 ``widerows``): a batch's rows of one session in one pass over that session's chunks, and whole
 sessions held in memory within ``max_session_bytes`` (``heldsessions``), so that block order
 reads each session once.
@@ -42,23 +42,31 @@ from loaderkit.hdf5.read.rawio import (
     pread,
 )
 from loaderkit.hdf5.read.runs import plan_runs
-from loaderkit.hdf5.read.widereads import WideReads
+from loaderkit.hdf5.read.sessionfiles import SessionFiles
+from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
 from loaderkit.workers.collate import RowBatch, batch_buffer
 
 __all__ = ["KeySpec", "SessionReader", "SessionRecord"]
 
 
-class SessionReader(WideReads):
+class SessionReader(SessionFiles):
     """Default reads of ``HDF5SessionDataset``: one sample, a batch, runs through a hook.
 
-    Built with the arguments of ``loaderkit.hdf5.read.sessionfiles.SessionFiles`` (keys, types,
-    records, handles and checks); ``loaderkit.hdf5.read.widereads.WideReads`` adds the keys whose
-    rows span many chunks.
+    Built with the arguments of its base, ``loaderkit.hdf5.read.sessionfiles.SessionFiles``
+    (keys, types, records, handles and checks); keys whose rows span many chunks are read by
+    the functions of ``loaderkit.hdf5.read.widekeys`` over that state.
 
     Example:
         >>> SessionReader.read_one.__name__
         'read_one'
     """
+
+    def close(self) -> None:
+        """Close this process's open files and drop the sessions held in memory."""
+        if self.__dict__.get("cache") is not None:
+            self.cache.close()
+        if self.__dict__.get("held") is not None:
+            self.held.clear()
 
     def read_one(self, index: int, pos: int, row: int) -> Any:
         """Sample ``index`` (session ``pos``, ``row``) as the default ``read`` returns it.
@@ -93,7 +101,7 @@ class SessionReader(WideReads):
         rt = self.types[k]
         if self._some_wide and self.wide[pos][k]:  # a row touches every chunk: held, or a pass
             sample = np.empty((1, *rt.row_shape), rt.mem_dtype)
-            self._read_wide(k, pos, np.array([row], np.int64), sample, index)
+            read_wide(self, k, pos, np.array([row], np.int64), sample, index)
             return sample[0] if rt.row_shape else sample[0][()]
         raw, mapped = handle.raws[k], handle.maps[k]
         if raw is not None:
@@ -110,7 +118,7 @@ class SessionReader(WideReads):
             return sample if rt.row_shape else sample[()]
         if handle.chunked[k] is not None and rt.kind is Kind.NUMBER:  # raw chunks, no lock
             rows = np.empty((1, *rt.row_shape), rt.read_dtype)
-            self._fill_run(handle, k, pos, row, 1, rows, index)
+            self.fill_run(handle, k, pos, row, 1, rows, index)
             if rt.swap:
                 rows = rows.astype(rt.mem_dtype)
             return rows[0] if rt.row_shape else rows[0][()]
@@ -256,7 +264,7 @@ class SessionReader(WideReads):
     ) -> None:
         """Read the runs of ``keys`` for key ``k`` into ``out`` (request order)."""
         if self.any_wide[k]:
-            self._fill_wide(k, idx, keys, out)
+            fill_wide(self, k, idx, keys, out)
             return
         n = idx.size
         buf = out if order is None else np.empty_like(out)
@@ -309,7 +317,7 @@ class SessionReader(WideReads):
                     if raw is not None:  # contiguous rows: one preadv, no HDF5 call
                         pread(raw, a * row_bytes, rows[k0:k1], length * row_bytes)
                     else:
-                        self._fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
+                        self.fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
                 except MemoryError:
                     raise
                 except Exception as exc:

@@ -1,7 +1,7 @@
 """``SessionFiles``: a session reader's state, its open files and the checks on them.
 
-The base of ``loaderkit.hdf5.read.reader.SessionReader`` (``loaderkit.hdf5.read.widereads`` and
-``loaderkit.hdf5.read.reader`` build on it): what the reader knows (keys, types, records), the
+The base of ``loaderkit.hdf5.read.reader.SessionReader`` (``loaderkit.hdf5.read.widekeys``
+reads over its state too): what the reader knows (keys, types, records), the
 per-process handle cache and how a file is (re)opened and compared with its ``SessionRecord``,
 the error context every read failure gets, and the read of one run of rows from an open file.
 
@@ -548,7 +548,7 @@ class SessionFiles:
             return out if out.ndim or rt.kind is Kind.STRUCT else out[()]
         return dset[()]
 
-    def _fill_run(
+    def fill_run(
         self,
         handle: Handle,
         k: int,
@@ -558,6 +558,7 @@ class SessionFiles:
         target: np.ndarray,
         index: int,
     ) -> None:
+        """Read ``length`` rows of key ``k`` from ``a`` on, out of an open file, into ``target``."""
         rt, spec = self.types[k], self.specs[k]
         if spec.members:
             for j in range(length):

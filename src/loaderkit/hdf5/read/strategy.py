@@ -14,6 +14,7 @@ import enum
 
 __all__ = [
     "ReadMode",
+    "describe_read_path",
     "overrides",
     "read_mode",
     "uses_default_read",
@@ -93,3 +94,40 @@ def read_mode(cls: type, base: type) -> ReadMode:
     if overrides(cls, base, "read") or overrides(cls, base, "__getitem__"):
         return ReadMode.ITEM
     return ReadMode.FAST
+
+
+def describe_read_path(
+    mode: ReadMode, name: str, transforms: bool, numbers: bool
+) -> tuple[str, str]:
+    """How a dataset class reads batches (``"batch-native"``, ``"runs"``, ``"per-sample"``).
+
+    Args:
+        mode: The class's ``ReadMode``.
+        name: The class's name, for the reason.
+        transforms: The class overrides ``transform``.
+        numbers: A sample is one number array (not records or several keys).
+
+    Example:
+        >>> describe_read_path(ReadMode.ROWS, "Mine", False, True)[0]
+        'runs'
+    """
+    if mode is ReadMode.ITEM:
+        return (
+            "per-sample",
+            f"{name} overrides read or __getitem__: one self[i] per sample "
+            "(override transform instead to keep batched reads)",
+        )
+    if mode is ReadMode.ROWS:
+        return "runs", f"{name} overrides read_rows: one call per run of consecutive rows"
+    if transforms:
+        return (
+            "batch-native",
+            "rows read into one batch buffer, then transform per sample "
+            "(default_collate stacks the results)",
+        )
+    what = "one batch tensor" if numbers else "one buffer per key, split into per-field batches"
+    return (
+        "batch-native",
+        f"rows read straight into {what} (in shared memory in a worker); "
+        "collation returns it as is",
+    )

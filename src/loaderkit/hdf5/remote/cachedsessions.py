@@ -1,17 +1,21 @@
-"""What a session dataset read through a ``SessionCache`` adds: fetch order, budgets, stats.
+"""The cache view of a session dataset read through a ``SessionCache``: fetch order, budgets, stats.
 
-``CachedSessions`` is a base of ``HDF5SessionDataset`` (a no-op for datasets read in place):
+``CachedSessions`` is a part ``HDF5SessionDataset`` holds (``ds._cached``; it answers ``None``
+or nothing for datasets read in place); the dataset forwards to it:
 
-- ``prefetch_watcher()``: the loader (``loaderkit.order.resume.PassIndices``, main process) draws
+- ``prefetch_watcher(...)``: the loader (``loaderkit.order.resume.PassIndices``, main process) draws
   indices a little ahead of torch and tells the returned ``OrderWatcher`` which sessions come
   next; it moves this process's prefetch window (``SessionSources.ahead``);
 - ``cached_open_files(num_workers)``: the most files each process may keep open (each holds a
   lease on its cache entry, which cannot be evicted) so that every local rank's files and
   prefetch window still fit ``max_bytes``;
-- ``cache_plan(num_workers)``: the plan's ``cache`` and ``prefetch`` rows; ``cache_stats()``.
+- ``cache_plan(...)``: the plan's ``cache`` and ``prefetch`` rows; ``stats()``, the cache's
+  counters.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -22,30 +26,46 @@ from loaderkit.machine.distributed import local_world_size
 from loaderkit.storage import CacheStats, SessionCache
 from loaderkit.storage.limits import fit_to_readers, format_bytes, window_sessions
 
-__all__ = ["CachedSessions"]
+__all__ = ["CachedSessions", "session_positions"]
 
 
 class CachedSessions:
-    """Fetch order, budgets and statistics of sessions read through a cache (a base class)."""
+    """Fetch order, budgets and statistics of a dataset's sessions read through a cache.
 
-    _sources: SessionSources | None
-    _reader: SessionReader
-    _key: np.ndarray
-    max_open_files: int
+    Args:
+        sources: The dataset's sessions and the cache they are read through (``None``: every
+            session read in place).
+        reader: The dataset's reader (its records: rows per session; its open-file bound).
+
+    Example:
+        >>> CachedSessions.cache_plan.__name__
+        'cache_plan'
+    """
+
+    def __init__(self, sources: SessionSources | None, reader: SessionReader) -> None:
+        self.sources = sources
+        self.reader = reader
+        #: The dataset's packed index (set once it is built; never pickled with this part).
+        self.keys: np.ndarray = np.empty(0, np.int64)
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "keys": None}  # the dataset pickles its index, packed
 
     @property
     def session_cache(self) -> SessionCache | None:
         """The node cache sessions are read through (``None``: all read in place)."""
-        return None if self._sources is None else self._sources.cache
+        return None if self.sources is None else self.sources.cache
 
-    def cache_stats(self) -> CacheStats | None:
-        """Cache counters of this process and its workers: hits, misses, bytes, waiting, evictions.
+    def session_cache_stats(self) -> CacheStats | None:
+        """Counters of ``session_cache`` for this process and its workers (``None``: no cache).
+
+        Hits, misses, bytes fetched, seconds waiting, evictions and free bytes.
 
         Example:
-            >>> ds.cache_stats().misses  # doctest: +SKIP
+            >>> ds.session_cache_stats().misses  # doctest: +SKIP
             4
         """
-        return None if self._sources is None else self._sources.stats()
+        return None if self.sources is None else self.sources.stats()
 
     def prefetch_watcher(self) -> OrderWatcher | None:
         """A watcher of the loader's coming indices that fetches their sessions ahead.
@@ -57,26 +77,12 @@ class CachedSessions:
             >>> ds.prefetch_watcher() is None  # doctest: +SKIP
             False
         """
-        sources = self._sources
+        sources = self.sources
         if sources is None or sources.cache.prefetch <= 0:
             return None
-        rows = max((rec.layouts[0].rows for rec in self._reader.records if rec.layouts), default=1)
-        horizon = (self.max_open_files + sources.cache.prefetch + 1) * max(rows, 1)
-        return OrderWatcher(sources, self._session_positions, horizon)
-
-    def _session_positions(self, indices: np.ndarray) -> np.ndarray:
-        """The session position of each index; -1 for one that is not the dataset's."""
-        keys = self._key
-        idx = np.asarray(indices).reshape(-1)
-        if idx.dtype.kind not in "iu":
-            return np.full(idx.size, -1, np.int64)
-        n = len(keys)
-        if not idx.size or (idx.min() >= -n and idx.max() < n):
-            return np.asarray(keys[idx]) >> ROW_BITS
-        good = (idx >= -n) & (idx < n)  # bad ones fail in the reader, named
-        out = np.full(idx.size, -1, np.int64)
-        out[good] = np.asarray(keys[idx[good]]) >> ROW_BITS
-        return out
+        rows = max((rec.layouts[0].rows for rec in self.reader.records if rec.layouts), default=1)
+        horizon = (self.reader.cache.max_open + sources.cache.prefetch + 1) * max(rows, 1)
+        return OrderWatcher(sources, functools.partial(session_positions, self.keys), horizon)
 
     def cached_open_files(self, num_workers: int, ranks: int | None = None) -> int | None:
         """Most files each reading process may keep open so the cache never blocks.
@@ -92,7 +98,7 @@ class CachedSessions:
             num_workers: The loader's workers (0: the main process reads).
             ranks: Ranks on this node; default ``loaderkit.machine.distributed.local_world_size()``.
         """
-        sources = self._sources
+        sources = self.sources
         if sources is None:
             return None
         largest = max(sources.sizes(), default=0)
@@ -110,11 +116,14 @@ class CachedSessions:
 
         ``given``: the caller chose the value (``cache=``, ``prefetch=``).
 
+        Args:
+            num_workers: The loader's workers (0: the main process reads).
+
         Example:
             >>> [row[0] for row in ds.cache_plan(2)]  # doctest: +SKIP
             ['cache', 'prefetch']
         """
-        sources = self._sources
+        sources = self.sources
         if sources is None:
             return []
         self.cached_open_files(num_workers)  # prefetch fitted to these readers
@@ -141,7 +150,7 @@ class CachedSessions:
         )
         where = (
             "in the main process, in the loader's order (each worker's reads find the files "
-            f"there); at most {self.max_open_files} open per process"
+            f"there); at most {self.reader.cache.max_open} open per process"
             if num_workers > 0
             else "in this process, in the loader's order"
         )
@@ -156,3 +165,24 @@ class CachedSessions:
             ("cache", sources.given, str(cache.dir), reason),
             ("prefetch", given, cache.prefetch, ahead),
         ]
+
+
+def session_positions(keys: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """The session position of each of ``indices`` in the packed index ``keys``.
+
+    -1 for an index that is not the dataset's (it fails in the reader, named).
+
+    Example:
+        >>> session_positions(np.array([0, 1 << 36], np.int64), np.array([1, 5])).tolist()
+        [1, -1]
+    """
+    idx = np.asarray(indices).reshape(-1)
+    if idx.dtype.kind not in "iu":
+        return np.full(idx.size, -1, np.int64)
+    n = len(keys)
+    if not idx.size or (idx.min() >= -n and idx.max() < n):
+        return np.asarray(keys[idx]) >> ROW_BITS
+    good = (idx >= -n) & (idx < n)  # bad ones fail in the reader, named
+    out = np.full(idx.size, -1, np.int64)
+    out[good] = np.asarray(keys[idx[good]]) >> ROW_BITS
+    return out
