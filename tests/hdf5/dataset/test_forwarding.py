@@ -10,6 +10,7 @@ and returns the same thing.
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,10 @@ def test_old_cache_names_warn_and_answer_as_the_new_ones(paths: list[Path], tmp_
         assert old_cache is ds.session_cache is cache
         with pytest.warns(LoaderkitDeprecationWarning, match=r"\.session_cache_stats\b"):
             old_stats = ds.cache_stats()
-        assert old_stats == ds.session_cache_stats() and old_stats is not None
+        assert old_stats is not None
+        # the disk's free bytes move with every other process writing on it
+        new_stats = dataclasses.replace(ds.session_cache_stats(), free_bytes=old_stats.free_bytes)
+        assert old_stats == new_stats
         assert old_stats.misses >= 1
         with pytest.warns(LoaderkitDeprecationWarning, match=r"\.handle_cache_info\b"):
             old_info = ds.cache_info()
