@@ -40,6 +40,7 @@ from loaderkit.hdf5.meta.types import Kind, RowType, Samples, _dicts
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.rawio import (
     pread,
+    pread_cached,
 )
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
@@ -289,12 +290,36 @@ class SessionReader(SessionFiles):
         handle: Handle | None = None
         raw: tuple[int, int] | None = None
         row_bytes = self.row_bytes[k]
+        # contiguous runs of the session being read: (first row, first slot, end slot)
+        pending: list[tuple[int, int, int]] = []
+
+        def read_pending() -> None:
+            """Read ``pending`` from ``raw``: what the page cache holds first, then the rest."""
+            assert raw is not None
+            copied = pread_cached(raw, [(a * row_bytes, rows[k0:k1]) for a, k0, k1 in pending])
+            for (a, k0, k1), got in zip(pending, copied, strict=True):
+                nbytes = (k1 - k0) * row_bytes
+                if got >= nbytes:
+                    continue
+                try:
+                    rest = rows[k0:k1].reshape(-1).view(np.uint8)[got:]
+                    pread(raw, a * row_bytes + got, rest, nbytes - got)
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    raise self.read_error(
+                        exc, last, range(a, a + k1 - k0), index_at(k0), k
+                    ) from exc
+            pending.clear()
+
         try:
             for r in runs:
                 key = run_keys[r]
                 pos, a = key >> ROW_BITS, key & ROW_MASK
                 k0, k1 = bounds[r], bounds[r + 1]
                 if pos != last:
+                    if pending:
+                        read_pending()
                     if handle is not None:
                         self._done(handle, last, index_at(k0))
                         handle = None
@@ -313,15 +338,17 @@ class SessionReader(SessionFiles):
                     last = pos
                 assert handle is not None
                 length = k1 - k0
+                if raw is not None:  # contiguous rows: read with the session's other runs
+                    pending.append((a, k0, k1))
+                    continue
                 try:
-                    if raw is not None:  # contiguous rows: one preadv, no HDF5 call
-                        pread(raw, a * row_bytes, rows[k0:k1], length * row_bytes)
-                    else:
-                        self.fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
+                    self.fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
                 except MemoryError:
                     raise
                 except Exception as exc:
                     raise self.read_error(exc, pos, range(a, a + length), index_at(k0), k) from exc
+            if pending:
+                read_pending()
             if handle is not None:
                 self._done(handle, last, index_at(0))
                 handle = None

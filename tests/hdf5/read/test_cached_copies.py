@@ -1,0 +1,187 @@
+"""Contiguous rows: page-cache copies take turns (``pread_cached``), disk reads never wait on them.
+
+A batch's rows of one session are first copied with ``os.preadv(..., RWF_NOWAIT)`` under one
+process-wide lock (one thread's copies at a time, instead of a GIL hand-off per row between
+threads); what the page cache does not hold is read afterwards with ``pread``, outside it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+
+from loaderkit import HDF5SessionDataset
+from loaderkit.hdf5.read import rawio, reader
+from loaderkit.hdf5.read.rawio import pread_cached
+from tests.hdf5.helpers import expected, write_sessions
+
+NOWAIT = pytest.mark.skipif(
+    getattr(os, "RWF_NOWAIT", None) is None, reason="no os.RWF_NOWAIT on this platform"
+)
+ORDER = [17, 2, 29, 8, 8, 13, 0, 25, 31, 30, 29, 3, 4, 5]  # scattered, duplicates, a run
+
+
+def _batch(ds: HDF5SessionDataset, order: list[int]) -> np.ndarray:
+    return np.stack([np.asarray(x) for x in ds.__getitems__(order)])
+
+
+def _want(ds: HDF5SessionDataset, order: list[int]) -> np.ndarray:
+    return np.stack([expected(ds, i) for i in order])
+
+
+def _write_large(root: Path, rows: list[int], row_shape: tuple[int, ...]) -> list[Path]:
+    """Sessions whose rows are larger than a page, every element unique to session and row."""
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s, n in enumerate(rows):
+        path = root / f"large{s}.h5"
+        size = int(np.prod(row_shape))
+        data = (np.arange(n * size, dtype="f4") + s * 1e6).reshape(n, *row_shape)
+        with h5py.File(path, "w") as f:
+            f.create_dataset("betas", data=data)
+        paths.append(path)
+    return paths
+
+
+def _want_large(ds: HDF5SessionDataset, paths: list[Path], order: list[int]) -> np.ndarray:
+    out = []
+    for i in order:
+        session, row = ds.locate(i)
+        with h5py.File(paths[int(session)], "r") as f:
+            out.append(f["betas"][row])
+    return np.stack(out)
+
+
+def _drop_from_page_cache(paths: list[Path]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # written pages must be clean to be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+@NOWAIT
+def test_cached_bytes_are_copied_and_counted(tmp_path: Path) -> None:
+    path = tmp_path / "rows.bin"
+    path.write_bytes(np.arange(64, dtype="i4").tobytes())
+    path.read_bytes()  # in the page cache
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        a, b = np.zeros(4, "i4"), np.zeros(2, "i4")
+        assert pread_cached((fd, 16), [(0, a), (40, b)]) == [16, 8]
+        assert a.tolist() == [4, 5, 6, 7] and b.tolist() == [14, 15]
+    finally:
+        os.close(fd)
+
+
+@NOWAIT
+def test_rows_the_page_cache_lacks_are_read_outside_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = _write_large(tmp_path, [20, 12, 9], (64, 64))
+    ds = HDF5SessionDataset(paths, key="betas")
+    ds.__getitems__([0, 20, 32])  # files open (their metadata read)
+    _drop_from_page_cache(paths)
+    fd = os.open(paths[0], os.O_RDONLY)
+    try:
+        probe = np.zeros(64 * 64, "f4")
+        location = ds._reader.cache.get(0).raws[0]
+        if pread_cached((fd, location[1]), [(probe.nbytes * 5, probe)])[0] == probe.nbytes:
+            pytest.skip("this filesystem keeps the pages (POSIX_FADV_DONTNEED dropped nothing)")
+    finally:
+        os.close(fd)
+    _drop_from_page_cache(paths)
+    locked_during: list[bool] = []
+    real = reader.pread
+
+    def watched(*args: Any) -> None:
+        locked_during.append(rawio._COPY_TURN.locked())
+        real(*args)
+
+    want = _want_large(ds, paths, ORDER)
+    _drop_from_page_cache(paths)
+    monkeypatch.setattr(reader, "pread", watched)
+    assert np.array_equal(_batch(ds, ORDER), want)
+    assert locked_during, "no row came from the disk: the test read nothing outside the lock"
+    assert not any(locked_during)
+    ds.close()
+
+
+def test_a_partial_copy_is_finished_by_pread_at_the_right_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = write_sessions(tmp_path, [20, 12, 9])
+    ds = HDF5SessionDataset(paths, key="betas")
+    copies: list[int] = []
+
+    def partly(raw: tuple[int, int], reads: list[tuple[int, np.ndarray]]) -> list[int]:
+        done = []
+        for offset, out in reads:  # a prefix that ends inside an element
+            got = out.nbytes // 2 + 3
+            view = out.reshape(-1).view(np.uint8)[:got]
+            done.append(os.preadv(raw[0], [view.data], raw[1] + offset))
+        copies.extend(done)
+        return done
+
+    monkeypatch.setattr(reader, "pread_cached", partly)
+    assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
+    assert copies and all(n % 4 == 3 for n in copies)  # really split inside a float
+    ds.close()
+
+
+def test_without_rwf_nowait_every_row_is_read_by_pread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rawio, "_NOWAIT", None)
+    paths = write_sessions(tmp_path, [20, 12, 9])
+    ds = HDF5SessionDataset(paths, key="betas")
+    assert pread_cached(ds._reader.cache.get(0).raws[0], [(0, np.zeros(3, "f4"))]) == [0]
+    assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
+    ds.close()
+
+
+@NOWAIT
+def test_a_filesystem_that_refuses_the_flag_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def refusing(fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
+        calls.append(flags)
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(rawio.os, "preadv", refusing)
+    monkeypatch.setattr(rawio, "_NO_NOWAIT", set())
+    out = [(0, np.zeros(2, "i4")), (8, np.zeros(2, "i4"))]
+    assert pread_cached((7, 0), out) == [0, 0]
+    assert pread_cached((7, 0), out) == [0, 0]
+    assert calls == [os.RWF_NOWAIT]  # refused once, then never asked again for that descriptor
+
+
+def test_threads_reading_at_once_get_their_own_rows(tmp_path: Path) -> None:
+    paths = _write_large(tmp_path, [40, 33, 27, 50], (32, 32))
+    ds = HDF5SessionDataset(paths, key="betas")
+    rng = np.random.default_rng(0)
+    orders = [rng.integers(0, len(ds), 32).tolist() for _ in range(40)]
+    wants = [_want_large(ds, paths, order) for order in orders]
+    wrong: list[int] = []
+
+    def read(part: range) -> None:
+        for i in part:
+            if not np.array_equal(_batch(ds, orders[i]), wants[i]):
+                wrong.append(1)
+
+    threads = [threading.Thread(target=read, args=(range(i, 40, 4),)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not wrong
+    assert not rawio._COPY_TURN.locked()
+    ds.close()
