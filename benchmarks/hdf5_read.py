@@ -9,7 +9,8 @@ directory, then measures each strategy on the same files and the same index orde
   the index pre-converted to Python lists (the strongest simple per-item baseline).
 - ``loaderkit-item``: ``HDF5SessionDataset[i]`` with ``max_open_files`` >= sessions;
   ``loaderkit-item-lru2``: the same with ``max_open_files=2`` (eviction on).
-- ``loaderkit-batch``: ``__getitems__`` on batches of 64 random indices.
+- ``loaderkit-batch``: ``__getitems__`` on batches of 64 random indices;
+  ``loaderkit-batch-mmap``: the same with ``memory_map=True`` (contiguous data only).
 - ``loaderkit-block``: ``__getitems__`` on batches of 64 in ``BlockShuffleSampler`` order;
   ``loaderkit-block-mmap``: the same with ``memory_map=True`` (contiguous data only).
 - ``memory-limit``: one ``np.take`` per batch from in-memory arrays of all rows into a batch
@@ -75,6 +76,7 @@ STRATEGIES = (
     "loaderkit-item",
     "loaderkit-item-lru2",
     "loaderkit-batch",
+    "loaderkit-batch-mmap",
     "loaderkit-block",
     "loaderkit-block-mmap",
     "memory-limit",
@@ -216,6 +218,11 @@ class LoaderkitBatch(LoaderkitItem):
             del out  # like torch's fetcher: a batch is released before the next is read
 
 
+class LoaderkitBatchMapped(LoaderkitBatch):
+    name = "loaderkit-batch-mmap"
+    memory_map = True
+
+
 class LoaderkitBlock(LoaderkitBatch):
     name = "loaderkit-block"
 
@@ -246,6 +253,7 @@ _CLASSES: dict[str, type[_Strategy]] = {
         LoaderkitItemLru2,
         LoaderkitBatch,
         LoaderkitBlock,
+        LoaderkitBatchMapped,
         LoaderkitBlockMapped,
         MemoryLimit,
     )

@@ -75,9 +75,9 @@ def test_cached_bytes_are_copied_and_counted(tmp_path: Path) -> None:
     path.read_bytes()  # in the page cache
     fd = os.open(path, os.O_RDONLY)
     try:
-        a, b = np.zeros(4, "i4"), np.zeros(2, "i4")
-        assert pread_cached((fd, 16), [(0, a), (40, b)]) == [16, 8]
-        assert a.tolist() == [4, 5, 6, 7] and b.tolist() == [14, 15]
+        out = np.zeros(6, "i4")
+        assert pread_cached((fd, 16), out, [(0, 0, 16), (40, 16, 8)]) == [16, 8]
+        assert out.tolist() == [4, 5, 6, 7, 14, 15]
     finally:
         os.close(fd)
 
@@ -94,7 +94,8 @@ def test_rows_the_page_cache_lacks_are_read_outside_the_lock(
     try:
         probe = np.zeros(64 * 64, "f4")
         location = ds._reader.cache.get(0).raws[0]
-        if pread_cached((fd, location[1]), [(probe.nbytes * 5, probe)])[0] == probe.nbytes:
+        reads = [(probe.nbytes * 5, 0, probe.nbytes)]
+        if pread_cached((fd, location[1]), probe, reads)[0] == probe.nbytes:
             pytest.skip("this filesystem keeps the pages (POSIX_FADV_DONTNEED dropped nothing)")
     finally:
         os.close(fd)
@@ -122,11 +123,13 @@ def test_a_partial_copy_is_finished_by_pread_at_the_right_byte(
     ds = HDF5SessionDataset(paths, key="betas")
     copies: list[int] = []
 
-    def partly(raw: tuple[int, int], reads: list[tuple[int, np.ndarray]]) -> list[int]:
+    def partly(
+        raw: tuple[int, int], buffer: np.ndarray, reads: list[tuple[int, int, int]]
+    ) -> list[int]:
+        flat = buffer.reshape(-1).view(np.uint8)
         done = []
-        for offset, out in reads:  # a prefix that ends inside an element
-            got = out.nbytes // 2 + 3
-            view = out.reshape(-1).view(np.uint8)[:got]
+        for offset, start, nbytes in reads:  # a prefix that ends inside an element
+            view = flat[start : start + nbytes // 2 + 3]
             done.append(os.preadv(raw[0], [view.data], raw[1] + offset))
         copies.extend(done)
         return done
@@ -143,7 +146,7 @@ def test_without_rwf_nowait_every_row_is_read_by_pread(
     monkeypatch.setattr(rawio, "_NOWAIT", None)
     paths = write_sessions(tmp_path, [20, 12, 9])
     ds = HDF5SessionDataset(paths, key="betas")
-    assert pread_cached(ds._reader.cache.get(0).raws[0], [(0, np.zeros(3, "f4"))]) == [0]
+    assert pread_cached(ds._reader.cache.get(0).raws[0], np.zeros(3, "f4"), [(0, 0, 12)]) == [0]
     assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
     ds.close()
 
@@ -158,9 +161,9 @@ def test_a_filesystem_that_refuses_the_flag_is_remembered(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(rawio.os, "preadv", refusing)
     monkeypatch.setattr(rawio, "_NO_NOWAIT", set())
-    out = [(0, np.zeros(2, "i4")), (8, np.zeros(2, "i4"))]
-    assert pread_cached((7, 0), out) == [0, 0]
-    assert pread_cached((7, 0), out) == [0, 0]
+    out, reads = np.zeros(4, "i4"), [(0, 0, 8), (8, 8, 8)]
+    assert pread_cached((7, 0), out, reads) == [0, 0]
+    assert pread_cached((7, 0), out, reads) == [0, 0]
     assert calls == [os.RWF_NOWAIT]  # refused once, then never asked again for that descriptor
 
 

@@ -1,7 +1,12 @@
-"""memory_map=True: contiguous rows copied out of a read-only map, bounded and released."""
+"""memory_map=True: contiguous rows copied out of a read-only map, bounded and released.
+
+A batch is gathered with one ``np.take`` per session (interleaved sessions: into a scratch
+batch, then scattered into request order), never run by run.
+"""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import h5py
@@ -10,7 +15,9 @@ import pytest
 import torch
 
 from loaderkit import DataLoader, HDF5SessionDataset
+from loaderkit.hdf5.read import reader
 from loaderkit.hdf5.read.rawio import map_rows, raw_location
+from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from tests.hdf5.helpers import expected, hdf5_fds, write_sessions
 
 ORDERS = [
@@ -85,3 +92,60 @@ def test_loader_with_mapped_workers(tmp_path: Path) -> None:
     want = torch.stack([torch.as_tensor(expected(ds, i)) for i in order])
     assert torch.equal(got, want)
     assert hdf5_fds(tmp_path) == []
+
+
+INTERLEAVED = [40, 1, 25, 33, 2, 39, 26, 0, 34, 3, 27, 38, 0, 35, 4, 28]  # sessions alternate
+
+
+def test_interleaved_sessions_are_gathered_session_by_session(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = write_sessions(tmp_path, [20, 12, 9])
+    ds = HDF5SessionDataset(paths, key="betas", memory_map=True)
+    want = np.stack([expected(ds, i) for i in INTERLEAVED])
+    takes: list[int] = []
+    real_take = np.take
+
+    def counted(*args: object, **kwargs: object) -> object:
+        takes.append(1)
+        return real_take(*args, **kwargs)  # type: ignore[call-overload]
+
+    def no_row_by_row(*args: object) -> None:
+        raise AssertionError("an interleaved batch was copied run by run")
+
+    monkeypatch.setattr(SessionFiles, "fill_run", no_row_by_row)
+    monkeypatch.setattr(reader.np, "take", counted)
+    assert np.array_equal(np.stack(list(ds.__getitems__(INTERLEAVED))), want)
+    assert len(takes) == 3  # one per session, not one per row
+    ds.close()
+
+
+def test_interleaved_big_endian_rows_are_converted(tmp_path: Path) -> None:
+    paths = write_sessions(tmp_path, [20, 12, 9], dtype=">f4")
+    ds = HDF5SessionDataset(paths, key="betas", memory_map=True)
+    got = np.stack(list(ds.__getitems__(INTERLEAVED)))
+    assert got.dtype == np.dtype("f4")  # native order, as torch needs
+    assert np.array_equal(got, np.stack([expected(ds, i) for i in INTERLEAVED]))
+    ds.close()
+
+
+def test_threads_gathering_from_maps_get_their_own_rows(tmp_path: Path) -> None:
+    paths = write_sessions(tmp_path, [40, 33, 27, 50])
+    ds = HDF5SessionDataset(paths, key="betas", memory_map=True)
+    rng = np.random.default_rng(0)
+    orders = [rng.integers(0, len(ds), 32).tolist() for _ in range(60)]
+    wrong: list[int] = []
+
+    def read(part: range) -> None:
+        for i in part:
+            want = np.stack([expected(ds, j) for j in orders[i]])
+            if not np.array_equal(np.stack(list(ds.__getitems__(orders[i]))), want):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=read, args=(range(t, 60, 3),)) for t in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not wrong
+    ds.close()

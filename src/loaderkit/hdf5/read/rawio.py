@@ -295,56 +295,61 @@ def pread(
         start += view.nbytes
 
 
-#: Taken while copying rows that are already in the page cache (``pread_cached``).
-_COPY_TURN = threading.Lock()
 #: ``os.preadv`` with ``RWF_NOWAIT`` where this platform has it (Linux).
 _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
+#: Taken while a thread copies rows with ``os.preadv`` from the page cache (``pread_cached``).
+_COPY_TURN = threading.Lock()
 #: Descriptors whose filesystem refused ``RWF_NOWAIT`` (read with plain ``pread`` only).
 _NO_NOWAIT: set[int] = set()
 
 
-def pread_cached(raw: tuple[int, int], reads: list[tuple[int, np.ndarray]]) -> list[int]:
+def pread_cached(
+    raw: tuple[int, int],
+    buffer: np.ndarray,
+    reads: list[tuple[int, int, int]],
+) -> list[int]:
     """Copy what the page cache already holds of each read, taking turns with other threads.
 
-    Each ``(offset, out)`` is read with ``os.preadv(..., RWF_NOWAIT)``, which copies from the
-    page cache and returns at once where a page would have to come from the disk. The copies
-    of one call run under one process-wide lock: every ``os.preadv`` releases the GIL, and
-    when two threads each issue one per row, each release hands the GIL to the other thread
-    and each return waits to get it back, which costs more than the copy (2 threads read
-    rows about half as fast as 1). Under the lock, one thread issues its batch's copies while
-    the other waits on the lock, not on the GIL. Nothing that waits for the disk runs under
-    it: what is not copied here is read afterwards with ``pread``, outside the lock.
+    Each read is one ``os.preadv`` with ``RWF_NOWAIT``: the kernel copies from the page cache
+    and returns at once where a page would have to come from the disk. The copies of one call
+    run under one process-wide lock. Every ``os.preadv`` releases the GIL, and while another
+    thread wants the GIL, every release hands it over and every return waits to get it back:
+    two threads each issuing one per row, a few microseconds of Python apart, read rows about
+    half as fast as one. Under the lock, another thread that would issue its own copies waits
+    on the lock, not on the GIL. Nothing that waits for the disk runs under it: what is not
+    copied here (not in the page cache, or any error) is left to ``pread``, which reads it
+    outside every lock and reports errors with their context.
 
     Args:
         raw: ``(fd, data_offset)`` from ``raw_location``.
-        reads: ``(offset inside the dataset's data, destination)`` pairs; each destination a
-            C-contiguous array.
+        buffer: The C-contiguous destination of every read.
+        reads: ``(offset inside the dataset's data, byte offset in buffer, bytes)`` triples.
 
     Returns:
-        The bytes copied into each destination (0 where nothing was, where the platform or
-        filesystem has no ``RWF_NOWAIT``, or on any error: ``pread`` then reads it and
-        reports the error).
+        The bytes copied for each read (0 where nothing was, and everywhere where the
+        platform or the file's filesystem has no ``RWF_NOWAIT``).
 
     Example:
         >>> import numpy as np, os, tempfile
         >>> fd, path = tempfile.mkstemp()
         >>> _ = os.write(fd, np.arange(4, dtype="i4").tobytes())
         >>> out = np.zeros(2, "i4")
-        >>> done = pread_cached((fd, 0), [(8, out)])
+        >>> done = pread_cached((fd, 0), out, [(8, 0, 8)])
         >>> done[0] in (0, 8) and (done[0] == 0 or out.tolist() == [2, 3])
         True
         >>> os.close(fd)
     """
     fd, base = raw
     done = [0] * len(reads)
-    if _NOWAIT is None or fd in _NO_NOWAIT:
+    if _NOWAIT is None or fd in _NO_NOWAIT or not reads:
         return done
+    flat = buffer.reshape(-1).view(np.uint8)
     with _COPY_TURN:
-        for i, (offset, out) in enumerate(reads):
+        for i, (offset, start, nbytes) in enumerate(reads):
             try:
-                done[i] = os.preadv(fd, [out.data], base + offset, _NOWAIT)
+                done[i] = os.preadv(fd, [flat[start : start + nbytes].data], base + offset, _NOWAIT)
             except BlockingIOError:
-                pass  # not in the page cache: read outside the lock
+                pass  # not in the page cache: pread reads it, outside the lock
             except OSError as exc:
                 if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
                     _NO_NOWAIT.add(fd)

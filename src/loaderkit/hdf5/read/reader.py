@@ -217,20 +217,27 @@ class SessionReader(SessionFiles):
         return rt.batch(out, batch_buffer)
 
     def _mapped(self, k: int, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> bool:
-        """Gather a batch from memory maps with one ``np.take`` per session segment.
+        """Gather a batch from memory maps with one ``np.take`` per session.
 
-        A segment is a stretch of the batch (request order) whose rows come from one session:
-        block-shuffled batches have a few, so the batch is copied at memory speed with a
-        handful of C calls. Returns ``False`` (nothing read) for batches of many segments
-        (uniform shuffling: ``_fill`` copies run by run) or a session that is not mapped.
-        The file is checked (``verify``) before every copy: a truncated file is an error,
-        not ``SIGBUS``. Caller holds the lock.
+        Block-shuffled batches come in a few stretches of one session each: each stretch is
+        taken straight into ``out``. Where sessions interleave (uniform shuffling), the rows are
+        taken session by session into a scratch batch and put in request order with one
+        scatter. Either way the batch is copied at memory speed by a handful of C calls that
+        release the GIL (threads copy in parallel). Returns ``False`` (nothing read) when a
+        session is not mapped. The file is checked (``verify``) before every copy: a truncated
+        file is an error, not ``SIGBUS``.
         """
         n = keys.shape[0]
         pos = keys >> ROW_BITS
         cuts = np.flatnonzero(pos[1:] != pos[:-1]) + 1
-        if (cuts.size + 1) * 4 > n:
-            return False
+        order: np.ndarray | None = None
+        target = out
+        if (cuts.size + 1) * 4 > n:  # interleaved sessions: gather by session, then scatter
+            order = np.argsort(pos, kind="stable")
+            keys, idx, pos = keys[order], idx[order], pos[order]
+            cuts = np.flatnonzero(pos[1:] != pos[:-1]) + 1
+            rt = self.types[k]  # the thread's scratch, unless ``out`` is that scratch already
+            target = np.empty_like(out) if rt.swap else self._scratch(n, rt)
         rows = keys & ROW_MASK
         starts = np.concatenate(([0], cuts))
         bounds = [*starts.tolist(), n]
@@ -245,13 +252,15 @@ class SessionReader(SessionFiles):
                 if p not in checked:  # never fault on a truncated map: once per file and batch
                     self.verify(handle, p, "rows", int(idx[k0]))
                     checked.add(p)
-                segment = out[k0:k1]
+                segment = target[k0:k1]
                 # rows were checked against the file when it was opened (its record);
                 # mode="clip" because numpy buffers ``out`` for mode="raise"
                 np.take(mapped, rows[k0:k1], axis=0, out=segment, mode="clip")
             finally:
                 mapped = None  # no view left: a retired handle's map closes at release
                 self.cache.release(handle)
+        if order is not None:
+            out[order] = target
         return True
 
     def _fill(
@@ -296,13 +305,18 @@ class SessionReader(SessionFiles):
         def read_pending() -> None:
             """Read ``pending`` from ``raw``: what the page cache holds first, then the rest."""
             assert raw is not None
-            copied = pread_cached(raw, [(a * row_bytes, rows[k0:k1]) for a, k0, k1 in pending])
+            copied = pread_cached(
+                raw,
+                rows,
+                [(a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes) for a, k0, k1 in pending],
+            )
+            flat = rows.reshape(-1).view(np.uint8)
             for (a, k0, k1), got in zip(pending, copied, strict=True):
                 nbytes = (k1 - k0) * row_bytes
                 if got >= nbytes:
                     continue
                 try:
-                    rest = rows[k0:k1].reshape(-1).view(np.uint8)[got:]
+                    rest = flat[k0 * row_bytes + got : k1 * row_bytes]
                     pread(raw, a * row_bytes + got, rest, nbytes - got)
                 except MemoryError:
                     raise
