@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -187,4 +188,28 @@ def test_threads_reading_at_once_get_their_own_rows(tmp_path: Path) -> None:
         thread.join()
     assert not wrong
     assert not rawio._COPY_TURN.locked()
+    ds.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_a_thread_copies_can_copy(tmp_path: Path) -> None:
+    paths = _write_large(tmp_path, [20], (8, 8))
+    ds = HDF5SessionDataset(paths, key="betas")
+    want = _want_large(ds, paths, [3, 17, 5])
+    with rawio._COPY_TURN:  # a worker thread of the parent is copying at the fork
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            ok = np.array_equal(_batch(ds, [3, 17, 5]), want)
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.02)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's read waited for a lock its parent's thread held")
+    assert os.waitstatus_to_exitcode(status) == 0
     ds.close()

@@ -303,6 +303,16 @@ _COPY_TURN = threading.Lock()
 _NO_NOWAIT: set[int] = set()
 
 
+def _after_fork_in_child() -> None:
+    """A forked child starts with a free lock: the thread that held it is not in the child."""
+    global _COPY_TURN
+    _COPY_TURN = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def pread_cached(
     raw: tuple[int, int],
     buffer: np.ndarray,
