@@ -213,3 +213,20 @@ def test_a_child_forked_while_a_thread_copies_can_copy(tmp_path: Path) -> None:
         pytest.fail("the forked child's read waited for a lock its parent's thread held")
     assert os.waitstatus_to_exitcode(status) == 0
     ds.close()
+
+
+@NOWAIT
+def test_long_reads_are_left_to_pread_in_parallel(tmp_path: Path) -> None:
+    size = rawio.TURN_MAX_BYTES + 4096
+    path = tmp_path / "rows.bin"
+    data = np.arange(2 * size // 4, dtype="i4")
+    path.write_bytes(data.tobytes())
+    path.read_bytes()  # in the page cache
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        out = np.zeros(2 * size // 4 + 2, "i4")
+        done = pread_cached((fd, 0), out, [(0, 0, size), (size, size, 8)])
+        assert done == [0, 8]  # the long copy is pread's; the short one is copied here
+        assert out[size // 4 : size // 4 + 2].tolist() == data[size // 4 : size // 4 + 2].tolist()
+    finally:
+        os.close(fd)

@@ -30,6 +30,7 @@ import numpy as np
 from h5py import h5d, h5s, h5t
 
 __all__ = [
+    "TURN_MAX_BYTES",
     "ChunkMap",
     "chunk_map",
     "map_rows",
@@ -301,6 +302,9 @@ _NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 _COPY_TURN = threading.Lock()
 #: Descriptors whose filesystem refused ``RWF_NOWAIT`` (read with plain ``pread`` only).
 _NO_NOWAIT: set[int] = set()
+#: Reads at least this large are left to ``pread`` (in parallel): their copy outlasts a GIL
+#: hand-over, so taking turns would only serialise them.
+TURN_MAX_BYTES = 64 << 10
 
 
 def _after_fork_in_child() -> None:
@@ -328,7 +332,9 @@ def pread_cached(
     half as fast as one. Under the lock, another thread that would issue its own copies waits
     on the lock, not on the GIL. Nothing that waits for the disk runs under it: what is not
     copied here (not in the page cache, or any error) is left to ``pread``, which reads it
-    outside every lock and reports errors with their context.
+    outside every lock and reports errors with their context. So is every read of at least
+    ``TURN_MAX_BYTES``: its copy takes longer than a hand-over, and threads copy it in
+    parallel.
 
     Args:
         raw: ``(fd, data_offset)`` from ``raw_location``.
@@ -356,6 +362,8 @@ def pread_cached(
     flat = buffer.reshape(-1).view(np.uint8)
     with _COPY_TURN:
         for i, (offset, start, nbytes) in enumerate(reads):
+            if nbytes >= TURN_MAX_BYTES:
+                continue  # a long copy: pread reads it, in parallel with other threads
             try:
                 done[i] = os.preadv(fd, [flat[start : start + nbytes].data], base + offset, _NOWAIT)
             except BlockingIOError:
