@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -265,3 +266,14 @@ def load(loader: Any) -> list[Any]:
         return list(iterator)
     finally:
         getattr(iterator, "_shutdown_workers", lambda: None)()
+
+
+def run_in_threads(read: Callable[[range], None], items: int, threads: int) -> None:
+    """Run ``read(part)`` in ``threads`` threads at once; thread ``t`` gets t, t + threads, ..."""
+    started = [
+        threading.Thread(target=read, args=(range(t, items, threads),)) for t in range(threads)
+    ]
+    for thread in started:
+        thread.start()
+    for thread in started:
+        thread.join()

@@ -8,7 +8,6 @@ threads); what the page cache does not hold is read afterwards with ``pread``, o
 from __future__ import annotations
 
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ import pytest
 from loaderkit import HDF5SessionDataset
 from loaderkit.hdf5.read import rawio, reader
 from loaderkit.hdf5.read.rawio import pread_cached
-from tests.hdf5.helpers import expected, write_sessions
+from tests.hdf5.helpers import expected, run_in_threads, write_sessions
 
 NOWAIT = pytest.mark.skipif(
     getattr(os, "RWF_NOWAIT", None) is None, reason="no os.RWF_NOWAIT on this platform"
@@ -100,7 +99,6 @@ def test_rows_the_page_cache_lacks_are_read_outside_the_lock(
             pytest.skip("this filesystem keeps the pages (POSIX_FADV_DONTNEED dropped nothing)")
     finally:
         os.close(fd)
-    _drop_from_page_cache(paths)
     locked_during: list[bool] = []
     real = reader.pread
 
@@ -181,11 +179,7 @@ def test_threads_reading_at_once_get_their_own_rows(tmp_path: Path) -> None:
             if not np.array_equal(_batch(ds, orders[i]), wants[i]):
                 wrong.append(1)
 
-    threads = [threading.Thread(target=read, args=(range(i, 40, 4),)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_in_threads(read, 40, 4)
     assert not wrong
     assert not rawio._COPY_TURN.locked()
     ds.close()

@@ -6,7 +6,6 @@ batch, then scattered into request order), never run by run.
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import h5py
@@ -18,7 +17,7 @@ from loaderkit import DataLoader, HDF5SessionDataset
 from loaderkit.hdf5.read import reader
 from loaderkit.hdf5.read.rawio import map_rows, raw_location
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
-from tests.hdf5.helpers import expected, hdf5_fds, write_sessions
+from tests.hdf5.helpers import expected, hdf5_fds, run_in_threads, write_sessions
 
 ORDERS = [
     list(range(3, 40)),  # block-like: long runs in one session
@@ -142,10 +141,6 @@ def test_threads_gathering_from_maps_get_their_own_rows(tmp_path: Path) -> None:
             if not np.array_equal(np.stack(list(ds.__getitems__(orders[i]))), want):
                 wrong.append(i)
 
-    threads = [threading.Thread(target=read, args=(range(t, 60, 3),)) for t in range(3)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_in_threads(read, 60, 3)
     assert not wrong
     ds.close()
