@@ -269,11 +269,24 @@ def load(loader: Any) -> list[Any]:
 
 
 def run_in_threads(read: Callable[[range], None], items: int, threads: int) -> None:
-    """Run ``read(part)`` in ``threads`` threads at once; thread ``t`` gets t, t + threads, ..."""
+    """Run ``read(part)`` in ``threads`` threads at once; thread ``t`` gets t, t + threads, ...
+
+    The first exception a thread raised (an assertion included) is raised here after all joined.
+    """
+    errors: list[BaseException] = []
+
+    def run(part: range) -> None:
+        try:
+            read(part)
+        except BaseException as exc:  # handed to the caller's thread
+            errors.append(exc)
+
     started = [
-        threading.Thread(target=read, args=(range(t, items, threads),)) for t in range(threads)
+        threading.Thread(target=run, args=(range(t, items, threads),)) for t in range(threads)
     ]
     for thread in started:
         thread.start()
     for thread in started:
         thread.join()
+    if errors:
+        raise errors[0]

@@ -1,8 +1,10 @@
-"""Contiguous rows: page-cache copies take turns (``pread_cached``), disk reads never wait on them.
+"""Contiguous rows without io_uring: page-cache copies take turns (``pread_cached``).
 
-A batch's rows of one session are first copied with ``os.preadv(..., RWF_NOWAIT)`` under one
-process-wide lock (one thread's copies at a time, instead of a GIL hand-off per row between
-threads); what the page cache does not hold is read afterwards with ``pread``, outside it.
+Where a thread has no ring (``uring.thread_ring`` is ``None``: not Linux, or a kernel or sandbox
+without ``io_uring``), a batch's rows of one session are first copied with
+``os.preadv(..., RWF_NOWAIT)`` under one process-wide lock (one thread's copies at a time,
+instead of a GIL hand-off per row between threads); what the page cache does not hold is read
+afterwards with ``pread``, outside it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 import pytest
 
 from loaderkit import HDF5SessionDataset
-from loaderkit.hdf5.read import rawio, reader
+from loaderkit.hdf5.read import rawio, reader, uring
 from loaderkit.hdf5.read.rawio import pread_cached
 from tests.hdf5.helpers import expected, run_in_threads, write_sessions
 
@@ -25,6 +27,12 @@ NOWAIT = pytest.mark.skipif(
     getattr(os, "RWF_NOWAIT", None) is None, reason="no os.RWF_NOWAIT on this platform"
 )
 ORDER = [17, 2, 29, 8, 8, 13, 0, 25, 31, 30, 29, 3, 4, 5]  # scattered, duplicates, a run
+
+
+@pytest.fixture(autouse=True)
+def _no_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path these tests check is the one without a ring."""
+    monkeypatch.setattr(uring, "thread_ring", lambda: None)
 
 
 def _batch(ds: HDF5SessionDataset, order: list[int]) -> np.ndarray:
@@ -133,7 +141,7 @@ def test_a_partial_copy_is_finished_by_pread_at_the_right_byte(
         copies.extend(done)
         return done
 
-    monkeypatch.setattr(reader, "pread_cached", partly)
+    monkeypatch.setattr(rawio, "pread_cached", partly)
     assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
     assert copies and all(n % 4 == 3 for n in copies)  # really split inside a float
     ds.close()

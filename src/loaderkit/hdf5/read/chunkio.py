@@ -33,6 +33,7 @@ import h5py
 import numpy as np
 from h5py import h5d, h5t
 
+from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.codecs import Decoder, decoder
 
 __all__ = ["ChunkReader", "ReadPath", "choose_path", "chunk_reader"]
@@ -368,8 +369,18 @@ def choose_path(
         ``(reader or None, ReadPath)``.
     """
     if raw is not None:
-        how = "memory map" if mapped else "preadv"
-        return None, ReadPath(how, "contiguous numbers read outside h5py, no lock held")
+        if mapped:
+            return None, ReadPath(
+                "memory map", "contiguous numbers read outside h5py, no lock held"
+            )
+        calls = (
+            "a batch's rows in one io_uring call"
+            if uring.thread_ring() is not None
+            else "one os.preadv per run of rows (no io_uring in this process)"
+        )
+        return None, ReadPath(
+            "preadv", f"contiguous numbers read outside h5py, no lock held: {calls}"
+        )
     if members:
         why = "a group of per-sample datasets"
     elif hooks:

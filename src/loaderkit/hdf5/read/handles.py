@@ -26,8 +26,8 @@ Locks (what each guards; none is held across a read):
   while it has readers is retired from the dict at once and closed by its last reader.
   Retired handles still count against ``max_open``: a miss that finds every open handle
   leased waits until one is released, so the bound is never exceeded, not even for a moment.
-  A thread holds at most one lease while it asks for another handle, so waiting cannot
-  deadlock.
+  A thread that holds a lease asks for another only with ``lease_open``, which never waits,
+  so waiting cannot deadlock.
 """
 
 from __future__ import annotations
@@ -360,6 +360,27 @@ class HandleCache:
             The ``Handle``; pass it to ``release`` when done (also on errors).
         """
         return self._acquire(key, 1)
+
+    def lease_open(self, key: Hashable) -> Handle | None:
+        """``lease`` when ``key``'s file is open now, else ``None``: never opens, never waits.
+
+        A thread that holds leases asks with this for another handle; where it gets ``None``,
+        it releases what it holds before it calls ``lease`` (which may wait).
+
+        Args:
+            key: The session position.
+
+        Returns:
+            The leased ``Handle`` (pass it to ``release``), or ``None``.
+        """
+        with self._mutex:
+            entry = self._entries.get(key)
+            if not isinstance(entry, Handle):
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            entry.readers += 1
+            return entry
 
     def release(self, handle: Handle) -> None:
         """Give back a lease; the last reader of a retired handle closes it."""

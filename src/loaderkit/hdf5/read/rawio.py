@@ -29,6 +29,8 @@ import h5py
 import numpy as np
 from h5py import h5d, h5s, h5t
 
+from loaderkit.hdf5.read import uring
+
 __all__ = [
     "TURN_MAX_BYTES",
     "ChunkMap",
@@ -36,6 +38,7 @@ __all__ = [
     "map_rows",
     "pread",
     "pread_cached",
+    "pread_many",
     "preadv_possible",
     "raw_location",
     "read_direct",
@@ -373,6 +376,53 @@ def pread_cached(
                     _NO_NOWAIT.add(fd)
                     break
                 # any other error: pread reads it again and reports it with its context
+    return done
+
+
+def pread_many(
+    buffer: np.ndarray,
+    reads: list[tuple[tuple[int, int], int, int, int]],
+    ring: uring.Ring | None,
+) -> list[int]:
+    """Read what can be read at once of each read; the caller reads the rest with ``pread``.
+
+    With a ring (``uring.thread_ring``), every read goes to the kernel in one system call that
+    releases the GIL once, whatever files they are in. Without one, the reads of each file are
+    copied from the page cache with ``pread_cached``, and what it leaves is left to the caller.
+
+    Args:
+        buffer: The C-contiguous destination of every read.
+        reads: ``(raw, offset inside the dataset's data, byte offset in buffer, bytes)``, with
+            ``raw`` from ``raw_location``; the files stay open until this returns.
+        ring: The calling thread's ring, or ``None``.
+
+    Returns:
+        The bytes read for each read (fewer than asked, down to 0, where the caller must read
+        the rest: a failure, the end of the file, or a page only the disk has without a ring).
+
+    Example:
+        >>> import numpy as np, os, tempfile
+        >>> fd, path = tempfile.mkstemp()
+        >>> _ = os.write(fd, np.arange(4, dtype="i4").tobytes())
+        >>> out = np.zeros(2, "i4")
+        >>> done = pread_many(out, [((fd, 4), 8, 0, 4)], uring.thread_ring())
+        >>> done[0] in (0, 4) and (done[0] == 0 or out.tolist() == [3, 0])
+        True
+        >>> os.close(fd)
+    """
+    flat = buffer.reshape(-1).view(np.uint8)
+    if ring is not None:
+        try:
+            return ring.read(flat, [(fd, base + at, to, n) for (fd, base), at, to, n in reads])
+        except OSError as exc:  # the ring, not a read: stop using rings in this process
+            uring.disable(f"io_uring failed: {exc}")
+    done: list[int] = []
+    first = 0
+    for i in range(1, len(reads) + 1):
+        if i == len(reads) or reads[i][0] != reads[first][0]:
+            group = [(at, start, n) for _, at, start, n in reads[first:i]]
+            done += pread_cached(reads[first][0], flat, group)
+            first = i
     return done
 
 

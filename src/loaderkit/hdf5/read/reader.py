@@ -37,11 +37,9 @@ from loaderkit.errors import ConfigError
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection, read_slab
 from loaderkit.hdf5.meta.types import Kind, RowType, Samples, _dicts
+from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.handles import Handle
-from loaderkit.hdf5.read.rawio import (
-    pread,
-    pread_cached,
-)
+from loaderkit.hdf5.read.rawio import pread, pread_many
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
@@ -299,32 +297,48 @@ class SessionReader(SessionFiles):
         handle: Handle | None = None
         raw: tuple[int, int] | None = None
         row_bytes = self.row_bytes[k]
-        # contiguous runs of the session being read: (first row, first slot, end slot)
-        pending: list[tuple[int, int, int]] = []
+        # contiguous runs not read yet: (session, first row, first slot, end slot); with a ring,
+        # those of every session whose lease is held, read with one system call
+        pending: list[tuple[int, int, int, int]] = []
+        held: dict[int, tuple[Handle, tuple[int, int], int]] = {}  # session: handle, raw, index
+        ring = uring.thread_ring()
 
         def read_pending() -> None:
-            """Read ``pending`` from ``raw``: what the page cache holds first, then the rest."""
-            assert raw is not None
-            copied = pread_cached(
-                raw,
-                rows,
-                [(a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes) for a, k0, k1 in pending],
-            )
+            """Read ``pending``, then release the sessions ``held`` for it."""
+            reads = [
+                (held[p][1], a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes)
+                for p, a, k0, k1 in pending
+            ]
+            copied = pread_many(rows, reads, ring)
             flat = rows.reshape(-1).view(np.uint8)
-            for (a, k0, k1), got in zip(pending, copied, strict=True):
+            for (p, a, k0, k1), got in zip(pending, copied, strict=True):
                 nbytes = (k1 - k0) * row_bytes
                 if got >= nbytes:
                     continue
                 try:
                     rest = flat[k0 * row_bytes + got : k1 * row_bytes]
-                    pread(raw, a * row_bytes + got, rest, nbytes - got)
+                    pread(held[p][1], a * row_bytes + got, rest, nbytes - got)
                 except MemoryError:
                     raise
                 except Exception as exc:
-                    raise self.read_error(
-                        exc, last, range(a, a + k1 - k0), index_at(k0), k
-                    ) from exc
+                    raise self.read_error(exc, p, range(a, a + k1 - k0), index_at(k0), k) from exc
             pending.clear()
+            while held:
+                p, (done, _, at) = held.popitem()
+                self._done(done, p, at)
+
+        def let_go(index: int) -> None:
+            """Release the current session: at once, or after its pending reads."""
+            nonlocal handle
+            if handle is None:
+                return
+            current, handle = handle, None
+            if raw is None or not pending or pending[-1][0] != last:
+                self._done(current, last, index)
+                return
+            held[last] = (current, raw, index)
+            if ring is None:  # without a ring, a session's reads are read before the next
+                read_pending()
 
         try:
             for r in runs:
@@ -332,13 +346,14 @@ class SessionReader(SessionFiles):
                 pos, a = key >> ROW_BITS, key & ROW_MASK
                 k0, k1 = bounds[r], bounds[r + 1]
                 if pos != last:
-                    if pending:
-                        read_pending()
-                    if handle is not None:
-                        self._done(handle, last, index_at(k0))
-                        handle = None
+                    let_go(index_at(k0))
                     try:
-                        handle = get(canonical[pos])
+                        # holding leases, only take a handle already open (never wait)
+                        handle = self.cache.lease_open(canonical[pos]) if held else None
+                        if handle is None:
+                            if held:
+                                read_pending()
+                            handle = get(canonical[pos])
                     except Exception as exc:
                         self.note(exc, pos, a, index_at(k0))
                         raise
@@ -352,8 +367,8 @@ class SessionReader(SessionFiles):
                     last = pos
                 assert handle is not None
                 length = k1 - k0
-                if raw is not None:  # contiguous rows: read with the session's other runs
-                    pending.append((a, k0, k1))
+                if raw is not None:  # contiguous rows: read with the other pending runs
+                    pending.append((pos, a, k0, k1))
                     continue
                 try:
                     self.fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
@@ -361,14 +376,14 @@ class SessionReader(SessionFiles):
                     raise
                 except Exception as exc:
                     raise self.read_error(exc, pos, range(a, a + length), index_at(k0), k) from exc
+            let_go(index_at(0))
             if pending:
                 read_pending()
-            if handle is not None:
-                self._done(handle, last, index_at(0))
-                handle = None
         finally:
             if handle is not None:
                 self.cache.release(handle)
+            for leased, _, _ in held.values():
+                self.cache.release(leased)
         if order is not None:
             out[order] = buf
 

@@ -1,0 +1,217 @@
+"""``io_uring`` reads: many scattered reads in one system call, and a batch's rows through them.
+
+The ring tests run where this kernel lets a process make a ring (they skip visibly elsewhere);
+the reader tests run everywhere and check the same rows either way.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from loaderkit import HDF5SessionDataset
+from loaderkit.errors import HDF5FileError
+from loaderkit.hdf5.read import uring
+from tests.hdf5.helpers import expected, run_in_threads, write_sessions
+
+RING = pytest.mark.skipif(uring.thread_ring() is None, reason="no io_uring for this process")
+ORDER = [17, 2, 29, 8, 8, 13, 0, 25, 31, 30, 29, 3, 4, 5, 40, 36]  # all sessions, interleaved
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> tuple[int, np.ndarray]:
+    data = np.random.default_rng(0).integers(0, 256, 1 << 20, dtype=np.uint8)
+    path = tmp_path / "bytes.bin"
+    path.write_bytes(data.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    yield fd, data
+    os.close(fd)
+
+
+def _batch(ds: HDF5SessionDataset, order: list[int]) -> np.ndarray:
+    return np.stack([np.asarray(x) for x in ds.__getitems__(order)])
+
+
+def _want(ds: HDF5SessionDataset, order: list[int]) -> np.ndarray:
+    return np.stack([expected(ds, i) for i in order])
+
+
+@RING
+def test_scattered_reads_land_where_asked(data_file: tuple[int, np.ndarray]) -> None:
+    fd, data = data_file
+    ring = uring.thread_ring()
+    assert ring is not None
+    rng = np.random.default_rng(1)
+    for count in (1, 7, ring.entries, ring.entries * 3 + 5):  # one call and several
+        sizes = rng.integers(1, 5000, count)
+        offsets = rng.integers(0, data.size - 5000, count)
+        starts = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        out = np.zeros(int(sizes.sum()), np.uint8)
+        reads = list(
+            zip([fd] * count, offsets.tolist(), starts.tolist(), sizes.tolist(), strict=True)
+        )
+        assert ring.read(out, reads) == sizes.tolist()
+        for offset, start, size in zip(offsets, starts, sizes, strict=True):
+            assert np.array_equal(out[start : start + size], data[offset : offset + size])
+
+
+@RING
+def test_reads_past_the_end_or_failing_count_what_they_read(
+    data_file: tuple[int, np.ndarray],
+) -> None:
+    fd, data = data_file
+    ring = uring.thread_ring()
+    assert ring is not None
+    out = np.zeros(300, np.uint8)
+    closed = os.open(os.devnull, os.O_RDONLY)
+    os.close(closed)  # a descriptor that is not open: the read fails with EBADF
+    end = data.size - 10
+    reads = [(fd, end, 0, 100), (closed, 0, 100, 100), (fd, 0, 200, 0), (fd, 5, 200, 100)]
+    done = ring.read(out, reads)
+    assert done == [10, 0, 0, 100]
+    assert np.array_equal(out[:10], data[-10:]) and np.array_equal(out[200:], data[5:105])
+
+
+@RING
+def test_a_read_outside_the_buffer_is_refused_before_the_kernel_sees_it(
+    data_file: tuple[int, np.ndarray],
+) -> None:
+    fd, _ = data_file
+    ring = uring.thread_ring()
+    assert ring is not None
+    with pytest.raises(ValueError, match="outside the buffer of 8 bytes"):
+        ring.read(np.zeros(8, np.uint8), [(fd, 0, 4, 5)])
+    with pytest.raises(ValueError, match="C-contiguous and writable"):
+        ring.read(np.zeros(8, np.uint8)[::2], [(fd, 0, 0, 1)])
+    assert ring.read(np.zeros(8, np.uint8), [(fd, 0, 0, 8)]) == [8]  # the ring still works
+
+
+@RING
+def test_an_interrupted_call_keeps_its_buffer_and_the_next_call_waits_for_it(
+    data_file: tuple[int, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fd, data = data_file
+    ring = uring.thread_ring()
+    assert ring is not None
+    real = ring._enter
+
+    def submit_then_interrupt(submit: int, wait: int) -> int:
+        real(submit, 0)  # the reads are in the kernel's hands, nobody waits for them
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ring, "_enter", submit_then_interrupt)
+    out = np.zeros(4096, np.uint8)
+    with pytest.raises(KeyboardInterrupt):
+        ring.read(out, [(fd, 0, 0, 4096)])
+    assert ring._keep is out  # the kernel may still write there: the ring holds it
+    monkeypatch.undo()
+    again = np.zeros(16, np.uint8)
+    assert ring.read(again, [(fd, 100, 0, 16)]) == [16]
+    assert ring._keep is None and np.array_equal(again, data[100:116])
+    assert np.array_equal(out, data[:4096])
+
+
+@RING
+def test_each_thread_reads_through_its_own_ring(data_file: tuple[int, np.ndarray]) -> None:
+    fd, data = data_file
+    rings: list[Any] = []
+    lock = threading.Lock()
+
+    def read(part: range) -> None:
+        (seed,) = part
+        ring = uring.thread_ring()
+        with lock:
+            rings.append(ring)
+        rng = np.random.default_rng(seed)
+        out = np.zeros(64 * 1024, np.uint8)
+        for _ in range(50):
+            offsets = rng.integers(0, 255, 64) * 4096
+            reads = [(fd, int(o), i * 1024, 1024) for i, o in enumerate(offsets)]
+            assert ring is not None and ring.read(out, reads) == [1024] * 64
+            for i, o in enumerate(offsets):
+                assert np.array_equal(out[i * 1024 : (i + 1) * 1024], data[o : o + 1024])
+
+    run_in_threads(read, 4, 4)
+    assert len({id(r) for r in rings}) == 4
+
+
+@RING
+def test_a_forked_child_makes_its_own_ring(data_file: tuple[int, np.ndarray]) -> None:
+    fd, data = data_file
+    parent = uring.thread_ring()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        child = uring.thread_ring()
+        out = np.zeros(64, np.uint8)
+        ok = child is not parent and child.read(out, [(fd, 7, 0, 64)]) == [64]
+        os._exit(0 if ok and np.array_equal(out, data[7:71]) else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert parent is uring.thread_ring() and parent.read(np.zeros(1, np.uint8), [(fd, 0, 0, 1)])
+
+
+def test_disable_leaves_every_thread_without_a_ring(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(uring, "_off", None)
+    uring.disable("a test")
+    got: list[Any] = []
+    run_in_threads(lambda _: got.append(uring.thread_ring()), 2, 2)
+    assert got == [None, None] and uring.thread_ring() is None
+
+
+def test_a_batch_over_sessions_is_one_ring_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if uring.thread_ring() is None:
+        pytest.skip("no io_uring for this process")
+    paths = write_sessions(tmp_path, [20, 12, 9])
+    ds = HDF5SessionDataset(paths, key="betas")
+    _batch(ds, [0, 20, 35])  # every file open
+    calls: list[int] = []
+    real = uring.Ring.read
+
+    def counted(ring: uring.Ring, buffer: np.ndarray, reads: Any) -> list[int]:
+        calls.append(len({fd for fd, *_ in reads}))
+        return real(ring, buffer, reads)
+
+    monkeypatch.setattr(uring.Ring, "read", counted)
+    assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
+    assert calls == [3]  # one call, three files
+    ds.close()
+
+
+@pytest.mark.parametrize("ring", ["ring", "no ring"])
+def test_more_sessions_than_open_files_are_read_in_turns_by_threads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ring: str
+) -> None:
+    """Leases held for one ring call never wait: a miss reads what is pending first."""
+    if ring == "no ring":
+        monkeypatch.setattr(uring, "thread_ring", lambda: None)
+    paths = write_sessions(tmp_path, [7, 9, 6, 8, 10])
+    ds = HDF5SessionDataset(paths, key="betas", max_open_files=2)
+    rng = np.random.default_rng(3)
+    orders = [rng.integers(0, len(ds), 24).tolist() for _ in range(24)]
+    wants = {i: _want(ds, order) for i, order in enumerate(orders)}
+
+    def read(part: range) -> None:
+        for i in part:
+            assert np.array_equal(_batch(ds, orders[i]), wants[i])
+
+    run_in_threads(read, len(orders), 4)
+    assert ds._reader.cache.max_open == 2
+    ds.close()
+
+
+def test_a_truncated_file_is_named_after_a_ring_read(tmp_path: Path) -> None:
+    paths = write_sessions(tmp_path, [20, 12, 9])
+    ds = HDF5SessionDataset(paths, key="betas")
+    _batch(ds, [0, 20, 35])
+    size = os.path.getsize(paths[1])
+    os.truncate(paths[1], size - 2 * 64)  # its last rows are gone
+    with pytest.raises(HDF5FileError, match=r"truncated|changed") as caught:
+        _batch(ds, [0, 31, 35])  # row 31 is session 2's last
+    assert paths[1].name in str(caught.value)
+    ds.close()
