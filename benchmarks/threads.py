@@ -1,6 +1,6 @@
 """Worker threads against worker processes and no workers, side by side in one run.
 
-Usage: python benchmarks/threads.py [--quick] [--json PATH] [--repeats N]
+Usage: python benchmarks/threads.py [--quick] [--json PATH] [--repeats N] [--later-passes N]
 
 Three workloads, written into a temporary directory (read from the page cache), batch 64,
 ``shuffle=True, seed=0``, ``HDF5SessionDataset(paths, key="betas")``, everything else left to
@@ -13,7 +13,10 @@ loaderkit:
   2,000 voxels), every session held whole in memory by each process that reads it.
 
 Each cell is one fresh process (so its memory is its own; ``--quick``: all in this process): it
-builds the loader, runs one pass and reports samples/s, and the growth of the whole process
+builds the loader (``persistent_workers=True`` with workers), runs one pass and reports its
+samples/s (timed from ``iter(loader)``: starting the workers counts), then ``--later-passes``
+more passes (default 2) and their samples/s (the workers already running, as in the later
+epochs of a training run), and the growth of the whole process
 tree's memory over that pass (the summed USS, ``psutil.Process.memory_full_info().uss``, of the
 process and every child, sampled every 20 ms; the peak minus the value before the loader was
 built; and the same for PSS, which also counts memory processes share, such as batches in
@@ -130,8 +133,10 @@ def write(root: Path, workload: str, quick: bool) -> list[str]:
     return [str(p) for p in paths]
 
 
-def cell(paths: Sequence[str], workers: int, method: str | None, start: str | None) -> dict:
-    """One pass in this process: samples/s, tree memory growth, first-batch seconds."""
+def cell(
+    paths: Sequence[str], workers: int, method: str | None, start: str | None, later: int = 0
+) -> dict:
+    """One pass and ``later`` more in this process: samples/s, tree memory, first batch."""
     import warnings
 
     import loaderkit
@@ -149,6 +154,7 @@ def cell(paths: Sequence[str], workers: int, method: str | None, start: str | No
         num_workers=workers,
         worker_method=method,
         multiprocessing_context=start if workers else None,
+        persistent_workers=bool(workers),
     )
     began = time.perf_counter()
     iterator = iter(loader)
@@ -158,10 +164,16 @@ def cell(paths: Sequence[str], workers: int, method: str | None, start: str | No
     for batch in iterator:
         samples += len(batch)
     elapsed = time.perf_counter() - began
+    again, later_began = 0, time.perf_counter()
+    for _ in range(later):
+        for batch in loader:
+            again += len(batch)
+    later_s = time.perf_counter() - later_began
     uss, pss = peak.stop()
     loader.close()
     return {
         "samples_per_s": samples / elapsed,
+        "later_samples_per_s": again / later_s if later else 0.0,
         "memory_growth": uss - before[0],
         "pss_growth": pss - before[1],
         "first_batch_s": first_s,
@@ -170,7 +182,7 @@ def cell(paths: Sequence[str], workers: int, method: str | None, start: str | No
 
 def _in_fresh_process(args: dict, quick: bool) -> dict:
     if quick:  # in this process: memory figures include what earlier cells left behind
-        return cell(args["paths"], args["workers"], args["method"], args["start"])
+        return cell(args["paths"], args["workers"], args["method"], args["start"], args["later"])
     result = subprocess.run(
         [sys.executable, __file__, "--cell", json.dumps(args)],
         capture_output=True,
@@ -183,7 +195,7 @@ def _in_fresh_process(args: dict, quick: bool) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def run(*, quick: bool = False, repeats: int = 3) -> dict[str, Any]:
+def run(*, quick: bool = False, repeats: int = 3, later_passes: int = 2) -> dict[str, Any]:
     """Every cell in a fresh process, interleaved over ``repeats`` rounds."""
     repeats = 1 if quick else repeats
     results: dict[str, dict[str, list[dict]]] = {w: {c[0]: [] for c in CONFIGS} for w in WORKLOADS}
@@ -196,52 +208,70 @@ def run(*, quick: bool = False, repeats: int = 3) -> dict[str, Any]:
             for workload, (name, workers, method, start) in order[shift:] + order[:shift]:
                 got = _in_fresh_process(
                     {"paths": files[workload], "workers": workers, "method": method,
-                     "start": start}, quick,
+                     "start": start, "later": later_passes}, quick,
                 )  # fmt: skip
                 results[workload][name].append(got)
             for name, method, start in STARTS:
                 got = _in_fresh_process(
-                    {"paths": files["NSD layout"], "workers": 2, "method": method, "start": start},
-                    quick,
-                )
+                    {"paths": files["NSD layout"], "workers": 2, "method": method, "start": start,
+                     "later": 0}, quick,
+                )  # fmt: skip
                 starts[name].append(got["first_batch_s"])
     table: dict[str, Any] = {}
     for workload, cells in results.items():
         table[workload] = {
             name: {
                 "samples_per_s": statistics.median(c["samples_per_s"] for c in runs),
+                "later_samples_per_s": statistics.median(c["later_samples_per_s"] for c in runs),
                 "memory_growth": statistics.median(c["memory_growth"] for c in runs),
                 "pss_growth": statistics.median(c["pss_growth"] for c in runs),
             }
             for name, runs in cells.items()
         }
     first = {name: statistics.median(values) for name, values in starts.items()}
-    return {"quick": quick, "repeats": repeats, "throughput": table, "first_batch_s": first}
+    return {
+        "quick": quick,
+        "repeats": repeats,
+        "later_passes": later_passes,
+        "throughput": table,
+        "first_batch_s": first,
+    }
 
 
 def format_table(data: dict[str, Any]) -> str:
     """The two markdown tables."""
     lines = [
-        "| workload | configuration | samples/s | x 0 workers | tree USS growth (MiB) "
+        "| workload | configuration | first pass (samples/s) | x 0 workers "
+        "| later passes (samples/s) | x 0 workers | tree USS growth (MiB) "
         "| tree PSS growth (MiB) |",
-        "|---|---|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for workload, cells in data["throughput"].items():
-        zero = cells["0 workers"]["samples_per_s"]
+        zero = cells["0 workers"]
         for name, c in cells.items():
             lines.append(
                 f"| {workload} | {name} | {c['samples_per_s']:.0f} | "
-                f"{c['samples_per_s'] / zero:.2f} | {c['memory_growth'] / 2**20:.0f} | "
-                f"{c['pss_growth'] / 2**20:.0f} |"
+                f"{c['samples_per_s'] / zero['samples_per_s']:.2f} | "
+                f"{c['later_samples_per_s']:.0f} | "
+                f"{c['later_samples_per_s'] / max(zero['later_samples_per_s'], 1e-9):.2f} | "
+                f"{c['memory_growth'] / 2**20:.0f} | {c['pss_growth'] / 2**20:.0f} |"
             )
     for workload, cells in data["throughput"].items():
         two, one = cells["2 threads"], cells["1 thread"]
         procs = cells["2 processes (fork)"]
         lines.append("")
+        for label, field in (
+            ("first pass", "samples_per_s"),
+            ("later passes", "later_samples_per_s"),
+        ):
+            if not two[field]:
+                continue
+            lines.append(
+                f"{workload}, {label}: 2 threads / 1 thread {two[field] / one[field]:.2f}x; "
+                f"2 threads / 2 processes {two[field] / procs[field]:.2f}x"
+            )
         lines.append(
-            f"{workload}: 2 threads / 1 thread {two['samples_per_s'] / one['samples_per_s']:.2f}x;"
-            f" 2 threads / 2 processes {two['samples_per_s'] / procs['samples_per_s']:.2f}x; "
-            f"tree memory growth 2 threads / 2 processes: USS "
+            f"{workload}: tree memory growth 2 threads / 2 processes: USS "
             f"{two['memory_growth'] / max(procs['memory_growth'], 1):.2f}x, PSS "
             f"{two['pss_growth'] / max(procs['pss_growth'], 1):.2f}x"
         )
@@ -257,13 +287,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["--cell"]:
         spec = json.loads(args_list[1])
-        result = cell(spec["paths"], spec["workers"], spec["method"], spec["start"])
+        result = cell(spec["paths"], spec["workers"], spec["method"], spec["start"], spec["later"])
         print(json.dumps(result))
         return 0
     parser = _cli.parser(__doc__ or "", "small files, one round")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--later-passes", type=int, default=2)
     args = parser.parse_args(args_list)
-    data = run(quick=args.quick, repeats=args.repeats)
+    data = run(quick=args.quick, repeats=args.repeats, later_passes=args.later_passes)
     _cli.emit(data, format_table(data), args.json)
     return 0
 

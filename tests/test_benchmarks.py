@@ -290,4 +290,5 @@ def test_threads(tmp_path: Path) -> None:
     for cells in data["throughput"].values():
         assert set(cells) == {"0 workers", "2 processes (fork)", "1 thread", "2 threads"}
         assert all(c["samples_per_s"] > 0 for c in cells.values())
+        assert all(c["later_samples_per_s"] > 0 for c in cells.values())  # workers kept
     assert all(s > 0 for s in data["first_batch_s"].values())

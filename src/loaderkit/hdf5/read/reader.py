@@ -279,6 +279,13 @@ class SessionReader(SessionFiles):
         # os.preadv takes the rows as bytes: exporting a record dtype's buffer is slow
         plain = buf.dtype.names is None or buf.dtype.hasobject  # objects: never read raw
         rows = buf if plain else buf.view(np.uint8).reshape(n, -1)
+        ring = uring.thread_ring()
+        if (
+            ring is not None
+            and order is None
+            and self._fill_at_once(k, idx, keys, starts, rows, ring)
+        ):
+            return
         run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
         bounds = starts.tolist()
         bounds.append(n)
@@ -301,7 +308,6 @@ class SessionReader(SessionFiles):
         # those of every session whose lease is held, read with one system call
         pending: list[tuple[int, int, int, int]] = []
         held: dict[int, tuple[Handle, tuple[int, int], int]] = {}  # session: handle, raw, index
-        ring = uring.thread_ring()
 
         def read_pending() -> None:
             """Read ``pending``, then release the sessions ``held`` for it."""
@@ -310,18 +316,9 @@ class SessionReader(SessionFiles):
                 for p, a, k0, k1 in pending
             ]
             copied = pread_many(rows, reads, ring)
-            flat = rows.reshape(-1).view(np.uint8)
             for (p, a, k0, k1), got in zip(pending, copied, strict=True):
-                nbytes = (k1 - k0) * row_bytes
-                if got >= nbytes:
-                    continue
-                try:
-                    rest = flat[k0 * row_bytes + got : k1 * row_bytes]
-                    pread(held[p][1], a * row_bytes + got, rest, nbytes - got)
-                except MemoryError:
-                    raise
-                except Exception as exc:
-                    raise self.read_error(exc, p, range(a, a + k1 - k0), index_at(k0), k) from exc
+                if got < (k1 - k0) * row_bytes:
+                    self._read_rest(k, rows, held[p][1], p, a, k0, k1, got, index_at(k0))
             pending.clear()
             while held:
                 p, (done, _, at) = held.popitem()
@@ -386,6 +383,94 @@ class SessionReader(SessionFiles):
                 self.cache.release(leased)
         if order is not None:
             out[order] = buf
+
+    def _fill_at_once(
+        self,
+        k: int,
+        idx: np.ndarray,
+        keys: np.ndarray,
+        starts: np.ndarray,
+        rows: np.ndarray,
+        ring: uring.Ring,
+    ) -> bool:
+        """Read every run of a batch (request order) with one ring call, arrays all the way.
+
+        Every session's file is leased for the call. Returns ``False``, having read nothing,
+        where a session is not read with ``preadv`` (mapped, or HDF5 reads it) or its file is
+        not open while this thread holds others (``lease_open``): ``_fill`` then reads it.
+        """
+        run_keys = keys[starts]
+        sessions, first_run, which = np.unique(
+            run_keys >> ROW_BITS, return_index=True, return_inverse=True
+        )
+        first_rows = (run_keys[first_run] & ROW_MASK).tolist()
+        first_index = idx[starts[first_run]].tolist()
+        leased: list[Handle] = []
+        try:
+            for s, pos in enumerate(sessions.tolist()):
+                handle = self.cache.lease_open(self.canonical[pos])
+                if handle is None and leased:
+                    return False  # never wait holding leases: _fill reads it in turns
+                if handle is None:
+                    try:
+                        handle = self.cache.lease(self.canonical[pos])
+                    except Exception as exc:
+                        self.note(exc, pos, first_rows[s], first_index[s])
+                        raise
+                leased.append(handle)
+                if handle.maps[k] is not None or handle.raws[k] is None:
+                    return False
+            raws = np.array([handle.raws[k] for handle in leased], dtype=np.int64)
+            row_bytes = self.row_bytes[k]
+            lengths = np.diff(np.append(starts, idx.size))
+            table = np.empty((starts.size, 4), np.int64)
+            table[:, 0] = raws[which, 0]
+            table[:, 1] = raws[which, 1] + (run_keys & ROW_MASK) * row_bytes
+            table[:, 2] = starts * row_bytes
+            table[:, 3] = lengths * row_bytes
+            try:
+                done = ring.read_table(rows.reshape(-1).view(np.uint8), table)
+            except OSError as exc:  # the ring, not a read: stop using rings in this process
+                uring.disable(f"io_uring failed: {exc}")
+                done = np.zeros(starts.size, np.int64)
+            for r in np.flatnonzero(done < table[:, 3]).tolist():
+                s, k0 = int(which[r]), int(starts[r])
+                a = int(run_keys[r] & ROW_MASK)
+                k1 = k0 + int(lengths[r])
+                pos = int(sessions[s])
+                self._read_rest(
+                    k, rows, leased[s].raws[k], pos, a, k0, k1, int(done[r]), int(idx[k0])
+                )
+            while leased:
+                s = len(leased) - 1
+                self._done(leased.pop(), int(sessions[s]), first_index[s])
+            return True
+        finally:
+            for handle in leased:
+                self.cache.release(handle)
+
+    def _read_rest(
+        self,
+        k: int,
+        rows: np.ndarray,
+        raw: tuple[int, int] | None,
+        pos: int,
+        a: int,
+        k0: int,
+        k1: int,
+        got: int,
+        index: int,
+    ) -> None:
+        """Read what a first read left of rows ``a..`` into slots ``k0:k1``; errors name them."""
+        row_bytes = self.row_bytes[k]
+        try:
+            assert raw is not None
+            rest = rows.reshape(-1).view(np.uint8)[k0 * row_bytes + got : k1 * row_bytes]
+            pread(raw, a * row_bytes + got, rest, (k1 - k0) * row_bytes - got)
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise self.read_error(exc, pos, range(a, a + k1 - k0), index, k) from exc
 
     def _done(self, handle: Handle, pos: int, index: int) -> None:
         """Release a handle read through; first check the file when HDF5 read chunks of it.

@@ -167,8 +167,7 @@ class Ring:
         self._cq_res = np.frombuffer(cq_map, np.int32, count=cq_entries * 4, offset=cq_off[5])[2::4]
         self._sqes = np.frombuffer(sqe_map, np.uint64).reshape(sq_entries, _SQE_WORDS)
         self._sqes[:] = 0
-        self._work = np.zeros((sq_entries, 5), np.uint64)
-        self._work[:, 4] = np.arange(sq_entries)  # user data: the read's place in the call
+        self._sqes[:, 4] = np.arange(sq_entries)  # user data: the entry's place in the call
 
     def close(self) -> None:
         """Release the ring, after waiting for any read still in flight.
@@ -242,45 +241,62 @@ class Ring:
             ValueError: The buffer is not writable and C-contiguous, or a read lies outside it.
             OSError: The ring itself failed (not a read); ``disable`` then stops its use.
         """
-        count = len(reads)
-        if not count:
+        if not reads:
             return []
+        return self.read_table(buffer, np.array(reads, dtype=np.int64).reshape(-1, 4)).tolist()
+
+    def read_table(self, buffer: np.ndarray, reads: np.ndarray) -> np.ndarray:
+        """``read`` with the reads as an ``(n, 4)`` integer array (no Python loop over them).
+
+        Args:
+            buffer: A writable, C-contiguous array (its bytes are the destination).
+            reads: One row per read: fd, file offset, byte offset in buffer, bytes.
+
+        Returns:
+            The bytes read by each read (``int64``), as ``read`` counts them.
+
+        Raises:
+            ValueError: The buffer is not writable and C-contiguous, or a read lies outside it.
+            OSError: The ring itself failed (not a read); ``disable`` then stops its use.
+        """
+        count = len(reads)
         if not (buffer.flags.c_contiguous and buffer.flags.writeable):
             raise ValueError("the buffer must be C-contiguous and writable")
-        size, address = buffer.nbytes, buffer.__array_interface__["data"][0]
-        fields: list[int] = []
-        for fd, offset, start, nbytes in reads:  # the kernel writes there: check every read
-            if start < 0 or nbytes < 0 or start + nbytes > size or offset < 0 or fd < 0:
-                raise ValueError(
-                    f"read of {nbytes} bytes at {offset} of fd {fd} into byte {start} "
-                    f"lies outside the buffer of {size} bytes"
-                )
-            fields += (
-                _OP_READ | fd << 32,
-                offset,
-                address + start,
-                nbytes if nbytes <= MAX_READ else 0,  # 0 bytes: not read, 0 counted
+        size = buffer.nbytes
+        if count and (reads.min() < 0 or (reads[:, 2] + reads[:, 3]).max() > size):
+            bad = int(
+                np.flatnonzero((reads < 0).any(axis=1) | (reads[:, 2] + reads[:, 3] > size))[0]
             )
-        table = np.array(fields, dtype=np.uint64).reshape(count, 4)
+            fd, offset, start, nbytes = reads[bad].tolist()
+            raise ValueError(
+                f"read of {nbytes} bytes at {offset} of fd {fd} into byte {start} "
+                f"lies outside the buffer of {size} bytes"
+            )
+        table = np.empty((count, 4), np.uint64)  # the first four words of each entry
+        table[:, 0] = reads[:, 0]
+        table[:, 0] <<= np.uint64(32)
+        table[:, 0] |= np.uint64(_OP_READ)
+        table[:, 1] = reads[:, 1]
+        table[:, 2] = reads[:, 2]
+        table[:, 2] += np.uint64(buffer.__array_interface__["data"][0])
+        table[:, 3] = np.where(reads[:, 3] <= MAX_READ, reads[:, 3], 0)  # 0: not read, 0 counted
         done = np.zeros(count, np.int64)
         self._wait_in_flight()
         self._keep = buffer  # alive until the kernel is done with it
         for first in range(0, count, self.entries):
             self._submit(table[first : first + self.entries], done[first:])
         self._keep = None
-        return done.tolist()
+        return done
 
     def _submit(self, table: np.ndarray, done: np.ndarray) -> None:
         """Submit ``table``'s entries (at most ``entries``), wait for them, record into ``done``."""
         n = len(table)
-        work = self._work[:n]
-        work[:, :4] = table
         sq, cq = self._sq, self._cq
         start = sq[self._sq_head]  # == tail: _wait_in_flight emptied the queue
-        at = start & self._sq_mask
-        head_part = min(n, self.entries - at)
-        self._sqes[at : at + head_part, :5] = work[:head_part]
-        self._sqes[: n - head_part, :5] = work[head_part:]
+        slot = start & self._sq_mask  # read i goes to entry slot + i (mod entries)
+        head_part = min(n, self.entries - slot)
+        self._sqes[slot : slot + head_part, :4] = table[:head_part]
+        self._sqes[: n - head_part, :4] = table[head_part:]
         sq[self._sq_tail] = (start + n) & _U32
         first = cq[self._cq_head]
         while True:
@@ -304,7 +320,7 @@ class Ring:
             res = np.concatenate((res, self._cq_res[: at + queued - end]))
         cq[self._cq_head] = cq[self._cq_tail]
         ok = res > 0
-        done[data[ok]] = res[ok]
+        done[(data[ok] - slot) % self.entries] = res[ok]
 
 
 def disable(reason: str) -> None:
