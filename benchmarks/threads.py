@@ -238,6 +238,15 @@ def run(*, quick: bool = False, repeats: int = 3, later_passes: int = 2) -> dict
     }
 
 
+def _ratio(growth: float, against: float) -> str:
+    """``growth / against`` as ``1.23x``; ``n/a`` where ``against`` grew less than 1 MiB.
+
+    A forked parent's USS can even shrink: pages it shared with no one become shared with
+    its workers, so they leave its USS without entering theirs.
+    """
+    return f"{growth / against:.2f}x" if against >= 2**20 else "n/a (under 1 MiB)"
+
+
 def format_table(data: dict[str, Any]) -> str:
     """The two markdown tables."""
     lines = [
@@ -272,8 +281,8 @@ def format_table(data: dict[str, Any]) -> str:
             )
         lines.append(
             f"{workload}: tree memory growth 2 threads / 2 processes: USS "
-            f"{two['memory_growth'] / max(procs['memory_growth'], 1):.2f}x, PSS "
-            f"{two['pss_growth'] / max(procs['pss_growth'], 1):.2f}x"
+            f"{_ratio(two['memory_growth'], procs['memory_growth'])}, PSS "
+            f"{_ratio(two['pss_growth'], procs['pss_growth'])}"
         )
     lines += ["", "| NSD layout, 2 workers | first batch (s) | x threads |", "|---|---:|---:|"]
     threads = data["first_batch_s"]["threads"]

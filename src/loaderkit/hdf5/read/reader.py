@@ -279,7 +279,8 @@ class SessionReader(SessionFiles):
         # os.preadv takes the rows as bytes: exporting a record dtype's buffer is slow
         plain = buf.dtype.names is None or buf.dtype.hasobject  # objects: never read raw
         rows = buf if plain else buf.view(np.uint8).reshape(n, -1)
-        ring = uring.thread_ring()
+        # contiguous data: a batch's runs go to the kernel at once (a ring per thread)
+        ring = uring.thread_ring() if self.contiguous else None
         if (
             ring is not None
             and order is None
