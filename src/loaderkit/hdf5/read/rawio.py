@@ -32,6 +32,7 @@ from h5py import h5d, h5s, h5t
 from loaderkit.hdf5.read import uring
 
 __all__ = [
+    "RING_MIN_READS",
     "TURN_MAX_BYTES",
     "ChunkMap",
     "chunk_map",
@@ -42,6 +43,7 @@ __all__ = [
     "preadv_possible",
     "raw_location",
     "read_direct",
+    "ring_reads",
 ]
 
 logger = logging.getLogger(__name__)
@@ -412,10 +414,10 @@ def pread_many(
     """
     flat = buffer.reshape(-1).view(np.uint8)
     if ring is not None:
-        try:
-            return ring.read(flat, [(fd, base + at, to, n) for (fd, base), at, to, n in reads])
-        except OSError as exc:  # the ring, not a read: stop using rings in this process
-            uring.disable(f"io_uring failed: {exc}")
+        table = np.array(
+            [(fd, base + at, to, n) for (fd, base), at, to, n in reads], dtype=np.int64
+        ).reshape(-1, 4)
+        return ring_reads(ring, flat, table).tolist()
     done: list[int] = []
     first = 0
     for i in range(1, len(reads) + 1):
@@ -423,6 +425,50 @@ def pread_many(
             group = [(at, start, n) for _, at, start, n in reads[first:i]]
             done += pread_cached(reads[first][0], flat, group)
             first = i
+    return done
+
+
+#: Fewer short reads than this are left to ``pread``: a ring call costs some 30 µs of Python
+#: (the table, the queues), a ``pread`` of a page-cache row a few.
+RING_MIN_READS = 4
+
+
+def ring_reads(ring: uring.Ring, flat: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """Read the short reads of ``table`` through ``ring``; 0 bytes counted for the others.
+
+    Reads of at least ``TURN_MAX_BYTES`` and batches of fewer than ``RING_MIN_READS`` short
+    reads are left to the caller's ``pread``: a long copy gains nothing from the ring (the
+    kernel may hand it to a worker thread), and a ring call costs more than a few ``pread``.
+
+    Args:
+        ring: The calling thread's ring.
+        flat: The destination buffer as C-contiguous bytes.
+        table: ``(fd, file offset, byte offset in flat, bytes)`` rows (``int64``).
+
+    Returns:
+        Bytes read by each read (``int64``; 0 where the caller must read it).
+
+    Example:
+        >>> import numpy as np, os, tempfile
+        >>> fd, path = tempfile.mkstemp()
+        >>> _ = os.write(fd, bytes(range(64)))
+        >>> ring, out = uring.thread_ring(), np.zeros(8, np.uint8)
+        >>> reads = np.array([(fd, 2 * i, i, 1) for i in range(8)], np.int64)
+        >>> ring is None or (ring_reads(ring, out, reads[:2]).tolist() == [0, 0]  # too few
+        ...                  and ring_reads(ring, out, reads).tolist() == [1] * 8)
+        True
+        >>> ring is None or out.tolist() == [0, 2, 4, 6, 8, 10, 12, 14]
+        True
+        >>> os.close(fd)
+    """
+    done = np.zeros(len(table), np.int64)
+    short = np.flatnonzero(table[:, 3] < TURN_MAX_BYTES)
+    if short.size < RING_MIN_READS:
+        return done
+    try:
+        done[short] = ring.read_table(flat, table[short])
+    except OSError as exc:  # the ring, not a read: stop using rings in this process
+        uring.disable(f"io_uring failed: {exc}")
     return done
 
 

@@ -39,7 +39,7 @@ from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection,
 from loaderkit.hdf5.meta.types import Kind, RowType, Samples, _dicts
 from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.handles import Handle
-from loaderkit.hdf5.read.rawio import pread, pread_many
+from loaderkit.hdf5.read.rawio import pread, pread_many, ring_reads
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
@@ -429,11 +429,7 @@ class SessionReader(SessionFiles):
             table[:, 1] = raws[which, 1] + (run_keys & ROW_MASK) * row_bytes
             table[:, 2] = starts * row_bytes
             table[:, 3] = lengths * row_bytes
-            try:
-                done = ring.read_table(rows.reshape(-1).view(np.uint8), table)
-            except OSError as exc:  # the ring, not a read: stop using rings in this process
-                uring.disable(f"io_uring failed: {exc}")
-                done = np.zeros(starts.size, np.int64)
+            done = ring_reads(ring, rows.reshape(-1).view(np.uint8), table)
             for r in np.flatnonzero(done < table[:, 3]).tolist():
                 s, k0 = int(which[r]), int(starts[r])
                 a = int(run_keys[r] & ROW_MASK)
