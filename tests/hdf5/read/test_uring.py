@@ -215,3 +215,31 @@ def test_a_truncated_file_is_named_after_a_ring_read(tmp_path: Path) -> None:
         _batch(ds, [0, 31, 35])  # row 31 is session 2's last
     assert paths[1].name in str(caught.value)
     ds.close()
+
+
+def test_long_runs_and_few_reads_are_left_to_pread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if uring.thread_ring() is None:
+        pytest.skip("no io_uring for this process")
+    paths = write_sessions(tmp_path, [40, 12], row_shape=(64, 64))  # 32 KiB rows (float64)
+    ds = HDF5SessionDataset(paths, key="betas")
+    calls: list[int] = []
+    real = uring.Ring.read_table
+
+    def counted(ring: uring.Ring, buffer: np.ndarray, reads: np.ndarray) -> np.ndarray:
+        calls.append(len(reads))
+        return real(ring, buffer, reads)
+
+    monkeypatch.setattr(uring.Ring, "read_table", counted)
+    for order, ring_reads in (
+        ([0, 1, 2, 3, 41], []),  # a 128 KiB run and one row: pread both
+        ([5, 40, 20], []),  # 3 short reads: fewer than RING_MIN_READS
+        ([5, 40, 7, 41, 9, 20, 30, 1], [8]),  # 8 short reads: one ring call
+        ([5, 6, 7, 8, 40, 20, 30, 1], [4]),  # the 128 KiB run by pread, 4 rows by the ring
+    ):
+        calls.clear()
+        got = _batch(ds, order)
+        want = np.stack([np.full((64, 64), float(i >= 40)) for i in order])
+        assert np.array_equal(got, want) and calls == ring_reads, order
+    ds.close()
