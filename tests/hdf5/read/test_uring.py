@@ -19,7 +19,6 @@ from loaderkit.errors import HDF5FileError
 from loaderkit.hdf5.read import uring
 from tests.hdf5.helpers import expected, run_in_threads, write_sessions
 
-RING = pytest.mark.skipif(uring.thread_ring() is None, reason="no io_uring for this process")
 ORDER = [17, 2, 29, 8, 8, 13, 0, 25, 31, 30, 29, 3, 4, 5, 40, 36]  # all sessions, interleaved
 
 
@@ -33,6 +32,15 @@ def data_file(tmp_path: Path) -> tuple[int, np.ndarray]:
     os.close(fd)
 
 
+@pytest.fixture
+def ring() -> uring.Ring:
+    """This thread's ring (the tests using it skip where the process has none)."""
+    made = uring.thread_ring()
+    if made is None:
+        pytest.skip("no io_uring for this process")
+    return made
+
+
 def _batch(ds: HDF5SessionDataset, order: list[int]) -> np.ndarray:
     return np.stack([np.asarray(x) for x in ds.__getitems__(order)])
 
@@ -41,11 +49,10 @@ def _want(ds: HDF5SessionDataset, order: list[int]) -> np.ndarray:
     return np.stack([expected(ds, i) for i in order])
 
 
-@RING
-def test_scattered_reads_land_where_asked(data_file: tuple[int, np.ndarray]) -> None:
+def test_scattered_reads_land_where_asked(
+    data_file: tuple[int, np.ndarray], ring: uring.Ring
+) -> None:
     fd, data = data_file
-    ring = uring.thread_ring()
-    assert ring is not None
     rng = np.random.default_rng(1)
     for count in (1, 7, ring.entries, ring.entries * 3 + 5):  # one call and several
         sizes = rng.integers(1, 5000, count)
@@ -60,13 +67,10 @@ def test_scattered_reads_land_where_asked(data_file: tuple[int, np.ndarray]) -> 
             assert np.array_equal(out[start : start + size], data[offset : offset + size])
 
 
-@RING
 def test_reads_past_the_end_or_failing_count_what_they_read(
-    data_file: tuple[int, np.ndarray],
+    data_file: tuple[int, np.ndarray], ring: uring.Ring
 ) -> None:
     fd, data = data_file
-    ring = uring.thread_ring()
-    assert ring is not None
     out = np.zeros(300, np.uint8)
     closed = os.open(os.devnull, os.O_RDONLY)
     os.close(closed)  # a descriptor that is not open: the read fails with EBADF
@@ -77,13 +81,10 @@ def test_reads_past_the_end_or_failing_count_what_they_read(
     assert np.array_equal(out[:10], data[-10:]) and np.array_equal(out[200:], data[5:105])
 
 
-@RING
 def test_a_read_outside_the_buffer_is_refused_before_the_kernel_sees_it(
-    data_file: tuple[int, np.ndarray],
+    data_file: tuple[int, np.ndarray], ring: uring.Ring
 ) -> None:
     fd, _ = data_file
-    ring = uring.thread_ring()
-    assert ring is not None
     with pytest.raises(ValueError, match="outside the buffer of 8 bytes"):
         ring.read(np.zeros(8, np.uint8), [(fd, 0, 4, 5)])
     with pytest.raises(ValueError, match="C-contiguous and writable"):
@@ -91,13 +92,10 @@ def test_a_read_outside_the_buffer_is_refused_before_the_kernel_sees_it(
     assert ring.read(np.zeros(8, np.uint8), [(fd, 0, 0, 8)]) == [8]  # the ring still works
 
 
-@RING
 def test_an_interrupted_call_keeps_its_buffer_and_the_next_call_waits_for_it(
-    data_file: tuple[int, np.ndarray], monkeypatch: pytest.MonkeyPatch
+    data_file: tuple[int, np.ndarray], monkeypatch: pytest.MonkeyPatch, ring: uring.Ring
 ) -> None:
     fd, data = data_file
-    ring = uring.thread_ring()
-    assert ring is not None
     real = ring._enter
 
     def submit_then_interrupt(submit: int, wait: int) -> int:
@@ -116,7 +114,7 @@ def test_an_interrupted_call_keeps_its_buffer_and_the_next_call_waits_for_it(
     assert np.array_equal(out, data[:4096])
 
 
-@RING
+@pytest.mark.usefixtures("ring")
 def test_each_thread_reads_through_its_own_ring(data_file: tuple[int, np.ndarray]) -> None:
     fd, data = data_file
     rings: list[Any] = []
@@ -140,10 +138,11 @@ def test_each_thread_reads_through_its_own_ring(data_file: tuple[int, np.ndarray
     assert len({id(r) for r in rings}) == 4
 
 
-@RING
-def test_a_forked_child_makes_its_own_ring(data_file: tuple[int, np.ndarray]) -> None:
+def test_a_forked_child_makes_its_own_ring(
+    data_file: tuple[int, np.ndarray], ring: uring.Ring
+) -> None:
     fd, data = data_file
-    parent = uring.thread_ring()
+    parent = ring
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit status
         child = uring.thread_ring()
@@ -162,11 +161,10 @@ def test_disable_leaves_every_thread_without_a_ring(monkeypatch: pytest.MonkeyPa
     assert got == [None, None] and uring.thread_ring() is None
 
 
+@pytest.mark.usefixtures("ring")
 def test_a_batch_over_sessions_is_one_ring_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if uring.thread_ring() is None:
-        pytest.skip("no io_uring for this process")
     paths = write_sessions(tmp_path, [20, 12, 9])
     ds = HDF5SessionDataset(paths, key="betas")
     _batch(ds, [0, 20, 35])  # every file open
@@ -217,11 +215,10 @@ def test_a_truncated_file_is_named_after_a_ring_read(tmp_path: Path) -> None:
     ds.close()
 
 
+@pytest.mark.usefixtures("ring")
 def test_long_runs_and_few_reads_are_left_to_pread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if uring.thread_ring() is None:
-        pytest.skip("no io_uring for this process")
     paths = write_sessions(tmp_path, [40, 12], row_shape=(64, 64))  # 32 KiB rows (float64)
     ds = HDF5SessionDataset(paths, key="betas")
     calls: list[int] = []

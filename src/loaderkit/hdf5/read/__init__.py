@@ -5,8 +5,10 @@ Imports go down only: to ``loaderkit.hdf5.meta`` (never to ``convert``, ``remote
 lease, ``loaderkit.storage``. Sessions read from a cache's local copy reach the reader through
 the ``SessionCopies`` protocol defined here; the remote stage provides it.
 
+- ``hooklock``: ``HookLock``, the lock around reads that run user code or hand out h5py objects;
 - ``handles``: the per-process LRU cache of open files (``HandleCache``, ``CacheInfo``);
-- ``rawio``: ``os.preadv`` reads, memory maps, chunk maps, direct ``H5Dread``;
+- ``uring``: many reads in one system call (Linux ``io_uring``, a ``Ring`` per thread);
+- ``rawio``: ``os.preadv`` and ring reads, memory maps, chunk maps, direct ``H5Dread``;
 - ``codecs``: HDF5 filters decoded in the reading thread;
 - ``chunkio``: chunked rows read raw outside h5py (``ReadPath``);
 - ``runs``: a batch cut into runs of consecutive rows;

@@ -46,6 +46,7 @@ import numpy as np
 from h5py import h5f
 
 from loaderkit.errors import warn
+from loaderkit.hdf5.read.hooklock import HookLock
 
 __all__ = ["CacheInfo", "Handle", "HandleCache", "HookLock", "foreign_file_ids"]
 
@@ -224,53 +225,6 @@ def foreign_file_ids(path: str | os.PathLike[str]) -> list[h5f.FileID]:
         if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
             found.append(fid)
     return found
-
-
-class HookLock:
-    """A re-entrant lock that tells the cache when its owner lets go of it entirely.
-
-    Held by reads that run user code or use h5py objects handed out; the handle cache closes
-    retired handles only while it can take this lock (so never under another thread's hook),
-    and closes those left waiting when the outermost holder releases it.
-
-    Args:
-        on_free: Called (without the lock) when the outermost holder releases it.
-
-    Example:
-        >>> freed = []
-        >>> lock = HookLock(lambda: freed.append(True))
-        >>> with lock:
-        ...     with lock:
-        ...         pass
-        >>> freed
-        [True]
-    """
-
-    def __init__(self, on_free: Callable[[], None]) -> None:
-        self._rlock = threading.RLock()
-        self._depth = 0
-        self._on_free = on_free
-
-    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        """Take the lock (as ``threading.RLock.acquire``)."""
-        got = self._rlock.acquire(blocking, timeout)
-        if got:
-            self._depth += 1
-        return got
-
-    def release(self, *, notify: bool = True) -> None:
-        """Release it once; the outermost release lets the cache close what waits."""
-        self._depth -= 1
-        outermost = self._depth == 0
-        self._rlock.release()
-        if outermost and notify:
-            self._on_free()
-
-    def __enter__(self) -> bool:
-        return self.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 class _Opening:

@@ -1,0 +1,59 @@
+"""``HookLock``: the re-entrant lock around reads that run user code or hand out h5py objects.
+
+The handle cache (``loaderkit.hdf5.read.handles``) closes retired files only while it can take
+this lock, and closes those left waiting when the outermost holder lets go of it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+__all__ = ["HookLock"]
+
+
+class HookLock:
+    """A re-entrant lock that tells the cache when its owner lets go of it entirely.
+
+    Held by reads that run user code or use h5py objects handed out; the handle cache closes
+    retired handles only while it can take this lock (so never under another thread's hook),
+    and closes those left waiting when the outermost holder releases it.
+
+    Args:
+        on_free: Called (without the lock) when the outermost holder releases it.
+
+    Example:
+        >>> freed = []
+        >>> lock = HookLock(lambda: freed.append(True))
+        >>> with lock:
+        ...     with lock:
+        ...         pass
+        >>> freed
+        [True]
+    """
+
+    def __init__(self, on_free: Callable[[], None]) -> None:
+        self._rlock = threading.RLock()
+        self._depth = 0
+        self._on_free = on_free
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        """Take the lock (as ``threading.RLock.acquire``)."""
+        got = self._rlock.acquire(blocking, timeout)
+        if got:
+            self._depth += 1
+        return got
+
+    def release(self, *, notify: bool = True) -> None:
+        """Release it once; the outermost release lets the cache close what waits."""
+        self._depth -= 1
+        outermost = self._depth == 0
+        self._rlock.release()
+        if outermost and notify:
+            self._on_free()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
