@@ -401,14 +401,24 @@ class SessionReader(SessionFiles):
         not open while this thread holds others (``lease_open``): ``_fill`` then reads it.
         """
         run_keys = keys[starts]
-        sessions, first_run, which = np.unique(
-            run_keys >> ROW_BITS, return_index=True, return_inverse=True
-        )
-        first_rows = (run_keys[first_run] & ROW_MASK).tolist()
-        first_index = idx[starts[first_run]].tolist()
+        # sessions in order of first appearance (a dict, not np.unique: its sort may release
+        # the GIL, a hand-over to another thread)
+        slots: dict[int, int] = {}  # session: its place in ``sessions``
+        firsts: list[int] = []  # the first run of each session
+        places: list[int] = []  # each run's session's place
+        for r, p in enumerate((run_keys >> ROW_BITS).tolist()):
+            place = slots.get(p)
+            if place is None:
+                place = slots[p] = len(firsts)
+                firsts.append(r)
+            places.append(place)
+        which = np.array(places)
+        sessions = list(slots)
+        first_rows = [int(run_keys[r]) & ROW_MASK for r in firsts]
+        first_index = [int(idx[starts[r]]) for r in firsts]
         leased: list[Handle] = []
         try:
-            for s, pos in enumerate(sessions.tolist()):
+            for s, pos in enumerate(sessions):
                 handle = self.cache.lease_open(self.canonical[pos])
                 if handle is None and leased:
                     return False  # never wait holding leases: _fill reads it in turns
@@ -434,13 +444,13 @@ class SessionReader(SessionFiles):
                 s, k0 = int(which[r]), int(starts[r])
                 a = int(run_keys[r] & ROW_MASK)
                 k1 = k0 + int(lengths[r])
-                pos = int(sessions[s])
+                pos = sessions[s]
                 self._read_rest(
                     k, rows, leased[s].raws[k], pos, a, k0, k1, int(done[r]), int(idx[k0])
                 )
             while leased:
                 s = len(leased) - 1
-                self._done(leased.pop(), int(sessions[s]), first_index[s])
+                self._done(leased.pop(), sessions[s], first_index[s])
             return True
         finally:
             for handle in leased:
