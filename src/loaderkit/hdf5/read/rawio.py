@@ -382,50 +382,44 @@ def pread_cached(
 
 
 def pread_many(
+    raw: tuple[int, int],
     buffer: np.ndarray,
-    reads: list[tuple[tuple[int, int], int, int, int]],
+    reads: list[tuple[int, int, int]],
     ring: uring.Ring | None,
 ) -> list[int]:
     """Read what can be read at once of each read; the caller reads the rest with ``pread``.
 
-    With a ring (``uring.thread_ring``), every read goes to the kernel in one system call that
-    releases the GIL once, whatever files they are in. Without one, the reads of each file are
-    copied from the page cache with ``pread_cached``, and what it leaves is left to the caller.
+    With a ring (``uring.thread_ring``), the reads go to the kernel in one system call that
+    releases the GIL once (``ring_reads`` says which). Without one, what the page cache holds
+    is copied with ``pread_cached``.
 
     Args:
+        raw: ``(fd, data_offset)`` from ``raw_location``.
         buffer: The C-contiguous destination of every read.
-        reads: ``(raw, offset inside the dataset's data, byte offset in buffer, bytes)``, with
-            ``raw`` from ``raw_location``; the files stay open until this returns.
+        reads: ``(offset inside the dataset's data, byte offset in buffer, bytes)`` triples.
         ring: The calling thread's ring, or ``None``.
 
     Returns:
         The bytes read for each read (fewer than asked, down to 0, where the caller must read
-        the rest: a failure, the end of the file, or a page only the disk has without a ring).
+        the rest: a failure, the end of the file, a read the ring leaves, or a page only the
+        disk has without a ring).
 
     Example:
         >>> import numpy as np, os, tempfile
         >>> fd, path = tempfile.mkstemp()
         >>> _ = os.write(fd, np.arange(4, dtype="i4").tobytes())
         >>> out = np.zeros(2, "i4")
-        >>> done = pread_many(out, [((fd, 4), 8, 0, 4)], uring.thread_ring())
+        >>> done = pread_many((fd, 4), out, [(8, 0, 4)], uring.thread_ring())
         >>> done[0] in (0, 4) and (done[0] == 0 or out.tolist() == [3, 0])
         True
         >>> os.close(fd)
     """
     flat = buffer.reshape(-1).view(np.uint8)
-    if ring is not None:
-        table = np.array(
-            [(fd, base + at, to, n) for (fd, base), at, to, n in reads], dtype=np.int64
-        ).reshape(-1, 4)
-        return ring_reads(ring, flat, table).tolist()
-    done: list[int] = []
-    first = 0
-    for i in range(1, len(reads) + 1):
-        if i == len(reads) or reads[i][0] != reads[first][0]:
-            group = [(at, start, n) for _, at, start, n in reads[first:i]]
-            done += pread_cached(reads[first][0], flat, group)
-            first = i
-    return done
+    if ring is None:
+        return pread_cached(raw, flat, reads)
+    fd, base = raw
+    table = np.array([(fd, base + at, to, n) for at, to, n in reads], np.int64).reshape(-1, 4)
+    return ring_reads(ring, flat, table).tolist()
 
 
 #: Fewer short reads than this are left to ``pread``: a ring call costs some 30 µs of Python

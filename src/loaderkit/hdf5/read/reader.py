@@ -305,38 +305,19 @@ class SessionReader(SessionFiles):
         handle: Handle | None = None
         raw: tuple[int, int] | None = None
         row_bytes = self.row_bytes[k]
-        # contiguous runs not read yet: (session, first row, first slot, end slot); with a ring,
-        # those of every session whose lease is held, read with one system call
-        pending: list[tuple[int, int, int, int]] = []
-        held: dict[int, tuple[Handle, tuple[int, int], int]] = {}  # session: handle, raw, index
+        # contiguous runs of the session being read: (first row, first slot, end slot)
+        pending: list[tuple[int, int, int]] = []
 
         def read_pending() -> None:
-            """Read ``pending``, then release the sessions ``held`` for it."""
+            """Read ``pending`` from ``raw``: at once (ring or page-cache copies), then the rest."""
+            assert raw is not None
             reads = [
-                (held[p][1], a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes)
-                for p, a, k0, k1 in pending
+                (a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes) for a, k0, k1 in pending
             ]
-            copied = pread_many(rows, reads, ring)
-            for (p, a, k0, k1), got in zip(pending, copied, strict=True):
+            for (a, k0, k1), got in zip(pending, pread_many(raw, rows, reads, ring), strict=True):
                 if got < (k1 - k0) * row_bytes:
-                    self._read_rest(k, rows, held[p][1], p, a, k0, k1, got, index_at(k0))
+                    self._read_rest(k, rows, raw, last, a, k0, k1, got, index_at(k0))
             pending.clear()
-            while held:
-                p, (done, _, at) = held.popitem()
-                self._done(done, p, at)
-
-        def let_go(index: int) -> None:
-            """Release the current session: at once, or after its pending reads."""
-            nonlocal handle
-            if handle is None:
-                return
-            current, handle = handle, None
-            if raw is None or not pending or pending[-1][0] != last:
-                self._done(current, last, index)
-                return
-            held[last] = (current, raw, index)
-            if ring is None:  # without a ring, a session's reads are read before the next
-                read_pending()
 
         try:
             for r in runs:
@@ -344,14 +325,13 @@ class SessionReader(SessionFiles):
                 pos, a = key >> ROW_BITS, key & ROW_MASK
                 k0, k1 = bounds[r], bounds[r + 1]
                 if pos != last:
-                    let_go(index_at(k0))
+                    if pending:
+                        read_pending()
+                    if handle is not None:
+                        self._done(handle, last, index_at(k0))
+                        handle = None
                     try:
-                        # holding leases, only take a handle already open (never wait)
-                        handle = self.cache.lease_open(canonical[pos]) if held else None
-                        if handle is None:
-                            if held:
-                                read_pending()
-                            handle = get(canonical[pos])
+                        handle = get(canonical[pos])
                     except Exception as exc:
                         self.note(exc, pos, a, index_at(k0))
                         raise
@@ -365,8 +345,8 @@ class SessionReader(SessionFiles):
                     last = pos
                 assert handle is not None
                 length = k1 - k0
-                if raw is not None:  # contiguous rows: read with the other pending runs
-                    pending.append((pos, a, k0, k1))
+                if raw is not None:  # contiguous rows: read with the session's other runs
+                    pending.append((a, k0, k1))
                     continue
                 try:
                     self.fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
@@ -374,14 +354,14 @@ class SessionReader(SessionFiles):
                     raise
                 except Exception as exc:
                     raise self.read_error(exc, pos, range(a, a + length), index_at(k0), k) from exc
-            let_go(index_at(0))
             if pending:
                 read_pending()
+            if handle is not None:
+                self._done(handle, last, index_at(0))
+                handle = None
         finally:
             if handle is not None:
                 self.cache.release(handle)
-            for leased, _, _ in held.values():
-                self.cache.release(leased)
         if order is not None:
             out[order] = buf
 
