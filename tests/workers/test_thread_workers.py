@@ -539,3 +539,28 @@ def test_pin_memory_in_the_worker_thread(monkeypatch) -> None:
     assert all(b.is_pinned() for b in batches)
     assert pinned_by and set(pinned_by) <= {"loaderkit-worker-0", "loaderkit-worker-1"}
     assert "pin_memory" not in {t.name for t in threading.enumerate()}
+
+
+def test_profiler_sees_each_batch_and_no_operator_runs_without_one(monkeypatch) -> None:
+    loader = create_dataloader(
+        SquareDataset(12), batch_size=3, num_workers=2, worker_method="thread"
+    )
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        assert len(list(loader)) == 4
+    spans = [e.name for e in prof.events() if e.name.startswith("enumerate(DataLoader)")]
+    # torch's span per call, as with worker processes: 4 batches and the end of the pass
+    assert len(spans) == 5, spans
+
+    expected = _batches(create_dataloader(SquareDataset(12), batch_size=3))
+    entered: list[str] = []
+    real = torch.autograd.profiler.record_function
+
+    class Counting(real):  # type: ignore[misc, valid-type]
+        def __enter__(self) -> Any:
+            entered.append(self.name)
+            return super().__enter__()
+
+    monkeypatch.setattr(torch.autograd.profiler, "record_function", Counting)
+    assert _batches(loader) == expected
+    # no span while nothing records: its operator calls release the GIL every batch
+    assert entered == []

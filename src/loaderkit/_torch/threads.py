@@ -221,6 +221,11 @@ class ThreadCarrier(Protocol):
 CarrierFactory = Callable[[ThreadSetup], ThreadCarrier]
 
 
+def _profiling() -> bool:
+    """Whether a torch profiler (autograd, Kineto, NVTX or ITT) is recording now."""
+    return bool(torch._C._autograd._profiler_enabled())
+
+
 @functools.lru_cache(maxsize=1)
 def _thread_class() -> type:
     from loaderkit._torch.iterators import pass_bases
@@ -230,7 +235,23 @@ def _thread_class() -> type:
         raise RuntimeError("torch's iterator classes cannot be built")
     counting, setup = bases
 
-    class ThreadIter(counting, setup):  # type: ignore[misc, valid-type]
+    class Unrecorded(setup):  # type: ignore[misc, valid-type]
+        """torch's ``__next__`` without ``record_function`` while no profiler records it.
+
+        Its two operator calls release the GIL each batch, each a hand-over to a worker thread.
+        Below the pass hooks (``counting``), which still count every batch.
+        """
+
+        def __next__(self) -> Any:
+            if self._IterableDataset_len_called is not None or _profiling():
+                return super().__next__()
+            if self._sampler_iter is None:
+                self._reset()
+            data = self._next_data()
+            self._num_yielded += 1
+            return data
+
+    class ThreadIter(counting, Unrecorded):  # type: ignore[misc, valid-type]
         """torch's pass logic over worker threads: the order of worker processes, exactly."""
 
         def __init__(self, loader: Any, hooks: PassHooks, carrier: CarrierFactory) -> None:

@@ -315,32 +315,45 @@ class HandleCache:
         """
         return self._acquire(key, 1)
 
-    def lease_open(self, key: Hashable) -> Handle | None:
-        """``lease`` when ``key``'s file is open now, else ``None``: never opens, never waits.
+    def lease_open(self, keys: Sequence[Hashable]) -> list[Handle] | None:
+        """``lease`` every key whose file is open now, or none: never opens, never waits.
 
-        A thread that holds leases asks with this for another handle; where it gets ``None``,
-        it releases what it holds before it calls ``lease`` (which may wait).
+        One hold of the cache's mutex for a whole batch. A thread that holds leases asks
+        with this for more; where it gets ``None``, it releases what it holds before it
+        calls ``lease`` (which may wait).
 
         Args:
-            key: The session position.
+            keys: Session positions.
 
         Returns:
-            The leased ``Handle`` (pass it to ``release``), or ``None``.
+            The leased handles in the order of ``keys`` (pass them to ``release_all``), or
+            ``None`` (nothing leased) where one of the files is not open.
         """
+        handles: list[Handle] = []
         with self._mutex:
-            entry = self._entries.get(key)
-            if not isinstance(entry, Handle):
-                return None
-            self._entries.move_to_end(key)
-            self.hits += 1
-            entry.readers += 1
-            return entry
+            entries = self._entries
+            for key in keys:
+                entry = entries.get(key)
+                if not isinstance(entry, Handle):
+                    return None
+                handles.append(entry)
+            for key, handle in zip(keys, handles, strict=True):
+                entries.move_to_end(key)
+                handle.readers += 1
+            self.hits += len(handles)
+            return handles
 
     def release(self, handle: Handle) -> None:
         """Give back a lease; the last reader of a retired handle closes it."""
+        self.release_all((handle,))
+
+    def release_all(self, handles: Sequence[Handle]) -> None:
+        """``release`` each of ``handles`` (one hold of the mutex)."""
         with self._mutex:
-            handle.readers -= 1
-            ready = handle.readers == 0 and handle.retired
+            ready = False
+            for handle in handles:
+                handle.readers -= 1
+                ready = ready or (handle.readers == 0 and handle.retired)
             self._released.notify_all()
         if ready:
             self._close_ready()

@@ -455,12 +455,15 @@ def ring_reads(ring: uring.Ring, flat: np.ndarray, table: np.ndarray) -> np.ndar
         True
         >>> os.close(fd)
     """
+    short = table[:, 3] < TURN_MAX_BYTES
+    count = int(np.count_nonzero(short))
     done = np.zeros(len(table), np.int64)
-    short = np.flatnonzero(table[:, 3] < TURN_MAX_BYTES)
-    if short.size < RING_MIN_READS:
+    if count < RING_MIN_READS:
         return done
     try:
-        done[short] = ring.read_table(flat, table[short])
+        if count == len(table):  # the usual batch: no selection (a 2-D one releases the GIL)
+            return ring.read_table(flat, table)
+        done[short] = ring.read_table(flat, table.compress(short, axis=0))
     except OSError as exc:  # the ring, not a read: stop using rings in this process
         uring.disable(f"io_uring failed: {exc}")
     return done

@@ -376,65 +376,50 @@ class SessionReader(SessionFiles):
     ) -> bool:
         """Read every run of a batch (request order) with one ring call, arrays all the way.
 
-        Every session's file is leased for the call. Returns ``False``, having read nothing,
-        where a session is not read with ``preadv`` (mapped, or HDF5 reads it) or its file is
-        not open while this thread holds others (``lease_open``): ``_fill`` then reads it.
+        Every session's file is leased for the call, with one hold of the cache's mutex.
+        Returns ``False``, having read nothing, where a session's file is not open
+        (``lease_open``) or is not read with ``preadv`` (mapped, or HDF5 reads it): ``_fill``
+        then reads the batch. Nothing here releases the GIL but the ring's system call: each
+        release is a hand-over to another thread (numpy's sorts and 2-D fancy indexing
+        release it).
         """
         run_keys = keys[starts]
-        # sessions in order of first appearance (a dict, not np.unique: its sort may release
-        # the GIL, a hand-over to another thread)
-        slots: dict[int, int] = {}  # session: its place in ``sessions``
-        firsts: list[int] = []  # the first run of each session
-        places: list[int] = []  # each run's session's place
-        for r, p in enumerate((run_keys >> ROW_BITS).tolist()):
-            place = slots.get(p)
-            if place is None:
-                place = slots[p] = len(firsts)
-                firsts.append(r)
-            places.append(place)
-        which = np.array(places)
+        slots: dict[int, int] = {}  # session: its place in order of first appearance
+        places = [slots.setdefault(p, len(slots)) for p in (run_keys >> ROW_BITS).tolist()]
         sessions = list(slots)
-        first_rows = [int(run_keys[r]) & ROW_MASK for r in firsts]
-        first_index = [int(idx[starts[r]]) for r in firsts]
-        leased: list[Handle] = []
+        canonical = self.canonical
+        leased = self.cache.lease_open([canonical[pos] for pos in sessions])
+        if leased is None:
+            return False
         try:
-            for s, pos in enumerate(sessions):
-                handle = self.cache.lease_open(self.canonical[pos])
-                if handle is None and leased:
-                    return False  # never wait holding leases: _fill reads it in turns
-                if handle is None:
-                    try:
-                        handle = self.cache.lease(self.canonical[pos])
-                    except Exception as exc:
-                        self.note(exc, pos, first_rows[s], first_index[s])
-                        raise
-                leased.append(handle)
-                if handle.maps[k] is not None or handle.raws[k] is None:
-                    return False
-            raws = np.array([handle.raws[k] for handle in leased], dtype=np.int64)
+            raws = [handle.raws[k] if handle.maps[k] is None else None for handle in leased]
+            if None in raws:
+                return False
+            fds, bases = np.array(raws, dtype=np.int64).T  # one row per session
+            which = np.array(places)
             row_bytes = self.row_bytes[k]
-            lengths = np.diff(np.append(starts, idx.size))
+            lengths = np.empty(starts.size, np.int64)  # rows per run (np.diff costs more)
+            np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
+            lengths[-1] = idx.size - starts[-1]
             table = np.empty((starts.size, 4), np.int64)
-            table[:, 0] = raws[which, 0]
-            table[:, 1] = raws[which, 1] + (run_keys & ROW_MASK) * row_bytes
+            table[:, 0] = fds[which]
+            table[:, 1] = bases[which] + (run_keys & ROW_MASK) * row_bytes
             table[:, 2] = starts * row_bytes
             table[:, 3] = lengths * row_bytes
             done = ring_reads(ring, rows.reshape(-1).view(np.uint8), table)
             for r in np.flatnonzero(done < table[:, 3]).tolist():
-                s, k0 = int(which[r]), int(starts[r])
+                s, k0 = places[r], int(starts[r])
                 a = int(run_keys[r] & ROW_MASK)
                 k1 = k0 + int(lengths[r])
-                pos = sessions[s]
                 self._read_rest(
-                    k, rows, leased[s].raws[k], pos, a, k0, k1, int(done[r]), int(idx[k0])
+                    k, rows, raws[s], sessions[s], a, k0, k1, int(done[r]), int(idx[k0])
                 )
-            while leased:
-                s = len(leased) - 1
-                self._done(leased.pop(), sessions[s], first_index[s])
+            for s, handle in enumerate(leased):
+                if handle.watch:  # HDF5 read chunks of it: the rows are real rows
+                    self.verify(handle, sessions[s], "rows", int(idx[starts[places.index(s)]]))
             return True
         finally:
-            for handle in leased:
-                self.cache.release(handle)
+            self.cache.release_all(leased)
 
     def _read_rest(
         self,

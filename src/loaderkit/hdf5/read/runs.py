@@ -38,11 +38,25 @@ def plan_runs(
         (True, [0, 3])
     """
     n = keys.shape[0]
-    brk = np.flatnonzero(np.diff(keys) != 1)
+    brk = _breaks(keys)
     if (brk.size + 1) * 2 <= n or always:
-        return None, np.concatenate(([0], brk + 1))
+        return None, _starts(brk)
     order = np.argsort(keys, kind="stable")
-    brk2 = np.flatnonzero(np.diff(keys[order]) != 1)
+    brk2 = _breaks(keys[order])
     if (brk2.size + 1) * 2 <= n or sort:
-        return order, np.concatenate(([0], brk2 + 1))
+        return order, _starts(brk2)
     return None, None
+
+
+# A handful of numpy calls on small arrays (``np.diff`` and ``np.concatenate`` of a list cost
+# several times as much): every batch plans its runs, and holds the GIL while it does.
+def _breaks(keys: np.ndarray) -> np.ndarray:
+    """Where key ``i + 1`` does not follow key ``i``."""
+    return np.flatnonzero(keys[1:] - keys[:-1] != 1)
+
+
+def _starts(brk: np.ndarray) -> np.ndarray:
+    """Run starts from ``_breaks``: 0, then every break plus one."""
+    starts = np.zeros(brk.size + 1, np.intp)
+    np.add(brk, 1, out=starts[1:])
+    return starts

@@ -168,6 +168,7 @@ class Ring:
         self._sqes = np.frombuffer(sqe_map, np.uint64).reshape(sq_entries, _SQE_WORDS)
         self._sqes[:] = 0
         self._sqes[:, 4] = np.arange(sq_entries)  # user data: the entry's place in the call
+        self._sqe_words = self._sqes.view(np.int64)  # written from int64 tables without a cast
 
     def close(self) -> None:
         """Release the ring, after waiting for any read still in flight.
@@ -184,7 +185,7 @@ class Ring:
                 self._wait_in_flight()
             except OSError:  # the kernel ends the reads when the ring is closed
                 logger.debug("io_uring close with reads in flight", exc_info=True)
-        for name in ("_sq", "_cq", "_sq_array", "_cq_data", "_cq_res", "_sqes"):
+        for name in ("_sq", "_cq", "_sq_array", "_cq_data", "_cq_res", "_sqes", "_sqe_words"):
             self.__dict__.pop(name, None)  # no view left on the maps
         for view in self.__dict__.pop("_views", ()):
             view.release()
@@ -262,24 +263,28 @@ class Ring:
         count = len(reads)
         if not (buffer.flags.c_contiguous and buffer.flags.writeable):
             raise ValueError("the buffer must be C-contiguous and writable")
+        if not count:
+            return np.zeros(0, np.int64)
         size = buffer.nbytes
-        if count and (reads.min() < 0 or (reads[:, 2] + reads[:, 3]).max() > size):
-            bad = int(
-                np.flatnonzero((reads < 0).any(axis=1) | (reads[:, 2] + reads[:, 3] > size))[0]
-            )
+        lengths = reads[:, 3]
+        ends = reads[:, 2] + lengths
+        if reads.min() < 0 or ends.max() > size:
+            bad = int(np.flatnonzero((reads < 0).any(axis=1) | (ends > size))[0])
             fd, offset, start, nbytes = reads[bad].tolist()
             raise ValueError(
                 f"read of {nbytes} bytes at {offset} of fd {fd} into byte {start} "
                 f"lies outside the buffer of {size} bytes"
             )
-        table = np.empty((count, 4), np.uint64)  # the first four words of each entry
-        table[:, 0] = reads[:, 0]
-        table[:, 0] <<= np.uint64(32)
-        table[:, 0] |= np.uint64(_OP_READ)
+        # the first four words of each entry, as int64 (the same bits as the kernel's u64s;
+        # every value is non-negative): opcode | fd << 32, file offset, address, length
+        table = np.empty((count, 4), np.int64)
+        np.left_shift(reads[:, 0], 32, out=table[:, 0])
+        table[:, 0] |= _OP_READ
         table[:, 1] = reads[:, 1]
-        table[:, 2] = reads[:, 2]
-        table[:, 2] += np.uint64(buffer.__array_interface__["data"][0])
-        table[:, 3] = np.where(reads[:, 3] <= MAX_READ, reads[:, 3], 0)  # 0: not read, 0 counted
+        np.add(reads[:, 2], buffer.ctypes.data, out=table[:, 2])
+        table[:, 3] = lengths
+        if size > MAX_READ and int(lengths.max()) > MAX_READ:  # no read is longer than size
+            table[lengths > MAX_READ, 3] = 0  # not read, 0 counted
         done = np.zeros(count, np.int64)
         self._wait_in_flight()
         self._keep = buffer  # alive until the kernel is done with it
@@ -295,8 +300,10 @@ class Ring:
         start = sq[self._sq_head]  # == tail: _wait_in_flight emptied the queue
         slot = start & self._sq_mask  # read i goes to entry slot + i (mod entries)
         head_part = min(n, self.entries - slot)
-        self._sqes[slot : slot + head_part, :4] = table[:head_part]
-        self._sqes[: n - head_part, :4] = table[head_part:]
+        words = self._sqe_words
+        words[slot : slot + head_part, :4] = table[:head_part]
+        if head_part < n:
+            words[: n - head_part, :4] = table[head_part:]
         sq[self._sq_tail] = (start + n) & _U32
         first = cq[self._cq_head]
         while True:
@@ -313,11 +320,18 @@ class Ring:
         queued = (cq[self._cq_tail] - first) & _U32
         at = first & self._cq_mask
         end = min(at + queued, len(self._cq_res))
-        data = self._cq_data[at:end].astype(np.intp)
-        res = self._cq_res[at:end].copy()
+        res = self._cq_res[at:end]
         if at + queued > end:  # the completions wrap around the queue
-            data = np.concatenate((data, self._cq_data[: at + queued - end].astype(np.intp)))
             res = np.concatenate((res, self._cq_res[: at + queued - end]))
+        # a read never returns more than it asked: equal sums mean every read is whole
+        if queued == n and int(res.sum()) == int(table[:, 3].sum()):
+            cq[self._cq_head] = cq[self._cq_tail]
+            done[:n] = table[:, 3]
+            return
+        data = self._cq_data[at:end].astype(np.intp)
+        if at + queued > end:
+            data = np.concatenate((data, self._cq_data[: at + queued - end].astype(np.intp)))
+        res = res.astype(np.int64)  # ``done``'s type: a cast in the assignment releases the GIL
         cq[self._cq_head] = cq[self._cq_tail]
         ok = res > 0
         done[(data[ok] - slot) % self.entries] = res[ok]
