@@ -179,6 +179,32 @@ def test_an_eviction_waits_for_the_reader_of_the_file(tmp_path: Path) -> None:
     assert _open_under(tmp_path) == 0
 
 
+def test_lease_open_leases_every_open_file_or_none_and_release_all_gives_back(
+    tmp_path: Path,
+) -> None:
+    paths = _write_files(tmp_path, 3, {})
+    cache = HandleCache(
+        lambda k: Handle(h5py.File(paths[k], "r")), max_open=2, path_of=paths.__getitem__
+    )
+    assert cache.lease_open([0]) is None  # never opens
+    cache.release(cache.lease(0))
+    cache.release(cache.lease(1))
+    assert cache.lease_open([1, 2]) is None  # one not open: nothing leased
+    held = cache.lease_open([1, 0])
+    assert held is not None and [h.readers for h in held] == [1, 1]
+    assert held[0].file.filename == str(paths[1])
+    evicting = threading.Thread(target=lambda: cache.release(cache.lease(2)))
+    evicting.start()  # evicts the least recently used file; it waits for its reader
+    evicting.join(0.3)
+    assert evicting.is_alive() and _open_under(tmp_path) == 2
+    cache.release_all(held)  # the last reader of the retired file closes it
+    evicting.join(5)
+    assert not evicting.is_alive() and [h.readers for h in held] == [0, 0]
+    assert _open_under(tmp_path) == 2  # never more than max_open
+    cache.close()
+    assert _open_under(tmp_path) == 0
+
+
 def test_a_held_session_is_one_copy_shared_by_the_threads(tmp_path: Path) -> None:
     paths, arrays = write_wide(tmp_path, 2, 60, (40,), chunk_rows=60)
     with pytest.warns(PerformanceHint, match="spans 40 chunks"):
