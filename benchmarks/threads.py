@@ -15,12 +15,13 @@ loaderkit:
 Each cell is one fresh process (so its memory is its own; ``--quick``: all in this process): it
 builds the loader (``persistent_workers=True`` with workers), runs one pass and reports its
 samples/s (timed from ``iter(loader)``: starting the workers counts), then ``--later-passes``
-more passes (default 2) and their samples/s (the workers already running, as in the later
-epochs of a training run), and the growth of the whole process
-tree's memory over that pass (the summed USS, ``psutil.Process.memory_full_info().uss``, of the
-process and every child, sampled every 20 ms; the peak minus the value before the loader was
-built; and the same for PSS, which also counts memory processes share, such as batches in
-shared memory). Configurations: no workers,
+more passes (default 2; more until they have lasted 1 s) and their samples/s (the workers
+already running, as in the later epochs of a training run), and the growth of the whole process
+tree's memory over those passes (the summed USS, ``psutil.Process.memory_full_info().uss``, of
+the process and every child, sampled every 20 ms from the process that started the cell:
+sampling inside it would take the GIL from its worker threads; the peak minus the value before
+the loader was built; and the same for PSS, which also counts memory processes share, such as
+batches in shared memory). Configurations: no workers,
 2 forked worker processes, 1 worker thread, 2 worker threads. Cells are interleaved and rotated
 between ``--repeats`` rounds; the table gives medians and the ratios the issue sets targets for.
 
@@ -73,34 +74,42 @@ STARTS: tuple[tuple[str, str, str | None], ...] = (
 )
 WORKLOADS = ("contiguous", "gzip-chunked", "NSD layout")
 BATCH = 64
+#: Later passes go on for at least this long (seconds).
+LATER_S = 1.0
 
 
-def tree_memory() -> tuple[int, int]:
-    """Summed (USS, PSS) of this process and every descendant (bytes).
+def tree_memory(root: psutil.Process | None = None) -> tuple[int, int]:
+    """Summed (USS, PSS) of ``root`` (this process) and every descendant (bytes); 0 once gone.
 
     USS counts only pages no other process maps: memory two processes share (forked pages not
     yet written, shared-memory batches) is in neither's USS; PSS splits it between them.
     """
-    me = psutil.Process()
     uss = pss = 0
-    for process in [me, *me.children(recursive=True)]:
-        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-            info = process.memory_full_info()
-            uss += info.uss
-            pss += getattr(info, "pss", info.uss)
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = root or psutil.Process()
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                info = process.memory_full_info()
+                uss += info.uss
+                pss += getattr(info, "pss", info.uss)
     return uss, pss
 
 
 class _Peak(threading.Thread):
-    """Samples ``tree_memory`` every 20 ms until stopped; keeps the peaks."""
+    """Samples ``tree_memory(root)`` every 20 ms until stopped; keeps the peaks.
 
-    def __init__(self) -> None:
+    A cell's own tree is sampled from the process that started it: sampling inside it would
+    take the GIL from its worker threads (parsing ``/proc``), and from no worker process.
+    """
+
+    def __init__(self, root: psutil.Process | None = None) -> None:
         super().__init__(daemon=True)
-        self.peak = tree_memory()
+        self.root = root
+        self.peak = tree_memory(root)
         self.done = threading.Event()
 
     def _sample(self) -> None:
-        now = tree_memory()
+        now = tree_memory(self.root)
         self.peak = (max(self.peak[0], now[0]), max(self.peak[1], now[1]))
 
     def run(self) -> None:
@@ -134,17 +143,29 @@ def write(root: Path, workload: str, quick: bool) -> list[str]:
 
 
 def cell(
-    paths: Sequence[str], workers: int, method: str | None, start: str | None, later: int = 0
+    paths: Sequence[str],
+    workers: int,
+    method: str | None,
+    start: str | None,
+    later: int = 0,
+    sample: bool = True,
+    min_later_s: float = 0.0,
 ) -> dict:
-    """One pass and ``later`` more in this process: samples/s, tree memory, first batch."""
+    """One pass and ``later`` more in this process: samples/s, tree memory, first batch.
+
+    Without ``sample`` the peaks are left to whoever samples this process from outside: the
+    result then holds the memory before the loader was built (``before_uss``, ``before_pss``).
+    Later passes go on until they have lasted ``min_later_s`` seconds.
+    """
     import warnings
 
     import loaderkit
 
     warnings.simplefilter("ignore")
     before = tree_memory()
-    peak = _Peak()
-    peak.start()
+    peak = _Peak() if sample else None
+    if peak is not None:
+        peak.start()
     dataset = loaderkit.HDF5SessionDataset(list(paths), key="betas")
     loader = loaderkit.DataLoader(
         dataset,
@@ -164,18 +185,22 @@ def cell(
     for batch in iterator:
         samples += len(batch)
     elapsed = time.perf_counter() - began
-    again, later_began = 0, time.perf_counter()
-    for _ in range(later):
+    again, passes, later_began = 0, 0, time.perf_counter()
+    # at least ``later`` passes, and passes for at least ``min_later_s`` (a pass can last 50 ms)
+    while later and (passes < later or time.perf_counter() - later_began < min_later_s):
         for batch in loader:
             again += len(batch)
+        passes += 1
     later_s = time.perf_counter() - later_began
-    uss, pss = peak.stop()
+    uss, pss = peak.stop() if peak is not None else before
     loader.close()
     return {
         "samples_per_s": samples / elapsed,
         "later_samples_per_s": again / later_s if later else 0.0,
         "memory_growth": uss - before[0],
         "pss_growth": pss - before[1],
+        "before_uss": before[0],
+        "before_pss": before[1],
         "first_batch_s": first_s,
     }
 
@@ -183,16 +208,24 @@ def cell(
 def _in_fresh_process(args: dict, quick: bool) -> dict:
     if quick:  # in this process: memory figures include what earlier cells left behind
         return cell(args["paths"], args["workers"], args["method"], args["start"], args["later"])
-    result = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, __file__, "--cell", json.dumps(args)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise RuntimeError(result.stderr[-3000:])
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    ) as child:
+        peak = _Peak(psutil.Process(child.pid))  # sampled from here: see _Peak
+        peak.start()
+        try:
+            out, err = child.communicate(timeout=600)
+        finally:
+            uss, pss = peak.stop()
+    if child.returncode != 0:
+        raise RuntimeError(err[-3000:])
+    got = json.loads(out.strip().splitlines()[-1])
+    got["memory_growth"] = uss - got["before_uss"]
+    got["pss_growth"] = pss - got["before_pss"]
+    return dict(got)
 
 
 def run(*, quick: bool = False, repeats: int = 3, later_passes: int = 2) -> dict[str, Any]:
@@ -296,7 +329,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["--cell"]:
         spec = json.loads(args_list[1])
-        result = cell(spec["paths"], spec["workers"], spec["method"], spec["start"], spec["later"])
+        result = cell(
+            spec["paths"], spec["workers"], spec["method"], spec["start"], spec["later"],
+            sample=False, min_later_s=LATER_S,
+        )  # fmt: skip
         print(json.dumps(result))
         return 0
     parser = _cli.parser(__doc__ or "", "small files, one round")
