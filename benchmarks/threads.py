@@ -12,16 +12,18 @@ loaderkit:
 - ``NSD layout``: 4 sessions of 750 x 20,000 int16 with chunks ``(750, 1)`` (``--quick``:
   2,000 voxels), every session held whole in memory by each process that reads it.
 
-Each cell is one fresh process (so its memory is its own; ``--quick``: all in this process): it
-builds the loader (``persistent_workers=True`` with workers), runs one pass and reports its
-samples/s (timed from ``iter(loader)``: starting the workers counts), then ``--later-passes``
-more passes (default 2; more until they have lasted 1 s) and their samples/s (the workers
-already running, as in the later epochs of a training run), and the growth of the whole process
-tree's memory over those passes (the summed USS, ``psutil.Process.memory_full_info().uss``, of
-the process and every child, sampled every 20 ms from the process that started the cell:
-sampling inside it would take the GIL from its worker threads; the peak minus the value before
-the loader was built; and the same for PSS, which also counts memory processes share, such as
-batches in shared memory). Configurations: no workers,
+Each cell runs twice, each time in a fresh process (so its memory is its own; ``--quick``: once,
+in this process). It builds the loader (``persistent_workers=True`` with workers), runs one
+pass and reports its samples/s (timed from ``iter(loader)``: starting the workers counts), then
+``--later-passes`` more passes (default 2; in the timed run more, until they have lasted 1 s)
+and their samples/s (the workers already running, as in the later epochs of a training run).
+The second run gives the growth of the whole process tree's memory over its passes (the summed
+USS, ``psutil.Process.memory_full_info().uss``, of the process and every child, sampled every
+20 ms by this script; the peak minus the value before the loader was built; and the same for
+PSS, which also counts memory processes share, such as batches in shared memory). Rates come
+from the run nobody samples: a sample costs about 4 ms of CPU, a fifth of a core at that rate,
+and sampling from inside the cell would also take the GIL from its worker threads.
+Configurations: no workers,
 2 forked worker processes, 1 worker thread, 2 worker threads. Cells are interleaved and rotated
 between ``--repeats`` rounds; the table gives medians and the ratios the issue sets targets for.
 
@@ -205,7 +207,13 @@ def cell(
     }
 
 
-def _in_fresh_process(args: dict, quick: bool) -> dict:
+def _in_fresh_process(args: dict, quick: bool, *, watch: bool = True) -> dict:
+    """One cell in a fresh process; with ``watch``, its tree's memory sampled from here.
+
+    Sampling costs about 4 ms of CPU every 20 ms (the kernel walks the process's pages): on 2
+    cores that is time the cell's workers lose, so a cell's rates come from a run nobody
+    samples (``watch=False``) and its memory from another (``watch=True``).
+    """
     if quick:  # in this process: memory figures include what earlier cells left behind
         return cell(args["paths"], args["workers"], args["method"], args["start"], args["later"])
     with subprocess.Popen(
@@ -214,18 +222,28 @@ def _in_fresh_process(args: dict, quick: bool) -> dict:
         stderr=subprocess.PIPE,
         text=True,
     ) as child:
-        peak = _Peak(psutil.Process(child.pid))  # sampled from here: see _Peak
-        peak.start()
+        peak = _Peak(psutil.Process(child.pid)) if watch else None  # see _Peak
+        if peak is not None:
+            peak.start()
         try:
             out, err = child.communicate(timeout=600)
         finally:
-            uss, pss = peak.stop()
+            uss, pss = peak.stop() if peak is not None else (0, 0)
     if child.returncode != 0:
         raise RuntimeError(err[-3000:])
     got = json.loads(out.strip().splitlines()[-1])
     got["memory_growth"] = uss - got["before_uss"]
     got["pss_growth"] = pss - got["before_pss"]
     return dict(got)
+
+
+def _measured(args: dict, quick: bool) -> dict:
+    """A cell's rates from an unwatched run, its memory growth from a watched one."""
+    got = _in_fresh_process({**args, "min_later_s": LATER_S}, quick, watch=False)
+    if not quick:
+        watched = _in_fresh_process(args, quick)
+        got["memory_growth"], got["pss_growth"] = watched["memory_growth"], watched["pss_growth"]
+    return got
 
 
 def run(*, quick: bool = False, repeats: int = 3, later_passes: int = 2) -> dict[str, Any]:
@@ -239,7 +257,7 @@ def run(*, quick: bool = False, repeats: int = 3, later_passes: int = 2) -> dict
         for round_ in range(repeats):
             shift = round_ % len(order)
             for workload, (name, workers, method, start) in order[shift:] + order[:shift]:
-                got = _in_fresh_process(
+                got = _measured(
                     {"paths": files[workload], "workers": workers, "method": method,
                      "start": start, "later": later_passes}, quick,
                 )  # fmt: skip
@@ -331,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = json.loads(args_list[1])
         result = cell(
             spec["paths"], spec["workers"], spec["method"], spec["start"], spec["later"],
-            sample=False, min_later_s=LATER_S,
+            sample=False, min_later_s=spec.get("min_later_s", 0.0),
         )  # fmt: skip
         print(json.dumps(result))
         return 0
