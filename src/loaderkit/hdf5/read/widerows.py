@@ -30,13 +30,10 @@ import numpy as np
 from loaderkit.hdf5.meta.columnblocks import column_blocks
 from loaderkit.hdf5.read.rawio import ChunkMap, pread
 
-__all__ = ["BLOCK_BYTES", "BLOCK_CHUNKS", "STAGE_BYTES", "read_rows_hdf5", "read_rows_raw"]
+__all__ = ["BLOCK_BYTES", "BLOCK_CHUNKS", "read_rows_hdf5", "read_rows_raw"]
 
-#: Most bytes read per HDF5 call: bounded memory beside the destination.
+#: Most bytes staged (raw reads) or read per HDF5 call: bounded memory beside the destination.
 BLOCK_BYTES = 16 << 20
-#: Most bytes of raw chunks staged at once: memory beside the destination, once per reading
-#: thread (2 MiB reads a whole session as fast as 16 MiB did, and fits the L2 cache).
-STAGE_BYTES = 2 << 20
 #: Most chunks one HDF5 read touches: HDF5 keeps a few KiB of state per chunk of a read
 #: (6.6 KiB measured), so 4,096 chunks cost about 27 MiB however small they are.
 BLOCK_CHUNKS = 4096
@@ -67,7 +64,7 @@ def read_rows_raw(
     rows: np.ndarray,
     out: np.ndarray,
     *,
-    stage_bytes: int = STAGE_BYTES,
+    stage_bytes: int = BLOCK_BYTES,
     columns: tuple[int, int] | None = None,
 ) -> int:
     """Fill ``out`` with ``rows`` (sorted, repeats allowed) from column chunks' raw bytes.
