@@ -191,7 +191,6 @@ def pad_collate(batch: Any, padding_value: float = 0) -> Any:
 
 
 @functools.lru_cache(maxsize=64)
-@functools.lru_cache(maxsize=256)  # once per dtype: it makes (and frees) a tensor
 def torch_dtype(dtype: np.dtype) -> torch.dtype | None:
     """The torch dtype holding ``dtype``'s values as they are, or ``None`` (no such dtype).
 
