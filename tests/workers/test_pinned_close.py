@@ -37,7 +37,7 @@ from loaderkit.memory.resources import snapshot
 from loaderkit.workers.queues import DirectQueue
 from tests.helpers import SquareDataset
 
-LOADERS = 20
+LOADERS = 6  # a leak is per loader: 6 loaders show it as well as 20
 WORKERS = 2
 
 

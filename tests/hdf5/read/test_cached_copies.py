@@ -115,9 +115,14 @@ def test_rows_the_page_cache_lacks_are_read_outside_the_lock(
         real(*args)
 
     want = _want_large(ds, paths, ORDER)
-    _drop_from_page_cache(paths)
     monkeypatch.setattr(reader, "pread", watched)
-    assert np.array_equal(_batch(ds, ORDER), want)
+    # the kernel can keep pages a busy machine just read (per-CPU lists not yet drained when
+    # POSIX_FADV_DONTNEED ran): drop and read again, a few times at most
+    for _ in range(5):
+        _drop_from_page_cache(paths)
+        assert np.array_equal(_batch(ds, ORDER), want)
+        if locked_during:
+            break
     assert locked_during, "no row came from the disk: the test read nothing outside the lock"
     assert not any(locked_during)
     ds.close()
