@@ -278,6 +278,7 @@ class HandleCache:
         self.max_open = max_open
         self._mutex = threading.Lock()
         self._released = threading.Condition(self._mutex)
+        self._waiting = 0  # threads in ``_released.wait``: releases notify only where some wait
         self.lock = HookLock(self._sweep)
         self._entries: OrderedDict[Hashable, Handle | _Opening] = OrderedDict()
         self._closing: list[Handle] = []
@@ -354,7 +355,8 @@ class HandleCache:
             for handle in handles:
                 handle.readers -= 1
                 ready = ready or (handle.readers == 0 and handle.retired)
-            self._released.notify_all()
+            if self._waiting:
+                self._released.notify_all()
         if ready:
             self._close_ready()
 
@@ -442,7 +444,11 @@ class HandleCache:
                 if self._handles() + self._reserved < self.max_open:
                     self._reserved += 1
                     return
-                self._released.wait(_WAIT_S)
+                self._waiting += 1
+                try:
+                    self._released.wait(_WAIT_S)
+                finally:
+                    self._waiting -= 1
 
     def _close_ready(self, evicted: bool = False) -> None:
         """Close retired handles without readers, unless another thread holds ``lock``."""
@@ -548,6 +554,7 @@ class HandleCache:
         # The child may have inherited locks held by threads that do not exist here.
         self._mutex = threading.Lock()
         self._released = threading.Condition(self._mutex)
+        self._waiting = 0
         self.lock = HookLock(self._sweep)
         entries = [e for e in self._entries.values() if isinstance(e, Handle)] + self._closing
         self._entries = OrderedDict()

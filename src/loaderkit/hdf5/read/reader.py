@@ -148,9 +148,8 @@ class SessionReader(SessionFiles):
             starts = np.arange(n)
         if self.single:
             samples, collated = self._read_key(0, idx, keys, order, starts)
-            # numbers: the row views now; dicts: built only when something asks for them
-            rows = samples() if self.types[0].kind is Kind.NUMBER else samples
-            return RowBatch(collated, rows, ragged=self._ragged_names[0])
+            # the rows (views of the batch, or dicts) only when something asks for them
+            return RowBatch(collated, samples, ragged=self._ragged_names[0])
         parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
         names = [spec.name for spec in self.specs]
         batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
@@ -407,7 +406,7 @@ class SessionReader(SessionFiles):
             table[:, 2] = starts * row_bytes
             table[:, 3] = lengths * row_bytes
             done = ring_reads(ring, rows.reshape(-1).view(np.uint8), table)
-            for r in np.flatnonzero(done < table[:, 3]).tolist():
+            for r in (done < table[:, 3]).nonzero()[0].tolist():
                 s, k0 = places[r], int(starts[r])
                 a = int(run_keys[r] & ROW_MASK)
                 k1 = k0 + int(lengths[r])

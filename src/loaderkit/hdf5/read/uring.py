@@ -55,6 +55,7 @@ _FEAT_SINGLE_MMAP = 1 << 0
 _FEAT_RW_CUR_POS = 1 << 3  # announced with 5.6 too: a kernel with IORING_OP_READ
 _OFF_CQ_RING, _OFF_SQES = 0x8000000, 0x10000000
 _U32 = 0xFFFFFFFF
+_MIN, _MAX, _SUM = np.minimum.reduce, np.maximum.reduce, np.add.reduce
 
 #: ``struct io_uring_sqe`` is 8 words of 64 bits; a read sets the first five: opcode (byte 0)
 #: and fd (bytes 4-7), file offset, buffer address, length (low half), user data.
@@ -268,7 +269,8 @@ class Ring:
         size = buffer.nbytes
         lengths = reads[:, 3]
         ends = reads[:, 2] + lengths
-        if reads.min() < 0 or ends.max() > size:
+        # the ufuncs' reduce: ndarray.min/max/sum go through Python wrappers first
+        if _MIN(reads, axis=None) < 0 or _MAX(ends) > size:
             bad = int(np.flatnonzero((reads < 0).any(axis=1) | (ends > size))[0])
             fd, offset, start, nbytes = reads[bad].tolist()
             raise ValueError(
@@ -283,7 +285,7 @@ class Ring:
         table[:, 1] = reads[:, 1]
         np.add(reads[:, 2], buffer.ctypes.data, out=table[:, 2])
         table[:, 3] = lengths
-        if size > MAX_READ and int(lengths.max()) > MAX_READ:  # no read is longer than size
+        if size > MAX_READ and int(_MAX(lengths)) > MAX_READ:  # no read is longer than size
             table[lengths > MAX_READ, 3] = 0  # not read, 0 counted
         done = np.zeros(count, np.int64)
         self._wait_in_flight()
@@ -324,7 +326,7 @@ class Ring:
         if at + queued > end:  # the completions wrap around the queue
             res = np.concatenate((res, self._cq_res[: at + queued - end]))
         # a read never returns more than it asked: equal sums mean every read is whole
-        if queued == n and int(res.sum()) == int(table[:, 3].sum()):
+        if queued == n and int(_SUM(res, dtype=np.int64)) == int(_SUM(table[:, 3])):
             cq[self._cq_head] = cq[self._cq_tail]
             done[:n] = table[:, 3]
             return
