@@ -13,19 +13,24 @@ loaderkit:
   2,000 voxels), every session held whole in memory by each process that reads it.
 
 Each cell runs twice, each time in a fresh process (so its memory is its own; ``--quick``: once,
-in this process). It builds the loader (``persistent_workers=True`` with workers), runs one
-pass and reports its samples/s (timed from ``iter(loader)``: starting the workers counts), then
-``--later-passes`` more passes (default 2; in the timed run more, until they have lasted 1 s)
-and their samples/s (the workers already running, as in the later epochs of a training run).
-The second run gives the growth of the whole process tree's memory over its passes (the summed
-USS, ``psutil.Process.memory_full_info().uss``, of the process and every child, sampled every
-20 ms by this script; the peak minus the value before the loader was built; and the same for
-PSS, which also counts memory processes share, such as batches in shared memory). Rates come
-from the run nobody samples: a sample costs about 4 ms of CPU, a fifth of a core at that rate,
-and sampling from inside the cell would also take the GIL from its worker threads.
-Configurations: no workers,
-2 forked worker processes, 1 worker thread, 2 worker threads. Cells are interleaved and rotated
-between ``--repeats`` rounds; the table gives medians and the ratios the issue sets targets for.
+in this process). It builds the loader (``persistent_workers=True`` with workers) and runs one
+pass: its samples/s are timed from ``iter(loader)`` (starting the workers counts). The second
+run then makes ``--later-passes`` more passes (default 2) and gives the growth of the whole
+process tree's memory over its passes (the summed USS, ``psutil.Process.memory_full_info().uss``,
+of the process and every child, sampled every 20 ms by this script; the peak minus the value
+before the loader was built; and the same for PSS, which also counts memory processes share,
+such as batches in shared memory). Rates come from the run nobody samples: a sample costs about
+4 ms of CPU, a fifth of a core at that rate, and sampling from inside the cell would also take
+the GIL from its worker threads. Configurations: no workers, 2 forked worker processes, 1 worker
+thread, 2 worker threads. Cells are interleaved and rotated between ``--repeats`` rounds.
+
+Later passes (the workers already running, as in the later epochs of a training run) are timed
+side by side: for each workload and repeat, one fresh process nobody samples holds a persistent
+loader of every configuration and runs ``ROUNDS`` rounds, each configuration's whole passes for
+at least ``SLICE_S`` seconds per round, in an order rotated between rounds (``interleaved``).
+The table gives the median samples/s over all rounds, and the later-pass ratios are the median
+of each round's ratio: the speed of a shared machine drifts by a third over minutes, which
+moves one round's configurations alike.
 
 A second table: the time from ``iter(loader)`` to the first batch with 2 workers, on the NSD
 layout, for processes started with ``fork``, ``forkserver`` (the first loader of a process:
@@ -59,7 +64,7 @@ except ImportError:  # imported as a module from elsewhere (tests)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _cli
 
-__all__ = ["CONFIGS", "main", "run"]
+__all__ = ["CONFIGS", "interleaved", "main", "paired", "run"]
 
 #: (name, num_workers, worker_method, start method)
 CONFIGS: tuple[tuple[str, int, str | None, str | None], ...] = (
@@ -78,6 +83,9 @@ WORKLOADS = ("contiguous", "gzip-chunked", "NSD layout")
 BATCH = 64
 #: Later passes go on for at least this long (seconds).
 LATER_S = 1.0
+#: Later passes side by side: rounds per repeat, and the least time of each configuration's
+#: whole passes in a round (seconds).
+ROUNDS, SLICE_S = 5, 0.5
 
 
 def tree_memory(root: psutil.Process | None = None) -> tuple[int, int]:
@@ -207,6 +215,52 @@ def cell(
     }
 
 
+def interleaved(paths: Sequence[str], rounds: int, slice_s: float) -> dict[str, list[float]]:
+    """Later passes of every configuration side by side in this process: samples/s per round.
+
+    One persistent loader per configuration, each over its own dataset (its own open files
+    and held sessions), the processes' loader first (its workers fork before this process
+    has a thread), then one pass of each to start its workers and warm its files. In each of
+    ``rounds`` rounds every configuration, in an order rotated between rounds, runs whole
+    passes for at least ``slice_s`` seconds, while the others' workers wait idle between
+    passes. Drift of the machine's speed over minutes (a third on a shared 2-core VM) then
+    moves every configuration of a round alike, and the ratios of one round are side by side.
+    """
+    import warnings
+
+    import loaderkit
+
+    warnings.simplefilter("ignore")
+    configs = sorted(CONFIGS, key=lambda c: c[2] != "process")  # processes' loader first
+    loaders = {}
+    for name, workers, method, start in configs:
+        dataset = loaderkit.HDF5SessionDataset(list(paths), key="betas")
+        loaders[name] = loaderkit.DataLoader(
+            dataset, batch_size=BATCH, shuffle=True, seed=0, num_workers=workers,
+            worker_method=method, multiprocessing_context=start if workers else None,
+            persistent_workers=bool(workers),
+        )  # fmt: skip
+        for _ in loaders[name]:
+            pass
+    rates: dict[str, list[float]] = {c[0]: [] for c in CONFIGS}
+    names = [c[0] for c in CONFIGS]
+    try:
+        for round_ in range(rounds):
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                samples, began = 0, time.perf_counter()
+                while True:
+                    for batch in loaders[name]:
+                        samples += len(batch)
+                    if time.perf_counter() - began >= slice_s:
+                        break
+                rates[name].append(samples / (time.perf_counter() - began))
+    finally:
+        for loader in loaders.values():
+            loader.close()
+    return rates
+
+
 def _in_fresh_process(args: dict, quick: bool, *, watch: bool = True) -> dict:
     """One cell in a fresh process; with ``watch``, its tree's memory sampled from here.
 
@@ -238,18 +292,37 @@ def _in_fresh_process(args: dict, quick: bool, *, watch: bool = True) -> dict:
 
 
 def _measured(args: dict, quick: bool) -> dict:
-    """A cell's rates from an unwatched run, its memory growth from a watched one."""
-    got = _in_fresh_process({**args, "min_later_s": LATER_S}, quick, watch=False)
-    if not quick:
-        watched = _in_fresh_process(args, quick)
-        got["memory_growth"], got["pss_growth"] = watched["memory_growth"], watched["pss_growth"]
+    """A cell's first pass from an unwatched run, its memory growth from a watched one.
+
+    Its later passes are timed side by side with the other configurations' (``interleaved``).
+    """
+    if quick:
+        return _in_fresh_process(args, quick)
+    got = _in_fresh_process({**args, "later": 0}, quick, watch=False)
+    watched = _in_fresh_process(args, quick)
+    got["memory_growth"], got["pss_growth"] = watched["memory_growth"], watched["pss_growth"]
     return got
+
+
+def _interleaved(paths: Sequence[str], quick: bool) -> dict[str, list[float]]:
+    """``interleaved`` in a fresh process that nobody samples (``--quick``: here, shortly)."""
+    if quick:
+        return interleaved(paths, 2, 0.0)
+    spec = json.dumps({"paths": list(paths), "rounds": ROUNDS, "slice_s": SLICE_S})
+    done = subprocess.run(
+        [sys.executable, __file__, "--interleaved", spec],
+        capture_output=True, text=True, timeout=1800, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def run(*, quick: bool = False, repeats: int = 3, later_passes: int = 2) -> dict[str, Any]:
     """Every cell in a fresh process, interleaved over ``repeats`` rounds."""
     repeats = 1 if quick else repeats
     results: dict[str, dict[str, list[dict]]] = {w: {c[0]: [] for c in CONFIGS} for w in WORKLOADS}
+    later: dict[str, dict[str, list[float]]] = {w: {c[0]: [] for c in CONFIGS} for w in WORKLOADS}
     starts: dict[str, list[float]] = {s[0]: [] for s in STARTS}
     with tempfile.TemporaryDirectory() as tmp:
         files = {w: write(Path(tmp) / str(i), w, quick) for i, w in enumerate(WORKLOADS)}
@@ -262,6 +335,9 @@ def run(*, quick: bool = False, repeats: int = 3, later_passes: int = 2) -> dict
                      "start": start, "later": later_passes}, quick,
                 )  # fmt: skip
                 results[workload][name].append(got)
+            for workload in WORKLOADS:
+                for name, rates in _interleaved(files[workload], quick).items():
+                    later[workload][name].extend(rates)
             for name, method, start in STARTS:
                 got = _in_fresh_process(
                     {"paths": files["NSD layout"], "workers": 2, "method": method, "start": start,
@@ -273,7 +349,8 @@ def run(*, quick: bool = False, repeats: int = 3, later_passes: int = 2) -> dict
         table[workload] = {
             name: {
                 "samples_per_s": statistics.median(c["samples_per_s"] for c in runs),
-                "later_samples_per_s": statistics.median(c["later_samples_per_s"] for c in runs),
+                "later_samples_per_s": statistics.median(later[workload][name]),
+                "later_rounds": later[workload][name],
                 "memory_growth": statistics.median(c["memory_growth"] for c in runs),
                 "pss_growth": statistics.median(c["pss_growth"] for c in runs),
             }
@@ -287,6 +364,16 @@ def run(*, quick: bool = False, repeats: int = 3, later_passes: int = 2) -> dict
         "throughput": table,
         "first_batch_s": first,
     }
+
+
+def paired(rates: Sequence[float], against: Sequence[float]) -> float:
+    """The median of round-by-round ratios ``rates[i] / against[i]`` (rounds side by side).
+
+    Example:
+        >>> paired([2.0, 3.0, 9.0], [1.0, 2.0, 3.0])
+        2.0
+    """
+    return statistics.median(a / b for a, b in zip(rates, against, strict=True))
 
 
 def _ratio(growth: float, against: float) -> str:
@@ -320,16 +407,16 @@ def format_table(data: dict[str, Any]) -> str:
         two, one = cells["2 threads"], cells["1 thread"]
         procs = cells["2 processes (fork)"]
         lines.append("")
-        for label, field in (
-            ("first pass", "samples_per_s"),
-            ("later passes", "later_samples_per_s"),
-        ):
-            if not two[field]:
-                continue
-            lines.append(
-                f"{workload}, {label}: 2 threads / 1 thread {two[field] / one[field]:.2f}x; "
-                f"2 threads / 2 processes {two[field] / procs[field]:.2f}x"
-            )
+        lines.append(
+            f"{workload}, first pass: 2 threads / 1 thread "
+            f"{two['samples_per_s'] / one['samples_per_s']:.2f}x; 2 threads / 2 processes "
+            f"{two['samples_per_s'] / procs['samples_per_s']:.2f}x"
+        )
+        lines.append(
+            f"{workload}, later passes (median of the rounds' ratios, side by side): 2 threads / "
+            f"1 thread {paired(two['later_rounds'], one['later_rounds']):.2f}x; 2 threads / 2 "
+            f"processes {paired(two['later_rounds'], procs['later_rounds']):.2f}x"
+        )
         lines.append(
             f"{workload}: tree memory growth 2 threads / 2 processes: USS "
             f"{_ratio(two['memory_growth'], procs['memory_growth'])}, PSS "
@@ -345,6 +432,10 @@ def format_table(data: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark (or, with ``--cell``, one cell of it) and print the tables."""
     args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["--interleaved"]:
+        spec = json.loads(args_list[1])
+        print(json.dumps(interleaved(spec["paths"], spec["rounds"], spec["slice_s"])))
+        return 0
     if args_list[:1] == ["--cell"]:
         spec = json.loads(args_list[1])
         result = cell(

@@ -291,4 +291,24 @@ def test_threads(tmp_path: Path) -> None:
         assert set(cells) == {"0 workers", "2 processes (fork)", "1 thread", "2 threads"}
         assert all(c["samples_per_s"] > 0 for c in cells.values())
         assert all(c["later_samples_per_s"] > 0 for c in cells.values())  # workers kept
+        assert all(len(c["later_rounds"]) == 2 for c in cells.values())  # side by side
     assert all(s > 0 for s in data["first_batch_s"].values())
+    # the later passes of a full run: every configuration in one fresh process, per round
+    files = tmp_path / "files"
+    write = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); import threads; "
+        "print(json.dumps(threads.write(__import__('pathlib').Path(sys.argv[2]), "
+        "'contiguous', True)))"
+    )
+    made = subprocess.run(
+        [sys.executable, "-c", write, str(BENCHMARKS), str(files)],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    spec = json.dumps({"paths": json.loads(made.stdout), "rounds": 2, "slice_s": 0.0})
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "threads.py"), "--interleaved", spec],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    rounds = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(rounds) == set(data["throughput"]["contiguous"])
+    assert all(len(r) == 2 and min(r) > 0 for r in rounds.values())
