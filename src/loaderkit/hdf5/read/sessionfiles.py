@@ -496,15 +496,22 @@ class SessionFiles:
             now = Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             now_text = ", ".join(changes(ident, now))
         self.cache.discard(self.canonical[pos])
+        lost = f"{what} for dataset index {index} may hold other data or zeros and"
+        raise self.changed(pos, "while it was being read", now_text, lost, index)
+
+    def changed(self, pos: int, when: str, now_text: str, lost: str, index: int) -> HDF5FileError:
+        """The ``HDF5FileError`` to raise: session ``pos``'s file changed ``when``.
+
+        ``now_text`` says how, ``lost`` what "was not returned"; noted with ``index`` if >= 0.
+        """
         error = HDF5FileError(
-            f"session {self.ids[pos]!r}: {self.paths[pos]} changed while it was being read "
-            f"({now_text}); {what} for dataset index {index} may hold other data or zeros and "
-            "was not returned. Never rewrite or truncate session files while a dataset over "
-            "them is in use; create the dataset again afterwards."
+            f"session {self.ids[pos]!r}: {self.paths[pos]} changed {when} ({now_text}); "
+            f"{lost} was not returned. Never rewrite or truncate session files while a dataset "
+            "over them is in use; create the dataset again afterwards."
         )
         if index >= 0:
             self.note(error, pos, -1, index)
-        raise error
+        return error
 
     def _evicted(self, handle: Handle) -> None:
         """Check a handle read in this batch before the cache closes it (``on_evict``)."""

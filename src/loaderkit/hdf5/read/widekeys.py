@@ -16,7 +16,6 @@ import os
 
 import numpy as np
 
-from loaderkit.errors import HDF5FileError
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.heldsessions import HeldSession
@@ -106,15 +105,8 @@ def _check_held(files: SessionFiles, held: HeldSession, pos: int, index: int) ->
     files.held.release(held)
     files.held.discard(pos)
     files.cache.discard(files.canonical[pos])
-    error = HDF5FileError(
-        f"session {files.ids[pos]!r}: {files.paths[pos]} changed after its rows were read "
-        f"into memory ({now_text}); rows for dataset index {index} were not returned. "
-        "Never rewrite session files while a dataset over them is in use; create the "
-        "dataset again afterwards."
-    )
-    if index >= 0:
-        files.note(error, pos, -1, index)
-    raise error
+    lost = f"the row for dataset index {index}"
+    raise files.changed(pos, "after its rows were read into memory", now_text, lost, index)
 
 
 def _read_session(
