@@ -81,8 +81,6 @@ STARTS: tuple[tuple[str, str, str | None], ...] = (
 )
 WORKLOADS = ("contiguous", "gzip-chunked", "NSD layout")
 BATCH = 64
-#: Later passes go on for at least this long (seconds).
-LATER_S = 1.0
 #: Later passes side by side: rounds per repeat, and the least time of each configuration's
 #: whole passes in a round (seconds).
 ROUNDS, SLICE_S = 5, 0.5
@@ -152,33 +150,12 @@ def write(root: Path, workload: str, quick: bool) -> list[str]:
     return [str(p) for p in paths]
 
 
-def cell(
-    paths: Sequence[str],
-    workers: int,
-    method: str | None,
-    start: str | None,
-    later: int = 0,
-    sample: bool = True,
-    min_later_s: float = 0.0,
-) -> dict:
-    """One pass and ``later`` more in this process: samples/s, tree memory, first batch.
-
-    Without ``sample`` the peaks are left to whoever samples this process from outside: the
-    result then holds the memory before the loader was built (``before_uss``, ``before_pss``).
-    Later passes go on until they have lasted ``min_later_s`` seconds.
-    """
-    import warnings
-
+def _loader(paths: Sequence[str], workers: int, method: str | None, start: str | None) -> Any:
+    """A configuration's loader, over a dataset of its own (persistent workers where any)."""
     import loaderkit
 
-    warnings.simplefilter("ignore")
-    before = tree_memory()
-    peak = _Peak() if sample else None
-    if peak is not None:
-        peak.start()
-    dataset = loaderkit.HDF5SessionDataset(list(paths), key="betas")
-    loader = loaderkit.DataLoader(
-        dataset,
+    return loaderkit.DataLoader(
+        loaderkit.HDF5SessionDataset(list(paths), key="betas"),
         batch_size=BATCH,
         shuffle=True,
         seed=0,
@@ -187,6 +164,29 @@ def cell(
         multiprocessing_context=start if workers else None,
         persistent_workers=bool(workers),
     )
+
+
+def cell(
+    paths: Sequence[str],
+    workers: int,
+    method: str | None,
+    start: str | None,
+    later: int = 0,
+    sample: bool = True,
+) -> dict:
+    """One pass and ``later`` more in this process: samples/s, tree memory, first batch.
+
+    Without ``sample`` the peaks are left to whoever samples this process from outside: the
+    result then holds the memory before the loader was built (``before_uss``, ``before_pss``).
+    """
+    import warnings
+
+    warnings.simplefilter("ignore")
+    before = tree_memory()
+    peak = _Peak() if sample else None
+    if peak is not None:
+        peak.start()
+    loader = _loader(paths, workers, method, start)
     began = time.perf_counter()
     iterator = iter(loader)
     first = next(iterator)
@@ -195,12 +195,10 @@ def cell(
     for batch in iterator:
         samples += len(batch)
     elapsed = time.perf_counter() - began
-    again, passes, later_began = 0, 0, time.perf_counter()
-    # at least ``later`` passes, and passes for at least ``min_later_s`` (a pass can last 50 ms)
-    while later and (passes < later or time.perf_counter() - later_began < min_later_s):
+    again, later_began = 0, time.perf_counter()
+    for _ in range(later):
         for batch in loader:
             again += len(batch)
-        passes += 1
     later_s = time.perf_counter() - later_began
     uss, pss = peak.stop() if peak is not None else before
     loader.close()
@@ -228,23 +226,16 @@ def interleaved(paths: Sequence[str], rounds: int, slice_s: float) -> dict[str, 
     """
     import warnings
 
-    import loaderkit
-
     warnings.simplefilter("ignore")
     configs = sorted(CONFIGS, key=lambda c: c[2] != "process")  # processes' loader first
-    loaders = {}
-    for name, workers, method, start in configs:
-        dataset = loaderkit.HDF5SessionDataset(list(paths), key="betas")
-        loaders[name] = loaderkit.DataLoader(
-            dataset, batch_size=BATCH, shuffle=True, seed=0, num_workers=workers,
-            worker_method=method, multiprocessing_context=start if workers else None,
-            persistent_workers=bool(workers),
-        )  # fmt: skip
-        for _ in loaders[name]:
-            pass
+    loaders: dict[str, Any] = {}
     rates: dict[str, list[float]] = {c[0]: [] for c in CONFIGS}
     names = [c[0] for c in CONFIGS]
     try:
+        for name, workers, method, start in configs:
+            loaders[name] = _loader(paths, workers, method, start)
+            for _ in loaders[name]:  # starts its workers, warms its files
+                pass
         for round_ in range(rounds):
             shift = round_ % len(names)
             for name in names[shift:] + names[:shift]:
@@ -440,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = json.loads(args_list[1])
         result = cell(
             spec["paths"], spec["workers"], spec["method"], spec["start"], spec["later"],
-            sample=False, min_later_s=spec.get("min_later_s", 0.0),
+            sample=False,
         )  # fmt: skip
         print(json.dumps(result))
         return 0
