@@ -62,6 +62,30 @@ def test_a_disk_too_small_for_the_largest_session_is_refused() -> None:
         check_limits(limits, disk, [1000])
 
 
+def test_an_unset_min_free_is_lowered_to_leave_room_for_the_sessions() -> None:
+    # The default (5 % of a 252 GiB disk: 12.6 GiB) is more than this disk has free: the
+    # cache takes room for one session per reader and leaves the rest free.
+    disk = DiskUsage(total=252 * GiB, free=12 * GiB + 400 * 2**20, cached=0)
+    limits = fit_cache_limits(disk)
+    assert limits.min_free.value > disk.free and limits.max_bytes.value == 0
+    fitted = check_limits(limits, disk, [793_264] * 8, readers=2)
+    assert fitted.min_free.value == disk.free - 2 * 793_264
+    assert fitted.min_free.reason.startswith("lowered from 12.6 GiB (5 % of the 252.0 GiB disk")
+    assert "one session per reader (2 x up to 774.7 KiB)" in fitted.min_free.reason
+    assert fitted.max_bytes.value == 2 * 793_264 and fitted.prefetch.value == 0
+    # Never below 1 GiB (or 5 % of a small disk): a disk that full is refused, naming both.
+    full = DiskUsage(total=252 * GiB, free=GiB + 2**20, cached=0)
+    floor = check_limits(fit_cache_limits(full), full, [2**20])
+    assert floor.min_free.value == GiB and "at least 1.0 GiB stays free" in floor.min_free.reason
+    with pytest.raises(ConfigError, match=r"room for 1.0 MiB .* min_free=1.0 GiB\), less than"):
+        check_limits(fit_cache_limits(full), full, [2 * 2**20])
+    tiny = DiskUsage(total=2 * GiB, free=300 * 2**20, cached=0)
+    assert check_limits(fit_cache_limits(tiny), tiny, [2**20]).min_free.value == 299 * 2**20
+    # What the caller set is kept, and checked.
+    with pytest.raises(ConfigError, match=r"room for 0 B .* min_free=12.6 GiB"):
+        check_limits(fit_cache_limits(disk, min_free=int(12.6 * GiB)), disk, [793_264])
+
+
 def test_construction_dir_default_and_picklable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

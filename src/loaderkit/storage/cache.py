@@ -78,7 +78,9 @@ class SessionCache:
         dir: The directory (made if missing); default ``$LOADERKIT_CACHE``, else
             ``~/.cache/loaderkit``. Put it on the node's local disk (NVMe), not a shared one.
         max_bytes: Bound on the cached bytes; default 80 % of what the disk offers it.
-        min_free: Free bytes the disk keeps; default 5 % of the disk, at least 1 GiB.
+        min_free: Free bytes the disk keeps; default 5 % of the disk, at least 1 GiB, lowered
+            (not below 1 GiB) when the disk has less free than that and one session per reader
+            (``check_limits``).
         prefetch: Sessions fetched ahead of the reader; default 2, lowered to what ``max_bytes``
             holds once the sessions are known (``check_limits``; the plan's ``prefetch`` row
             says why). An explicit value that cannot fit is a ``ConfigError``.

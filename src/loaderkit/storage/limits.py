@@ -21,9 +21,11 @@ __all__ = [
     "DiskUsage",
     "check_limits",
     "fit_cache_limits",
+    "fit_min_free",
     "fit_to_readers",
     "fit_to_sessions",
     "format_bytes",
+    "min_free_floor",
     "window_bytes",
 ]
 
@@ -90,7 +92,8 @@ def fit_cache_limits(
     """The limits: the caller's values kept, the unset ones fitted to ``disk``.
 
     - ``min_free``: 5 % of the disk, at least 1 GiB (and at most the disk): the node's other
-      programs keep room to write.
+      programs keep room to write (lowered on a fuller disk once the sessions are known:
+      ``fit_min_free``).
     - ``max_bytes``: 80 % of what the cache could use (free space plus what it already holds),
       less ``min_free``.
     - ``prefetch``: 2 sessions ahead: reading one while the next ones arrive (lowered to what
@@ -156,6 +159,53 @@ def window_bytes(sizes: Sequence[int], sessions: int) -> int:
     return sum(sorted(sizes, reverse=True)[: max(sessions, 0)])
 
 
+def min_free_floor(disk: DiskUsage) -> int:
+    """The least an unset ``min_free`` is lowered to: 1 GiB, or 5 % of a disk under 20 GiB.
+
+    Examples:
+        >>> format_bytes(min_free_floor(DiskUsage(252 * GiB, 0, 0)))
+        '1.0 GiB'
+        >>> format_bytes(min_free_floor(DiskUsage(2 * GiB, 0, 0)))
+        '102.4 MiB'
+    """
+    return min(GiB, int(disk.total * MIN_FREE_FRACTION))
+
+
+def fit_min_free(limits: CacheLimits, disk: DiskUsage, needed: int, sessions: str) -> CacheLimits:
+    """An unset ``min_free`` lowered so that the disk has room for ``needed`` bytes.
+
+    The default (5 % of the disk, at least 1 GiB) can be more than a busy disk has free; the
+    cache then takes only the room it needs (one session per reader), down to
+    ``min_free_floor``: a disk fuller than that is refused by ``fit_to_sessions``.
+
+    Args:
+        limits: The limits, ``min_free`` unset (loaderkit's default).
+        disk: The disk's sizes now.
+        needed: The bytes the cache needs room for: one session per reader.
+        sessions: Those sessions for the reason: ``'2 x up to 1.0 GiB'``.
+
+    Examples:
+        >>> disk = DiskUsage(total=100 * GiB, free=3 * GiB, cached=0)
+        >>> fitted = fit_min_free(fit_cache_limits(disk), disk, GiB, "1 x up to 1.0 GiB")
+        >>> format_bytes(fitted.min_free.value)
+        '2.0 GiB'
+    """
+    usable = disk.free + disk.cached
+    current = limits.min_free.value
+    if usable - current >= needed:
+        return limits
+    floor = min_free_floor(disk)
+    lowered = max(floor, usable - needed)
+    if lowered >= current:
+        return limits
+    reason = (
+        f"lowered from {format_bytes(current)} ({limits.min_free.reason}) to leave room for one "
+        f"session per reader ({sessions}): {format_bytes(disk.free)} free + "
+        f"{format_bytes(disk.cached)} cached; at least {format_bytes(floor)} stays free"
+    )
+    return replace(limits, min_free=CacheLimit(lowered, reason))
+
+
 def fit_to_sessions(
     limits: CacheLimits, disk: DiskUsage, sizes: Sequence[int], readers: int = 1
 ) -> CacheLimits:
@@ -165,6 +215,8 @@ def fit_to_sessions(
     window is the largest ``readers * (1 + prefetch)`` sessions. What the caller left unset is
     fitted, what the caller set is checked:
 
+    - ``min_free`` unset and more than the disk leaves for one session per reader: lowered to
+      what leaves that room, not below ``min_free_floor`` (``fit_min_free``);
     - ``max_bytes`` unset and smaller than one session per reader: raised to that, as far as the
       disk allows (free space plus what the cache holds, less ``min_free``);
     - ``prefetch`` unset: the most sessions ahead (at most 2) whose window fits ``max_bytes``,
@@ -200,6 +252,9 @@ def fit_to_sessions(
         return limits
     largest = max(sizes)
     readers = max(readers, 1)
+    one_each = window_bytes(sizes, readers)
+    if "min_free" not in limits.given:
+        limits = fit_min_free(limits, disk, one_each, f"{readers} x up to {format_bytes(largest)}")
     room = disk.free + disk.cached - limits.min_free.value
     if room < largest:
         raise ConfigError(
@@ -209,7 +264,6 @@ def fit_to_sessions(
             f"({format_bytes(largest)}): free space, lower min_free or use another dir"
         )
     max_bytes = limits.max_bytes.value
-    one_each = window_bytes(sizes, readers)
     if max_bytes < one_each and "max_bytes" not in limits.given and one_each <= room:
         limits = replace(
             limits,
