@@ -9,6 +9,7 @@ afterwards with ``pread``, outside it.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -163,20 +164,57 @@ def test_without_rwf_nowait_every_row_is_read_by_pread(
     ds.close()
 
 
+def _refuses_nowait(path: Path) -> bool:
+    path.write_bytes(bytes(8192))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.preadv(fd, [bytearray(8)], 0, os.RWF_NOWAIT)
+    except OSError as exc:
+        return exc.errno == errno.EOPNOTSUPP
+    finally:
+        os.close(fd)
+        path.unlink()
+    return False
+
+
 @NOWAIT
-def test_a_filesystem_that_refuses_the_flag_is_remembered(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_filesystem_that_refuses_the_flag_is_remembered_per_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shm = Path("/dev/shm")
+    probe = shm / f"loaderkit-nowait-{os.getpid()}"
+    if not shm.is_dir() or not _refuses_nowait(probe) or _refuses_nowait(tmp_path / "probe"):
+        pytest.skip("needs a tmpfs /dev/shm that refuses RWF_NOWAIT and a tmp_path that allows it")
     calls: list[int] = []
+    real_preadv = os.preadv
 
-    def refusing(fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
+    def counting(fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
         calls.append(flags)
-        raise OSError(95, "Operation not supported")
+        return real_preadv(fd, buffers, offset, flags)
 
-    monkeypatch.setattr(rawio.os, "preadv", refusing)
-    monkeypatch.setattr(rawio, "_NO_NOWAIT", set())
+    monkeypatch.setattr(rawio.os, "preadv", counting)
+    monkeypatch.setattr(rawio, "_NO_NOWAIT", type(rawio._NO_NOWAIT)())  # nothing learnt yet
+    rows = np.arange(16, dtype="i4").tobytes()
+    refusing, allowing = shm / f"loaderkit-rows-{os.getpid()}", tmp_path / "rows.bin"
+    refusing.write_bytes(rows)
+    allowing.write_bytes(rows)
+    allowing.read_bytes()  # in the page cache
     out, reads = np.zeros(4, "i4"), [(0, 0, 8), (8, 8, 8)]
-    assert pread_cached((7, 0), out, reads) == [0, 0]
-    assert pread_cached((7, 0), out, reads) == [0, 0]
-    assert calls == [os.RWF_NOWAIT]  # refused once, then never asked again for that descriptor
+    fd = os.open(refusing, os.O_RDONLY)
+    try:
+        assert pread_cached((fd, 0), out, reads) == [0, 0]
+        assert pread_cached((fd, 0), out, reads) == [0, 0]
+        assert calls == [os.RWF_NOWAIT]  # refused once, then never asked again for that file
+    finally:
+        os.close(fd)
+        refusing.unlink()
+    again = os.open(allowing, os.O_RDONLY)  # the lowest free number: the same one
+    try:
+        assert again == fd
+        assert pread_cached((again, 0), out, reads) == [8, 8]  # another file: asked, copied
+        assert out.tolist() == [0, 1, 2, 3]
+    finally:
+        os.close(again)
 
 
 def test_threads_reading_at_once_get_their_own_rows(tmp_path: Path) -> None:
