@@ -347,8 +347,9 @@ def _session_cache(report: CacheReport | None) -> Check:
             "session cache",
             WARN,
             finding,
-            "its disk has less free space than min_free: entries will be evicted early or "
-            "downloads refused; free space, or run `loaderkit cache clear`",
+            "its disk has less free space than min_free: entries are evicted early, and an "
+            "unset min_free is lowered to leave room for one session per reader (not below "
+            "1 GiB; a fuller disk is refused); free space, or run `loaderkit cache clear`",
         )
     return Check(
         "session cache",

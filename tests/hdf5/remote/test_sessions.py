@@ -292,6 +292,9 @@ def test_doctor_reports_the_session_cache(warm: SessionCache) -> None:
     check = run_checks(detect_platform(), cache=report)[-1]
     assert check.name == "session cache" and "misses" in check.finding and "free" in check.finding
     assert run_checks(detect_platform(), cache=None)[-1].status == "pass"
+    full = dataclasses.replace(report, free=report.min_free - 1)  # a disk fuller than min_free
+    warned = run_checks(detect_platform(), cache=full)[-1]
+    assert warned.status == "warn" and "lowered to leave room for one session" in warned.advice
 
 
 def test_a_rows_layout_cache_reads_the_same_samples_row_wise(s3: Remote, tmp_path: Path) -> None:
