@@ -38,6 +38,7 @@ __all__ = [
     "fit_start_method_to",
     "pickle_checks",
     "worker_processes",
+    "worker_threads",
 ]
 
 #: Pickled dataset size above which spawn/forkserver loaders warn (each worker gets a copy).
@@ -71,6 +72,12 @@ def worker_processes(res: Resolution) -> int:
 def counted_processes(res: Resolution) -> Any:
     """``num_workers`` as the budgets count processes: 0 worker processes for threads."""
     return 0 if res.worker_method == "thread" else res.values["num_workers"]
+
+
+def worker_threads(res: Resolution) -> int:
+    """The loader's worker threads: ``num_workers`` under ``worker_method="thread"``, else 0."""
+    workers = res.values["num_workers"]
+    return max(0, workers) if res.worker_method == "thread" and isinstance(workers, int) else 0
 
 
 def pickle_checks(dataset: Any, request: LoaderRequest, res: Resolution) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from loaderkit.checks import (
     fit_start_method_to,
     pickle_checks,
     worker_processes,
+    worker_threads,
 )
 from loaderkit.errors import ConfigError, PerformanceHint, warn
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
@@ -298,12 +299,18 @@ def _file_budget(
     )
     requested = dataset.max_open_files_requested
     if requested is None:
-        cached = dataset.cached_open_files(max(0, num_workers))
+        threads = worker_threads(res)
+        cached = dataset.cached_open_files(max(0, num_workers), threads=threads)
         if cached is not None and cached < budget.files:
+            readers = (
+                f"{threads} thread(s) sharing {cached} file(s)"
+                if threads
+                else f"{max(1, num_workers)} reader(s) x {cached} file(s)"
+            )
             reason = (
-                f"fits the session cache: {local_world_size()} rank(s) x ({max(1, num_workers)} "
-                f"reader(s) x {cached} file(s) + the prefetch window) fit its max_bytes "
-                f"(each open file leases its entry; otherwise: {budget.reason})"
+                f"fits the session cache: {local_world_size()} rank(s) x ({readers} + the "
+                f"prefetch window) fit its max_bytes (each open file leases its entry; "
+                f"otherwise: {budget.reason})"
             )
             return PlanEntry("max_open_files", UNSET, cached, reason), cached
         entry = PlanEntry("max_open_files", UNSET, budget.files, f"fits: {budget.reason}")
@@ -458,7 +465,8 @@ def plan_loader(
     if session_entry is not None:
         found.entries.append(session_entry)
     if isinstance(dataset, HDF5SessionDataset) and isinstance(counted_processes(res), int):
-        rows = [*dataset.io_plan(), *dataset.cache_plan(max(0, counted_processes(res)))]
+        processes = max(0, counted_processes(res))
+        rows = [*dataset.io_plan(), *dataset.cache_plan(processes, threads=worker_threads(res))]
         for name, given, value, reason in rows:
             found.entries.append(PlanEntry(name, value if given else UNSET, value, reason))
     if session_bytes is not None:

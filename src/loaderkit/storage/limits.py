@@ -24,6 +24,7 @@ __all__ = [
     "fit_min_free",
     "fit_to_readers",
     "fit_to_sessions",
+    "fit_to_workers",
     "format_bytes",
     "min_free_floor",
     "window_bytes",
@@ -327,6 +328,72 @@ def window_sessions(prefetch: int, workers: int) -> int:
     if prefetch > 0:
         return 1 + prefetch
     return 0 if workers > 0 else 1
+
+
+def fit_to_workers(
+    limits: CacheLimits, disk: DiskUsage, ranks: int, workers: int, largest: int
+) -> CacheLimits:
+    """``max_bytes`` that holds one open session for every process that reads at once.
+
+    Each of ``ranks`` ranks reads with ``workers`` worker processes (the main process when 0),
+    and each holds the session it reads open, its cache entry leased: fewer sessions than
+    that, and a process waits for room until ``room_timeout``. An unset ``max_bytes`` below it
+    is raised to it as far as the disk allows (an unset ``min_free`` is lowered for it, as in
+    ``fit_to_sessions``); a ``max_bytes`` the caller set below it, or a disk without room for
+    it, is a ``ConfigError`` naming both sizes.
+
+    Args:
+        limits: The limits fitted to the sessions (``fit_to_sessions``).
+        disk: The disk's sizes now.
+        ranks: Ranks on the node sharing the cache.
+        workers: Each rank's worker processes (0: the main process reads; thread workers are
+            one process).
+        largest: The largest session's size in bytes.
+
+    Raises:
+        ConfigError: ``max_bytes`` set below one session per reading process, or no room.
+
+    Examples:
+        >>> disk = DiskUsage(100 * GiB, 7 * GiB, 0)  # min_free 5 GiB: max_bytes 1.6 GiB
+        >>> fitted = fit_to_workers(fit_cache_limits(disk), disk, ranks=1, workers=4, largest=GiB)
+        >>> format_bytes(fitted.max_bytes.value), format_bytes(fitted.min_free.value)
+        ('4.0 GiB', '3.0 GiB')
+        >>> fit_to_workers(fit_cache_limits(disk, max_bytes=GiB), disk, 1, 2, GiB)
+        Traceback (most recent call last):
+        ...
+        loaderkit.errors.ConfigError: SessionCache(max_bytes=1.0 GiB) holds 1 session(s) of ...
+    """
+    processes = max(ranks, 1) * max(workers, 1)
+    need = processes * largest
+    max_bytes = limits.max_bytes.value
+    if largest <= 0 or max_bytes >= need:
+        return limits
+    readers = f"{max(ranks, 1)} rank(s) on this node x " + (
+        f"{workers} worker process(es)" if workers > 0 else "the main process"
+    )
+    if "max_bytes" in limits.given:
+        raise ConfigError(
+            f"SessionCache(max_bytes={format_bytes(max_bytes)}) holds {max_bytes // largest} "
+            f"session(s) of up to {format_bytes(largest)}, fewer than the processes that read "
+            f"at once, each holding the session it reads ({processes}: {readers}): raise "
+            f"max_bytes to at least {need} bytes or use fewer workers"
+        )
+    if "min_free" not in limits.given:
+        limits = fit_min_free(limits, disk, need, f"{readers}, up to {format_bytes(largest)} each")
+    room = disk.free + disk.cached - limits.min_free.value
+    if room < need:
+        raise ConfigError(
+            f"the cache's disk has room for {format_bytes(max(room, 0))} ("
+            f"{format_bytes(disk.free)} free + {format_bytes(disk.cached)} cached - min_free="
+            f"{format_bytes(limits.min_free.value)}), less than one session of up to "
+            f"{format_bytes(largest)} for each of the {processes} processes that read at once "
+            f"({readers}): free space, use fewer workers, lower min_free or use another dir"
+        )
+    reason = (
+        f"raised from {format_bytes(max_bytes)} ({limits.max_bytes.reason}) to one session "
+        f"per reading process: {readers}, up to {format_bytes(largest)} each"
+    )
+    return replace(limits, max_bytes=CacheLimit(need, reason))
 
 
 def fit_to_readers(

@@ -102,6 +102,37 @@ def test_a_cache_for_two_of_eight_sessions_fits_prefetch_and_reads_right(
         _dataset(s3, SessionCache(tmp_path / "e", max_bytes=size // 2))
 
 
+def test_a_cache_holds_one_open_session_per_worker_process_or_is_refused_at_once(
+    s3: Remote, tmp_path: Path
+) -> None:
+    size = max(s3.sizes)
+    ds = _dataset(s3, SessionCache(tmp_path / "c", max_bytes=size, room_timeout=5))
+    # each worker process holds the session it reads: 2 need 2 sessions (before, the loader
+    # started and a shuffled pass failed after room_timeout)
+    want = r"max_bytes=774\.7 KiB\) holds 1 session\(s\) .* \(2: 1 rank\(s\) on this node x 2 "
+    with pytest.raises(ConfigError, match=want + rf"worker .* {2 * size} bytes or use fewer"):
+        DataLoader(ds, batch_size=16, num_workers=2, shuffle=True)
+    with DataLoader(ds, batch_size=16, num_workers=2, worker_method="thread") as loader:
+        got = [row for batch in loader for row in rows(batch)]  # threads: one process's files
+    assert got == [(s, r) for s in range(SESSIONS) for r in range(files.ROWS)]
+
+
+def test_thread_workers_hold_their_sessions_beside_the_prefetch_window(
+    s3: Remote, tmp_path: Path
+) -> None:
+    size = max(s3.sizes)
+    ds = _dataset(s3, SessionCache(tmp_path / "c", max_bytes=3 * size, room_timeout=5))
+    assert ds.session_cache.prefetch == 2  # 3 sessions: the one read and 2 ahead
+    # 2 threads each hold the session they read while the window moves on: prefetch 2 (or 1)
+    # left no room for them, and the pass failed after room_timeout
+    with DataLoader(ds, batch_size=16, num_workers=2, worker_method="thread") as loader:
+        got = [row for batch in loader for row in rows(batch)]
+        plan = loader.describe()
+    assert got == [(s, r) for s in range(SESSIONS) for r in range(files.ROWS)]
+    assert "2 worker(s) each holding a session open" in plan, plan
+    assert "2 thread(s) sharing 3 file(s)" in plan, plan
+
+
 @pytest.mark.parametrize("how", ["truncate", "middle", "header"])
 def test_a_damaged_cached_copy_is_fetched_again_once(
     s3: Remote, tmp_path: Path, reference: list[list[tuple[int, int]]], how: str

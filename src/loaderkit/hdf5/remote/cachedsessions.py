@@ -24,7 +24,12 @@ from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.remote.sources import OrderWatcher, SessionSources
 from loaderkit.machine.distributed import local_world_size
 from loaderkit.storage import CacheStats, SessionCache
-from loaderkit.storage.limits import fit_to_readers, format_bytes, window_sessions
+from loaderkit.storage.limits import (
+    fit_to_readers,
+    fit_to_workers,
+    format_bytes,
+    window_sessions,
+)
 
 __all__ = ["CachedSessions", "session_positions"]
 
@@ -84,7 +89,9 @@ class CachedSessions:
         horizon = (self.reader.cache.max_open + sources.cache.prefetch + 1) * max(rows, 1)
         return OrderWatcher(sources, functools.partial(session_positions, self.keys), horizon)
 
-    def cached_open_files(self, num_workers: int, ranks: int | None = None) -> int | None:
+    def cached_open_files(
+        self, num_workers: int, ranks: int | None = None, threads: int = 0
+    ) -> int | None:
         """Most files each reading process may keep open so the cache never blocks.
 
         Every open file leases its cache entry; every rank on the node shares the cache and has
@@ -92,11 +99,18 @@ class CachedSessions:
         ``prefetch=0``), so ``ranks x (readers x max_open_files + window)`` sessions of the
         largest size must fit ``max_bytes``. A ``prefetch`` the caller left unset is lowered
         first until one open file per reader fits (``limits.fit_to_readers``; the plan's
-        ``prefetch`` row says why). ``None`` when nothing is read through a cache.
+        ``prefetch`` row says why), after an unset ``max_bytes`` below one open session per
+        reading process is raised to that (``limits.fit_to_workers``; set, or without room on
+        the disk: ``ConfigError``). Thread workers count as one process there (they share its
+        files, taking turns when it holds one) but as readers for the prefetch window: each
+        holds the session it reads while the window moves on.
+        ``None`` when nothing is read through a cache.
 
         Args:
-            num_workers: The loader's workers (0: the main process reads).
+            num_workers: The loader's worker processes (0: the main process reads).
             ranks: Ranks on this node; default ``loaderkit.machine.distributed.local_world_size()``.
+            threads: The loader's worker threads (``worker_method="thread"``, with
+                ``num_workers=0``): the files returned are for all of them together.
         """
         sources = self.sources
         if sources is None:
@@ -106,18 +120,23 @@ class CachedSessions:
             return None
         ranks = max(1, local_world_size() if ranks is None else ranks)
         cache = sources.cache
-        capacity = cache.max_bytes // largest
-        cache.limits = fit_to_readers(cache.session_limits, capacity, ranks, num_workers, largest)
-        room = capacity - ranks * window_sessions(cache.prefetch, num_workers)
+        readers = threads if threads > 0 else num_workers
+        limits = fit_to_workers(cache.session_limits, cache.disk(), ranks, num_workers, largest)
+        capacity = limits.max_bytes.value // largest
+        cache.limits = fit_to_readers(limits, capacity, ranks, readers, largest)
+        room = capacity - ranks * window_sessions(cache.prefetch, readers)
+        if threads > 0:  # one handle cache: its files are shared by the threads
+            return max(1, room // ranks)
         return max(1, room // (ranks * max(1, num_workers)))
 
-    def cache_plan(self, num_workers: int) -> list[tuple[str, bool, object, str]]:
+    def cache_plan(self, num_workers: int, threads: int = 0) -> list[tuple[str, bool, object, str]]:
         """The plan's ``cache`` and ``prefetch`` rows: ``(name, given, value, reason)`` each.
 
         ``given``: the caller chose the value (``cache=``, ``prefetch=``).
 
         Args:
-            num_workers: The loader's workers (0: the main process reads).
+            num_workers: The loader's worker processes (0: the main process reads).
+            threads: The loader's worker threads (``cached_open_files``).
 
         Example:
             >>> [row[0] for row in ds.cache_plan(2)]  # doctest: +SKIP
@@ -126,7 +145,7 @@ class CachedSessions:
         sources = self.sources
         if sources is None:
             return []
-        self.cached_open_files(num_workers)  # prefetch fitted to these readers
+        self.cached_open_files(num_workers, threads=threads)  # prefetch fitted to these readers
         cache = sources.cache
         limits = cache.limits
         stats = cache.stats()
