@@ -13,7 +13,13 @@ import pytest
 
 from loaderkit.errors import ConfigError, LoaderkitWarning, StorageError
 from loaderkit.storage import ObjectInfo, SessionCache, stat_objects
-from loaderkit.storage.limits import DiskUsage, GiB, check_limits, fit_cache_limits
+from loaderkit.storage.limits import (
+    DiskUsage,
+    GiB,
+    check_limits,
+    fit_cache_limits,
+    fit_to_workers,
+)
 from tests.storage.conftest import Bucket
 from tests.storage.helpers import payload
 
@@ -84,6 +90,24 @@ def test_an_unset_min_free_is_lowered_to_leave_room_for_the_sessions() -> None:
     # What the caller set is kept, and checked.
     with pytest.raises(ConfigError, match=r"room for 0 B .* min_free=12.6 GiB"):
         check_limits(fit_cache_limits(disk, min_free=int(12.6 * GiB)), disk, [793_264])
+
+
+def test_one_session_per_worker_process_is_fitted_or_refused() -> None:
+    mib = 2**20
+    disk = DiskUsage(total=252 * GiB, free=12 * GiB, cached=0)  # min_free 12.6 GiB: max_bytes 0
+    sessions = check_limits(fit_cache_limits(disk), disk, [mib] * 8)
+    assert sessions.max_bytes.value == mib and sessions.prefetch.value == 0
+    fitted = fit_to_workers(sessions, disk, ranks=2, workers=3, largest=mib)
+    assert fitted.max_bytes.value == 6 * mib and fitted.min_free.value == 12 * GiB - 6 * mib
+    assert "2 rank(s) on this node x 3 worker process(es), up to 1.0 MiB each" in (
+        fitted.max_bytes.reason
+    )
+    assert fit_to_workers(fitted, disk, ranks=2, workers=3, largest=mib) is fitted
+    full = DiskUsage(total=252 * GiB, free=GiB + 2 * mib, cached=0)
+    with pytest.raises(ConfigError, match=r"room for 2.0 MiB .* each of the 4 processes"):
+        fit_to_workers(check_limits(fit_cache_limits(full), full, [mib]), full, 1, 4, mib)
+    with pytest.raises(ConfigError, match=r"holds 2 session\(s\) .* at least 3145728 bytes"):
+        fit_to_workers(fit_cache_limits(disk, max_bytes=2 * mib), disk, 1, 3, mib)
 
 
 def test_construction_dir_default_and_picklable(
