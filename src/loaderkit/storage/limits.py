@@ -207,6 +207,27 @@ def fit_min_free(limits: CacheLimits, disk: DiskUsage, needed: int, sessions: st
     return replace(limits, min_free=CacheLimit(lowered, reason))
 
 
+def _room_for(
+    limits: CacheLimits, disk: DiskUsage, needed: int, sessions: str
+) -> tuple[CacheLimits, int]:
+    """An unset ``min_free`` fitted to ``needed`` (``fit_min_free``), and the room left then."""
+    if "min_free" not in limits.given:
+        limits = fit_min_free(limits, disk, needed, sessions)
+    return limits, disk.free + disk.cached - limits.min_free.value
+
+
+def _no_room(
+    limits: CacheLimits, disk: DiskUsage, room: int, what: str, advice: str
+) -> ConfigError:
+    """The error for a disk whose ``room`` is less than ``what`` the cache needs."""
+    return ConfigError(
+        f"the cache's disk has room for {format_bytes(max(room, 0))} ({format_bytes(disk.free)} "
+        f"free + {format_bytes(disk.cached)} cached - min_free="
+        f"{format_bytes(limits.min_free.value)}), less than {what}: {advice}, lower min_free or "
+        "use another dir"
+    )
+
+
 def fit_to_sessions(
     limits: CacheLimits, disk: DiskUsage, sizes: Sequence[int], readers: int = 1
 ) -> CacheLimits:
@@ -254,15 +275,10 @@ def fit_to_sessions(
     largest = max(sizes)
     readers = max(readers, 1)
     one_each = window_bytes(sizes, readers)
-    if "min_free" not in limits.given:
-        limits = fit_min_free(limits, disk, one_each, f"{readers} x up to {format_bytes(largest)}")
-    room = disk.free + disk.cached - limits.min_free.value
+    limits, room = _room_for(limits, disk, one_each, f"{readers} x up to {format_bytes(largest)}")
     if room < largest:
-        raise ConfigError(
-            f"the cache's disk has room for {format_bytes(max(room, 0))} ("
-            f"{format_bytes(disk.free)} free + {format_bytes(disk.cached)} cached - min_free="
-            f"{format_bytes(limits.min_free.value)}), less than the largest session "
-            f"({format_bytes(largest)}): free space, lower min_free or use another dir"
+        raise _no_room(
+            limits, disk, room, f"the largest session ({format_bytes(largest)})", "free space"
         )
     max_bytes = limits.max_bytes.value
     if max_bytes < one_each and "max_bytes" not in limits.given and one_each <= room:
@@ -378,17 +394,13 @@ def fit_to_workers(
             f"at once, each holding the session it reads ({processes}: {readers}): raise "
             f"max_bytes to at least {need} bytes or use fewer workers"
         )
-    if "min_free" not in limits.given:
-        limits = fit_min_free(limits, disk, need, f"{readers}, up to {format_bytes(largest)} each")
-    room = disk.free + disk.cached - limits.min_free.value
+    limits, room = _room_for(limits, disk, need, f"{readers}, up to {format_bytes(largest)} each")
     if room < need:
-        raise ConfigError(
-            f"the cache's disk has room for {format_bytes(max(room, 0))} ("
-            f"{format_bytes(disk.free)} free + {format_bytes(disk.cached)} cached - min_free="
-            f"{format_bytes(limits.min_free.value)}), less than one session of up to "
-            f"{format_bytes(largest)} for each of the {processes} processes that read at once "
-            f"({readers}): free space, use fewer workers, lower min_free or use another dir"
+        what = (
+            f"one session of up to {format_bytes(largest)} for each of the {processes} "
+            f"processes that read at once ({readers})"
         )
+        raise _no_room(limits, disk, room, what, "free space, use fewer workers")
     reason = (
         f"raised from {format_bytes(max_bytes)} ({limits.max_bytes.reason}) to one session "
         f"per reading process: {readers}, up to {format_bytes(largest)} each"
