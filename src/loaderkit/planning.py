@@ -415,6 +415,17 @@ def _plan_header(platform: PlatformInfo, dist: DistInfo) -> str:
     )
 
 
+def _shuffles_uniformly(res: Resolution) -> bool:
+    """Whether loaderkit's sampler shuffles every index uniformly (torch's or a sharded one)."""
+    if res.sampler_choice == SamplerChoice.DEFAULT:
+        return res.values.get("shuffle") is True
+    return res.sampler_shuffle and res.sampler_choice in (
+        SamplerChoice.DISTRIBUTED,
+        SamplerChoice.ELASTIC,
+        SamplerChoice.EXACT_SHARD,
+    )
+
+
 def plan_loader(
     dataset: Any, request: LoaderRequest, platform: PlatformInfo | None = None
 ) -> LoaderSetup:
@@ -469,6 +480,9 @@ def plan_loader(
         rows = [*dataset.io_plan(), *dataset.cache_plan(processes, threads=worker_threads(res))]
         for name, given, value, reason in rows:
             found.entries.append(PlanEntry(name, value if given else UNSET, value, reason))
+        hint = dataset.shuffle_hint() if _shuffles_uniformly(res) else None
+        if hint is not None:  # a uniform shuffle through a cache that cannot hold the data
+            found.hints.append(hint)
     if session_bytes is not None:
         dataset.set_session_bytes(session_bytes)  # before the checks and the block sampler
     check_picklable(checks, res, found)

@@ -87,6 +87,7 @@ def test_old_names_without_a_cache(paths: list[Path]) -> None:
             assert ds.cache_stats() is None
         assert ds.session_cache is None and ds.session_cache_stats() is None
         assert ds.prefetch_watcher() is None and ds.cache_plan(2) == []
+        assert ds.shuffle_hint() is None
         assert ds.cached_open_files(2) is None
 
 

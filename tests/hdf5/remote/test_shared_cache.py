@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from loaderkit import DataLoader, HDF5SessionDataset, SessionCache
-from loaderkit.errors import CacheRepairWarning, ConfigError, LoaderkitWarning
+from loaderkit.errors import CacheRepairWarning, ConfigError, LoaderkitWarning, PerformanceHint
 from tests.hdf5 import remotefiles as files
 from tests.hdf5.remotefiles import Remote, rows
 
@@ -115,6 +115,22 @@ def test_a_cache_holds_one_open_session_per_worker_process_or_is_refused_at_once
     with DataLoader(ds, batch_size=16, num_workers=2, worker_method="thread") as loader:
         got = [row for batch in loader for row in rows(batch)]  # threads: one process's files
     assert got == [(s, r) for s in range(SESSIONS) for r in range(files.ROWS)]
+
+
+def test_a_uniform_shuffle_through_a_cache_smaller_than_the_data_is_named(
+    s3: Remote, tmp_path: Path
+) -> None:
+    size = max(s3.sizes)
+    small = _dataset(s3, SessionCache(tmp_path / "c", max_bytes=2 * size))
+    want = r"shuffle=True reads the rows of 8 sessions .* holds 2 or more of them .*shuffle='block'"
+    with pytest.warns(PerformanceHint, match=want):
+        DataLoader(small, batch_size=16, shuffle=True).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PerformanceHint)
+        DataLoader(small, batch_size=16, shuffle="block").close()  # one session at a time
+        DataLoader(small, batch_size=16, shuffle=False).close()
+        whole = _dataset(s3, SessionCache(tmp_path / "d", max_bytes=8 * size))
+        DataLoader(whole, batch_size=16, shuffle=True).close()  # it holds every session
 
 
 def test_thread_workers_hold_their_sessions_beside_the_prefetch_window(

@@ -283,6 +283,7 @@ class HDF5SessionDataset(Dataset):
     prefetch_watcher = forward("_cached", CachedSessions.prefetch_watcher)
     cached_open_files = forward("_cached", CachedSessions.cached_open_files)
     cache_plan = forward("_cached", CachedSessions.cache_plan)
+    shuffle_hint = forward("_cached", CachedSessions.shuffle_hint)
     # old names: a LoaderkitDeprecationWarning naming the new one, then the same answer
     cache = deprecated("session_cache")
     cache_stats = deprecated("session_cache_stats")

@@ -129,6 +129,34 @@ class CachedSessions:
             return max(1, room // ranks)
         return max(1, room // (ranks * max(1, num_workers)))
 
+    def shuffle_hint(self) -> str | None:
+        """Why a uniform shuffle through this cache refetches, or ``None`` when all fits.
+
+        A uniformly shuffled order draws every batch from all sessions; a cache that holds
+        fewer than all of them evicts a session long before its rows are all read, so it is
+        fetched again and again. ``shuffle="block"`` reads one session's rows together.
+
+        Example:
+            >>> ds.shuffle_hint()  # doctest: +SKIP
+            'shuffle=True reads the rows of 8 sessions in random order through a ...'
+        """
+        sources = self.sources
+        if sources is None:
+            return None
+        sizes = sources.sizes()
+        cache = sources.cache
+        total = sum(sizes)
+        if not sizes or total <= cache.max_bytes:
+            return None
+        return (
+            f"shuffle=True reads the rows of {len(sizes)} sessions in random order through a "
+            f"SessionCache that holds {cache.max_bytes // max(sizes)} or more of them (max_bytes "
+            f"{format_bytes(cache.max_bytes)} of {format_bytes(total)}): nearly every batch "
+            "evicts a session whose rows are not all read yet, and it is fetched again, many "
+            "times per epoch. shuffle='block' fetches each session once per epoch; or raise "
+            "max_bytes to hold every session"
+        )
+
     def cache_plan(self, num_workers: int, threads: int = 0) -> list[tuple[str, bool, object, str]]:
         """The plan's ``cache`` and ``prefetch`` rows: ``(name, given, value, reason)`` each.
 
