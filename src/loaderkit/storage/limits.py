@@ -175,12 +175,14 @@ def min_free_floor(disk: DiskUsage) -> int:
 def fit_min_free(limits: CacheLimits, disk: DiskUsage, needed: int, sessions: str) -> CacheLimits:
     """An unset ``min_free`` lowered so that the disk has room for ``needed`` bytes.
 
+    A ``min_free`` the caller set is returned as it is (``fit_to_sessions`` checks it).
+
     The default (5 % of the disk, at least 1 GiB) can be more than a busy disk has free; the
     cache then takes only the room it needs (one session per reader), down to
     ``min_free_floor``: a disk fuller than that is refused by ``fit_to_sessions``.
 
     Args:
-        limits: The limits, ``min_free`` unset (loaderkit's default).
+        limits: The limits.
         disk: The disk's sizes now.
         needed: The bytes the cache needs room for: one session per reader.
         sessions: Those sessions for the reason: ``'2 x up to 1.0 GiB'``.
@@ -193,7 +195,7 @@ def fit_min_free(limits: CacheLimits, disk: DiskUsage, needed: int, sessions: st
     """
     usable = disk.free + disk.cached
     current = limits.min_free.value
-    if usable - current >= needed:
+    if "min_free" in limits.given or usable - current >= needed:
         return limits
     floor = min_free_floor(disk)
     lowered = max(floor, usable - needed)
@@ -210,10 +212,18 @@ def fit_min_free(limits: CacheLimits, disk: DiskUsage, needed: int, sessions: st
 def _room_for(
     limits: CacheLimits, disk: DiskUsage, needed: int, sessions: str
 ) -> tuple[CacheLimits, int]:
-    """An unset ``min_free`` fitted to ``needed`` (``fit_min_free``), and the room left then."""
-    if "min_free" not in limits.given:
-        limits = fit_min_free(limits, disk, needed, sessions)
+    """``min_free`` fitted to ``needed`` (``fit_min_free``), and the room the disk leaves then."""
+    limits = fit_min_free(limits, disk, needed, sessions)
     return limits, disk.free + disk.cached - limits.min_free.value
+
+
+def _raised_max_bytes(limits: CacheLimits, bytes_: int, per: str) -> CacheLimits:
+    """``max_bytes`` raised to ``bytes_``, one session per ``per`` (the reason's end)."""
+    reason = (
+        f"raised from {format_bytes(limits.max_bytes.value)} ({limits.max_bytes.reason}) to one "
+        f"session per {per}"
+    )
+    return replace(limits, max_bytes=CacheLimit(bytes_, reason))
 
 
 def _no_room(
@@ -282,13 +292,8 @@ def fit_to_sessions(
         )
     max_bytes = limits.max_bytes.value
     if max_bytes < one_each and "max_bytes" not in limits.given and one_each <= room:
-        limits = replace(
-            limits,
-            max_bytes=CacheLimit(
-                one_each,
-                f"raised from {format_bytes(max_bytes)} ({limits.max_bytes.reason}) to one "
-                f"session per reader: {readers} x up to {format_bytes(largest)}",
-            ),
+        limits = _raised_max_bytes(
+            limits, one_each, f"reader: {readers} x up to {format_bytes(largest)}"
         )
         max_bytes = one_each
     if max_bytes < largest:
@@ -401,11 +406,9 @@ def fit_to_workers(
             f"processes that read at once ({readers})"
         )
         raise _no_room(limits, disk, room, what, "free space, use fewer workers")
-    reason = (
-        f"raised from {format_bytes(max_bytes)} ({limits.max_bytes.reason}) to one session "
-        f"per reading process: {readers}, up to {format_bytes(largest)} each"
+    return _raised_max_bytes(
+        limits, need, f"reading process: {readers}, up to {format_bytes(largest)} each"
     )
-    return replace(limits, max_bytes=CacheLimit(need, reason))
 
 
 def fit_to_readers(
