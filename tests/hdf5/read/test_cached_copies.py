@@ -1,7 +1,7 @@
 """Contiguous rows without io_uring: page-cache copies take turns (``pread_cached``).
 
-Where a thread has no ring (``uring.thread_ring`` is ``None``: not Linux, or a kernel or sandbox
-without ``io_uring``), a batch's rows of one session are first copied with
+Where threads read batches at once and a thread has no ring (``uring.thread_ring`` is ``None``:
+not Linux, or a kernel or sandbox without ``io_uring``), a batch's rows of one session are first copied with
 ``os.preadv(..., RWF_NOWAIT)`` under one process-wide lock (one thread's copies at a time,
 instead of a GIL hand-off per row between threads); what the page cache does not hold is read
 afterwards with ``pread``, outside it.
@@ -31,8 +31,8 @@ ORDER = [17, 2, 29, 8, 8, 13, 0, 25, 31, 30, 29, 3, 4, 5]  # scattered, duplicat
 
 
 @pytest.fixture(autouse=True)
-def _no_ring(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The path these tests check is the one without a ring."""
+def _no_ring(monkeypatch: pytest.MonkeyPatch, several_readers: None) -> None:
+    """The path these tests check: threads reading at once, without a ring."""
     monkeypatch.setattr(uring, "thread_ring", lambda: None)
 
 

@@ -161,7 +161,7 @@ def test_disable_leaves_every_thread_without_a_ring(monkeypatch: pytest.MonkeyPa
     assert got == [None, None] and uring.thread_ring() is None
 
 
-@pytest.mark.usefixtures("ring")
+@pytest.mark.usefixtures("ring", "several_readers")
 def test_a_batch_over_sessions_is_one_ring_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -215,7 +215,7 @@ def test_a_truncated_file_is_named_after_a_ring_read(tmp_path: Path) -> None:
     ds.close()
 
 
-@pytest.mark.usefixtures("ring")
+@pytest.mark.usefixtures("ring", "several_readers")
 def test_long_runs_and_few_reads_are_left_to_pread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -239,4 +239,66 @@ def test_long_runs_and_few_reads_are_left_to_pread(
         got = _batch(ds, order)
         want = np.stack([np.full((64, 64), float(i >= 40)) for i in order])
         assert np.array_equal(got, want) and calls == ring_reads, order
+    ds.close()
+
+
+@pytest.mark.usefixtures("ring")
+def test_one_thread_reads_each_run_with_its_own_preadv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Alone, a thread hands over the GIL to nobody: a ``preadv`` a run costs less than a ring."""
+    paths = write_sessions(tmp_path, [20, 12, 9])
+    ds = HDF5SessionDataset(paths, key="betas")
+    _batch(ds, [0, 20, 35])  # every file open
+    calls: list[int] = []
+    real = uring.Ring.read_table
+
+    def counted(ring: uring.Ring, buffer: np.ndarray, reads: np.ndarray) -> np.ndarray:
+        calls.append(len(reads))
+        return real(ring, buffer, reads)
+
+    monkeypatch.setattr(uring.Ring, "read_table", counted)
+    assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
+    assert calls == []
+    ds.close()
+
+
+@pytest.mark.usefixtures("ring")
+def test_a_thread_reading_beside_another_reads_through_the_ring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While one thread is inside a batch read, another's batch of short runs is one ring call."""
+    paths = write_sessions(tmp_path, [20, 12, 9])
+    ds = HDF5SessionDataset(paths, key="betas")
+    _batch(ds, [0, 20, 35])
+    entered, leave = threading.Event(), threading.Event()
+    calls: list[int] = []
+    real_table, real_preadv = uring.Ring.read_table, os.preadv
+    blocked: list[threading.Thread] = []
+
+    def counted(ring: uring.Ring, buffer: np.ndarray, reads: np.ndarray) -> np.ndarray:
+        calls.append(len(reads))
+        return real_table(ring, buffer, reads)
+
+    def held(fd: int, buffers: Any, offset: int, *flags: int) -> int:
+        if threading.current_thread() in blocked:  # the first thread stays inside its read
+            entered.set()
+            assert leave.wait(30)
+        return real_preadv(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(uring.Ring, "read_table", counted)
+    monkeypatch.setattr(os, "preadv", held)
+    got: list[np.ndarray] = []
+    first = threading.Thread(target=lambda: got.append(_batch(ds, [1, 2, 3, 21])))
+    blocked.append(first)
+    first.start()
+    try:
+        assert entered.wait(30)
+        assert ds._reader.threads_reading() == 1  # the first thread, not this one
+        assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
+        assert calls == [len(ORDER) - 2]  # runs: 3, 4, 5 is one run of three
+    finally:
+        leave.set()
+        first.join()
+    assert np.array_equal(got[0], _want(ds, [1, 2, 3, 21])) and calls == [len(ORDER) - 2]
     ds.close()

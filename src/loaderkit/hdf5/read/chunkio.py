@@ -374,7 +374,8 @@ def choose_path(
                 "memory map", "contiguous numbers read outside h5py, no lock held"
             )
         calls = (
-            "a batch's rows in one io_uring call"
+            "one os.preadv per run of rows (a batch's rows in one io_uring call while "
+            "threads read at once)"
             if uring.thread_ring() is not None
             else "one os.preadv per run of rows (no io_uring in this process)"
         )

@@ -44,6 +44,7 @@ __all__ = [
     "raw_location",
     "read_direct",
     "ring_reads",
+    "ring_worth",
 ]
 
 logger = logging.getLogger(__name__)
@@ -448,6 +449,37 @@ def pread_many(
 #: Fewer short reads than this are left to ``pread``: a ring call costs some 30 µs of Python
 #: (the table, the queues), a ``pread`` of a page-cache row a few.
 RING_MIN_READS = 4
+
+
+def ring_worth(starts: np.ndarray, n: int, row_bytes: int) -> bool:
+    """Whether a batch's runs are worth one ring call rather than a ``pread`` each.
+
+    Decided before anything is leased or tabled: a batch the ring would leave whole to
+    ``pread`` (too few short reads: block order's few long runs) goes straight to ``pread``.
+
+    Args:
+        starts: Where each run begins among the batch's ``n`` rows (``plan_runs``).
+        n: Rows in the batch.
+        row_bytes: Bytes of one row as stored.
+
+    Returns:
+        ``True`` where at least ``RING_MIN_READS`` runs are shorter than ``TURN_MAX_BYTES``.
+
+    Example:
+        >>> ring_worth(np.arange(64), 64, 1024)  # 64 runs of one 1 KiB row
+        True
+        >>> ring_worth(np.array([0, 16, 32, 48]), 64, 16384)  # 4 runs of 256 KiB
+        False
+    """
+    runs = starts.size
+    if runs < RING_MIN_READS:
+        return False
+    if n * row_bytes < TURN_MAX_BYTES:  # the whole batch is short: every run is
+        return True
+    lengths = np.empty(runs, np.int64)
+    np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
+    lengths[-1] = n - starts[-1]
+    return int(np.count_nonzero(lengths < -(-TURN_MAX_BYTES // row_bytes))) >= RING_MIN_READS
 
 
 def ring_reads(ring: uring.Ring, flat: np.ndarray, table: np.ndarray) -> np.ndarray:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -39,7 +40,7 @@ from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection,
 from loaderkit.hdf5.meta.types import Kind, RowType, Samples, _dicts
 from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.handles import Handle
-from loaderkit.hdf5.read.rawio import pread, pread_many, ring_reads
+from loaderkit.hdf5.read.rawio import pread, pread_many, ring_reads, ring_worth
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
@@ -66,6 +67,10 @@ class SessionReader(SessionFiles):
             self.cache.close()
         if self.__dict__.get("held") is not None:
             self.held.clear()
+
+    def threads_reading(self) -> int:
+        """How many threads are inside a batch read of this reader now (this one included)."""
+        return len(self.reading)
 
     def read_one(self, index: int, pos: int, row: int) -> Any:
         """Sample ``index`` (session ``pos``, ``row``) as the default ``read`` returns it.
@@ -146,11 +151,16 @@ class SessionReader(SessionFiles):
         order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
         if starts is None:
             starts = np.arange(n)
-        if self.single:
-            samples, collated = self._read_key(0, idx, keys, order, starts)
-            # the rows (views of the batch, or dicts) only when something asks for them
-            return RowBatch(collated, samples, ragged=self._ragged_names[0])
-        parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
+        reading = self.reading
+        reading.append(None)  # threads reading now: ``_fill`` chooses its system calls by it
+        try:
+            if self.single:
+                samples, collated = self._read_key(0, idx, keys, order, starts)
+                # the rows (views of the batch, or dicts) only when something asks for them
+                return RowBatch(collated, samples, ragged=self._ragged_names[0])
+            parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
+        finally:
+            reading.pop()
         names = [spec.name for spec in self.specs]
         batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
         ragged = next((self._ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None)
@@ -278,11 +288,21 @@ class SessionReader(SessionFiles):
         # os.preadv takes the rows as bytes: exporting a record dtype's buffer is slow
         plain = buf.dtype.names is None or buf.dtype.hasobject  # objects: never read raw
         rows = buf if plain else buf.view(np.uint8).reshape(n, -1)
-        # contiguous data: a batch's runs go to the kernel at once (a ring per thread)
-        ring = uring.thread_ring() if self.contiguous else None
+        # Contiguous data, one thread reading: a ``preadv`` a run (a few microseconds each; a
+        # ring call costs more than a whole batch of them). Several threads reading at once:
+        # every system call releases the GIL, a hand-over to another thread, so a batch of
+        # many short runs goes to the kernel in one ring call (a ring per thread) or, without
+        # a ring, as page-cache copies that take turns (``pread_many``); a few long runs
+        # (block order) are still a ``preadv`` each.
+        direct, ring = self.threads_reading() < 2, None
+        if not direct and self.contiguous:
+            ring = uring.thread_ring()
+            if ring is not None and not ring_worth(starts, n, self.row_bytes[k]):
+                direct, ring = True, None
         if (
-            ring is not None
+            self.contiguous
             and order is None
+            and (direct or ring is not None)
             and self._fill_at_once(k, idx, keys, starts, rows, ring)
         ):
             return
@@ -308,8 +328,16 @@ class SessionReader(SessionFiles):
         pending: list[tuple[int, int, int]] = []
 
         def read_pending() -> None:
-            """Read ``pending`` from ``raw``: at once (ring or page-cache copies), then the rest."""
+            """Read ``pending`` from ``raw``: at once (ring or page-cache copies), then the rest.
+
+            Where one thread reads (``direct``), each run is one ``pread``.
+            """
             assert raw is not None
+            if direct:
+                for a, k0, k1 in pending:
+                    self._read_rest(k, rows, raw, last, a, k0, k1, 0, index_at(k0))
+                pending.clear()
+                return
             reads = [
                 (a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes) for a, k0, k1 in pending
             ]
@@ -371,16 +399,18 @@ class SessionReader(SessionFiles):
         keys: np.ndarray,
         starts: np.ndarray,
         rows: np.ndarray,
-        ring: uring.Ring,
+        ring: uring.Ring | None,
     ) -> bool:
-        """Read every run of a batch (request order) with one ring call, arrays all the way.
+        """Read every run of a batch (request order), every session's file leased at once.
 
-        Every session's file is leased for the call, with one hold of the cache's mutex.
-        Returns ``False``, having read nothing, where a session's file is not open
-        (``lease_open``) or is not read with ``preadv`` (mapped, or HDF5 reads it): ``_fill``
-        then reads the batch. Nothing here releases the GIL but the ring's system call: each
-        release is a hand-over to another thread (numpy's sorts and 2-D fancy indexing
-        release it).
+        With a ``ring``, the runs go to the kernel in one call, arrays all the way; without
+        one, each run is one ``os.preadv`` straight into its rows (block order's few long
+        runs: a ring call costs more than they do). Every session's file is leased with one
+        hold of the cache's mutex. Returns ``False``, having read nothing, where a session's
+        file is not open (``lease_open``) or is not read with ``preadv`` (mapped, or HDF5
+        reads it): ``_fill`` then reads the batch session by session. Nothing here releases
+        the GIL but the reads' system calls: each release is a hand-over to another thread
+        (numpy's sorts and 2-D fancy indexing release it).
         """
         run_keys = keys[starts]
         slots: dict[int, int] = {}  # session: its place in order of first appearance
@@ -394,31 +424,83 @@ class SessionReader(SessionFiles):
             raws = [handle.raws[k] if handle.maps[k] is None else None for handle in leased]
             if None in raws:
                 return False
-            fds, bases = np.array(raws, dtype=np.int64).T  # one row per session
-            which = np.array(places)
-            row_bytes = self.row_bytes[k]
-            lengths = np.empty(starts.size, np.int64)  # rows per run (np.diff costs more)
-            np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
-            lengths[-1] = idx.size - starts[-1]
-            table = np.empty((starts.size, 4), np.int64)
-            table[:, 0] = fds[which]
-            table[:, 1] = bases[which] + (run_keys & ROW_MASK) * row_bytes
-            table[:, 2] = starts * row_bytes
-            table[:, 3] = lengths * row_bytes
-            done = ring_reads(ring, rows.reshape(-1).view(np.uint8), table)
-            for r in (done < table[:, 3]).nonzero()[0].tolist():
-                s, k0 = places[r], int(starts[r])
-                a = int(run_keys[r] & ROW_MASK)
-                k1 = k0 + int(lengths[r])
-                self._read_rest(
-                    k, rows, raws[s], sessions[s], a, k0, k1, int(done[r]), int(idx[k0])
-                )
+            if ring is None:
+                self._pread_runs(k, idx, run_keys, starts, rows, raws, places)
+            else:
+                self._ring_runs(k, idx, run_keys, starts, rows, raws, places, ring)
             for s, handle in enumerate(leased):
                 if handle.watch:  # HDF5 read chunks of it: the rows are real rows
                     self.verify(handle, sessions[s], "rows", int(idx[starts[places.index(s)]]))
             return True
         finally:
             self.cache.release_all(leased)
+
+    def _pread_runs(
+        self,
+        k: int,
+        idx: np.ndarray,
+        run_keys: np.ndarray,
+        starts: np.ndarray,
+        rows: np.ndarray,
+        raws: list[tuple[int, int] | None],
+        places: list[int],
+    ) -> None:
+        """One ``os.preadv`` per run into its rows; a short read is finished by ``_read_rest``."""
+        row_bytes = self.row_bytes[k]
+        bounds = starts.tolist()
+        bounds.append(idx.size)
+        with memoryview(rows.reshape(-1).view(np.uint8)) as flat:
+            for r, key in enumerate(run_keys.tolist()):
+                raw = raws[places[r]]
+                assert raw is not None
+                a, k0 = key & ROW_MASK, bounds[r]
+                at, nbytes = k0 * row_bytes, (bounds[r + 1] - k0) * row_bytes
+                try:
+                    got = os.preadv(raw[0], [flat[at : at + nbytes]], raw[1] + a * row_bytes)
+                except OSError:
+                    got = 0  # read again with its context: the error names the rows
+                if got < nbytes:
+                    pos, k1 = key >> ROW_BITS, bounds[r + 1]
+                    self._read_rest(k, rows, raw, pos, a, k0, k1, got, int(idx[k0]))
+
+    def _ring_runs(
+        self,
+        k: int,
+        idx: np.ndarray,
+        run_keys: np.ndarray,
+        starts: np.ndarray,
+        rows: np.ndarray,
+        raws: list[tuple[int, int] | None],
+        places: list[int],
+        ring: uring.Ring,
+    ) -> None:
+        """Every run in one ring call (a table of reads); what it leaves, ``_read_rest`` reads."""
+        fds, bases = np.array(raws, dtype=np.int64).T  # one row per session
+        which = np.array(places)
+        row_bytes = self.row_bytes[k]
+        lengths = np.empty(starts.size, np.int64)  # rows per run (np.diff costs more)
+        np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
+        lengths[-1] = idx.size - starts[-1]
+        table = np.empty((starts.size, 4), np.int64)
+        table[:, 0] = fds[which]
+        table[:, 1] = bases[which] + (run_keys & ROW_MASK) * row_bytes
+        table[:, 2] = starts * row_bytes
+        table[:, 3] = lengths * row_bytes
+        done = ring_reads(ring, rows.reshape(-1).view(np.uint8), table)
+        for r in (done < table[:, 3]).nonzero()[0].tolist():
+            k0 = int(starts[r])
+            key = int(run_keys[r])
+            self._read_rest(
+                k,
+                rows,
+                raws[places[r]],
+                key >> ROW_BITS,
+                key & ROW_MASK,
+                k0,
+                k0 + int(lengths[r]),
+                int(done[r]),
+                int(idx[k0]),
+            )
 
     def _read_rest(
         self,

@@ -146,6 +146,8 @@ class SessionFiles:
         )
         #: Per thread: the reused scratch buffer of rows that need converting (``_scratch``).
         self.scratch = threading.local()
+        #: One entry per thread inside a batch read now (``list.append``/``pop`` are atomic).
+        self.reading: list[None] = []
         self._ragged_names = [self._ragged(k) for k in range(len(self.types))]
         #: Per session, per key: its rows span many chunks and are read apart (``widerows``).
         self.wide = [
@@ -169,11 +171,13 @@ class SessionFiles:
         state["cache"] = self.cache.max_open  # handles never travel: only the bound
         state["held"] = self.held.max_bytes  # nor held rows
         state["scratch"] = None
+        state["reading"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.scratch = threading.local()
+        self.reading = []
         self.cache = HandleCache(
             self._open, int(state["cache"]), self.paths.__getitem__, on_evict=self._evicted
         )
