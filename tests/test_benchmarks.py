@@ -1,23 +1,28 @@
 """The benchmark scripts run in --quick mode and write their JSON (no timing is asserted).
 
-benchmarks/hdf5_read.py has its own data-checking test in tests/hdf5/.
+Those runs are the slow tier (each test marked); the pure functions of ``benchmarks/compare.py``
+(ratios, flags, the table) are tested in the fast tier. benchmarks/hdf5_read.py has its own
+data-checking test in tests/hdf5/.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
-# the benchmarks' quick runs: several seconds each (CI runs them on torch 2.13 only)
-pytestmark = pytest.mark.slow
+# the benchmarks' quick runs: several seconds each (CI runs them on torch 2.13 only), so every
+# test that runs a benchmark is marked slow; the pure-function tests below are fast
+slow = pytest.mark.slow
 
 
 def _run(script: str, tmp_path: Path) -> dict:
@@ -33,6 +38,7 @@ def _run(script: str, tmp_path: Path) -> dict:
     return json.loads(out.read_text())
 
 
+@slow
 def test_loader_overhead(tmp_path: Path) -> None:
     data = _run("loader_overhead.py", tmp_path)
     assert [row["ratio"] > 0 for row in data["overhead"]] == [True, True]
@@ -40,16 +46,19 @@ def test_loader_overhead(tmp_path: Path) -> None:
     assert data["end_to_end"]["loaderkit_items_per_s"] > 0
 
 
+@slow
 def test_sample_seeding(tmp_path: Path) -> None:
     data = _run("sample_seeding.py", tmp_path)
     assert set(data["results"]) == {"num_workers=0", "num_workers=1"}
 
 
+@slow
 def test_transfer(tmp_path: Path) -> None:
     data = _run("transfer.py", tmp_path)
     assert data  # without CUDA: the CPU pass-through measurements
 
 
+@slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU host it runs the whole suite")
 def test_gpu_check_script_stops_where_there_is_no_cuda() -> None:
     script = BENCHMARKS.parent / "tools" / "gpu_check.sh"
@@ -65,6 +74,7 @@ def test_gpu_check_script_stops_where_there_is_no_cuda() -> None:
     assert "full test suite" not in result.stdout
 
 
+@slow
 def test_resume(tmp_path: Path) -> None:
     data = _run("resume.py", tmp_path)
     for result in data["results"].values():
@@ -74,6 +84,7 @@ def test_resume(tmp_path: Path) -> None:
         assert all(s["ms_to_first_batch"] > 0 for s in scenarios.values())
 
 
+@slow
 def test_feed(tmp_path: Path) -> None:
     data = _run("feed.py", tmp_path)
     prefetched = {"loaderkit default + DevicePrefetcher", "loaderkit block + DevicePrefetcher"}
@@ -145,6 +156,7 @@ def test_feed(tmp_path: Path) -> None:
                 assert rows[name]["max_open_files"] >= 1
 
 
+@slow
 def test_handoff(tmp_path: Path) -> None:
     data = _run("handoff.py", tmp_path)
     rows = data["results"]
@@ -174,6 +186,7 @@ def test_handoff(tmp_path: Path) -> None:
     assert kept["copied_out"] > 0 and kept["keep_vs_drop"] > 0  # kept batches copied out here
 
 
+@slow
 def test_copy_on_read(tmp_path: Path) -> None:
     data = _run("copy_on_read.py", tmp_path)
     rows = {row["loader"]: row for row in data["rows"]}
@@ -201,6 +214,7 @@ def test_copy_on_read(tmp_path: Path) -> None:
     assert data["hint"].startswith(f"dataset.items: list of {data['items']:,} tuples")
 
 
+@slow
 def test_parallel_reads(tmp_path: Path) -> None:
     data = _run("parallel_reads.py", tmp_path)
     assert data["quick"] is True
@@ -213,6 +227,7 @@ def test_parallel_reads(tmp_path: Path) -> None:
     assert all(row["ratio"] > 0 for row in rows.values())
 
 
+@slow
 def test_nsd_layout(tmp_path: Path) -> None:
     data = _run("nsd_layout.py", tmp_path)
     assert data["quick"] is True
@@ -247,6 +262,7 @@ def test_nsd_layout(tmp_path: Path) -> None:
     assert data["rechunk_seconds"] > 0 and "real_size" not in data
 
 
+@slow
 def test_remote(tmp_path: Path) -> None:
     data = _run("remote.py", tmp_path)
     assert data["quick"] is True
@@ -284,6 +300,7 @@ def test_remote(tmp_path: Path) -> None:
     assert second["requests"]["list"] == first["requests"]["list"] >= 1  # listing only
 
 
+@slow
 def test_threads(tmp_path: Path) -> None:
     data = _run("threads.py", tmp_path)
     assert set(data["throughput"]) == {"contiguous", "gzip-chunked", "NSD layout"}
@@ -312,3 +329,132 @@ def test_threads(tmp_path: Path) -> None:
     rounds = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(rounds) == set(data["throughput"]["contiguous"])
     assert all(len(r) == 2 and min(r) > 0 for r in rounds.values())
+
+
+# ------------------------------------------- benchmarks/compare.py: BASE against HEAD
+
+
+def _compare() -> ModuleType:
+    """benchmarks/compare.py, imported by path (it imports no loaderkit: the children do)."""
+    spec = importlib.util.spec_from_file_location("compare_benchmark", BENCHMARKS / "compare.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["compare_benchmark"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compare_median_and_ratio_skip_missing_rounds() -> None:
+    compare = _compare()
+    assert compare.median([3.0, None, 1.0, 2.0]) == 2.0
+    assert compare.median([None, None]) is None
+    assert compare.ratio(50.0, 100.0) == 0.5
+    assert compare.ratio(None, 100.0) is None
+    assert compare.ratio(50.0, None) is None
+    assert compare.ratio(50.0, 0.0) is None
+    # per round, only where both sides ran
+    assert compare.round_ratios([100.0, None, 100.0], [80.0, 90.0, None]) == [0.8]
+
+
+def test_compare_flags_only_a_slowdown_that_repeats() -> None:
+    compare = _compare()
+    assert compare.slower_rounds([0.5, 0.95, 0.89, 0.9]) == 2  # 0.9 itself is not slower
+    # slower overall and in 3 of 5 rounds: flagged
+    assert compare.is_flagged(0.8, [0.8, 0.8, 0.85, 1.0, 1.0])
+    # slower overall but in 2 of 5 rounds only (one bad stretch of the machine): not flagged
+    assert not compare.is_flagged(0.85, [0.5, 0.5, 1.0, 1.0, 0.95])
+    # half the rounds is not a majority
+    assert not compare.is_flagged(0.8, [0.8, 0.8, 1.0, 1.0])
+    # a majority of slow rounds but the medians within the threshold: not flagged
+    assert not compare.is_flagged(0.92, [0.85, 0.88, 0.89, 1.2, 1.3])
+    assert not compare.is_flagged(None, [0.5, 0.5, 0.5])  # a side missing
+    assert not compare.is_flagged(0.5, [])  # no round with both sides
+    assert compare.is_flagged(0.8, [0.8], threshold=0.9)  # one round: it is the majority
+    assert not compare.is_flagged(0.8, [0.8, 0.8], threshold=0.75)  # the threshold is used
+
+
+def test_compare_abba_order_alternates_the_first_side() -> None:
+    compare = _compare()
+    orders = [compare.side_order(i) for i in range(4)]
+    assert orders == [("base", "head"), ("head", "base")] * 2
+
+
+def test_compare_summary_and_table_show_na_sides_with_their_reason() -> None:
+    compare = _compare()
+    side = compare.SideResult
+    rows = [
+        compare.summarize(
+            "tiny-rows-block",
+            side([100.0, 100.0, 100.0]),
+            side([80.0, 85.0, 120.0]),
+        ),
+        compare.summarize("handoff", side([100.0, 110.0, 90.0]), side([95.0, 105.0, 100.0])),
+        compare.summarize(
+            "threads-epoch",
+            side([None, None, None], reason="TypeError: unexpected keyword 'worker_method'"),
+            side([200.0, 210.0, 190.0]),
+        ),
+        compare.summarize(
+            "startup-first-batch", side([20.0, 21.0], "starts/s"), side([10.0, 11.0], "starts/s")
+        ),
+    ]
+    tiny, handoff, threads, startup = rows
+    assert tiny.base == 100.0 and tiny.head == 85.0 and tiny.ratio == pytest.approx(0.85)
+    assert tiny.round_ratios == pytest.approx([0.8, 0.85, 1.2])
+    assert tiny.slower == 2 and tiny.flagged
+    assert handoff.ratio == 1.0 and not handoff.flagged
+    assert threads.base is None and threads.ratio is None and not threads.flagged
+    assert threads.base_reason == "TypeError: unexpected keyword 'worker_method'"
+    assert threads.head_reason is None and threads.head == 200.0
+    assert startup.flagged and startup.unit == "starts/s"
+
+    table = compare.render_table(rows, "f1c9b8f", "worktree")
+    lines = table.splitlines()
+    assert lines[0] == ("| case | BASE f1c9b8f | HEAD worktree | HEAD/BASE | rounds < 0.9 | flag |")
+    assert lines[1].startswith("|---|")
+    assert "| tiny-rows-block | 100 | 85 | 0.85 | 2/3 | **SLOWER** |" in lines
+    assert "| handoff | 100 | 100 | 1.00 | 0/3 |  |" in lines
+    assert "| threads-epoch | n/a | 200 |  |  | n/a (BASE) |" in lines
+    assert "| startup-first-batch | 20.5 | 10.5 | 0.51 | 2/2 | **SLOWER** |" in lines
+    assert any("startup-first-batch: starts/s" in line for line in lines)
+    assert "- threads-epoch: n/a on BASE: TypeError: unexpected keyword 'worker_method'" in lines
+
+    last = compare.summary_line(rows)
+    assert last == (
+        "flagged: 2 of 3 cases slower than 0.9x in a majority of rounds: "
+        "tiny-rows-block, startup-first-batch; 1 n/a"
+    )
+    assert compare.summary_line(rows[1:2]).startswith("flagged: none (1 cases compared")
+
+
+def test_compare_rates_are_formatted_for_the_table() -> None:
+    compare = _compare()
+    assert compare.format_rate(None) == "n/a"
+    assert compare.format_rate(1234567.8) == "1,234,568"
+    assert compare.format_rate(23.456) == "23.5"
+    assert compare.format_rate(0.5) == "0.5"
+
+
+@slow
+def test_compare_last_commit_against_the_working_tree(tmp_path: Path) -> None:
+    # two cases, one round: a few child processes (~20 s); timing is not asserted
+    out = tmp_path / "compare.json"
+    only = ["--only", "tiny-rows-block", "--only", "tiny-rows-random"]
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "compare.py"), "HEAD", "--quick", "--rounds", "1",
+         *only, "--json", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=BENCHMARKS.parent,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "|---" in result.stdout and result.stdout.strip().splitlines()[-1].startswith("flagged")
+    data = json.loads(out.read_text())
+    assert data["rounds"] == 1 and data["quick"] is True
+    assert data["base"]["revision"] == "HEAD" and len(data["base"]["sha"]) == 40
+    assert data["head"]["revision"] is None and data["head"]["label"].startswith("worktree")
+    assert set(data["cases"]) == {"tiny-rows-block", "tiny-rows-random"}
+    for case in data["cases"].values():
+        assert case["base"] > 0 and case["head"] > 0
+        assert case["ratio"] > 0 and len(case["round_ratios"]) == 1
+        # each side's own copy: HEAD exported, the working tree's src/ copied
+        assert "/base/src/loaderkit/" in case["base_runs"][0]["loaderkit"]
+        assert "/head/src/loaderkit/" in case["head_runs"][0]["loaderkit"]
