@@ -21,7 +21,6 @@ import itertools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -33,6 +32,7 @@ except ImportError:  # imported from elsewhere
     from _cli import emit, parser
 
 from loaderkit.hdf5 import BlockShuffleSampler
+from loaderkit.support import LoaderSupport, SessionIndex
 
 __all__ = ["CONFIGS", "locality", "main", "measure"]
 
@@ -48,25 +48,33 @@ CONFIGS: tuple[tuple[str, int, int, int, int | None, int, tuple[int, ...]], ...]
 
 
 class _IndexOnly:
-    """Just enough of an HDF5SessionDataset for the sampler: the index and chunk layout."""
+    """Just enough of a dataset for the sampler: its ``LoaderSupport`` answers the index."""
 
     def __init__(self, sessions: int, rows: int, chunk_rows: int, max_open_files: int = 8):
-        self.session_ids = tuple(range(sessions))
-        self.max_open_files = max_open_files
-        self.chunk_rows = chunk_rows
-        self._pos = np.repeat(np.arange(sessions), rows)
-        self._rows = np.tile(np.arange(rows), sessions)
+        self.chunk_rows = chunk_rows  # 0: contiguous
+        self.index = SessionIndex(
+            positions=np.repeat(np.arange(sessions), rows),
+            rows=np.tile(np.arange(rows), sessions),
+            chunk_rows=np.full(sessions, max(chunk_rows, 1), np.int64),
+            open_files=max_open_files,
+        )
 
-    def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._pos, self._rows
+    def __len__(self) -> int:
+        return int(self.index.positions.shape[0])
 
-    def layout(self, session: int) -> Any:
-        return SimpleNamespace(chunk_rows=self.chunk_rows) if self.chunk_rows else None
+    def loader_support(self) -> LoaderSupport:
+        index = self.index
+
+        class Sessions(LoaderSupport):
+            def session_index(self) -> SessionIndex:
+                return index
+
+        return Sessions()
 
 
 def locality(dataset: _IndexOnly, order: np.ndarray, batch_size: int) -> dict[str, float]:
     """Mean slab reads, rows, chunks and sessions per batch of ``batch_size`` over ``order``."""
-    pos, rows = dataset.index_arrays()
+    pos, rows = dataset.index.positions, dataset.index.rows
     sess, row = pos[order], rows[order]
     reads, chunks, sessions, sizes = [], [], [], []
     for k in range(0, order.shape[0], batch_size):

@@ -31,6 +31,7 @@ except ImportError:  # imported from elsewhere
     from hdf5_read import run_benchmark
 
 from loaderkit.hdf5 import BlockShuffleSampler
+from loaderkit.support import LoaderSupport, SessionIndex
 
 __all__ = ["main", "randomness"]
 
@@ -39,19 +40,27 @@ BLOCK_SIZES = (1, 4, 8, 16, 32, 64)
 
 
 class _IndexOnly:
-    """Just enough of an HDF5SessionDataset for the sampler: the index, no files."""
+    """Just enough of a dataset for the sampler: its ``LoaderSupport`` answers the index."""
 
     def __init__(self, sessions: int, rows: int, max_open_files: int = 8) -> None:
-        self.session_ids = tuple(range(sessions))
-        self.max_open_files = max_open_files
-        self._pos = np.repeat(np.arange(sessions), rows)
-        self._rows = np.tile(np.arange(rows), sessions)
+        self.index = SessionIndex(
+            positions=np.repeat(np.arange(sessions), rows),
+            rows=np.tile(np.arange(rows), sessions),
+            chunk_rows=np.ones(sessions, np.int64),
+            open_files=max_open_files,
+        )
 
-    def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        return self._pos, self._rows
+    def __len__(self) -> int:
+        return int(self.index.positions.shape[0])
 
-    def layout(self, session: int) -> None:
-        return None
+    def loader_support(self) -> LoaderSupport:
+        index = self.index
+
+        class Sessions(LoaderSupport):
+            def session_index(self) -> SessionIndex:
+                return index
+
+        return Sessions()
 
 
 def randomness(
@@ -60,7 +69,7 @@ def randomness(
     """Per-batch and per-session statistics of one epoch of the sampler's order."""
     ds = _IndexOnly(sessions, rows)
     order = BlockShuffleSampler(ds, seed=seed, block_size=block_size, window=window).indices()
-    pos, rows_ = ds.index_arrays()
+    pos, rows_ = ds.index.positions, ds.index.rows
     sess, row = pos[order], rows_[order]
     n = order.shape[0]
     per_batch_sessions, per_batch_reads, per_batch_share = [], [], []

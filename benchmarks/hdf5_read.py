@@ -325,7 +325,7 @@ def _run_workload(
 ) -> dict[str, Any]:
     paths = make_workload(root, workload, quick=quick)
     with HDF5SessionDataset(paths, key=KEY) as ds:
-        sess, rows = ds.index_arrays()
+        sess, rows = ds.handles.index_arrays()
         sampler = BlockShuffleSampler(ds, seed=1234, block_size=block_size)
         block_order = sampler.indices()
         block_size = max(sampler.block_rows)
@@ -385,7 +385,9 @@ def _run_workload(
         fds_per_file = 1
         if isinstance(strategy, LoaderkitItem):
             max_open = strategy.ds.max_open_files
-            fds_per_file = strategy.ds.fds_per_file  # 2 with a memory map (a dup'd descriptor)
+            fds_per_file = (
+                strategy.ds.budgets.fds_per_file
+            )  # 2 with a memory map (a dup'd descriptor)
         out["strategies"][name] = {
             "items_per_s": statistics.median(times[name]),
             "repeats": times[name],

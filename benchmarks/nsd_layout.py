@@ -414,8 +414,10 @@ def run_real_size(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         files = loader.plan["max_open_files"].value
         found = re.search(r"\((\d+) per worker\)", str(loader.plan["handoff"].value))
         slots = int(found.group(1)) if found else 0  # torch's path: batches in /dev/shm
-        batch_bytes = BATCH * (ds.sample_nbytes or 0)
-        per_process = budget + files * ds.file_memory_bytes + BLOCK_BYTES + slots * batch_bytes
+        batch_bytes = BATCH * (ds.handles.sample_nbytes or 0)
+        per_process = (
+            budget + files * ds.budgets.file_memory_bytes + BLOCK_BYTES + slots * batch_bytes
+        )
         sampler = _Sampler()
         sampler.start()
         started = time.perf_counter()
@@ -452,7 +454,7 @@ def run_real_size(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         "vs_one_read": block_rate / read_rate,
         "plan_max_session_bytes": budget,
         "plan_max_open_files": files,
-        "file_memory_bytes": ds.file_memory_bytes,
+        "file_memory_bytes": ds.budgets.file_memory_bytes,
         "plan_handoff_slots": slots,
         "batch_bytes": batch_bytes,
         "per_process_budget": per_process,

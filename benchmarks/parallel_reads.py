@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
                 if label == "loaderkit":
                     with make() as probe:
-                        paths_of[name] = probe.io_paths()["x"].kind
+                        paths_of[name] = probe.handles.io_paths()["x"].kind
                         batches[name] = _batches(len(probe), 0)
                 _check(make, paths, batches[name][:8])
                 for threads in (1, 2):

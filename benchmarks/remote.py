@@ -383,7 +383,7 @@ def run(
                     times, orders = _epochs(loader, 1)
                     cpu_first.append((_cpu_now(server) - cpu[0], server.cpu_seconds() - cpu[1]))
                     counts_first.append(_counts(server, PREFIX))
-                    stats = ds.session_cache_stats()
+                    stats = ds.cached_sessions.stats()
                     waiting.append(stats.seconds_waiting if stats is not None else None)
                     remote_first.append(times[0])
                     if r == 0:  # untimed: values equal the files'
@@ -505,7 +505,7 @@ def run(
                 quarter_times.append(t[0])
         finally:
             watch.stop()
-            stats = ds.session_cache_stats()
+            stats = ds.cached_sessions.stats()
             loader.close()
             ds.close()
         results["quarter"] = {

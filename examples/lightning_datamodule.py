@@ -42,7 +42,7 @@ class Trials(HDF5SessionDataset):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        positions, _ = self.index_arrays()  # session position of every index, in order
+        positions, _ = self.handles.index_arrays()  # session position of every index, in order
         starts = np.searchsorted(positions, np.arange(len(self.session_ids)))
         self.first_index = {
             sid: int(start) for sid, start in zip(self.session_ids, starts, strict=True)

@@ -5,8 +5,9 @@ here): every torch argument keeps its meaning, unset ones get safe and fast valu
 decision is recorded in ``loader.plan``.
 
 The package root is the front door (this module, ``factory``, ``loader``, ``planning`` with
-the checks before workers start in ``checks``, ``passes``) and the two leaves every layer may
-use (``errors``, ``plan``); the rest lives in a folder per stage of the data's way, lowest
+the checks before workers start in ``checks``, ``passes``), the leaves every layer may use
+(``errors``, ``plan``) and what a loader asks of a dataset (``support``: ``LoaderSupport``);
+the rest lives in a folder per stage of the data's way, lowest
 first: ``machine`` (what this machine and torch are), ``workers`` (what runs in worker
 processes and threads, and the hand-off), ``memory`` (what processes hold), ``order`` (which
 samples, in what order), ``policy`` (decisions and checks before a start), ``device`` (to the
@@ -50,6 +51,7 @@ from loaderkit.order.seeding import (
 from loaderkit.plan import Plan, PlanEntry
 from loaderkit.policy import recommended_num_workers
 from loaderkit.storage import CacheStats, SessionCache
+from loaderkit.support import LoaderSupport, SessionIndex
 from loaderkit.workers.collate import Padded, pad_collate
 
 __version__ = "0.1.0"
@@ -67,6 +69,7 @@ __all__ = [
     "HDF5FileError",
     "HDF5SessionDataset",
     "LeakCheck",
+    "LoaderSupport",
     "LoaderkitDeprecationWarning",
     "LoaderkitError",
     "LoaderkitWarning",
@@ -79,6 +82,7 @@ __all__ = [
     "RaggedBatchError",
     "ResourceLeakError",
     "SessionCache",
+    "SessionIndex",
     "SharedSequence",
     "StorageAccessError",
     "StorageError",

@@ -48,6 +48,7 @@ from loaderkit.passes import LoaderPass, pass_iterator
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
 from loaderkit.policy import LoaderRequest
+from loaderkit.support import support_of
 from loaderkit.workers.handoff import HandoffCounts, HandoffStats
 from loaderkit.workers.teardown import shutdown_iterator
 
@@ -385,8 +386,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
 
         def watcher() -> Any:
             owner = loader()
-            make = None if owner is None else getattr(owner.dataset, "prefetch_watcher", None)
-            return make() if callable(make) else None
+            return None if owner is None else support_of(owner.dataset).prefetch_watcher()
 
         return PassIndices(base, record, sources, watcher)
 
@@ -577,8 +577,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             >>> print(DataLoader(list(range(4)), training=False).describe())  # doctest: +SKIP
         """
         text = self.plan.describe()
-        stats = getattr(self.dataset, "session_cache_stats", None)
-        now = stats() if callable(stats) else None
+        now = support_of(self.dataset).cache_stats()
         if now is not None:  # a dataset read through a session cache: its counters now
             text += (
                 "\ncache now (this process, its prefetcher and its workers): "

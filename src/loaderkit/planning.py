@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,8 +36,8 @@ from loaderkit.checks import (
     worker_threads,
 )
 from loaderkit.errors import ConfigError, PerformanceHint, warn
-from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
-from loaderkit.machine.distributed import DistInfo, dist_info, local_world_size
+from loaderkit.hdf5 import BlockShuffleSampler
+from loaderkit.machine.distributed import DistInfo, dist_info
 from loaderkit.machine.platform import PlatformInfo, detect_platform
 from loaderkit.machine.versions import fit_torch_arguments, torch_decision, torch_fallback_warning
 from loaderkit.memory.containers import survey_containers
@@ -56,9 +56,9 @@ from loaderkit.policy.budgets import (
     check_open_file_budget,
     check_session_memory,
     check_shared_memory,
-    fit_open_files,
 )
 from loaderkit.policy.memory import advise_copy_on_read, resolve_gc_freeze
+from loaderkit.support import LoaderShape, LoaderSupport, answers, support_of
 from loaderkit.workers.collate import collate
 
 __all__ = ["LARGE_PICKLE_BYTES", "LoaderSetup", "dataset_facts", "plan_loader"]
@@ -100,30 +100,33 @@ class LoaderSetup:
     worker_method: str = "process"
 
 
-def dataset_facts(dataset: Any) -> DatasetFacts:
+def dataset_facts(dataset: Any, support: LoaderSupport | None = None) -> DatasetFacts:
     """Gather what the policies need to know about ``dataset`` (without reading samples).
+
+    Args:
+        dataset: The loader's dataset.
+        support: Its ``LoaderSupport`` (default: ``support_of(dataset)``).
 
     Examples:
         >>> dataset_facts([1, 2, 3]).iterable
         False
     """
-    max_open = getattr(dataset, "max_open_files", None)
+    support = support_of(dataset) if support is None else support
     return DatasetFacts(
         iterable=isinstance(dataset, IterableDataset),
         has_getitems=callable(getattr(dataset, "__getitems__", None)),
-        supports_block_shuffle=isinstance(dataset, HDF5SessionDataset),
-        max_open_files=max_open if isinstance(max_open, int) else None,
+        supports_block_shuffle=answers(support, "session_index"),
+        max_open_files=support.resources().open_files,
         type_name=type(dataset).__name__,
-        read_path=dataset.read_path if isinstance(dataset, HDF5SessionDataset) else None,
-        thread_safe=isinstance(dataset, HDF5SessionDataset)
-        or getattr(dataset, "thread_safe", False) is True,
+        read_path=support.read_path(),
+        thread_safe=support.thread_safe,
     )
 
 
-def _sample_nbytes(dataset: Any) -> int | None:
+def _sample_nbytes(dataset: Any, support: LoaderSupport) -> int | None:
     """Bytes of one sample when known without reading data."""
-    known = getattr(dataset, "sample_nbytes", None)
-    if isinstance(known, int):
+    known = support.sample_nbytes()
+    if known is not None:
         return known
     if isinstance(dataset, TensorDataset) and dataset.tensors and len(dataset.tensors[0]):
         return int(sum(t[0].numel() * t.element_size() for t in dataset.tensors if t.dim()))
@@ -276,107 +279,36 @@ def _plan_gc_freeze(res: Resolution, found: Findings) -> bool:
     return decision.value
 
 
-def _file_budget(
-    dataset: Any, res: Resolution, platform: PlatformInfo
-) -> tuple[PlanEntry | None, int | None]:
-    """The plan entry for an HDF5 dataset's ``max_open_files``, and the value to apply.
-
-    Unset: the budget fitted to this loader's processes, each against its own descriptor limit
-    (applied). Explicit: kept, and the entry shows what unset would have given.
-    """
-    num_workers = counted_processes(res)
-    if not isinstance(dataset, HDF5SessionDataset) or not isinstance(num_workers, int):
-        return None, None
-    budget = fit_open_files(
-        len(dataset.files),
-        max(0, num_workers),
-        platform.open_files_soft,
-        dataset.file_memory_bytes,
-        platform.memory_bytes,
-        dataset.fds_per_file,
-        main_fds=platform.open_fds,
-        start_method=res.start_method,
-    )
-    requested = dataset.max_open_files_requested
-    if requested is None:
-        threads = worker_threads(res)
-        cached = dataset.cached_open_files(max(0, num_workers), threads=threads)
-        if cached is not None and cached < budget.files:
-            readers = (
-                f"{threads} thread(s) sharing {cached} file(s)"
-                if threads
-                else f"{max(1, num_workers)} reader(s) x {cached} file(s)"
-            )
-            reason = (
-                f"fits the session cache: {local_world_size()} rank(s) x ({readers} + the "
-                f"prefetch window) fit its max_bytes (each open file leases its entry; "
-                f"otherwise: {budget.reason})"
-            )
-            return PlanEntry("max_open_files", UNSET, cached, reason), cached
-        entry = PlanEntry("max_open_files", UNSET, budget.files, f"fits: {budget.reason}")
-        return entry, budget.files
-    reason = f"as given (unset would give {budget.files}: {budget.reason})"
-    return PlanEntry("max_open_files", requested, requested, reason), None
-
-
-def _session_budget(
-    dataset: Any, res: Resolution, platform: PlatformInfo
-) -> tuple[PlanEntry | None, int | None]:
-    """The plan entry for an HDF5 dataset's ``max_session_bytes``, and the value to apply.
-
-    Only for datasets whose rows span chunks shared with other rows (NSD betas): unset, the
-    budget fitted to this loader's processes and the machine's memory (applied); explicit,
-    kept, and the entry shows what unset would have given.
-    """
-    num_workers = counted_processes(res)
-    if not isinstance(dataset, HDF5SessionDataset) or not isinstance(num_workers, int):
-        return None, None
-    if dataset.session_memory_bytes == 0:
-        return None, None
-    budget = dataset.session_budget(max(0, num_workers), platform.memory_bytes)
-    requested = dataset.max_session_bytes_requested
-    if requested is None:
-        entry = PlanEntry("max_session_bytes", UNSET, budget.bytes, f"fits: {budget.reason}")
-        return entry, budget.bytes
-    reason = f"as given (unset would give {budget.bytes}: {budget.reason})"
-    return PlanEntry("max_session_bytes", requested, requested, reason), None
-
-
 def _check_resources(
     dataset: Any,
-    request: LoaderRequest,
+    support: LoaderSupport,
     res: Resolution,
     platform: PlatformInfo,
-    facts: DatasetFacts,
     found: Findings,
-    *,
-    fitted: bool = False,
 ) -> None:
     """Open-file budget (per process) and ``/dev/shm`` size for the resolved worker count."""
     num_workers = counted_processes(res)
     if not isinstance(num_workers, int) or num_workers < 0:
         return
-    fds_per_file = getattr(dataset, "fds_per_file", 1)
-    files = facts.max_open_files
-    if files is not None and isinstance(dataset, HDF5SessionDataset):
-        files = min(files, max(1, len(dataset.files)))  # never more open than there are
+    held = support.resources()
+    files = held.open_files
     budget = check_open_file_budget(
         num_workers,
         files,
         platform.open_files_soft,
         binding=files is not None,
-        fds_per_file=fds_per_file if isinstance(fds_per_file, int) else 1,
+        fds_per_file=held.fds_per_file,
         main_fds=platform.open_fds,
         start_method=res.start_method,
         hard_limit=platform.open_files_hard,
-        fitted=fitted,
+        fitted=held.fitted,
     )
     if budget.level == "error":
         raise ConfigError(budget.message)
     if budget.level != "ok":
         found.warnings.append(budget.message)
     batch_size = res.values.get("batch_size") or 1
-    sample = _sample_nbytes(dataset)
+    sample = _sample_nbytes(dataset, support)
     shm = check_shared_memory(
         num_workers,
         res.values.get("prefetch_factor"),
@@ -387,9 +319,8 @@ def _check_resources(
     )
     if shm.level == "warn":
         found.warnings.append(shm.message)
-    held = dataset.max_session_bytes if isinstance(dataset, HDF5SessionDataset) else 0
-    if held:
-        memory = check_session_memory(num_workers, held, platform.memory_bytes)
+    if held.held_bytes:
+        memory = check_session_memory(num_workers, held.held_bytes, platform.memory_bytes)
         if memory.level == "warn":
             found.warnings.append(memory.message)
 
@@ -458,7 +389,8 @@ def plan_loader(
     elif not isinstance(platform, PlatformInfo):
         raise ConfigError(f"platform must be a loaderkit.PlatformInfo, got {type(platform)!r}")
     dist = dist_info()
-    facts = dataset_facts(dataset)
+    support = support_of(dataset)
+    facts = dataset_facts(dataset, support)
     res = resolve(request, facts, platform, dist)
     _check_not_empty(dataset, request, res)
 
@@ -467,35 +399,31 @@ def plan_loader(
     fit_torch_arguments(torch_arguments(res).kwargs(), platform)  # refused before any side effect
     checks = pickle_checks(dataset, request, res)
     res = fit_start_method_to(res, platform, checks, found)
-    budget_entry, open_files = _file_budget(dataset, res, platform)
-    if budget_entry is not None:
-        found.entries.append(budget_entry)
-    if open_files is not None:
-        facts = replace(facts, max_open_files=open_files)
-    session_entry, session_bytes = _session_budget(dataset, res, platform)
-    if session_entry is not None:
-        found.entries.append(session_entry)
-    if isinstance(dataset, HDF5SessionDataset) and isinstance(counted_processes(res), int):
-        processes = max(0, counted_processes(res))
-        rows = [*dataset.io_plan(), *dataset.cache_plan(processes, threads=worker_threads(res))]
-        for name, given, value, reason in rows:
-            found.entries.append(PlanEntry(name, value if given else UNSET, value, reason))
-        hint = dataset.shuffle_hint() if _shuffles_uniformly(res) else None
-        if hint is not None:  # a uniform shuffle through a cache that cannot hold the data
-            found.hints.append(hint)
-    if session_bytes is not None:
-        dataset.set_session_bytes(session_bytes)  # before the checks and the block sampler
+    if isinstance(counted_processes(res), int):
+        # the dataset's own budgets fitted to this loader's readers (applied where unset),
+        # before the checks and the block sampler (its window) read them
+        fitted = support.fit(
+            LoaderShape(
+                processes=max(0, counted_processes(res)),
+                threads=worker_threads(res),
+                start_method=res.start_method,
+                open_files_soft=platform.open_files_soft,
+                memory_bytes=platform.memory_bytes,
+                open_fds=platform.open_fds,
+                uniform_shuffle=_shuffles_uniformly(res),
+            )
+        )
+        found.entries.extend(fitted.entries)
+        found.hints.extend(fitted.hints)  # e.g. a uniform shuffle through a small node cache
     check_picklable(checks, res, found)
     _check_copy_on_read(dataset, res, found)
     freeze_gc = _plan_gc_freeze(res, found)
-    _check_resources(dataset, request, res, platform, facts, found, fitted=open_files is not None)
+    _check_resources(dataset, support, res, platform, found)
     for message in found.warnings:
         warn(message)
     for message in found.hints:
         warn(message, PerformanceHint)
 
-    if open_files is not None:
-        dataset.set_open_files(open_files)  # before the block sampler reads it (its window)
     built = _build_sampler(dataset, request, res)
     if res.make_generator:
         assert seed is not None

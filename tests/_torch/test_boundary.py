@@ -360,7 +360,7 @@ def test_an_hdf5_dataset_on_a_torch_refusing_numpy_bools_collates_with_loaderkit
             return super().__getitem__(index)
 
     dataset = Flags([path], key="flags")
-    assert dataset.read_path[0] == "per-sample"
+    assert dataset.handles.read_path[0] == "per-sample"
     refusing = fake_platform(numpy_bools_collate=False)
 
     setup = plan_loader(dataset, LoaderRequest(batch_size=2), platform=refusing)

@@ -239,7 +239,7 @@ def report_collate(batch: Sequence[Any]) -> dict[str, Any]:
     import torch
 
     info = torch.utils.data.get_worker_info()
-    held = info.dataset.held_info() if info is not None else None
+    held = info.dataset.budgets.held_info() if info is not None else None
     return {
         "rows": torch.from_numpy(np.stack([np.asarray(s) for s in batch])),
         "pid": os.getpid(),

@@ -45,7 +45,7 @@ def test_nsd_example_uses_the_real_layout_and_super_read(tmp_path: Path) -> None
     with pytest.warns(PerformanceHint, match="30x read amplification"):
         ds = nsd.NSDBetas(files, stimulus=stimulus, trials_per_session=30)
     samples = ds.__getitems__(list(range(len(ds))))  # per item, through super().read()
-    assert ds.held_info().loads == 2  # each session read once, not once per trial
+    assert ds.budgets.held_info().loads == 2  # each session read once, not once per trial
     for i, sample in enumerate(samples):
         session, row = ds.locate(i)
         want = raw[session][row].astype(np.float32) / 300

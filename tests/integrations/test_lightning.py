@@ -206,7 +206,7 @@ def test_no_session_file_left_open_after_fit(tmp_path: Path, fail: bool) -> None
     assert dm.returned["train"].persistent_workers  # workers that held files in them
     assert worker_processes() == []
     assert hdf5_fds(tmp_path) == []
-    assert all(loader.dataset.open_files == 0 for loader in dm.returned.values())
+    assert all(loader.dataset.handles.open_files == 0 for loader in dm.returned.values())
 
 
 def test_without_the_callback_lightning_leaves_files_open(tmp_path: Path) -> None:

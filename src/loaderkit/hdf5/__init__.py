@@ -32,16 +32,16 @@ from loaderkit.hdf5.convert.rechunk import RechunkResult, rechunk
 from loaderkit.hdf5.dataset.dataset import HDF5SessionDataset
 from loaderkit.hdf5.meta.index import SampleIndex
 from loaderkit.hdf5.meta.layout import SessionLayout, default_chunk_cache
-from loaderkit.hdf5.read.handles import CacheInfo
+from loaderkit.hdf5.read.handles import HandleCacheInfo
 from loaderkit.hdf5.read.heldsessions import HeldInfo
 from loaderkit.hdf5.sampler import DEFAULT_BLOCK_SIZE, BlockShuffleSampler
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "BlockShuffleSampler",
-    "CacheInfo",
     "HDF5FileError",
     "HDF5SessionDataset",
+    "HandleCacheInfo",
     "HeldInfo",
     "RechunkResult",
     "SampleIndex",
@@ -49,3 +49,18 @@ __all__ = [
     "default_chunk_cache",
     "rechunk",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """Released names that moved: ``CacheInfo`` (0.1.0) is ``HandleCacheInfo``, with a warning."""
+    if name == "CacheInfo":
+        from loaderkit.errors import LoaderkitDeprecationWarning, warn
+
+        warn(
+            "loaderkit.hdf5.CacheInfo (loaderkit 0.1.0) is now HandleCacheInfo (the handle "
+            "cache's figures, apart from the SessionCache's CacheStats); the old name goes in "
+            "the next release.",
+            LoaderkitDeprecationWarning,
+        )
+        return HandleCacheInfo
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

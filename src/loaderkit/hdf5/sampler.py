@@ -37,10 +37,11 @@ import numpy as np
 from torch.utils.data import DistributedSampler
 
 from loaderkit import _torch
-from loaderkit.errors import ConfigError, check_int
+from loaderkit.errors import ArgumentTypeError, ConfigError, check_int
 from loaderkit.machine.distributed import dist_info
 from loaderkit.order.samplers import global_batch_count, global_batch_positions
 from loaderkit.order.seeding import validate_seed
+from loaderkit.support import answers, support_of
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "BlockShuffleSampler"]
 
@@ -70,7 +71,8 @@ class BlockShuffleSampler(DistributedSampler[int]):
     ``num_samples``, ``total_size``), which is how Lightning and Fabric tell a sampler that
     already shards: they keep it instead of re-wrapping and reshuffling it.
 
-    Yields dataset indices of an ``HDF5SessionDataset``. Blocks hold
+    Yields dataset indices of a dataset with sessions: an ``HDF5SessionDataset``, or any whose
+    ``loader_support()`` answers ``session_index()`` (``loaderkit.LoaderSupport``). Blocks hold
     ``block_size`` consecutive rows of one session (in file order); the blocks of ``window``
     sessions at a time are interleaved at random. Epoch-aware (``set_epoch``), reproducible
     from ``seed``, and rank-aware: each rank yields a disjoint share of equal length.
@@ -84,9 +86,10 @@ class BlockShuffleSampler(DistributedSampler[int]):
         seed: Base seed (``0 <= seed < 2**64``). ``None`` draws one from torch's global RNG at
             construction (so ``torch.manual_seed`` makes it reproducible); with several replicas
             ``None`` means ``0``, like ``DistributedSampler``, so all ranks agree.
-        window: Sessions interleaved at a time. Default: the dataset's ``max_open_files`` (so a
-            worker's handle cache never thrashes), at most the number of sessions. When the
-            dataset holds sessions in memory (``held_capacity``: rows that span many chunks)
+        window: Sessions interleaved at a time. Default: the files the dataset keeps open
+            (``SessionIndex.open_files``, its ``max_open_files``: a worker's handle cache never
+            thrashes), at most the number of sessions. When the dataset holds sessions in
+            memory (``SessionIndex.held_sessions``: rows that span many chunks)
             and not all of them fit, at most one less than the sessions it holds (at least
             1): the spare place keeps a finished session from crowding out an active one,
             so each process reads every session once per pass (exactly, with a window of
@@ -126,10 +129,12 @@ class BlockShuffleSampler(DistributedSampler[int]):
         partition: str = "block",
         batch_size: int | None = None,
     ) -> None:
-        if not hasattr(dataset, "index_arrays") or not hasattr(dataset, "layout"):
-            raise TypeError(
-                "BlockShuffleSampler needs an HDF5SessionDataset (it reads the dataset's index "
-                f"to find contiguous rows), got {type(dataset).__name__}."
+        support = support_of(dataset)
+        if not answers(support, "session_index"):
+            raise ArgumentTypeError(
+                "BlockShuffleSampler needs a dataset with sessions: an HDF5SessionDataset, or "
+                "one whose loader_support() answers session_index() (loaderkit.LoaderSupport; "
+                f"it says which rows are contiguous), got {type(dataset).__name__}."
             )
         if partition not in _PARTITIONS:
             raise ConfigError(f"partition must be one of {_PARTITIONS}, got {partition!r}.")
@@ -157,15 +162,16 @@ class BlockShuffleSampler(DistributedSampler[int]):
         self.dataset = dataset
         self.shuffle = True
 
-        pos, rows = dataset.index_arrays()
-        pos = np.asarray(pos, dtype=np.int64)
-        rows = np.asarray(rows, dtype=np.int64)
-        n_sessions = len(dataset.session_ids)
-        chunk_rows = np.ones(n_sessions, np.int64)
-        for p, sid in enumerate(dataset.session_ids):
-            layout = dataset.layout(sid)
-            if layout is not None and layout.chunk_rows:
-                chunk_rows[p] = layout.chunk_rows
+        index = support.session_index()
+        if index is None:
+            raise ArgumentTypeError(
+                f"{type(dataset).__name__}.loader_support().session_index() returned None: "
+                "BlockShuffleSampler needs the session and row of every sample."
+            )
+        pos = np.asarray(index.positions, dtype=np.int64)
+        rows = np.asarray(index.rows, dtype=np.int64)
+        n_sessions = index.sessions
+        chunk_rows = np.maximum(np.asarray(index.chunk_rows, dtype=np.int64), 1)
         if block_size is None:
             self.block_size = DEFAULT_BLOCK_SIZE
             block_rows = -(-DEFAULT_BLOCK_SIZE // chunk_rows) * chunk_rows
@@ -193,9 +199,9 @@ class BlockShuffleSampler(DistributedSampler[int]):
         self._unit_sess = s[starts] if n else np.zeros(0, np.int64)
         present = int(np.unique(self._unit_sess).size)
         if window is None:
-            cap = int(getattr(dataset, "max_open_files", present) or present)
-            held = getattr(dataset, "held_capacity", None)
-            if isinstance(held, int) and 0 < held < present:
+            cap = index.open_files or present
+            held = index.held_sessions
+            if held is not None and 0 < held < present:
                 cap = min(cap, max(1, held - 1))
             self.window = max(1, min(cap, present))
         else:

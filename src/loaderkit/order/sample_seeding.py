@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 from loaderkit import _torch
 from loaderkit.order.hooks import call_hook
 from loaderkit.order.seeding import SampleSeeder
+from loaderkit.support import LoaderSupport, support_of
 
 __all__ = ["EpochTagger", "SampleSeededDataset", "Tagged", "sample_seeding_view"]
 
@@ -70,9 +71,10 @@ class SampleSeededDataset(Dataset[Any]):
     copy (which persistent workers would otherwise never see). Attribute reads fall through to
     the wrapped dataset, so ``get_worker_info().dataset.attr`` keeps working.
 
-    A dataset with ``getitems_seeded(indices, seed_sample)`` (``HDF5SessionDataset``) reads
-    the batch at once and calls ``seed_sample(index)`` right before each sample's random step,
-    so per-sample seeding keeps batched reads; any other dataset is read one index at a time.
+    A dataset whose ``loader_support()`` answers ``read_seeded(indices, seed_sample)``
+    (``HDF5SessionDataset``) reads the batch at once and calls ``seed_sample(index)`` right
+    before each sample's random step, so per-sample seeding keeps batched reads; any other
+    dataset is read one index at a time.
     """
 
     def __init__(self, dataset: Any, seeder: SampleSeeder) -> None:
@@ -92,6 +94,13 @@ class SampleSeededDataset(Dataset[Any]):
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def _support(self) -> LoaderSupport:
+        """The wrapped dataset's ``LoaderSupport``, asked once per process (never pickled)."""
+        support = self.__dict__.get("_loader_support")
+        if support is None:
+            support = self.__dict__["_loader_support"] = support_of(self.dataset)
+        return support
+
     def _enter_epoch(self, epoch: int) -> None:
         if epoch != self._epoch:
             self.__dict__["_epoch"] = epoch
@@ -106,9 +115,10 @@ class SampleSeededDataset(Dataset[Any]):
         self._enter_epoch(tagged.epoch)
         dataset, seed_sample, epoch = self.dataset, self.seeder.seed_sample, tagged.epoch
         with self.seeder.batch():
-            seeded = getattr(dataset, "getitems_seeded", None)
-            if callable(seeded):  # reads the batch at once, seeds each sample's random step
-                return seeded(tagged.indices, lambda i: seed_sample(epoch, i))
+            # a dataset may read the batch at once and seed each sample's random step
+            batch = self._support().read_seeded(tagged.indices, lambda i: seed_sample(epoch, i))
+            if batch is not None:
+                return batch
             samples = []
             for index in tagged.indices:
                 seed_sample(epoch, index)
@@ -116,7 +126,9 @@ class SampleSeededDataset(Dataset[Any]):
         return samples
 
     def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        state = dict(self.__dict__)
+        state.pop("_loader_support", None)  # asked again in the process that unpickles
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)

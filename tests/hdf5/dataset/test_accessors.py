@@ -50,7 +50,7 @@ def test_any_dataset_of_the_file_is_served_and_cached(paths: list[Path]) -> None
         assert ds.h5dataset(1, "stim_ids") is stim  # looked up once per handle
         assert ds.h5dataset(0, "meta/onsets")[3] == 1.5  # nested paths too
         assert ds.h5dataset(0, "betas") is ds.h5dataset(0)  # a key's dataset, as before
-        assert ds.open_files == 2
+        assert ds.handles.open_files == 2
 
 
 def test_keys_by_name_and_by_path(paths: list[Path]) -> None:
@@ -69,7 +69,7 @@ def test_closed_with_its_handle_and_looked_up_again(paths: list[Path]) -> None:
     again = ds.h5dataset(0, "stim_ids")
     assert again is not first and again.id.valid and again[2] == 14
     ds.close()
-    assert not again.id.valid and ds.open_files == 0
+    assert not again.id.valid and ds.handles.open_files == 0
     assert ds.h5dataset(0, "stim_ids")[2] == 14  # reopened on use
     ds.close()
 
@@ -149,16 +149,14 @@ def test_a_subclass_reading_a_second_dataset_in_loaders(
     ds.close()
 
 
-def test_the_access_part_answers_for_the_dataset(paths: list[Path]) -> None:
-    """``SessionAccess`` holds the reader and the ids; the dataset's accessors are its answers."""
+def test_the_handles_part_answers_from_the_reader(paths: list[Path]) -> None:
+    """``SessionHandles`` reads its reader: session ids, the index and the open files."""
     with HDF5SessionDataset(paths, key="betas") as ds:
-        access = ds._access
-        assert access.reader is ds._reader and access.ids == [0, 1]
-        assert access.pos_of(1) == 1
+        handles = ds.handles
+        assert handles.reader is ds._reader and ds.session_ids == (0, 1)
+        assert ds._reader.position(1) == 1
         with pytest.raises(KeyError, match=r"unknown session 'x'; sessions: \[0, 1\]"):
-            access.pos_of("x")
-        assert access.h5dataset(1, "stim_ids") is ds.h5dataset(1, "stim_ids")
-        assert access.io_paths(0).keys() == ds.io_paths(0).keys() == {"betas"}
-        assert access.session_ids == ds.session_ids == (0, 1)
-        pos, rows = access.index_arrays()
+            ds._reader.position("x")
+        assert handles.io_paths(0).keys() == {"betas"}
+        pos, rows = handles.index_arrays()
         assert pos.tolist() == [0] * ROWS[0] + [1] * ROWS[1] and not rows.flags.writeable

@@ -15,6 +15,7 @@ from loaderkit.policy.budgets import (
     FILE_OVERHEAD_BYTES,
     fit_open_files,
 )
+from loaderkit.support import LoaderShape
 from tests.conftest import fake_platform
 from tests.hdf5.helpers import hdf5_fds, write_sessions
 
@@ -59,21 +60,21 @@ def test_never_below_one_and_unbounded_without_limits() -> None:
 def test_dataset_default_fits_this_process(tmp_path: Path) -> None:
     paths = write_sessions(tmp_path, [4] * 12)
     ds = HDF5SessionDataset(paths, key="betas")
-    assert ds.max_open_files_requested is None
+    assert ds.budgets.open_files_requested is None
     assert ds.max_open_files == 12  # every session: far under any limit here
-    assert ds.file_memory_bytes == FILE_OVERHEAD_BYTES  # contiguous: no chunk cache
+    assert ds.budgets.file_memory_bytes == FILE_OVERHEAD_BYTES  # contiguous: no chunk cache
     explicit = HDF5SessionDataset(paths, key="betas", max_open_files=3)
-    assert explicit.max_open_files == 3 and explicit.max_open_files_requested == 3
+    assert explicit.max_open_files == 3 and explicit.budgets.open_files_requested == 3
 
 
 def test_chunked_files_count_their_chunk_cache(tmp_path: Path) -> None:
     paths = write_sessions(tmp_path, [40] * 3, chunks=8, compression="gzip")
     ds = HDF5SessionDataset(paths, key="betas")
-    assert ds.file_memory_bytes == 8 * MIB + FILE_OVERHEAD_BYTES  # HDF5's 8 MiB minimum
-    small = ds.file_budget(7, None, 512 * MIB)  # 32 MiB for 8 processes of 9 MiB files
+    assert ds.budgets.file_memory_bytes == 8 * MIB + FILE_OVERHEAD_BYTES  # HDF5's 8 MiB minimum
+    small = ds.budgets.file_budget(LoaderShape(7, memory_bytes=512 * MIB))  # 32 MiB for 8 x 9 MiB
     assert small.files == 1
     custom = HDF5SessionDataset(paths, key="betas", h5py_options={"rdcc_nbytes": 32 * MIB})
-    assert custom.file_memory_bytes == 32 * MIB + FILE_OVERHEAD_BYTES
+    assert custom.budgets.file_memory_bytes == 32 * MIB + FILE_OVERHEAD_BYTES
 
 
 def test_bad_values_are_refused(tmp_path: Path) -> None:
@@ -82,7 +83,7 @@ def test_bad_values_are_refused(tmp_path: Path) -> None:
         HDF5SessionDataset(paths, key="betas", max_open_files=0)
     ds = HDF5SessionDataset(paths, key="betas")
     with pytest.raises(ConfigError, match="max_open_files must be an int"):
-        ds.set_open_files(2.5)  # type: ignore[arg-type]
+        ds.budgets.set_open_files(2.5)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------ the loader
@@ -121,7 +122,7 @@ def test_an_explicit_value_wins(tmp_path: Path) -> None:
 
 def _open_in_worker(_: Any) -> Any:
     info = torch.utils.data.get_worker_info()
-    return info.dataset.handle_cache_info() if info is not None else None
+    return info.dataset.handles.cache_info() if info is not None else None
 
 
 def test_uniform_shuffle_with_defaults_never_reopens_a_file(tmp_path: Path) -> None:
@@ -147,17 +148,19 @@ def test_uniform_shuffle_with_defaults_never_reopens_a_file(tmp_path: Path) -> N
 
 
 def test_the_budgets_part_reads_its_reader(tmp_path: Path) -> None:
-    """``SessionBudgets`` answers from the reader it holds: bounds set there are seen at once."""
+    """``DatasetBudgets`` answers from the reader it holds: bounds set there are seen at once."""
     paths = write_sessions(tmp_path, [6, 4], chunks=2)
     with HDF5SessionDataset(paths, key="betas", max_open_files=1, memory_map=True) as ds:
-        budgets = ds._budgets
+        budgets = ds.budgets
         assert budgets.reader is ds._reader
         assert budgets.fds_per_file == 1  # chunked rows: nothing memory-mapped
-        assert budgets.file_memory_bytes == ds.file_memory_bytes > 0
+        assert budgets.file_memory_bytes > 0
         budgets.set_open_files(2)  # the part applies the bound to the reader's handle cache
-        assert ds._reader.cache.max_open == 2 and ds.max_open_files == 1  # the dataset's own
-        ds.set_open_files(3)
-        assert ds._reader.cache.max_open == 3 and ds.max_open_files == 3
+        assert ds._reader.cache.max_open == 2 == ds.max_open_files  # the attribute reads it
+        assert budgets.open_files_requested == 1  # what was given stays what was given
         with pytest.raises(ConfigError, match="max_open_files"):
             budgets.set_open_files(0)
-        assert ds.held_capacity is None  # no key's rows span many chunks
+        assert budgets.held_capacity is None  # no key's rows span many chunks
+        entry = budgets.fit_open_files(LoaderShape(processes=4, open_files_soft=1024))
+        assert entry.requested == 1 and entry.value == 1 and "as given" in entry.reason
+        assert ds.max_open_files == 2  # an explicit value is never refitted

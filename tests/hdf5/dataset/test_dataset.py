@@ -19,7 +19,7 @@ from torch.utils.data import default_collate
 
 from loaderkit.errors import ConfigError, LoaderkitError, LoaderkitWarning
 from loaderkit.hdf5 import (
-    CacheInfo,
+    HandleCacheInfo,
     HDF5FileError,
     HDF5SessionDataset,
     SampleIndex,
@@ -69,9 +69,9 @@ def test_index_values_and_locate(layout_paths: list[Path]) -> None:
         np.testing.assert_array_equal(ds[-1], row_value(3, 5))
         assert ds.files == {i: p for i, p in enumerate(layout_paths)}
         assert all(isinstance(p, Path) for p in ds.files.values())
-        assert ds.open_files <= 2
-        assert ds.sample_nbytes == 3 * 4 * 4
-    assert Scaled(layout_paths, key="betas").sample_nbytes is None
+        assert ds.handles.open_files <= 2
+        assert ds.handles.sample_nbytes == 3 * 4 * 4
+    assert Scaled(layout_paths, key="betas").handles.sample_nbytes is None
 
 
 def test_index_errors(paths: list[Path]) -> None:
@@ -124,7 +124,7 @@ def test_getitems_matches_getitem(layout_paths: list[Path]) -> None:
             np.testing.assert_array_equal(g, w)
         if batch is not batches[5]:
             torch.testing.assert_close(default_collate(got), default_collate(want))
-    assert ds.open_files <= 2
+    assert ds.handles.open_files <= 2
 
 
 def test_scalar_rows_and_int_dtype(tmp_path: Path) -> None:
@@ -243,17 +243,19 @@ def test_stdio_driver_warns(paths: list[Path]) -> None:
 def test_lru_statistics_and_bound(tmp_path: Path) -> None:
     p = write_sessions(tmp_path, [2, 2, 2])
     ds = HDF5SessionDataset(p, key="betas", max_open_files=2)
-    assert ds.handle_cache_info() == CacheInfo(0, 0, 0, 0, 0, 2)  # nothing left open by __init__
+    assert ds.handles.cache_info() == HandleCacheInfo(
+        0, 0, 0, 0, 0, 2
+    )  # nothing left open by __init__
     for i in (0, 1, 2, 0, 4, 1, 0, 2):  # sessions 0 0 1 0 2 0 0 1
         ds[i]
-        assert ds.open_files <= 2
+        assert ds.handles.open_files <= 2
         assert len(hdf5_fds(tmp_path)) <= 2
-    info = ds.handle_cache_info()
+    info = ds.handles.cache_info()
     # misses: s0, s1, s2 (evicts s1), s1 again (evicts s2)
     assert (info.hits, info.misses, info.evictions, info.opens) == (4, 4, 2, 4)
     assert info.open_files == 2
     ds.close()
-    assert ds.open_files == 0 and hdf5_fds(tmp_path) == []
+    assert ds.handles.open_files == 0 and hdf5_fds(tmp_path) == []
 
 
 def test_close_restores_fd_baseline(layout_paths: list[Path], tmp_path: Path) -> None:
@@ -282,7 +284,7 @@ def psutil_fds() -> list[int]:
 def test_custom_index_closes_files_opened_while_building(tmp_path: Path) -> None:
     p = write_sessions(tmp_path, [5, 4])
     ds = EveryOther(p, key="betas")
-    assert ds.open_files == 0 and hdf5_fds(tmp_path) == []
+    assert ds.handles.open_files == 0 and hdf5_fds(tmp_path) == []
     assert len(ds) == 2 + 3
     assert [ds.locate(i) for i in range(len(ds))] == [(1, 0), (1, 2), (0, 0), (0, 2), (0, 4)]
     for i, got in enumerate(ds.__getitems__(list(range(len(ds))))):
@@ -330,7 +332,7 @@ def test_pickle_ships_no_handles_and_large_index_is_small(tmp_path: Path) -> Non
     blob = pickle.dumps(ds)
     assert len(blob) < 20_000  # a million samples, run-length encoded
     clone = pickle.loads(blob)
-    assert clone.open_files == 0 and clone.handle_cache_info().opens == 0
+    assert clone.handles.open_files == 0 and clone.handles.cache_info().opens == 0
     assert len(clone) == n and clone.locate(n - 1) == (1, n // 2 - 1)
     assert clone[n - 1] == (n // 2 - 1) % 256
     clone.close()
@@ -411,7 +413,7 @@ def test_threads_hammering_a_small_lru(tmp_path: Path) -> None:
                         batch = rng.integers(0, len(ds), 8).tolist()
                         for g, i in zip(ds.__getitems__(batch), batch, strict=True):
                             np.testing.assert_array_equal(g, expected(ds, i))
-                    most_open.append(ds.open_files)
+                    most_open.append(ds.handles.open_files)
             except BaseException as exc:
                 errors.append(exc)
 
@@ -423,7 +425,7 @@ def test_threads_hammering_a_small_lru(tmp_path: Path) -> None:
         assert errors == []
         assert max(most_open) <= 2
         assert len(hdf5_fds(tmp_path)) <= 2
-        assert ds.handle_cache_info().evictions > 0
+        assert ds.handles.cache_info().evictions > 0
         ds.close()
 
 
@@ -443,7 +445,7 @@ def test_file_deleted_mid_run(tmp_path: Path, chunks: int | None) -> None:
     with pytest.raises(FileNotFoundError, match="session 0"):
         ds.__getitems__([8, 9, 2, 3])
     np.testing.assert_array_equal(ds[9], expected(ds, 9))  # other sessions keep working
-    assert ds.open_files == 1
+    assert ds.handles.open_files == 1
 
 
 @pytest.mark.parametrize("chunks", [None, 2])
@@ -455,7 +457,7 @@ def test_file_truncated_while_open(tmp_path: Path, chunks: int | None) -> None:
     with pytest.raises(OSError, match=rf"session 0 \({p[0]}\) for dataset index 399") as info:
         ds[399]
     assert isinstance(info.value, HDF5FileError)
-    assert ds.open_files == 1  # the broken handle was closed and dropped
+    assert ds.handles.open_files == 1  # the broken handle was closed and dropped
     with pytest.raises(OSError, match="session 0"):
         ds.__getitems__([401, 398, 399])
     np.testing.assert_array_equal(ds[401], expected(ds, 401))
@@ -467,8 +469,8 @@ def test_file_truncated_while_open(tmp_path: Path, chunks: int | None) -> None:
 def _child_read(ds: HDF5SessionDataset, index: int, queue: mp.Queue) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        before = ds.open_files
-        stats = ds.handle_cache_info()
+        before = ds.handles.open_files
+        stats = ds.handles.cache_info()
         value = ds[index]
         ok = bool(np.array_equal(value, expected(ds, index)))
     queue.put(
@@ -485,7 +487,7 @@ def test_fork_child_drops_inherited_handles(paths: list[Path]) -> None:
     ctx = mp.get_context("fork")
     ds = HDF5SessionDataset(paths, key="betas")
     ds[0], ds[5], ds[12]  # open in the parent
-    assert ds.open_files == 3
+    assert ds.handles.open_files == 3
     queue = ctx.Queue()
     proc = ctx.Process(target=_child_read, args=(ds, 6, queue))
     proc.start()
@@ -495,7 +497,7 @@ def test_fork_child_drops_inherited_handles(paths: list[Path]) -> None:
     assert before == 0 and opens == 0 and ok
     assert caught == []  # our own inherited handles are not "foreign"
     np.testing.assert_array_equal(ds[6], expected(ds, 6))  # the parent's handles still work
-    assert ds.handle_cache_info().opens == 3
+    assert ds.handles.cache_info().opens == 3
 
 
 def test_fork_child_warns_about_foreign_handles(paths: list[Path]) -> None:
@@ -551,9 +553,147 @@ def test_large_rows_batched(tmp_path: Path, chunks: tuple[int, ...] | None) -> N
             ds = HDF5SessionDataset(paths, key="x", max_open_files=1)
     else:
         ds = HDF5SessionDataset(paths, key="x", max_open_files=1)
-    assert ds.sample_nbytes == 256 * 1024
+    assert ds.handles.sample_nbytes == 256 * 1024
     for batch in ([0, 1, 2, 3, 4, 5, 6, 7], [7, 2, 3, 9, 0, 11, 1], [4, 4, 10, 5]):
         got = ds.__getitems__(batch)
         for g, i in zip(got, batch, strict=True):
             np.testing.assert_array_equal(g, ds[i])
         torch.testing.assert_close(default_collate(got), default_collate([ds[i] for i in batch]))
+
+
+# ------------------------------------------------------------------ the class's surface
+
+
+def _public_names(cls: type) -> set[str]:
+    """Methods and properties ``cls`` defines itself, not ``_``-prefixed."""
+    return {name for name in vars(cls) if not name.startswith("_")}
+
+
+#: The constructor's arguments, read-only on the class (``cache`` stays free for subclasses).
+ARGUMENTS = {
+    "files",
+    "key",
+    "fields",
+    "sample_axis",
+    "max_open_files",
+    "h5py_options",
+    "memory_map",
+    "max_session_bytes",
+    "storage_options",
+}
+#: Released in 0.1.0 and moved to a part: each warns for one release.
+MOVED = {"cache_info", "open_files", "sample_nbytes", "index_arrays"}
+
+
+def test_the_class_shows_what_a_subclass_author_uses() -> None:
+    own = _public_names(HDF5SessionDataset) - ARGUMENTS - MOVED
+    assert own == {
+        *("read", "read_rows", "build_index", "transform"),  # the hooks
+        *("file", "h5dataset", "layout", "lock"),  # the helpers a hook calls
+        *("locate", "session_ids", "close"),
+        *("handles", "budgets", "cached_sessions"),  # the parts
+        "loader_support",  # what the loader asks
+    }
+    assert len(own) <= 15
+    assert all(isinstance(vars(HDF5SessionDataset)[name], property) for name in ARGUMENTS)
+    # the hooks come first on the API page (members in source order)
+    order = [name for name in vars(HDF5SessionDataset) if name in own]
+    assert order[:4] == ["read", "read_rows", "build_index", "transform"]
+
+
+def test_constructor_arguments_are_read_only(tmp_path: Path) -> None:
+    paths = write_sessions(tmp_path, [5, 3])
+    with HDF5SessionDataset(paths, key="betas", max_open_files=2) as ds:
+        assert ds.key == "betas" and ds.max_open_files == 2 and ds.sample_axis == 0
+        assert list(ds.files) == [0, 1] and ds.memory_map is False and ds.fields is None
+        for name in ARGUMENTS:
+            with pytest.raises(AttributeError):
+                setattr(ds, name, None)
+        ds.budgets.set_open_files(1)  # the value in use lives on the part; the attribute reads it
+        assert ds.max_open_files == 1 and ds.budgets.open_files_requested == 2
+
+
+def test_parts_read_the_one_reader_and_its_index(tmp_path: Path) -> None:
+    paths = write_sessions(tmp_path, [5, 3])
+    with HDF5SessionDataset(paths, key="betas") as ds:
+        reader = ds._reader
+        assert ds.handles.reader is ds.budgets.reader is ds.cached_sessions.reader is reader
+        assert not reader.index.flags.writeable and len(ds) == reader.index.shape[0] == 8
+        assert ds.handles.open_files == 0
+        clone = pickle.loads(pickle.dumps(ds))
+        assert clone.handles.reader is clone._reader is clone.cached_sessions.reader
+        np.testing.assert_array_equal(clone._reader.index, reader.index)
+        assert clone.locate(6) == (1, 1)
+        np.testing.assert_array_equal(clone[7], expected(ds, 7))
+        clone.close()
+        ds[6]
+        assert ds.handles.open_files == 1 and ds.handles.cache_info().opens == 1
+        with pytest.raises(KeyError, match=r"unknown session 'x'; sessions: \[0, 1\]"):
+            ds.file("x")
+
+
+def test_released_names_that_moved_warn_and_answer_the_same(tmp_path: Path) -> None:
+    from loaderkit import LoaderkitDeprecationWarning
+
+    paths = write_sessions(tmp_path, [5, 3])
+    with HDF5SessionDataset(paths, key="betas") as ds:
+        ds[0]
+        with pytest.warns(LoaderkitDeprecationWarning, match=r"moved to \.handles\.cache_info"):
+            assert ds.cache_info() == ds.handles.cache_info()
+        with pytest.warns(LoaderkitDeprecationWarning, match="handles.open_files"):
+            assert ds.open_files == 1
+        with pytest.warns(LoaderkitDeprecationWarning, match="handles.sample_nbytes"):
+            assert ds.sample_nbytes == ds.handles.sample_nbytes
+        with pytest.warns(LoaderkitDeprecationWarning, match="handles.index_arrays"):
+            assert ds.index_arrays()[1].tolist() == ds.handles.index_arrays()[1].tolist()
+    import loaderkit.hdf5
+
+    with pytest.warns(LoaderkitDeprecationWarning, match="HandleCacheInfo"):
+        assert loaderkit.hdf5.CacheInfo is HandleCacheInfo
+
+
+class _OwnCache(HDF5SessionDataset):
+    """A subclass with attributes of its own named ``cache`` and ``open_files``."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        self.cache = {"before": 1}
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.cache["after"] = 2
+        self.open_files = ["mine"]
+
+
+def test_a_subclass_keeps_its_own_attributes_of_common_names(tmp_path: Path) -> None:
+    paths = write_sessions(tmp_path, [5, 3])
+    with _OwnCache(paths, key="betas") as ds:  # no warning: warnings are errors here
+        assert ds.cache == {"before": 1, "after": 2} and ds.open_files == ["mine"]
+        clone = pickle.loads(pickle.dumps(ds))
+        assert clone.cache == {"before": 1, "after": 2}
+        np.testing.assert_array_equal(clone[7], ds[7])
+        clone.close()
+
+
+def test_the_loader_support_answers_from_the_parts(tmp_path: Path) -> None:
+    from loaderkit.support import LoaderShape, support_of
+
+    paths = write_sessions(tmp_path, [5, 3], chunks=2)
+    with HDF5SessionDataset(paths, key="betas") as ds:
+        support = support_of(ds)
+        assert support.thread_safe and support.read_path() == ds.handles.read_path
+        index = support.session_index()
+        assert index.sessions == 2 and index.chunk_rows.tolist() == [2, 2]
+        assert index.positions.tolist() == [0] * 5 + [1] * 3
+        assert index.rows.tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
+        fitted = support.fit(LoaderShape(processes=2, open_files_soft=1024))
+        rows = {entry.name: entry for entry in fitted.entries}
+        assert rows["max_open_files"].value == ds.max_open_files == 2
+        assert "hdf5_reads" in rows and fitted.hints == ()
+        resources = support.resources()
+        assert resources.open_files == 2 and resources.fitted and resources.held_bytes == 0
+        assert support.prefetch_watcher() is None and support.cache_stats() is None
+        seeded: list[int] = []
+        batch = support.read_seeded([6, 1], seeded.append)
+        assert [np.asarray(x).tolist() for x in batch] == [
+            np.asarray(ds[6]).tolist(),
+            np.asarray(ds[1]).tolist(),
+        ]
+        assert seeded == []  # nothing random happens without transform: nothing seeded

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::loaderkit.errors.PerformanceHin
 def test_super_getitem_gives_what_the_base_gives(corpus_cases: dict[str, Case], name: str) -> None:
     case = corpus_cases[name]
     with open_as(SuperGetItem, case) as ds:
-        assert ds.read_path[0] == "per-sample"
+        assert ds.handles.read_path[0] == "per-sample"
         check_reads(ds, expected_samples(case))
 
 

@@ -85,7 +85,7 @@ def test_the_issues_override_per_item_and_batched(tmp_path: Path) -> None:
         batch = ds.__getitems__([13, 2, 2, 19])
         for got, i in zip(batch, [13, 2, 2, 19], strict=True):
             np.testing.assert_array_equal(got, want[i])
-        assert ds.read_path[0] == "per-sample"
+        assert ds.handles.read_path[0] == "per-sample"
 
 
 # fast: in this process, in forked workers; spawn and forkserver pickle the subclass as the

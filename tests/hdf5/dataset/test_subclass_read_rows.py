@@ -32,7 +32,7 @@ def test_super_read_rows_gives_what_the_base_gives(
 ) -> None:
     case = corpus_cases[name]
     with open_as(cls, case) as ds:
-        assert ds.read_path[0] == "runs"
+        assert ds.handles.read_path[0] == "runs"
         check_reads(ds, expected_samples(case))
 
 

@@ -27,7 +27,7 @@ def test_super_transform_gives_what_the_base_gives(
 ) -> None:
     case = corpus_cases[name]
     with open_as(SuperTransform, case) as ds:
-        assert ds.read_path[0] == "batch-native"
+        assert ds.handles.read_path[0] == "batch-native"
         check_reads(ds, expected_samples(case))
 
 

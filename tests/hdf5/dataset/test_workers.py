@@ -38,7 +38,7 @@ def test_workers_read_every_sample_within_the_bound(tmp_path: Path, context: str
     if context == "fork":
         for s in range(5):  # handles opened in the parent before the workers fork
             ds.file(s)
-        assert ds.open_files == 2
+        assert ds.handles.open_files == 2
     workers = 1 if context == "forkserver" else 2
     loader = DataLoader(
         ds,
@@ -58,10 +58,10 @@ def test_workers_read_every_sample_within_the_bound(tmp_path: Path, context: str
     # (a forked worker first drops the two handles it inherited).
     assert 1 <= max(fds) <= 2
     if context == "fork":
-        assert ds.open_files == 2  # the parent's handles are untouched and still usable
+        assert ds.handles.open_files == 2  # the parent's handles are untouched and still usable
         np.testing.assert_array_equal(ds[0], row_value(0, 0))
     else:
-        assert ds.open_files == 0
+        assert ds.handles.open_files == 0
     del loader
     ds.close()
     assert hdf5_fds(tmp_path) == []
@@ -95,7 +95,7 @@ def test_same_dataset_in_process_then_persistent_fork_workers(tmp_path: Path) ->
     ds = HDF5SessionDataset(paths, key="betas", max_open_files=2)
     want = torch.stack([torch.from_numpy(expected(ds, i)) for i in range(len(ds))])
     in_process = torch.cat(list(DataLoader(ds, batch_size=5, num_workers=0)))
-    assert torch.equal(in_process, want) and ds.open_files == 2
+    assert torch.equal(in_process, want) and ds.handles.open_files == 2
     loader = DataLoader(
         ds, batch_size=5, num_workers=2, persistent_workers=True, multiprocessing_context="fork"
     )

@@ -1,10 +1,10 @@
 """Contiguous rows without io_uring: page-cache copies take turns (``pread_cached``).
 
-Where threads read batches at once and a thread has no ring (``uring.thread_ring`` is ``None``:
-not Linux, or a kernel or sandbox without ``io_uring``), a batch's rows of one session are first copied with
-``os.preadv(..., RWF_NOWAIT)`` under one process-wide lock (one thread's copies at a time,
-instead of a GIL hand-off per row between threads); what the page cache does not hold is read
-afterwards with ``pread``, outside it.
+Where threads read batches at once and a thread has no ring (``uring.thread_ring`` is
+``None``: not Linux, or a kernel or sandbox without ``io_uring``), a batch's rows of one
+session are first copied with ``os.preadv(..., RWF_NOWAIT)`` under one process-wide lock (one
+thread's copies at a time, instead of a GIL hand-off per row between threads); what the page
+cache does not hold is read afterwards with ``pread``, outside it.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def test_every_layout_reads_what_h5py_reads(tmp_path: Path, layout: str, dtype: 
     path = tmp_path / "s.h5"
     _write(path, dtype, kwargs)
     with _same_as_h5py(path) as ds:
-        path_ = ds.io_paths()["x"]
+        path_ = ds.handles.io_paths()["x"]
         assert path_.kind.startswith(kind) or (kind == "preadv" and path_.kind == "memory map")
         assert path_.parallel
 
@@ -93,7 +93,7 @@ def test_hdf5plugin_filters_read_what_h5py_reads(tmp_path: Path, plugin: str, dt
     path = tmp_path / "p.h5"
     _write(path, dtype, {"chunks": (16, 24), **_plugin(plugin)}, rows=333)
     with _same_as_h5py(path) as ds:
-        assert ds.io_paths()["x"].kind == "decoded chunks"
+        assert ds.handles.io_paths()["x"].kind == "decoded chunks"
 
 
 def test_blosc_chunks_stored_raw_are_read_through_the_filter_mask(tmp_path: Path) -> None:
@@ -127,7 +127,7 @@ def test_unwritten_chunks_read_as_the_fill_value(tmp_path: Path) -> None:
             want = f[key][...].astype("=i4")
             assert f[key].id.get_num_chunks() < 16
         with HDF5SessionDataset([path], key=key) as ds:
-            assert ds.io_paths()[key].parallel
+            assert ds.handles.io_paths()[key].parallel
             got = np.stack(ds.__getitems__(list(range(64))))
             assert got.tobytes() == want.tobytes()
             assert (got[0] == -7).all()
@@ -179,15 +179,15 @@ def test_the_fallback_is_h5py_and_says_why(tmp_path: Path) -> None:
     }
     for key, why in cases.items():
         with HDF5SessionDataset([path], key=key) as ds:
-            got = ds.io_paths()[key]
+            got = ds.handles.io_paths()[key]
             assert got == ReadPath("h5py", got.reason)
             assert why in got.reason, (key, got.reason)
             assert not got.parallel
             assert np.stack(ds.__getitems__([0, 5, 31])).tolist() == [[1.0] * 4] * 3
     with HDF5SessionDataset([path], key="axis1", sample_axis=1) as ds:
-        assert "axis 1" in ds.io_paths()["axis1"].reason
+        assert "axis 1" in ds.handles.io_paths()["axis1"].reason
     with HDF5SessionDataset([path], key="lzf", h5py_options={"driver": "core"}) as ds:
-        assert ds.io_paths()["lzf"].kind == "h5py"
+        assert ds.handles.io_paths()["lzf"].kind == "h5py"
 
 
 def test_the_plan_names_the_read_path(tmp_path: Path) -> None:
@@ -198,7 +198,7 @@ def test_the_plan_names_the_read_path(tmp_path: Path) -> None:
         loader = loaderkit.DataLoader(ds, batch_size=4)
         row = loader.plan["hdf5_reads"]
         assert row.value == "decoded chunks" and "gzip" in row.reason
-        assert ds.open_files == 0  # the plan left no file open in this process
+        assert ds.handles.open_files == 0  # the plan left no file open in this process
     with HDF5SessionDataset([slow], key="x") as ds:
         row = loaderkit.DataLoader(ds, batch_size=4).plan["hdf5_reads"]
         assert row.value == "h5py" and "LZF" in row.reason and "serial" in row.reason
@@ -226,7 +226,7 @@ def test_keys_mixed_paths_in_one_dataset(tmp_path: Path) -> None:
             "c", data=np.arange(64, dtype="f4").reshape(32, 2), chunks=(8, 2), compression="lzf"
         )
     with HDF5SessionDataset([path], key=["a", "b", "c"]) as ds:
-        kinds = {k: p.kind for k, p in ds.io_paths().items()}
+        kinds = {k: p.kind for k, p in ds.handles.io_paths().items()}
         assert kinds in (
             {"a": "decoded chunks", "b": "preadv", "c": "h5py"},
             {"a": "decoded chunks", "b": "memory map", "c": "h5py"},

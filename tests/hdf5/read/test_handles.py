@@ -110,7 +110,7 @@ def test_many_threads_over_more_files_than_max_open_read_what_one_thread_reads(
         watcher.join()
     for batch, got in results:
         assert got.tobytes() == want[batch].tobytes()
-    info = ds.handle_cache_info()
+    info = ds.handles.cache_info()
     assert info.evictions > 0
     assert 0 < peak[0] <= 3  # never more than max_open_files, not even for a moment
     ds.close()
@@ -153,7 +153,7 @@ def test_close_while_threads_read_leaves_no_descriptor(tmp_path: Path) -> None:
     assert min(counts) >= 5 and closes >= 30
     ds.close()
     assert _open_under(tmp_path) == 0
-    assert ds.open_files == 0
+    assert ds.handles.open_files == 0
 
 
 def test_an_eviction_waits_for_the_reader_of_the_file(tmp_path: Path) -> None:
@@ -220,7 +220,7 @@ def test_a_held_session_is_one_copy_shared_by_the_threads(tmp_path: Path) -> Non
         got = list(pool.map(read, range(4)))
     for k, rows in enumerate(got):
         assert rows.tobytes() == arrays[0][k * 10 : k * 10 + 20].tobytes()
-    info = ds.held_info()
+    info = ds.budgets.held_info()
     assert info.loads == 1  # one copy of session 0 for every thread, not one each
     assert info.hits >= 3
     ds.close()
@@ -254,5 +254,5 @@ def test_a_batch_reads_its_other_sessions_while_another_thread_reads_one_whole(
     assert not held.reading(0)
     expected = np.concatenate([arrays[0][[0, 1]], arrays[1][[0, 1]]])
     assert rows.tobytes() == expected.tobytes()
-    assert ds.held_info().loads == 2
+    assert ds.budgets.held_info().loads == 2
     ds.close()

@@ -17,6 +17,7 @@ from loaderkit import DataLoader, HDF5SessionDataset
 from loaderkit.hdf5.read import reader
 from loaderkit.hdf5.read.rawio import map_rows, raw_location
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
+from loaderkit.support import LoaderShape
 from tests.hdf5.helpers import expected, hdf5_fds, run_in_threads, write_sessions
 
 ORDERS = [
@@ -49,14 +50,17 @@ def test_items_are_copies_not_views_of_the_map(tmp_path: Path) -> None:
 def test_each_open_file_holds_two_descriptors_and_the_bound_counts_them(tmp_path: Path) -> None:
     paths = write_sessions(tmp_path, [5] * 6)
     ds = HDF5SessionDataset(paths, key="betas", memory_map=True, max_open_files=2)
-    assert ds.fds_per_file == 2
+    assert ds.budgets.fds_per_file == 2
     for i in (0, 7, 14, 21, 0, 28, 7):  # sessions 0 1 2 4 0 5 1: evictions all along
         ds.__getitems__([i, i + 1])
         assert len(hdf5_fds(tmp_path)) <= 2 * 2
-    budget = ds.file_budget(1, 100, None)  # per process: 6 files x 2 fit what a worker has left
+    budget = ds.budgets.file_budget(
+        LoaderShape(1, open_files_soft=100)
+    )  # per process: 6 files x 2 fit what a worker has left
     assert budget.files == 6 and "x 2 descriptors" in budget.reason
-    assert ds.file_budget(1, 70, None).files < 6
-    wide = HDF5SessionDataset(paths, key="betas", memory_map=True).file_budget(3, 1024, None)
+    assert ds.budgets.file_budget(LoaderShape(1, open_files_soft=70)).files < 6
+    mapped = HDF5SessionDataset(paths, key="betas", memory_map=True)
+    wide = mapped.budgets.file_budget(LoaderShape(3, open_files_soft=1024))
     assert "x 2 descriptors" in wide.reason
     ds.close()
 
@@ -64,7 +68,7 @@ def test_each_open_file_holds_two_descriptors_and_the_bound_counts_them(tmp_path
 def test_chunked_data_is_not_mapped(tmp_path: Path) -> None:
     paths = write_sessions(tmp_path, [12], chunks=4)
     ds = HDF5SessionDataset(paths, key="betas", memory_map=True)
-    assert ds.fds_per_file == 1
+    assert ds.budgets.fds_per_file == 1
     assert np.array_equal(ds[5], expected(ds, 5))
     assert ds._reader.cache.get(0).maps[0] is None
     ds.close()

@@ -55,9 +55,9 @@ def test_a_batch_takes_each_sessions_file_once(tmp_path: Path, memory_map: bool)
     )
     indices = [0, 10, 22, 1, 11, 23, 5, 15, 25, 2]  # sessions 0, 1, 2, 0, 1, 2, ...
     ds.__getitems__(indices)  # opens the three files
-    before = ds.handle_cache_info()
+    before = ds.handles.cache_info()
     batch = ds.__getitems__(indices)
-    after = ds.handle_cache_info()
+    after = ds.handles.cache_info()
     assert torch.equal(batch.tensor, _per_item(ds, indices))
     assert (after.hits - before.hits, after.misses - before.misses) == (3, 0)
 
@@ -78,7 +78,7 @@ def test_non_native_byte_order_keeps_the_batched_path(tmp_path: Path) -> None:
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=np.arange(12, dtype=">f4").reshape(6, 2))
     ds = HDF5SessionDataset([path], key="x")
-    assert ds.read_path[0] == "batch-native"
+    assert ds.handles.read_path[0] == "batch-native"
     samples = ds.__getitems__([1, 3])
     assert isinstance(samples, RowBatch) and samples.tensor.dtype == torch.float32
     assert [s.tolist() for s in samples] == [[2.0, 3.0], [6.0, 7.0]]
@@ -91,7 +91,7 @@ def test_non_native_byte_order_keeps_the_batched_path(tmp_path: Path) -> None:
     plus = Plus([path], key="x")  # transformed once, by the item and the batch paths alike
     assert plus[1].tolist() == [102.0, 103.0]
     assert [s.tolist() for s in plus.__getitems__([1, 3])] == [[102.0, 103.0], [106.0, 107.0]]
-    seeded = plus.getitems_seeded([1], lambda i: None)
+    seeded = plus.loader_support().read_seeded([1], lambda i: None)
     assert [s.tolist() for s in seeded] == [[102.0, 103.0]]
 
 

@@ -191,7 +191,7 @@ def test_the_same_file_twice_warns_naming_both_sessions_and_shares_one_handle(
     with pytest.warns(LoaderkitWarning, match=r"sessions 'a' .* and 'b' .* are the same file"):
         ds = HDF5SessionDataset({"a": path, "b": link}, key="betas")
     assert len(ds) == 12 and ds.__getitems__([0, 6])[1].tolist() == ds[0].tolist()
-    assert ds.open_files == 1
+    assert ds.handles.open_files == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "already open in the parent process" in workers
         loader = create_dataloader(ds, batch_size=4, num_workers=2)

@@ -71,17 +71,17 @@ LAYOUTS = {
 def test_every_read_path_returns_the_stored_rows(tmp_path: Path, layout: str, held: Any) -> None:
     paths, arrays = write_wide(tmp_path, 3, **LAYOUTS[layout])  # type: ignore[arg-type]
     ds = HDF5SessionDataset(paths, key="betas", max_session_bytes=held)
-    assert ds.session_memory_bytes == arrays[0].nbytes
+    assert ds.budgets.session_memory_bytes == arrays[0].nbytes
     rng = np.random.default_rng(0)
     for _ in range(3):
         indices = rng.integers(0, len(ds), 23).tolist()  # repeats, any order
         _check(ds, arrays, indices, ds.__getitems__(indices))
     _check(ds, arrays, [5, len(ds) - 1, 0], [ds[5], ds[-1], ds[0]])
     _check(ds, arrays, range(len(ds)), ds.__getitems__(list(range(len(ds)))))
-    info = ds.held_info()
+    info = ds.budgets.held_info()
     assert info.loads == (3 if held is None else 0) and info.held_bytes <= info.max_bytes
     ds.close()
-    assert ds.held_info().held == 0  # close() drops what is held
+    assert ds.budgets.held_info().held == 0  # close() drops what is held
 
 
 def test_rows_of_one_chunk_each_keep_the_run_reads(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def test_rows_of_one_chunk_each_keep_the_run_reads(tmp_path: Path) -> None:
         f.create_dataset("x", data=np.ones((6, 256, 256), "f4"), chunks=(1, 64, 64))
     with pytest.warns(PerformanceHint, match="no more bytes than it returns"):
         ds = HDF5SessionDataset([path], key="x")
-    assert ds.session_memory_bytes == 0 and ds.held_capacity is None
+    assert ds.budgets.session_memory_bytes == 0 and ds.budgets.held_capacity is None
     assert ds.__getitems__([1, 2])[0].shape == (256, 256)
 
 
@@ -124,7 +124,7 @@ def test_block_order_reads_each_session_once_per_pass(tmp_path: Path) -> None:
     total = sum(a.nbytes for a in arrays)
     for held, window in ((2, 1), (3, 2), (4, 4)):
         ds = HDF5SessionDataset(paths, key="betas", max_session_bytes=held * arrays[0].nbytes)
-        assert ds.held_capacity == held
+        assert ds.budgets.held_capacity == held
         sampler = BlockShuffleSampler(ds, block_size=4, seed=0)
         # a spare place when not every session fits: a finished session never pushes out
         # an active one
@@ -133,30 +133,30 @@ def test_block_order_reads_each_session_once_per_pass(tmp_path: Path) -> None:
         for epoch in range(3):
             sampler.set_epoch(epoch)
             ds._reader.held.clear()  # what the last pass held is not this pass's
-            before, loads = _read_chars(), ds.held_info().loads
+            before, loads = _read_chars(), ds.budgets.held_info().loads
             order = sampler.indices().tolist()
             for k in range(0, len(order), 8):
                 _check(ds, arrays, order[k : k + 8], ds.__getitems__(order[k : k + 8]))
-            assert ds.held_info().loads - loads == 4, (held, epoch)  # each session once
+            assert ds.budgets.held_info().loads - loads == 4, (held, epoch)  # each session once
             assert _read_chars() - before <= total * 1.05
-            assert ds.held_info().held_bytes <= held * arrays[0].nbytes
+            assert ds.budgets.held_info().held_bytes <= held * arrays[0].nbytes
         ds.close()
 
 
 def test_beyond_the_budget_batches_read_their_sessions(tmp_path: Path) -> None:
     paths, arrays = write_wide(tmp_path, 2, 40, (500,))
     ds = HDF5SessionDataset(paths, key="betas", max_session_bytes=arrays[0].nbytes - 1)
-    assert ds.held_capacity == 0
+    assert ds.budgets.held_capacity == 0
     assert BlockShuffleSampler(ds, seed=0).window == 2  # nothing held: the window is not cut
     _check(ds, arrays, [1, 45, 2], ds.__getitems__([1, 45, 2]))
-    assert ds.held_info().loads == 0
+    assert ds.budgets.held_info().loads == 0
 
 
 def test_a_session_changed_after_it_was_read_into_memory(tmp_path: Path) -> None:
     paths, arrays = write_wide(tmp_path, 2, 40, (300,))
     ds = HDF5SessionDataset(paths, key="betas")
     _check(ds, arrays, [1, 2], ds.__getitems__([1, 2]))
-    assert ds.held_info().held == 1
+    assert ds.budgets.held_info().held == 1
     rewrite = (  # another process rewrites it in place: same rows, other values
         "import h5py, sys\n"
         "with h5py.File(sys.argv[1], 'r+', locking=False) as f:\n"
@@ -265,7 +265,7 @@ def test_the_plan_states_the_budget_and_its_reason(tmp_path: Path) -> None:
         platform=tight,
     )
     assert loader.plan["max_session_bytes"].value == session
-    assert loader.dataset.held_capacity == 1 and loader.sampler.window == 1
+    assert loader.dataset.budgets.held_capacity == 1 and loader.sampler.window == 1
     loader.close()
 
     none = fake_platform(memory_bytes=session)
@@ -335,7 +335,7 @@ def test_workers_read_each_session_once_and_stay_within_the_budget(
     assert loader.plan["max_session_bytes"].value == budget
     assert loader.sampler.window == 1  # 2 held, one of them spare
     files = sum(p.stat().st_size for p in paths)  # rows and the chunk index
-    others = ds.max_open_files * ds.file_memory_bytes + BLOCK_BYTES + 32 * MIB
+    others = ds.max_open_files * ds.budgets.file_memory_bytes + BLOCK_BYTES + 32 * MIB
     for epoch in range(2):
         seen = []
         reports: dict[int, dict[str, Any]] = {}
@@ -363,7 +363,7 @@ def test_the_main_process_held_sessions_are_not_a_forked_workers(tmp_path: Path)
     paths, _ = write_wide(tmp_path, 2, 40, (500,))
     ds = HDF5SessionDataset(paths, key="betas")
     ds.__getitems__([0, 41])
-    assert ds.held_info().held == 2
+    assert ds.budgets.held_info().held == 2
     loader = DataLoader(
         ds,
         batch_size=10,
@@ -373,7 +373,7 @@ def test_the_main_process_held_sessions_are_not_a_forked_workers(tmp_path: Path)
     )
     reports = list(loader)
     assert reports[0]["held"].loads == 1 and reports[0]["held"].hits == 0  # read afresh
-    assert ds.held_info().held == 2  # the main process kept its own
+    assert ds.budgets.held_info().held == 2  # the main process kept its own
     loader.close()
 
 
@@ -385,7 +385,7 @@ def test_subclass_read_through_super_uses_the_held_session(tmp_path: Path) -> No
         warnings.simplefilter("ignore", PerformanceHint)
         ds = ScaledRead(paths, key="betas")
     got = ds.__getitems__(list(range(len(ds))))  # per item: read() -> super().read()
-    assert ds.held_info().loads == 2  # one per session, not one pass per sample
+    assert ds.budgets.held_info().loads == 2  # one per session, not one pass per sample
     for i, sample in enumerate(got):
         session, row = ds.locate(i)
         want = arrays[int(session)][row].astype("float32") / 300

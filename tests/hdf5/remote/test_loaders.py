@@ -208,7 +208,7 @@ def test_describe_counts_what_the_workers_fetched(s3: Remote, tmp_path: Path, me
     ) as loader:  # fmt: skip
         assert len([rows(batch) for batch in loader]) == len(dataset) // GLOBAL
         text = loader.describe()
-    stats = dataset.session_cache_stats()
+    stats = dataset.cached_sessions.stats()
     assert stats is not None
     assert stats.misses == SESSIONS and stats.bytes_fetched == sum(s3.sizes)
     assert cache.stats(this_process=True).misses == 0  # the main process fetched nothing

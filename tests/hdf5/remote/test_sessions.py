@@ -89,7 +89,7 @@ def test_samples_equal_the_local_files(s3: Remote, warm: SessionCache) -> None:
     batch, expected = ds.__getitems__(order), local.__getitems__(order)
     for got, want in zip(batch, expected, strict=True):
         assert all(np.array_equal(got[k], want[k]) for k in want)
-    ours, theirs = ds.session_cache_stats(), warm.stats()
+    ours, theirs = ds.cached_sessions.stats(), warm.stats()
     assert ours is not None and theirs.misses == misses  # all cached
     # the disk's free bytes move with every other process writing on it
     assert dataclasses.replace(ours, free_bytes=theirs.free_bytes) == theirs
@@ -113,7 +113,7 @@ def test_loaders_read_what_local_files_give(s3: Remote, tmp_path: Path, workers:
     assert got == reference
     assert all(s3.whole_gets(url) == 1 for url in s3.urls)  # each fetched once
     assert "\ncache " in text and "\nprefetch " in text and "cache now" in text
-    assert [e.in_use for e in ds.session_cache.ls()] == [False] * files.SESSIONS  # type: ignore[union-attr]
+    assert [e.in_use for e in ds.cached_sessions.cache.ls()] == [False] * files.SESSIONS  # type: ignore[union-attr]
 
 
 def test_a_spawned_worker_reads_from_the_cache(s3: Remote, warm: SessionCache) -> None:
@@ -141,7 +141,7 @@ def test_a_subclass_reads_remote_files_as_local_ones(s3: Remote, warm: SessionCa
         got, want = ds[i], local[i]
         assert np.array_equal(got["x"], want["x"]) and got["label"] == want["label"]
         assert got["where"] == want["where"] == f"{i // files.ROWS:02d}.h5"
-    assert ds.read_path == local.read_path
+    assert ds.handles.read_path == local.handles.read_path
 
 
 def test_local_paths_with_a_cache_are_copied(s3: Remote, tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_local_paths_with_a_cache_are_copied(s3: Remote, tmp_path: Path) -> None
     assert listed[0].in_use  # the open file holds its lease
     ds.close()
     assert not cache.ls()[0].in_use
-    assert ds.session_cache_stats().bytes_fetched == s3.sizes[1]  # type: ignore[union-attr]
+    assert ds.cached_sessions.stats().bytes_fetched == s3.sizes[1]  # type: ignore[union-attr]
 
 
 def test_a_local_file_changed_under_a_cached_dataset(tmp_path: Path) -> None:
@@ -322,7 +322,10 @@ def test_the_ranks_on_the_node_share_the_cache_limits(
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's, before init_process_group
     two = HDF5SessionDataset(s3.urls, key="x", storage_options=s3.options, cache=cache)
     assert two.max_open_files == 1  # (5 - 2 x 2) // 2 ranks
-    assert two.cached_open_files(2, ranks=1) == 1 and two.cached_open_files(0, ranks=1) == 3
+    assert (
+        two.cached_sessions.open_files(2, ranks=1) == 1
+        and two.cached_sessions.open_files(0, ranks=1) == 3
+    )
     with DataLoader(two, batch_size=16, num_workers=0) as loader:
         assert "1 file(s) + the prefetch window" in loader.describe()
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
@@ -444,3 +447,18 @@ def test_ranks_constructing_at_once_read_each_objects_metadata_once(
     assert [proc.exitcode for proc in procs] == [0, 0]
     assert {url: len(s3.range_gets(url)) for url in s3.urls} == once
     assert len(list((tmp_path / "node" / "meta").glob("*.json"))) == files.SESSIONS
+
+
+def test_session_positions_and_check_index() -> None:
+    from loaderkit.hdf5.meta.index import check_index
+    from loaderkit.hdf5.remote.cachedsessions import session_positions
+
+    keys = np.array([0, 1, 1 << 36, (1 << 36) + 1], np.int64)
+    assert session_positions(keys, np.array([0, 2, 3])).tolist() == [0, 1, 1]
+    assert session_positions(keys, np.array([-1, 4])).tolist() == [1, -1]
+    assert session_positions(keys, np.array([0.5])).tolist() == [-1]
+    assert check_index(-4, 4) == 0
+    with pytest.raises(IndexError, match="index 4 is out of range for a dataset of 4"):
+        check_index(4, 4)
+    with pytest.raises(TypeError, match="must be integers, got str"):
+        check_index("1", 4)

@@ -138,7 +138,7 @@ def test_thread_workers_hold_their_sessions_beside_the_prefetch_window(
 ) -> None:
     size = max(s3.sizes)
     ds = _dataset(s3, SessionCache(tmp_path / "c", max_bytes=3 * size, room_timeout=5))
-    assert ds.session_cache.prefetch == 2  # 3 sessions: the one read and 2 ahead
+    assert ds.cached_sessions.cache.prefetch == 2  # 3 sessions: the one read and 2 ahead
     # 2 threads each hold the session they read while the window moves on: prefetch 2 (or 1)
     # left no room for them, and the pass failed after room_timeout
     with DataLoader(ds, batch_size=16, num_workers=2, worker_method="thread") as loader:

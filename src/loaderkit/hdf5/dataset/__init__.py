@@ -4,12 +4,13 @@ The top stage: imports go down only, to ``loaderkit.hdf5.remote``, ``convert``, 
 ``meta``, and below the package to ``loaderkit.storage``, ``loaderkit.policy.budgets`` and
 ``loaderkit.machine``.
 
-- ``dataset``: the dataset class: hooks, reading, pickling; it holds the parts below and
-  ``loaderkit.hdf5.read.reader.SessionReader`` and ``remote.cachedsessions.CachedSessions``;
+- ``dataset``: the dataset class: hooks, the helpers a hook calls, its constructor arguments,
+  reading, pickling, and its ``LoaderSupport``; it holds
+  ``loaderkit.hdf5.read.reader.SessionReader`` (the index, the open files), the parts below and
+  ``remote.cachedsessions.CachedSessions`` (``ds.cached_sessions``);
+- ``hooks``: which hooks a dataset class overrides, and so how it reads batches (``ReadMode``);
 - ``arguments``: its constructor arguments, checked and normalised once;
 - ``inspection``: what every file holds, read once at construction, and the reader over it;
-- ``accessors``: ``SessionAccess``, what the dataset says about its files (handles, layouts,
-  types, read paths, the index);
-- ``budgeting``: ``SessionBudgets``, open-file and held-session budgets;
-- ``forwarding``: the dataset's names answered by a part, and the deprecated old names.
+- ``accessors``: ``SessionHandles`` (``ds.handles``): open files, read paths, types;
+- ``budgeting``: ``DatasetBudgets`` (``ds.budgets``): open-file and held-session budgets.
 """

@@ -1,151 +1,58 @@
-"""What an ``HDF5SessionDataset`` says about its files: handles, layouts, types, read paths.
+"""What an ``HDF5SessionDataset``'s files and handles say: open files, read paths, types.
 
-``SessionAccess`` is a part the dataset holds (``ds._access``), over its reader and its
-session ids: this process's open ``h5py.File`` and ``h5py.Dataset`` of a session, the handle
-cache's lock and statistics, each session's layout, the sample's type and size, and how rows
-are read. The dataset's public accessors forward to it.
+``SessionHandles`` is the part the dataset shows as ``ds.handles``, over its reader: this
+process's handle cache (the open files and their counters), how each key's rows are read and
+why (``io_paths``, the plan's ``hdf5_reads`` row, ``read_path``), and the sample's type and
+size. The reader owns every fact it reports (session ids, the index, the open files).
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable
 from typing import Any
 
-import h5py
 import numpy as np
 
-from loaderkit.errors import ArgumentTypeError, ConfigError
+from loaderkit.hdf5.dataset.hooks import ReadMode, describe_read_path
 from loaderkit.hdf5.meta.index import unpack_index
-from loaderkit.hdf5.meta.inventory import (
-    sample_type,
-)
-from loaderkit.hdf5.meta.layout import (
-    SessionLayout,
-)
+from loaderkit.hdf5.meta.inventory import sample_type
 from loaderkit.hdf5.meta.types import Kind, RowType
 from loaderkit.hdf5.read.chunkio import ReadPath
-from loaderkit.hdf5.read.handles import CacheInfo
+from loaderkit.hdf5.read.handles import HandleCacheInfo
 from loaderkit.hdf5.read.reader import SessionReader
 
-__all__ = ["SessionAccess"]
+__all__ = ["SessionHandles"]
 
 
-class SessionAccess:
-    """What a session dataset's files hold and how they are read, per session id.
+class SessionHandles:
+    """A session dataset's open files and how its rows are read (``ds.handles``).
 
     Args:
         reader: The dataset's reader (its handle cache, records, keys and types).
-        ids: Session ids, in position order.
-        item_fast: The dataset reads with the default ``read`` (no hook overridden).
+        item_fast: The dataset reads samples with the default ``read`` (not overridden).
+        mode: How the dataset's class reads batches (``hooks.read_mode``).
+        transforms: The class overrides ``transform``.
         label: The dataset's class name, for messages and plan rows.
 
     Example:
-        >>> SessionAccess.h5dataset.__name__
-        'h5dataset'
+        >>> SessionHandles.cache_info.__name__
+        'cache_info'
     """
 
     def __init__(
-        self, reader: SessionReader, ids: Sequence[Hashable], item_fast: bool, label: str
+        self,
+        reader: SessionReader,
+        *,
+        item_fast: bool,
+        mode: ReadMode,
+        transforms: bool,
+        label: str,
     ) -> None:
         self.reader = reader
-        self.ids = list(ids)
-        self.position = {sid: i for i, sid in enumerate(self.ids)}
         self.item_fast = item_fast
+        self.mode = mode
+        self.transforms = transforms
         self.label = label
-        #: The dataset's packed index (set once it is built).
-        self.keys: np.ndarray = np.empty(0, np.int64)
-
-    def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "keys": None}  # the dataset pickles its index, packed
-
-    def pos_of(self, session: Hashable) -> int:
-        """The position of ``session`` in ``ids``.
-
-        Raises:
-            KeyError: An unknown session (the message lists the first ids).
-        """
-        try:
-            return self.position[session]
-        except (KeyError, TypeError):
-            raise KeyError(
-                f"unknown session {session!r}; sessions: {self.ids[:20]}"
-                + (" ..." if len(self.ids) > 20 else "")
-            ) from None
-
-    def file(self, session: Hashable) -> h5py.File:
-        """Return this process's open, read-only ``h5py.File`` for ``session`` (opened lazily).
-
-        The handle stays valid until it is evicted; from several threads, use it only inside
-        ``read``/``read_rows`` or while holding ``lock``.
-
-        Args:
-            session: Session id (a key of ``files``).
-
-        Returns:
-            The open file.
-
-        Example:
-            >>> ds.file(0).filename  # doctest: +SKIP
-            '/data/betas_session01.hdf5'
-        """
-        pos = self.pos_of(session)
-        with self.lock:
-            return self.reader.handle(pos, 0, -1).file
-
-    def h5dataset(self, session: Hashable, key: str | None = None) -> h5py.Dataset:
-        """Return this process's cached ``h5py.Dataset`` of ``key`` in ``session``'s file.
-
-        ``key`` is one of the dataset's keys, by its name (as given to ``key=``) or its path,
-        or the path of any other dataset in the file (trial ids, labels, timestamps beside
-        the per-sample data). Each is looked up once per process and open file and cached
-        with the file's handle, so it is cheaper than ``file(session)[key]`` (no name lookup
-        per call); it is closed, and looked up again at the next call, when the handle is
-        evicted (``max_open_files``) or ``close()`` is called. From several threads, use it
-        only inside ``read``/``read_rows`` or while holding ``lock``.
-
-        Args:
-            session: Session id.
-            key: A key's name, or the path of any dataset in the file (default: the first
-                key).
-
-        Returns:
-            The open ``h5py.Dataset`` (the ``h5py.Group`` for a group key).
-
-        Raises:
-            KeyError: An unknown session, or a path the file has no dataset at (a
-                ``MissingKeyError``; the message lists the file's datasets).
-            HDF5FileError: The file cannot be opened, or HDF5 cannot open the dataset
-                (damaged metadata); the message names the session, the file and the fix.
-            ConfigError: ``key`` left out on a dataset built without ``key=``.
-
-        Example:
-            >>> class WithStimulus(HDF5SessionDataset):  # doctest: +SKIP
-            ...     def read(self, session, row):
-            ...         betas = super().read(session, row)
-            ...         return betas, int(self.h5dataset(session, "stim_ids")[row])
-        """
-        pos = self.pos_of(session)
-        specs = self.reader.specs
-        if key is None and not specs:
-            raise ConfigError(
-                "h5dataset(session) without a name needs key=; pass the dataset's path: "
-                "h5dataset(session, 'name')."
-            )
-        if key is not None and not isinstance(key, str):
-            raise ArgumentTypeError(
-                f"h5dataset(): key must be a key's name or a dataset path (str), got "
-                f"{type(key).__name__} {key!r}."
-            )
-        k = next(
-            (k for k, spec in enumerate(specs) if key in (None, spec.name)),
-            next((k for k, spec in enumerate(specs) if key == spec.path), None),
-        )
-        with self.lock:
-            handle = self.reader.handle(pos, 0, -1)
-            if k is not None:
-                return handle.datasets[k]
-            assert key is not None
-            return self.reader.other_dataset(handle, pos, key)
 
     def io_paths(self, session: Hashable | None = None) -> dict[str, ReadPath]:
         """How each key's rows are read from ``session``'s file, and why (``ReadPath``).
@@ -163,10 +70,10 @@ class SessionAccess:
             ``{key name: ReadPath}``.
 
         Example:
-            >>> ds.io_paths()["betas"].kind  # doctest: +SKIP
+            >>> ds.handles.io_paths()["betas"].kind  # doctest: +SKIP
             'decoded chunks'
         """
-        pos = 0 if session is None else self.pos_of(session)
+        pos = 0 if session is None else self.reader.position(session)
         reader = self.reader
         key = reader.canonical[pos]
         was_open = reader.cache.peek(key) is not None
@@ -185,7 +92,7 @@ class SessionAccess:
             ``[(name, given, value, reason)]`` (empty for a dataset without keys).
         """
         reader = self.reader
-        if not reader.specs or not self.ids:
+        if not reader.specs or not reader.ids:
             return []
         if not self.item_fast:
             return [
@@ -216,52 +123,32 @@ class SessionAccess:
             f"{name!r}: {path.reason}" + ("" if path.parallel else " (serial under h5py's lock)")
             for name, path in paths.items()
         )
-        return [("hdf5_reads", False, value, f"session {self.ids[0]!r}: {reasons}")]
-
-    @property
-    def lock(self) -> Any:
-        """The re-entrant lock that keeps handed-out h5py objects open (``HookLock``).
-
-        Hold it while using ``file()`` / ``h5dataset()`` objects from several threads; the
-        overridden ``read`` / ``read_rows`` / ``__getitem__`` run under it. The default reads
-        never take it (they lease their handle).
-        """
-        return self.reader.cache.lock
+        return [("hdf5_reads", False, value, f"session {reader.ids[0]!r}: {reasons}")]
 
     @property
     def open_files(self) -> int:
         """Number of files this dataset holds open in the current process."""
         return len(self.reader.cache)
 
-    def handle_cache_info(self) -> CacheInfo:
+    def cache_info(self) -> HandleCacheInfo:
         """Statistics of this process's cache of open files (the handle cache).
 
         Returns:
-            ``CacheInfo(hits, misses, evictions, opens, open_files, max_open_files)``; counters
-            start at zero in every new process (fork or spawn).
+            ``HandleCacheInfo(hits, misses, evictions, opens, open_files, max_open_files)``;
+            counters start at zero in every new process (fork or spawn).
 
         Example:
-            >>> ds.handle_cache_info().opens  # doctest: +SKIP
+            >>> ds.handles.cache_info().opens  # doctest: +SKIP
             8
         """
         return self.reader.cache.info()
-
-    def layout(self, session: Hashable) -> SessionLayout | None:
-        """Return the layout of (the first) ``key`` in ``session`` (``None`` without a key).
-
-        Example:
-            >>> ds.layout(0).chunk_rows  # doctest: +SKIP
-            8
-        """
-        layouts = self.reader.records[self.pos_of(session)].layouts
-        return layouts[0] if layouts else None
 
     @property
     def sample_type(self) -> RowType | None:
         """How a sample is typed (``None`` when ``read`` is overridden); see docs/hdf5.md.
 
         Example:
-            >>> ds.sample_type.kind  # doctest: +SKIP
+            >>> ds.handles.sample_type.kind  # doctest: +SKIP
             <Kind.NUMBER: 'number'>
         """
         reader = self.reader
@@ -276,7 +163,7 @@ class SessionAccess:
         Counts fixed-size data (numbers, compound rows); ``None`` for variable-length rows.
 
         Example:
-            >>> ds.sample_nbytes  # doctest: +SKIP
+            >>> ds.handles.sample_nbytes  # doctest: +SKIP
             16384
         """
         reader = self.reader
@@ -293,18 +180,25 @@ class SessionAccess:
             return None
         return sum(reader.row_bytes)
 
-    @property
-    def session_ids(self) -> tuple[Hashable, ...]:
-        """Session ids in the order of ``files`` (position ``p`` in ``index_arrays``)."""
-        return tuple(self.ids)
-
     def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """Return read-only ``(session_positions, rows)`` arrays of the whole index.
+        """Read-only ``(session_positions, rows)`` arrays of the whole index.
 
-        ``session_positions[i]`` is the position of sample ``i``'s session in
-        ``session_ids``. Samplers use these to find contiguous rows.
+        ``session_positions[i]`` is the position of sample ``i``'s session in the dataset's
+        ``session_ids``; the reader holds the index, packed.
 
         Example:
-            >>> pos, rows = ds.index_arrays()  # doctest: +SKIP
+            >>> positions, rows = ds.handles.index_arrays()  # doctest: +SKIP
         """
-        return unpack_index(self.keys)
+        return unpack_index(self.reader.index)
+
+    @property
+    def read_path(self) -> tuple[str, str]:
+        """How batches are read (``"batch-native"``, ``"runs"`` or ``"per-sample"``) and why.
+
+        Example:
+            >>> ds.handles.read_path[0]  # doctest: +SKIP
+            'batch-native'
+        """
+        kind = self.sample_type
+        numbers = kind is None or kind.kind is Kind.NUMBER
+        return describe_read_path(self.mode, self.label, self.transforms, numbers)

@@ -1,9 +1,12 @@
 """What an ``HDF5SessionDataset`` costs a process: open files and sessions held in memory.
 
-``SessionBudgets`` is a part the dataset holds (``ds._budgets``), over its reader: the memory
-one open file may hold, the ``max_open_files`` and ``max_session_bytes`` that fit a loader
-(``loaderkit.policy.budgets`` does the arithmetic), and the sessions a byte budget holds. The
-dataset keeps the values in use (``max_open_files``, ``max_session_bytes``) and forwards to it.
+``DatasetBudgets`` is the part the dataset shows as ``ds.budgets``, over its reader: the
+values asked for (``open_files_requested``, ``session_bytes_requested``), the values in use
+(``max_open_files``, ``max_session_bytes``: the dataset's attributes of those names read
+them here), the memory one open file may hold, and the one place where both budgets are
+fitted to a loader (``fit_open_files``, ``fit_session_bytes``; ``loaderkit.policy.budgets``
+does the arithmetic) — on its own at construction, and for a loader's processes when it is
+built.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from loaderkit.hdf5.dataset.arguments import (
 )
 from loaderkit.hdf5.read.heldsessions import HeldInfo
 from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.machine.distributed import local_world_size
+from loaderkit.plan import UNSET, PlanEntry
 from loaderkit.policy.budgets import (
     CHUNK_INDEX_BYTES,
     FILE_OVERHEAD_BYTES,
@@ -22,39 +27,60 @@ from loaderkit.policy.budgets import (
     fit_open_files,
     fit_session_bytes,
 )
+from loaderkit.support import LoaderShape
 
-__all__ = ["SessionBudgets"]
+__all__ = ["DatasetBudgets"]
 
 #: HDF5's own chunk cache size (2.0 and later), used when no ``rdcc_nbytes`` is passed.
 _HDF5_DEFAULT_CACHE = 8 << 20
 
 
-class SessionBudgets:
-    """The open-file and held-session budgets of a session dataset's reader.
+class DatasetBudgets:
+    """The open-file and held-session budgets of a session dataset (``ds.budgets``).
 
     Args:
-        reader: The dataset's reader (records, keys, types, open-file options).
+        reader: The dataset's reader (records, keys, types, open-file options); it holds the
+            values in use (its handle cache's bound, its held sessions' bound).
         memory_map: Contiguous rows are read through memory maps.
+        open_files_requested: ``max_open_files`` as passed (``None``: fitted).
+        session_bytes_requested: ``max_session_bytes`` as passed (``None``: fitted).
 
     Example:
-        >>> SessionBudgets.file_budget.__name__
-        'file_budget'
+        >>> DatasetBudgets.fit_open_files.__name__
+        'fit_open_files'
     """
 
-    def __init__(self, reader: SessionReader, memory_map: bool) -> None:
+    def __init__(
+        self,
+        reader: SessionReader,
+        memory_map: bool,
+        open_files_requested: int | None = None,
+        session_bytes_requested: int | None = None,
+    ) -> None:
         self.reader = reader
         self.memory_map = memory_map
+        #: ``max_open_files`` as passed to the dataset (``None``: fitted to the loader).
+        self.open_files_requested = open_files_requested
+        #: ``max_session_bytes`` as passed to the dataset (``None``: fitted to the loader).
+        self.session_bytes_requested = session_bytes_requested
+
+    # ------------------------------------------------------------------ open files
+
+    @property
+    def max_open_files(self) -> int:
+        """Files open at once per process, as used now."""
+        return self.reader.cache.max_open
 
     @property
     def file_memory_bytes(self) -> int:
         """Memory one open session file may hold (chunk cache and HDF5's per-file state).
 
         The chunk cache counts for chunked data only; the per-file state is
-        ``loaderkit.policy.budgets.FILE_OVERHEAD_BYTES``, plus ``CHUNK_INDEX_BYTES`` when rows span
-        chunks shared with other rows (every read walks the whole chunk index).
+        ``loaderkit.policy.budgets.FILE_OVERHEAD_BYTES``, plus ``CHUNK_INDEX_BYTES`` when rows
+        span chunks shared with other rows (every read walks the whole chunk index).
 
         Example:
-            >>> ds.file_memory_bytes  # doctest: +SKIP
+            >>> ds.budgets.file_memory_bytes  # doctest: +SKIP
             9437184
         """
         cache = 0
@@ -65,37 +91,6 @@ class SessionBudgets:
         index = CHUNK_INDEX_BYTES if any(self.reader.any_wide) else 0
         return cache + FILE_OVERHEAD_BYTES + index
 
-    def file_budget(
-        self, num_workers: int, soft_limit: int | None, memory: int | None
-    ) -> FileBudget:
-        """The ``max_open_files`` that fits a loader with ``num_workers`` workers.
-
-        ``loaderkit.policy.budgets.fit_open_files`` over this dataset's sessions and
-        ``file_memory_bytes``: every session when they fit under half the descriptor limit and
-        within a share of memory, fewer otherwise. Applied only when ``max_open_files`` was
-        left unset (``max_open_files_requested is None``); an explicit value always wins.
-
-        Args:
-            num_workers: Worker processes of the loader (0: the main process only).
-            soft_limit: Soft ``RLIMIT_NOFILE`` (``None``: unlimited).
-            memory: Memory of the machine or container in bytes (``None``: unknown).
-
-        Returns:
-            The ``FileBudget``.
-
-        Example:
-            >>> ds.file_budget(8, 1024, 24 << 30).files  # doctest: +SKIP
-            16
-        """
-        return fit_open_files(
-            len(self.reader.ids),
-            num_workers,
-            soft_limit,
-            self.file_memory_bytes,
-            memory,
-            self.fds_per_file,
-        )
-
     @property
     def fds_per_file(self) -> int:
         """Descriptors one open session file holds: 2 when its rows are memory-mapped.
@@ -104,8 +99,71 @@ class SessionBudgets:
         """
         return 2 if self.memory_map and self.reader.contiguous else 1
 
+    def file_budget(self, shape: LoaderShape) -> FileBudget:
+        """The ``max_open_files`` that fits a loader of ``shape`` (``fit_open_files``).
+
+        Every session when they fit under half the descriptor limit and within a share of
+        memory, fewer otherwise.
+
+        Args:
+            shape: The loader's processes and the machine (``LoaderShape()`` with the
+                machine's limits: the dataset on its own).
+
+        Returns:
+            The ``FileBudget``.
+
+        Example:
+            >>> from loaderkit.support import LoaderShape
+            >>> shape = LoaderShape(8, open_files_soft=1024)
+            >>> ds.budgets.file_budget(shape).files  # doctest: +SKIP
+            16
+        """
+        return fit_open_files(
+            len(self.reader.ids),
+            shape.processes,
+            shape.open_files_soft,
+            self.file_memory_bytes,
+            shape.memory_bytes,
+            self.fds_per_file,
+            main_fds=shape.open_fds,
+            start_method=shape.start_method or "fork",
+        )
+
+    def fit_open_files(self, shape: LoaderShape, cached: int | None = None) -> PlanEntry:
+        """Fit ``max_open_files`` to a loader of ``shape``; apply it where it was left unset.
+
+        Args:
+            shape: The loader's processes and the machine.
+            cached: Files each reading process may keep open so the node cache never blocks
+                (``CachedSessions.open_files``; ``None``: no cache).
+
+        Returns:
+            The plan row: the value used and why (an explicit value is kept, and the row says
+            what unset would have given).
+        """
+        budget = self.file_budget(shape)
+        requested = self.open_files_requested
+        if requested is not None:
+            reason = f"as given (unset would give {budget.files}: {budget.reason})"
+            return PlanEntry("max_open_files", requested, requested, reason)
+        if cached is not None and cached < budget.files:
+            readers = (
+                f"{shape.threads} thread(s) sharing {cached} file(s)"
+                if shape.threads
+                else f"{max(1, shape.processes)} reader(s) x {cached} file(s)"
+            )
+            reason = (
+                f"fits the session cache: {local_world_size()} rank(s) x ({readers} + the "
+                f"prefetch window) fit its max_bytes (each open file leases its entry; "
+                f"otherwise: {budget.reason})"
+            )
+            self.set_open_files(cached)
+            return PlanEntry("max_open_files", UNSET, cached, reason)
+        self.set_open_files(budget.files)
+        return PlanEntry("max_open_files", UNSET, budget.files, f"fits: {budget.reason}")
+
     def set_open_files(self, files: int) -> None:
-        """Keep at most ``files`` files open per process from now on (the loader's budget).
+        """Keep at most ``files`` files open per process from now on.
 
         Files over the new bound are closed as others are opened. Worker processes started
         later inherit the bound with the dataset.
@@ -119,40 +177,58 @@ class SessionBudgets:
         check_max_open_files(files)
         self.reader.cache.max_open = files
 
+    # ------------------------------------------------------------------ held sessions
+
+    @property
+    def max_session_bytes(self) -> int:
+        """Bytes of whole sessions held in memory per process, as used now."""
+        return self.reader.held.max_bytes
+
     @property
     def session_memory_bytes(self) -> int:
         """Bytes the largest session's rows take when held in memory (``max_session_bytes``).
 
         Counts the keys whose rows span chunks shared with other rows
-        (``SessionLayout.shares_chunks``),
-        the only ones held; 0 when there are none.
+        (``SessionLayout.shares_chunks``), the only ones held; 0 when there are none.
 
         Example:
-            >>> ds.session_memory_bytes  # doctest: +SKIP
+            >>> ds.budgets.session_memory_bytes  # doctest: +SKIP
             30000000
         """
         return max(self.reader.session_nbytes, default=0)
 
-    def session_budget(self, num_workers: int, memory: int | None) -> SessionBudget:
-        """The ``max_session_bytes`` that fits a loader with ``num_workers`` workers.
+    def session_budget(self, shape: LoaderShape) -> SessionBudget:
+        """The ``max_session_bytes`` that fits a loader of ``shape`` (``fit_session_bytes``).
 
-        ``loaderkit.policy.budgets.fit_session_bytes`` over this dataset's sessions and
-        ``session_memory_bytes``: as many whole sessions as fit a quarter of memory shared
-        by the loader's processes. Applied only when ``max_session_bytes`` was left unset.
-
-        Args:
-            num_workers: Worker processes of the loader (0: the main process only).
-            memory: Memory of the machine or container in bytes (``None``: unknown).
-
-        Returns:
-            The ``SessionBudget``.
+        As many whole sessions as fit a quarter of memory shared by the loader's processes.
 
         Example:
-            >>> ds.session_budget(2, 24 << 30).sessions  # doctest: +SKIP
+            >>> from loaderkit.support import LoaderShape
+            >>> shape = LoaderShape(2, memory_bytes=24 << 30)
+            >>> ds.budgets.session_budget(shape).sessions  # doctest: +SKIP
             4
         """
         held = [n for n in self.reader.session_nbytes if n]
-        return fit_session_bytes(max(held, default=0), len(held), num_workers, memory)
+        return fit_session_bytes(
+            max(held, default=0), len(held), shape.processes, shape.memory_bytes
+        )
+
+    def fit_session_bytes(self, shape: LoaderShape) -> PlanEntry | None:
+        """Fit ``max_session_bytes`` to a loader of ``shape``; apply it where left unset.
+
+        Returns:
+            The plan row, or ``None`` when no key's rows span chunks shared with other rows
+            (nothing is held).
+        """
+        if self.session_memory_bytes == 0:
+            return None
+        budget = self.session_budget(shape)
+        requested = self.session_bytes_requested
+        if requested is not None:
+            reason = f"as given (unset would give {budget.bytes}: {budget.reason})"
+            return PlanEntry("max_session_bytes", requested, requested, reason)
+        self.set_session_bytes(budget.bytes)
+        return PlanEntry("max_session_bytes", UNSET, budget.bytes, f"fits: {budget.reason}")
 
     def set_session_bytes(self, nbytes: int) -> None:
         """Hold at most ``nbytes`` of whole sessions in memory per process from now on.
@@ -167,7 +243,7 @@ class SessionBudgets:
             ConfigError: ``nbytes`` is not an int >= 0.
 
         Example:
-            >>> ds.set_session_bytes(2 << 30)  # doctest: +SKIP
+            >>> ds.budgets.set_session_bytes(2 << 30)  # doctest: +SKIP
         """
         check_max_session_bytes(nbytes)
         self.reader.held.set_max_bytes(nbytes)
@@ -182,7 +258,7 @@ class SessionBudgets:
         session is read once per pass in each process.
 
         Example:
-            >>> ds.held_capacity  # doctest: +SKIP
+            >>> ds.budgets.held_capacity  # doctest: +SKIP
             4
         """
         size = self.session_memory_bytes
@@ -199,7 +275,7 @@ class SessionBudgets:
             at zero in every new process.
 
         Example:
-            >>> ds.held_info().loads  # doctest: +SKIP
+            >>> ds.budgets.held_info().loads  # doctest: +SKIP
             4
         """
         return self.reader.held.info()

@@ -1,10 +1,15 @@
 """``HDF5SessionDataset``: one map-style dataset over many per-session HDF5 files.
 
-The class itself: hooks (``read``, ``read_rows``, ``build_index``, ``transform``), reading,
-lifecycle, pickling. Its parts, each forwarded to (``forwarding``): the reader
-(``read.reader.SessionReader``), the accessors (``accessors.SessionAccess``), the budgets
-(``budgeting.SessionBudgets``) and the cache view (``remote.cachedsessions.CachedSessions``).
-What the files hold is read once, where it is constructed (``inspection.DatasetInspection``).
+The class shows what a subclass author uses: the hooks (``read``, ``read_rows``,
+``build_index``, ``transform``), the helpers a hook calls (``file``, ``h5dataset``,
+``layout``, ``lock``), its constructor's arguments (read-only), ``locate``, ``session_ids``
+and ``close``. Its parts answer the rest, each reached through one attribute: ``handles``
+(``accessors.SessionHandles``: open files, read paths, types), ``budgets``
+(``budgeting.DatasetBudgets``: open-file and held-session budgets) and ``cached_sessions``
+(``remote.cachedsessions.CachedSessions``: the node cache). What the loader asks of it is
+``loader_support()`` (``loaderkit.support.LoaderSupport``). The reader
+(``read.reader.SessionReader``) owns the index and the open files; what the files hold is read
+once, where the dataset is constructed (``inspection.DatasetInspection``).
 """
 
 from __future__ import annotations
@@ -15,46 +20,44 @@ from collections.abc import Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import h5py
 import numpy as np
 from torch.utils.data import Dataset
 
-from loaderkit.errors import ConfigError
-from loaderkit.hdf5.dataset.accessors import SessionAccess
+from loaderkit.errors import (
+    ArgumentTypeError,
+    ConfigError,
+    LoaderkitDeprecationWarning,
+    add_note,
+    warn,
+)
+from loaderkit.hdf5.dataset.accessors import SessionHandles
 from loaderkit.hdf5.dataset.arguments import (
     check_max_open_files,
     check_max_session_bytes,
     check_options,
     normalize_files,
 )
-from loaderkit.hdf5.dataset.budgeting import SessionBudgets
-from loaderkit.hdf5.dataset.forwarding import deprecated, forward, forward_property
+from loaderkit.hdf5.dataset.budgeting import DatasetBudgets
+from loaderkit.hdf5.dataset.hooks import ReadMode, overrides, read_mode, uses_default_read
 from loaderkit.hdf5.dataset.inspection import DatasetInspection
 from loaderkit.hdf5.meta.index import (
     ROW_BITS,
     ROW_MASK,
     SampleIndex,
     check_index,
-    decode_index,
     default_index,
-    encode_index,
     lookup,
+    unpack_index,
 )
-from loaderkit.hdf5.meta.layout import (
-    add_note,
-)
-from loaderkit.hdf5.meta.types import Kind
+from loaderkit.hdf5.meta.layout import SessionLayout
 from loaderkit.hdf5.read.runs import plan_runs
-from loaderkit.hdf5.read.strategy import (
-    ReadMode,
-    describe_read_path,
-    overrides,
-    read_mode,
-    uses_default_read,
-)
 from loaderkit.hdf5.remote.cachedsessions import CachedSessions
 from loaderkit.hdf5.remote.sources import SessionSources, session_names
 from loaderkit.machine.platform import memory_bytes, open_file_limits
+from loaderkit.plan import UNSET, PlanEntry
 from loaderkit.storage import SessionCache
+from loaderkit.support import DatasetResources, Fitted, LoaderShape, LoaderSupport, SessionIndex
 
 __all__ = ["HDF5SessionDataset"]
 
@@ -73,6 +76,39 @@ def _overrides(cls: type, name: str) -> bool:
     return overrides(cls, HDF5SessionDataset, name)
 
 
+class _Moved:
+    """A released name of the dataset that moved to a part: warns, then answers the same.
+
+    A non-data descriptor: a subclass that assigns or defines the name keeps its own.
+
+    Args:
+        path: Where the name lives now, from the dataset (``"handles.cache_info"``).
+        since: The release the old name was in.
+    """
+
+    def __init__(self, path: str, since: str) -> None:
+        self.path = path
+        self.since = since
+        self.old = path
+        self.__doc__ = f"Deprecated: moved to ``{path}``."
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.old = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        warn(
+            f"{type(obj).__name__}.{self.old} (loaderkit {self.since}) moved to "
+            f".{self.path}, which answers the same; the old name goes in the next release.",
+            LoaderkitDeprecationWarning,
+        )
+        value = obj
+        for name in self.path.split("."):
+            value = getattr(value, name)
+        return value
+
+
 class HDF5SessionDataset(Dataset):
     """A map-style dataset over per-session HDF5 files with a bounded per-process handle cache.
 
@@ -85,6 +121,14 @@ class HDF5SessionDataset(Dataset):
     What a sample holds follows the HDF5 type (docs/hdf5.md, "Types"): numbers of any byte
     order become native numpy arrays, compound rows a dict of fields, strings ``str``,
     variable-length arrays a 1-D tensor; types with no torch dtype are refused here.
+
+    On the class: the hooks a subclass overrides (``read``, ``read_rows``, ``build_index``,
+    ``transform``; ``__getitem__``/``__getitems__``), the helpers a hook calls (``file``,
+    ``h5dataset``, ``layout``, ``lock``), the constructor's arguments (read-only),
+    ``locate``, ``session_ids`` and ``close``/``with``. Figures live on three parts:
+    ``handles`` (this process's open files, how rows are read), ``budgets`` (open-file and
+    held-session budgets) and ``cached_sessions`` (the node cache); what the loader asks is
+    ``loader_support()``.
 
     Args:
         files: Mapping session id -> path, or a sequence of paths (ids ``0..n-1``). Paths may
@@ -103,9 +147,9 @@ class HDF5SessionDataset(Dataset):
             runs of consecutive samples as one slab.
         max_open_files: Most files open at once per process (least recently used closed first).
             ``None`` (default): every session when that fits the machine, fewer otherwise
-            (``file_budget``): on its own, for this process's descriptor limit and memory; a
-            ``loaderkit.DataLoader`` refits it for its number of processes and records the
-            arithmetic in its plan. An int is kept as given.
+            (``budgets.file_budget``): on its own, for this process's descriptor limit and
+            memory; a ``loaderkit.DataLoader`` refits it for its number of processes and
+            records the arithmetic in its plan. An int is kept as given.
         h5py_options: Extra keyword arguments for ``h5py.File`` (``rdcc_nbytes``,
             ``rdcc_nslots``, ``locking``, ``swmr``, ``driver``, ...). They win over loaderkit's
             defaults (see ``default_chunk_cache``). The mode is always ``"r"``.
@@ -122,8 +166,8 @@ class HDF5SessionDataset(Dataset):
             process holds in memory, so that a session is read once while its rows are
             served (least recently used dropped first). ``None`` (default): as many sessions
             as fit a quarter of memory shared by the loader's processes
-            (``session_budget``; a ``loaderkit.DataLoader`` refits it and records it in its
-            plan). ``0``: nothing held; every batch reads its rows in one pass over their
+            (``budgets.session_budget``; a ``loaderkit.DataLoader`` refits it and records it
+            in its plan). ``0``: nothing held; every batch reads its rows in one pass over their
             sessions' chunks. An int is kept as given.
         storage_options: Keyword arguments for the fsspec filesystem of URLs, passed
             unchanged (``{"anon": True}``, ``{"endpoint_url": ...}``, credentials).
@@ -131,7 +175,9 @@ class HDF5SessionDataset(Dataset):
             files, fetched ahead in the loader's order). URLs always use one (default:
             ``SessionCache()``, in ``$LOADERKIT_CACHE`` or ``~/.cache/loaderkit``); local
             paths only when it is given (a shared filesystem in front of local NVMe).
-            Metadata of remote files is read with range requests and kept in the cache.
+            Metadata of remote files is read with range requests and kept in the cache. The
+            cache in use is ``cached_sessions.cache`` (``cache`` stays free for a subclass's
+            own attribute: a common name for a memo).
 
     Raises:
         ConfigError: ``max_open_files < 1``, ``max_session_bytes < 0``, a ``mode`` other
@@ -180,59 +226,54 @@ class HDF5SessionDataset(Dataset):
             check_max_open_files(max_open_files)
         if max_session_bytes is not None:
             check_max_session_bytes(max_session_bytes)
-        self.files: dict[Hashable, Path | str] = normalize_files(
+        self._files: dict[Hashable, Path | str] = normalize_files(
             session_names(files, storage_options)
         )
-        self.storage_options = None if storage_options is None else dict(storage_options)
-        self.key = key
-        self.fields = None if fields is None else tuple(fields)
-        self.sample_axis = sample_axis
-        #: The value passed (``None``: fitted to the machine, see ``file_budget``).
-        self.max_open_files_requested = max_open_files
-        #: Files open at once per process, as used now.
-        self.max_open_files = max_open_files or _STANDALONE_FILES
-        self.h5py_options: dict[str, Any] = check_options(h5py_options)
-        self.memory_map = bool(memory_map)
-        #: The value passed (``None``: fitted to the machine, see ``session_budget``).
-        self.max_session_bytes_requested = max_session_bytes
-        #: Bytes of whole sessions held in memory per process, as used now.
-        self.max_session_bytes = max_session_bytes or 0
-        self._ids: list[Hashable] = list(self.files)
-        self._paths: list[str] = [os.fspath(p) for p in self.files.values()]
+        self._storage_options = None if storage_options is None else dict(storage_options)
+        self._fields = None if fields is None else tuple(fields)
+        self._sample_axis = sample_axis
+        self._h5py_options: dict[str, Any] = check_options(h5py_options)
+        self._memory_map = bool(memory_map)
+        ids: list[Hashable] = list(self._files)
+        paths = [os.fspath(p) for p in self._files.values()]
         self._item_fast = uses_default_read(type(self), HDF5SessionDataset)
         self._mode = read_mode(type(self), HDF5SessionDataset)
         self._transforms = _overrides(type(self), "transform")
-        self._sources = sources = SessionSources.build(
-            self._ids, self._paths, storage_options, cache
-        )
-        for sid, path in self.files.items():
+        self._sources = sources = SessionSources.build(ids, paths, storage_options, cache)
+        for sid, path in self._files.items():
             if isinstance(path, Path) and not path.exists():
                 raise FileNotFoundError(
                     f"session {sid!r}: file {path} does not exist. Check the path (and that the "
                     "file system is mounted) or remove the session from `files`."
                 )
         inspection = DatasetInspection(
-            self._ids,
-            self._paths,
+            ids,
+            paths,
             key,
-            fields=self.fields,
+            fields=self._fields,
             sample_axis=sample_axis,
-            h5py_options=self.h5py_options,
+            h5py_options=self._h5py_options,
             sources=sources,
             item_fast=self._item_fast,
             custom_index=_overrides(type(self), "build_index"),
             label=type(self).__name__,
         )
-        # the parts: the reader, and what the dataset's public names forward to
+        # the reader owns the index, the open files and the held sessions; the parts read it
         self._reader = reader = inspection.reader(
-            self.max_open_files, self.memory_map, self.max_session_bytes
+            max_open_files or _STANDALONE_FILES, self._memory_map, max_session_bytes or 0
         )
-        self.key = inspection.key
+        self._key = inspection.key
         reader.sources = sources
         if sources is not None:
             sources.use_keys(reader.specs)
-        self._access = SessionAccess(reader, self._ids, self._item_fast, type(self).__name__)
-        self._budgets = SessionBudgets(reader, self.memory_map)
+        self._handles = SessionHandles(
+            reader,
+            item_fast=self._item_fast,
+            mode=self._mode,
+            transforms=self._transforms,
+            label=type(self).__name__,
+        )
+        self._budgets = DatasetBudgets(reader, self._memory_map, max_open_files, max_session_bytes)
         self._cached = CachedSessions(sources, reader)
         try:
             try:
@@ -241,71 +282,65 @@ class HDF5SessionDataset(Dataset):
                 add_note(
                     exc,
                     f"loaderkit: in {type(self).__name__}.build_index() (process "
-                    f"{os.getpid()}, {len(self._ids)} sessions)",
+                    f"{os.getpid()}, {len(ids)} sessions)",
                 )
                 raise
-            self._key = self._cached.keys = self._access.keys = inspection.pack(index, reader)
-            self._key.setflags(write=False)
+            reader.index = inspection.pack(index, reader)
+            reader.index.setflags(write=False)
         finally:
             reader.cache.close()  # never leave a file open in the constructing process
-        if max_open_files is None:
-            soft, _ = open_file_limits()
-            budget = self.file_budget(0, soft, memory_bytes()).files
-            self.set_open_files(min(budget, self.cached_open_files(0) or budget))
-        if max_session_bytes is None:
-            self.set_session_bytes(self.session_budget(0, memory_bytes()).bytes)
-        else:
-            self.set_session_bytes(max_session_bytes)
-
-    # ------------------------------------------------------------------ parts' answers
-
-    file = forward("_access", SessionAccess.file)
-    h5dataset = forward("_access", SessionAccess.h5dataset)
-    io_paths = forward("_access", SessionAccess.io_paths)
-    io_plan = forward("_access", SessionAccess.io_plan)
-    layout = forward("_access", SessionAccess.layout)
-    handle_cache_info = forward("_access", SessionAccess.handle_cache_info)
-    lock = forward_property("_access", SessionAccess, "lock")
-    open_files = forward_property("_access", SessionAccess, "open_files")
-    sample_type = forward_property("_access", SessionAccess, "sample_type")
-    sample_nbytes = forward_property("_access", SessionAccess, "sample_nbytes")
-    file_budget = forward("_budgets", SessionBudgets.file_budget)
-    session_budget = forward("_budgets", SessionBudgets.session_budget)
-    held_info = forward("_budgets", SessionBudgets.held_info)
-    session_ids = forward_property("_access", SessionAccess, "session_ids")
-    index_arrays = forward("_access", SessionAccess.index_arrays)
-    file_memory_bytes = forward_property("_budgets", SessionBudgets, "file_memory_bytes")
-    fds_per_file = forward_property("_budgets", SessionBudgets, "fds_per_file")
-    session_memory_bytes = forward_property("_budgets", SessionBudgets, "session_memory_bytes")
-    held_capacity = forward_property("_budgets", SessionBudgets, "held_capacity")
-    session_cache = forward_property("_cached", CachedSessions, "session_cache")
-    session_cache_stats = forward("_cached", CachedSessions.session_cache_stats)
-    prefetch_watcher = forward("_cached", CachedSessions.prefetch_watcher)
-    cached_open_files = forward("_cached", CachedSessions.cached_open_files)
-    cache_plan = forward("_cached", CachedSessions.cache_plan)
-    shuffle_hint = forward("_cached", CachedSessions.shuffle_hint)
-    # old names: a LoaderkitDeprecationWarning naming the new one, then the same answer
-    cache = deprecated("session_cache")
-    cache_stats = deprecated("session_cache_stats")
-    cache_info = deprecated("handle_cache_info")
-
-    def set_open_files(self, files: int) -> None:
-        """Keep at most ``files`` (an int >= 1) files open per process from now on.
-
-        See ``SessionBudgets.set_open_files``; ``max_open_files`` says the value in use.
-        """
-        self._budgets.set_open_files(files)
-        self.max_open_files = files
-
-    def set_session_bytes(self, nbytes: int) -> None:
-        """Hold at most ``nbytes`` (an int >= 0) of whole sessions in memory per process.
-
-        See ``SessionBudgets.set_session_bytes``; ``max_session_bytes`` says the value in use.
-        """
-        self._budgets.set_session_bytes(nbytes)
-        self.max_session_bytes = nbytes
+        # on its own: the budgets left unset fitted to this process and the machine
+        soft, _ = open_file_limits()
+        alone = LoaderShape(open_files_soft=soft, memory_bytes=memory_bytes())
+        self._budgets.fit_open_files(alone, self._cached.open_files(0))
+        self._budgets.fit_session_bytes(alone)
 
     # ------------------------------------------------------------------ hooks
+
+    def read(self, session: Hashable, row: int) -> Any:
+        """Return one sample: by default row ``row`` of ``key`` in ``session``'s file.
+
+        Override it to return something else (several datasets, a dict, a conversion). Call
+        ``file`` or ``h5dataset`` inside it to reach the open file; the dataset holds its
+        handle lock while ``read`` runs, so another thread cannot close the file meanwhile.
+        Exceptions keep their type; loaderkit adds a note naming the index, session and path.
+
+        Args:
+            session: Session id (a key of ``files``).
+            row: Row inside that session's file.
+
+        Returns:
+            The sample (default: a numpy array, or a numpy scalar for 1-D datasets).
+
+        Example:
+            >>> class Scaled(HDF5SessionDataset):  # doctest: +SKIP
+            ...     def read(self, session, row):
+            ...         return self.h5dataset(session)[row].astype("float32") / 300
+        """
+        return self._reader.read_one(-1, self._reader.position(session), row)
+
+    def read_rows(self, session: Hashable, start: int, stop: int) -> Sequence[Any]:
+        """Return samples for rows ``start..stop-1`` of ``session`` (batched-read opt-in).
+
+        Only consulted when a subclass overrides it: ``__getitems__`` then coalesces each
+        batch into runs of consecutive rows and calls ``read_rows`` once per run instead of
+        ``read`` once per row. It must return exactly what ``[read(session, r) for r in
+        range(start, stop)]`` would (e.g. ``list(converted_slab)``).
+
+        Args:
+            session: Session id.
+            start: First row.
+            stop: One past the last row.
+
+        Returns:
+            A sequence of ``stop - start`` samples.
+
+        Example:
+            >>> class Scaled(HDF5SessionDataset):  # doctest: +SKIP
+            ...     def read_rows(self, session, start, stop):
+            ...         return list(self.h5dataset(session)[start:stop].astype("float32") / 300)
+        """
+        return [self.read(session, row) for row in range(start, stop)]
 
     def build_index(self) -> SampleIndex | Sequence[tuple[Hashable, int]] | np.ndarray:
         """Return the sample index: which (session, row) every dataset index reads.
@@ -331,54 +366,250 @@ class HDF5SessionDataset(Dataset):
         counts = np.array(
             [rec.layouts[0].rows if rec.layouts else 0 for rec in self._reader.records], np.int64
         )
-        return default_index(self._ids, counts)
+        return default_index(self._reader.ids, counts)
 
-    def read(self, session: Hashable, row: int) -> Any:
-        """Return one sample: by default row ``row`` of ``key`` in ``session``'s file.
+    def transform(self, sample: Any, index: int) -> Any:
+        """Per-sample hook applied after reading (default: none). Override it for augmentation.
 
-        Override it to return something else (several datasets, a dict, a conversion). Call
-        ``file`` or ``h5dataset`` inside it to reach the open file; the dataset holds its
-        handle lock while ``read`` runs, so another thread cannot close the file meanwhile.
-        Exceptions keep their type; loaderkit adds a note naming the index, session and path.
+        It runs on every sample, after the batched read, in whatever process reads (a worker):
+        ``sample`` is the row as read (a numpy array view, yours to modify or replace) and
+        ``index`` its dataset index. Draw randomness from ``loaderkit.worker_rng()``,
+        ``torch``, ``numpy`` or ``random``: with ``sample_seeding=True`` the loader seeds them
+        from ``(seed, epoch, index)`` right before each call, and the batch is still read with
+        one batched read (overriding ``__getitem__`` or ``read`` instead gives per-sample
+        reads). Samples that come out of ``transform`` are collated by ``default_collate``.
+
+        Args:
+            sample: The sample as read.
+            index: Its dataset index.
+
+        Returns:
+            The transformed sample.
+
+        Example:
+            >>> class Noisy(HDF5SessionDataset):  # doctest: +SKIP
+            ...     def transform(self, sample, index):
+            ...         return sample + np.random.normal(0, 0.1, sample.shape).astype(sample.dtype)
+        """
+        return sample
+
+    # ------------------------------------------------------------------ helpers inside hooks
+
+    def file(self, session: Hashable) -> h5py.File:
+        """Return this process's open, read-only ``h5py.File`` for ``session`` (opened lazily).
+
+        The handle stays valid until it is evicted; from several threads, use it only inside
+        ``read``/``read_rows`` or while holding ``lock``.
 
         Args:
             session: Session id (a key of ``files``).
-            row: Row inside that session's file.
 
         Returns:
-            The sample (default: a numpy array, or a numpy scalar for 1-D datasets).
+            The open file.
 
         Example:
-            >>> class Scaled(HDF5SessionDataset):  # doctest: +SKIP
-            ...     def read(self, session, row):
-            ...         return self.h5dataset(session)[row].astype("float32") / 300
+            >>> ds.file(0).filename  # doctest: +SKIP
+            '/data/betas_session01.hdf5'
         """
-        return self._reader.read_one(-1, self._access.pos_of(session), row)
+        pos = self._reader.position(session)
+        with self.lock:
+            return self._reader.handle(pos, 0, -1).file
 
-    def read_rows(self, session: Hashable, start: int, stop: int) -> Sequence[Any]:
-        """Return samples for rows ``start..stop-1`` of ``session`` (batched-read opt-in).
+    def h5dataset(self, session: Hashable, key: str | None = None) -> h5py.Dataset:
+        """Return this process's cached ``h5py.Dataset`` of ``key`` in ``session``'s file.
 
-        Only consulted when a subclass overrides it: ``__getitems__`` then coalesces each
-        batch into runs of consecutive rows and calls ``read_rows`` once per run instead of
-        ``read`` once per row. It must return exactly what ``[read(session, r) for r in
-        range(start, stop)]`` would (e.g. ``list(converted_slab)``).
+        ``key`` is one of the dataset's keys, by its name (as given to ``key=``) or its path,
+        or the path of any other dataset in the file (trial ids, labels, timestamps beside
+        the per-sample data). Each is looked up once per process and open file and cached
+        with the file's handle, so it is cheaper than ``file(session)[key]`` (no name lookup
+        per call); it is closed, and looked up again at the next call, when the handle is
+        evicted (``max_open_files``) or ``close()`` is called. From several threads, use it
+        only inside ``read``/``read_rows`` or while holding ``lock``.
 
         Args:
             session: Session id.
-            start: First row.
-            stop: One past the last row.
+            key: A key's name, or the path of any dataset in the file (default: the first
+                key).
 
         Returns:
-            A sequence of ``stop - start`` samples.
+            The open ``h5py.Dataset`` (the ``h5py.Group`` for a group key).
+
+        Raises:
+            KeyError: An unknown session, or a path the file has no dataset at (a
+                ``MissingKeyError``; the message lists the file's datasets).
+            HDF5FileError: The file cannot be opened, or HDF5 cannot open the dataset
+                (damaged metadata); the message names the session, the file and the fix.
+            ConfigError: ``key`` left out on a dataset built without ``key=``.
 
         Example:
-            >>> class Scaled(HDF5SessionDataset):  # doctest: +SKIP
-            ...     def read_rows(self, session, start, stop):
-            ...         return list(self.h5dataset(session)[start:stop].astype("float32") / 300)
+            >>> class WithStimulus(HDF5SessionDataset):  # doctest: +SKIP
+            ...     def read(self, session, row):
+            ...         betas = super().read(session, row)
+            ...         return betas, int(self.h5dataset(session, "stim_ids")[row])
         """
-        return [self.read(session, row) for row in range(start, stop)]
+        pos = self._reader.position(session)
+        specs = self._reader.specs
+        if key is None and not specs:
+            raise ConfigError(
+                "h5dataset(session) without a name needs key=; pass the dataset's path: "
+                "h5dataset(session, 'name')."
+            )
+        if key is not None and not isinstance(key, str):
+            raise ArgumentTypeError(
+                f"h5dataset(): key must be a key's name or a dataset path (str), got "
+                f"{type(key).__name__} {key!r}."
+            )
+        k = next(
+            (k for k, spec in enumerate(specs) if key in (None, spec.name)),
+            next((k for k, spec in enumerate(specs) if key == spec.path), None),
+        )
+        with self.lock:
+            handle = self._reader.handle(pos, 0, -1)
+            if k is not None:
+                return handle.datasets[k]
+            assert key is not None
+            return self._reader.other_dataset(handle, pos, key)
 
-    # ------------------------------------------------------------------ files and handles
+    def layout(self, session: Hashable) -> SessionLayout | None:
+        """Return the layout of (the first) ``key`` in ``session`` (``None`` without a key).
+
+        Example:
+            >>> ds.layout(0).chunk_rows  # doctest: +SKIP
+            8
+        """
+        layouts = self._reader.records[self._reader.position(session)].layouts
+        return layouts[0] if layouts else None
+
+    @property
+    def lock(self) -> Any:
+        """The re-entrant lock that keeps handed-out h5py objects open (``HookLock``).
+
+        Hold it while using ``file()`` / ``h5dataset()`` objects from several threads; the
+        overridden ``read`` / ``read_rows`` / ``__getitem__`` run under it. The default reads
+        never take it (they lease their handle).
+        """
+        return self._reader.cache.lock
+
+    # ------------------------------------------------------------------ constructor arguments
+
+    @property
+    def files(self) -> dict[Hashable, Path | str]:
+        """Session id -> ``pathlib.Path`` of a local file, or the URL ``str`` of a remote one."""
+        return self._files
+
+    @property
+    def key(self) -> str | Sequence[str] | Mapping[str, str] | None:
+        """The key read by the default ``read`` (the one found, where ``None`` was given)."""
+        return self._key
+
+    @property
+    def fields(self) -> tuple[str, ...] | None:
+        """The fields of a compound dataset that are read (``None``: all)."""
+        return self._fields
+
+    @property
+    def sample_axis(self) -> int:
+        """The axis of ``key`` that indexes samples."""
+        return self._sample_axis
+
+    @property
+    def max_open_files(self) -> int:
+        """Files open at once per process, as used now: as given, or fitted where unset.
+
+        What was given is ``budgets.open_files_requested``.
+        """
+        return self._budgets.max_open_files
+
+    @property
+    def h5py_options(self) -> dict[str, Any]:
+        """Extra keyword arguments for ``h5py.File``, as given."""
+        return self._h5py_options
+
+    @property
+    def memory_map(self) -> bool:
+        """Contiguous rows are read through memory maps."""
+        return self._memory_map
+
+    @property
+    def max_session_bytes(self) -> int:
+        """Bytes of whole sessions held in memory per process, as used now.
+
+        As given, or fitted where unset; what was given is ``budgets.session_bytes_requested``.
+        """
+        return self._budgets.max_session_bytes
+
+    @property
+    def storage_options(self) -> dict[str, Any] | None:
+        """Keyword arguments for the fsspec filesystem of URLs, as given."""
+        return self._storage_options
+
+    # ------------------------------------------------------------------ sessions
+
+    def locate(self, index: int) -> tuple[Hashable, int]:
+        """Return ``(session, row)`` of sample ``index``.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+
+        Example:
+            >>> ds.locate(750)  # doctest: +SKIP
+            (1, 0)
+        """
+        key = int(self._reader.index[self._check_index(index)])
+        return self._reader.ids[key >> ROW_BITS], key & ROW_MASK
+
+    @property
+    def session_ids(self) -> tuple[Hashable, ...]:
+        """Session ids in the order of ``files`` (the positions ``loader_support()`` uses)."""
+        return tuple(self._reader.ids)
+
+    # ------------------------------------------------------------------ parts
+
+    @property
+    def handles(self) -> SessionHandles:
+        """This process's open files and how rows are read (``SessionHandles``).
+
+        Example:
+            >>> ds.handles.open_files, ds.handles.cache_info().opens  # doctest: +SKIP
+            (3, 8)
+        """
+        return self._handles
+
+    @property
+    def budgets(self) -> DatasetBudgets:
+        """The open-file and held-session budgets, given and in use (``DatasetBudgets``).
+
+        Example:
+            >>> ds.budgets.open_files_requested, ds.budgets.max_open_files  # doctest: +SKIP
+            (None, 40)
+        """
+        return self._budgets
+
+    @property
+    def cached_sessions(self) -> CachedSessions:
+        """The node cache sessions are read through, its counters and plan (``CachedSessions``).
+
+        Its answers are ``None`` or nothing for files read in place.
+
+        Example:
+            >>> ds.cached_sessions.cache is None  # doctest: +SKIP
+            True
+        """
+        return self._cached
+
+    def loader_support(self) -> LoaderSupport:
+        """What ``loaderkit.DataLoader`` asks of this dataset (``loaderkit.LoaderSupport``).
+
+        Its session index (block order), budgets fitted to the loader, read path, resources,
+        seeded batch reads and node-cache prefetching. A subclass rarely needs it.
+
+        Example:
+            >>> ds.loader_support().session_index().sessions  # doctest: +SKIP
+            40
+        """
+        return _SessionSupport(self)
+
+    # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
         """Close every file this dataset holds open in the current process.
@@ -410,16 +641,11 @@ class HDF5SessionDataset(Dataset):
 
     # ------------------------------------------------------------------ pickling
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_key"] = encode_index(state["_key"])
-        return state
-
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._key = self._cached.keys = self._access.keys = decode_index(state["_key"])
         self._mode = read_mode(type(self), HDF5SessionDataset)
         self._transforms = _overrides(type(self), "transform")
+        self._handles.mode, self._handles.transforms = self._mode, self._transforms
 
     # ------------------------------------------------------------------ reading
 
@@ -433,35 +659,23 @@ class HDF5SessionDataset(Dataset):
         sessions = len(self.session_ids)
         return (
             f"<{type(self).__name__} {sessions} session{'s' * (sessions != 1)}, {len(self)} "
-            f"samples, key {self.key!r}, {self.open_files}/{self.max_open_files} files open>"
+            f"samples, key {self.key!r}, {len(self._reader.cache)}/{self.max_open_files} files "
+            "open>"
         )
 
     def __len__(self) -> int:
-        return int(self._key.shape[0])
+        return int(self._reader.index.shape[0])
 
     def __iter__(self) -> Iterator[Any]:
         for i in range(len(self)):
             yield self[i]
 
     def _check_index(self, index: Any) -> int:
-        return check_index(index, self._key.shape[0])
-
-    def locate(self, index: int) -> tuple[Hashable, int]:
-        """Return ``(session, row)`` of sample ``index``.
-
-        Raises:
-            IndexError: ``index`` is out of range.
-
-        Example:
-            >>> ds.locate(750)  # doctest: +SKIP
-            (1, 0)
-        """
-        key = int(self._key[self._check_index(index)])
-        return self._ids[key >> ROW_BITS], key & ROW_MASK
+        return check_index(index, self._reader.index.shape[0])
 
     def __getitem__(self, index: int) -> Any:
         i = self._check_index(index)
-        key = int(self._key[i])
+        key = int(self._reader.index[i])
         pos, row = key >> ROW_BITS, key & ROW_MASK
         reader = self._reader
         if self._item_fast:  # no lock: the handle is leased for the read
@@ -469,7 +683,7 @@ class HDF5SessionDataset(Dataset):
         else:
             with reader.cache.lock:  # user code and h5py objects handed out: serial
                 try:
-                    sample = self.read(self._ids[pos], row)
+                    sample = self.read(reader.ids[pos], row)
                 except Exception as exc:
                     reader.cache.discard(reader.canonical[pos])
                     reader.note(exc, pos, row, i)
@@ -520,7 +734,7 @@ class HDF5SessionDataset(Dataset):
         mode = self._mode
         if mode is ReadMode.ITEM:
             return [self[i] for i in indices]
-        idx, keys = lookup(self._key, indices)
+        idx, keys = lookup(self._reader.index, indices)
         if idx.size == 0:
             return []
         if mode is ReadMode.ROWS:
@@ -533,35 +747,11 @@ class HDF5SessionDataset(Dataset):
             return self._transform_all(batch, idx, keys)
         return batch
 
-    def transform(self, sample: Any, index: int) -> Any:
-        """Per-sample hook applied after reading (default: none). Override it for augmentation.
-
-        It runs on every sample, after the batched read, in whatever process reads (a worker):
-        ``sample`` is the row as read (a numpy array view, yours to modify or replace) and
-        ``index`` its dataset index. Draw randomness from ``loaderkit.worker_rng()``,
-        ``torch``, ``numpy`` or ``random``: with ``sample_seeding=True`` the loader seeds them
-        from ``(seed, epoch, index)`` right before each call, and the batch is still read with
-        one batched read (overriding ``__getitem__`` or ``read`` instead gives per-sample
-        reads). Samples that come out of ``transform`` are collated by ``default_collate``.
-
-        Args:
-            sample: The sample as read.
-            index: Its dataset index.
-
-        Returns:
-            The transformed sample.
-
-        Example:
-            >>> class Noisy(HDF5SessionDataset):  # doctest: +SKIP
-            ...     def transform(self, sample, index):
-            ...         return sample + np.random.normal(0, 0.1, sample.shape).astype(sample.dtype)
-        """
-        return sample
-
-    def getitems_seeded(self, indices: Sequence[int], seed_sample: Any) -> list[Any]:
+    def _read_seeded(self, indices: Sequence[int], seed_sample: Any) -> list[Any]:
         """``__getitems__`` with ``seed_sample(index)`` called right before each random step.
 
-        ``sample_seeding=True`` calls this instead of reading sample by sample: the reads are
+        ``sample_seeding=True`` calls this (``LoaderSupport.read_seeded``) instead of reading
+        sample by sample: the reads are
         deterministic, so the batch is read at once and only ``transform`` (when overridden) runs
         per sample, each after its ``seed_sample(index)``. A subclass that overrides ``read``,
         ``read_rows`` or ``__getitem__`` gets ``seed_sample(i)`` then ``self[i]`` for each index.
@@ -576,7 +766,7 @@ class HDF5SessionDataset(Dataset):
                 seed_sample(int(i))
                 samples.append(self[i])
             return samples
-        idx, keys = lookup(self._key, indices)
+        idx, keys = lookup(self._reader.index, indices)
         if idx.size == 0:
             return []
         batch = self._reader.read_batch(idx, keys)
@@ -584,14 +774,83 @@ class HDF5SessionDataset(Dataset):
             return batch  # nothing random happens: nothing to seed
         return self._transform_all(batch, idx, keys, seed_sample)
 
-    @property
-    def read_path(self) -> tuple[str, str]:
-        """How batches are read (``"batch-native"``, ``"runs"`` or ``"per-sample"``) and why.
+    # ------------------------------------------------------------------ released names moved
 
-        Example:
-            >>> ds.read_path[0]  # doctest: +SKIP
-            'batch-native'
-        """
-        kind = self.sample_type
-        numbers = kind is None or kind.kind is Kind.NUMBER
-        return describe_read_path(self._mode, type(self).__name__, self._transforms, numbers)
+    cache_info = _Moved("handles.cache_info", "0.1.0")
+    open_files = _Moved("handles.open_files", "0.1.0")
+    sample_nbytes = _Moved("handles.sample_nbytes", "0.1.0")
+    index_arrays = _Moved("handles.index_arrays", "0.1.0")
+
+
+class _SessionSupport(LoaderSupport):
+    """``LoaderSupport`` of an ``HDF5SessionDataset``: its parts' answers for the loader.
+
+    Args:
+        dataset: The dataset (any subclass).
+    """
+
+    thread_safe = True  # default reads lease their handle; hooks run under the dataset's lock
+
+    def __init__(self, dataset: HDF5SessionDataset) -> None:
+        self.dataset = dataset
+
+    def read_path(self) -> tuple[str, str] | None:
+        return self.dataset.handles.read_path
+
+    def sample_nbytes(self) -> int | None:
+        return self.dataset.handles.sample_nbytes
+
+    def session_index(self) -> SessionIndex:
+        ds = self.dataset
+        reader = ds._reader
+        positions, rows = unpack_index(reader.index)
+        chunk_rows = np.ones(len(reader.ids), np.int64)
+        for p, record in enumerate(reader.records):
+            layout = record.layouts[0] if record.layouts else None
+            if layout is not None and layout.chunk_rows:
+                chunk_rows[p] = layout.chunk_rows
+        return SessionIndex(
+            positions=np.asarray(positions, np.int64),
+            rows=np.asarray(rows, np.int64),
+            chunk_rows=chunk_rows,
+            open_files=ds.budgets.max_open_files,
+            held_sessions=ds.budgets.held_capacity,
+        )
+
+    def fit(self, shape: LoaderShape) -> Fitted:
+        ds = self.dataset
+        cached = ds.cached_sessions
+        entries = [
+            ds.budgets.fit_open_files(
+                shape, cached.open_files(shape.processes, threads=shape.threads)
+            )
+        ]
+        held = ds.budgets.fit_session_bytes(shape)
+        if held is not None:
+            entries.append(held)
+        rows = [*ds.handles.io_plan(), *cached.plan_rows(shape.processes, threads=shape.threads)]
+        entries.extend(
+            PlanEntry(name, value if given else UNSET, value, reason)
+            for name, given, value, reason in rows
+        )
+        hint = cached.shuffle_hint() if shape.uniform_shuffle else None
+        return Fitted(tuple(entries), () if hint is None else (hint,))
+
+    def resources(self) -> DatasetResources:
+        ds = self.dataset
+        budgets = ds.budgets
+        return DatasetResources(
+            open_files=min(budgets.max_open_files, max(1, len(ds.files))),
+            fds_per_file=budgets.fds_per_file,
+            held_bytes=budgets.max_session_bytes,
+            fitted=budgets.open_files_requested is None,
+        )
+
+    def read_seeded(self, indices: Sequence[int], seed_sample: Any) -> list[Any]:
+        return self.dataset._read_seeded(indices, seed_sample)
+
+    def prefetch_watcher(self) -> Any | None:
+        return self.dataset.cached_sessions.prefetch_watcher()
+
+    def cache_stats(self) -> Any | None:
+        return self.dataset.cached_sessions.stats()

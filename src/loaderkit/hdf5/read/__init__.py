@@ -6,7 +6,7 @@ lease, ``loaderkit.storage``. Sessions read from a cache's local copy reach the 
 the ``SessionCopies`` protocol defined here; the remote stage provides it.
 
 - ``hooklock``: ``HookLock``, the lock around reads that run user code or hand out h5py objects;
-- ``handles``: the per-process LRU cache of open files (``HandleCache``, ``CacheInfo``);
+- ``handles``: the per-process LRU cache of open files (``HandleCache``, ``HandleCacheInfo``);
 - ``uring``: many reads in one system call (Linux ``io_uring``, a ``Ring`` per thread);
 - ``rawio``: ``os.preadv`` and ring reads, memory maps, chunk maps, direct ``H5Dread``;
 - ``codecs``: HDF5 filters decoded in the reading thread;
@@ -17,6 +17,5 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``copies``: ``SessionCopies``, what a reader needs of sessions read from a local copy;
 - ``sessionfiles``: ``SessionFiles``, the reader's base: its state, open files and their checks;
 - ``widekeys``: keys whose rows span many chunks, read apart (functions over that state);
-- ``reader``: ``SessionReader``, the default reads of one or several keys;
-- ``strategy``: which read mode a dataset class gets (``ReadMode``).
+- ``reader``: ``SessionReader``, the default reads of one or several keys.
 """

@@ -48,7 +48,7 @@ from h5py import h5f
 from loaderkit.errors import warn
 from loaderkit.hdf5.read.hooklock import HookLock
 
-__all__ = ["CacheInfo", "Handle", "HandleCache", "HookLock", "foreign_file_ids"]
+__all__ = ["Handle", "HandleCache", "HandleCacheInfo", "HookLock", "foreign_file_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ _LIVE_CACHES: weakref.WeakSet[HandleCache] = weakref.WeakSet()
 _FORKED = False
 
 
-class CacheInfo(NamedTuple):
+class HandleCacheInfo(NamedTuple):
     """Statistics of one process's handle cache (reset in every new process).
 
     Attributes:
@@ -68,7 +68,7 @@ class CacheInfo(NamedTuple):
         max_open_files: The bound.
 
     Example:
-        >>> CacheInfo(hits=3, misses=1, evictions=0, opens=1, open_files=1, max_open_files=8).hits
+        >>> HandleCacheInfo(3, misses=1, evictions=0, opens=1, open_files=1, max_open_files=8).hits
         3
     """
 
@@ -542,11 +542,11 @@ class HandleCache:
             f"hits={self.hits} misses={self.misses} evictions={self.evictions} pid={os.getpid()}>"
         )
 
-    def info(self) -> CacheInfo:
-        """Return the statistics of this process as a ``CacheInfo``."""
+    def info(self) -> HandleCacheInfo:
+        """Return the statistics of this process as a ``HandleCacheInfo``."""
         open_files = len(self)
         with self._mutex:
-            return CacheInfo(
+            return HandleCacheInfo(
                 self.hits, self.misses, self.evictions, self.opens, open_files, self.max_open
             )
 

@@ -449,7 +449,7 @@ class SessionReader(SessionFiles):
         row_bytes = self.row_bytes[k]
         bounds = starts.tolist()
         bounds.append(idx.size)
-        with memoryview(rows.reshape(-1).view(np.uint8)) as flat:
+        with rows.reshape(-1).view(np.uint8).data as flat:
             for r, key in enumerate(run_keys.tolist()):
                 raw = raws[places[r]]
                 assert raw is not None

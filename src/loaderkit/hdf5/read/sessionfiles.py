@@ -34,6 +34,7 @@ from loaderkit.hdf5.meta.diagnose import (
     repair_advice,
 )
 from loaderkit.hdf5.meta.filters import fletcher_damage
+from loaderkit.hdf5.meta.index import decode_index, encode_index
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, read_slab
 from loaderkit.hdf5.meta.layout import SessionLayout, add_note, dataset_at, open_object
 from loaderkit.hdf5.meta.types import Kind, RowType
@@ -112,8 +113,12 @@ class SessionFiles:
         max_session_bytes: int = 0,
     ) -> None:
         self.ids = list(ids)
+        self._position = {sid: i for i, sid in enumerate(self.ids)}
         self.paths = list(paths)
         self.canonical = list(canonical)
+        #: The dataset's packed index: sample ``i`` is ``(index[i] >> ROW_BITS, index[i] &
+        #: ROW_MASK)``, (session position, row); read-only once the dataset set it.
+        self.index: np.ndarray = np.empty(0, np.int64)
         self.specs = tuple(specs)
         self.types = tuple(types)
         self.type_error = type_error
@@ -166,8 +171,23 @@ class SessionFiles:
         ]
         self.held = HeldSessions(max_session_bytes)
 
+    def position(self, session: Hashable) -> int:
+        """The position of session id ``session`` (its place in ``ids``).
+
+        Raises:
+            KeyError: An unknown session (the message lists the first ids).
+        """
+        try:
+            return self._position[session]
+        except (KeyError, TypeError):
+            raise KeyError(
+                f"unknown session {session!r}; sessions: {self.ids[:20]}"
+                + (" ..." if len(self.ids) > 20 else "")
+            ) from None
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
+        state["index"] = encode_index(self.index)  # a million samples in a few kilobytes
         state["cache"] = self.cache.max_open  # handles never travel: only the bound
         state["held"] = self.held.max_bytes  # nor held rows
         state["scratch"] = None
@@ -176,6 +196,7 @@ class SessionFiles:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.index = decode_index(state["index"])
         self.scratch = threading.local()
         self.reading = []
         self.cache = HandleCache(

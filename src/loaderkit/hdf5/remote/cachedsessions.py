@@ -1,16 +1,17 @@
 """The cache view of a session dataset read through a ``SessionCache``: fetch order, budgets, stats.
 
-``CachedSessions`` is a part ``HDF5SessionDataset`` holds (``ds._cached``; it answers ``None``
-or nothing for datasets read in place); the dataset forwards to it:
+``CachedSessions`` is the part ``HDF5SessionDataset`` shows as ``ds.cached_sessions`` (it
+answers ``None`` or nothing for datasets read in place):
 
-- ``prefetch_watcher(...)``: the loader (``loaderkit.order.resume.PassIndices``, main process) draws
-  indices a little ahead of torch and tells the returned ``OrderWatcher`` which sessions come
-  next; it moves this process's prefetch window (``SessionSources.ahead``);
-- ``cached_open_files(num_workers)``: the most files each process may keep open (each holds a
-  lease on its cache entry, which cannot be evicted) so that every local rank's files and
-  prefetch window still fit ``max_bytes``;
-- ``cache_plan(...)``: the plan's ``cache`` and ``prefetch`` rows; ``stats()``, the cache's
-  counters.
+- ``cache``: the node's ``SessionCache``; ``stats()``: its counters;
+- ``prefetch_watcher()``: the loader (``loaderkit.order.resume.PassIndices``, main process)
+  draws indices a little ahead of torch and tells the returned ``OrderWatcher`` which sessions
+  come next; it moves this process's prefetch window (``SessionSources.ahead``);
+- ``open_files(num_workers)``: the most files each process may keep open (each holds a lease
+  on its cache entry, which cannot be evicted) so that every local rank's files and prefetch
+  window still fit ``max_bytes``;
+- ``plan_rows(...)``: the plan's ``cache`` and ``prefetch`` rows; ``shuffle_hint()``: why a
+  uniform shuffle through a cache smaller than the data refetches.
 """
 
 from __future__ import annotations
@@ -43,31 +44,26 @@ class CachedSessions:
         reader: The dataset's reader (its records: rows per session; its open-file bound).
 
     Example:
-        >>> CachedSessions.cache_plan.__name__
-        'cache_plan'
+        >>> CachedSessions.plan_rows.__name__
+        'plan_rows'
     """
 
     def __init__(self, sources: SessionSources | None, reader: SessionReader) -> None:
         self.sources = sources
         self.reader = reader
-        #: The dataset's packed index (set once it is built; never pickled with this part).
-        self.keys: np.ndarray = np.empty(0, np.int64)
-
-    def __getstate__(self) -> dict[str, object]:
-        return {**self.__dict__, "keys": None}  # the dataset pickles its index, packed
 
     @property
-    def session_cache(self) -> SessionCache | None:
+    def cache(self) -> SessionCache | None:
         """The node cache sessions are read through (``None``: all read in place)."""
         return None if self.sources is None else self.sources.cache
 
-    def session_cache_stats(self) -> CacheStats | None:
-        """Counters of ``session_cache`` for this process and its workers (``None``: no cache).
+    def stats(self) -> CacheStats | None:
+        """Counters of ``cache`` for this process and its workers (``None``: no cache).
 
         Hits, misses, bytes fetched, seconds waiting, evictions and free bytes.
 
         Example:
-            >>> ds.session_cache_stats().misses  # doctest: +SKIP
+            >>> ds.cached_sessions.stats().misses  # doctest: +SKIP
             4
         """
         return None if self.sources is None else self.sources.stats()
@@ -79,7 +75,7 @@ class CachedSessions:
         draws the indices; ``None`` when nothing is fetched (local files, ``prefetch=0``).
 
         Example:
-            >>> ds.prefetch_watcher() is None  # doctest: +SKIP
+            >>> ds.cached_sessions.prefetch_watcher() is None  # doctest: +SKIP
             False
         """
         sources = self.sources
@@ -87,9 +83,11 @@ class CachedSessions:
             return None
         rows = max((rec.layouts[0].rows for rec in self.reader.records if rec.layouts), default=1)
         horizon = (self.reader.cache.max_open + sources.cache.prefetch + 1) * max(rows, 1)
-        return OrderWatcher(sources, functools.partial(session_positions, self.keys), horizon)
+        return OrderWatcher(
+            sources, functools.partial(session_positions, self.reader.index), horizon
+        )
 
-    def cached_open_files(
+    def open_files(
         self, num_workers: int, ranks: int | None = None, threads: int = 0
     ) -> int | None:
         """Most files each reading process may keep open so the cache never blocks.
@@ -137,7 +135,7 @@ class CachedSessions:
         fetched again and again. ``shuffle="block"`` reads one session's rows together.
 
         Example:
-            >>> ds.shuffle_hint()  # doctest: +SKIP
+            >>> ds.cached_sessions.shuffle_hint()  # doctest: +SKIP
             'shuffle=True reads the rows of 8 sessions in random order through a ...'
         """
         sources = self.sources
@@ -157,23 +155,23 @@ class CachedSessions:
             "max_bytes to hold every session"
         )
 
-    def cache_plan(self, num_workers: int, threads: int = 0) -> list[tuple[str, bool, object, str]]:
+    def plan_rows(self, num_workers: int, threads: int = 0) -> list[tuple[str, bool, object, str]]:
         """The plan's ``cache`` and ``prefetch`` rows: ``(name, given, value, reason)`` each.
 
         ``given``: the caller chose the value (``cache=``, ``prefetch=``).
 
         Args:
             num_workers: The loader's worker processes (0: the main process reads).
-            threads: The loader's worker threads (``cached_open_files``).
+            threads: The loader's worker threads (``open_files``).
 
         Example:
-            >>> [row[0] for row in ds.cache_plan(2)]  # doctest: +SKIP
+            >>> [row[0] for row in ds.cached_sessions.plan_rows(2)]  # doctest: +SKIP
             ['cache', 'prefetch']
         """
         sources = self.sources
         if sources is None:
             return []
-        self.cached_open_files(num_workers, threads=threads)  # prefetch fitted to these readers
+        self.open_files(num_workers, threads=threads)  # prefetch fitted to these readers
         cache = sources.cache
         limits = cache.limits
         stats = cache.stats()
