@@ -238,3 +238,68 @@ def test_keys_mixed_paths_in_one_dataset(tmp_path: Path) -> None:
                     assert sample["a"].tobytes() == f["a"][i].astype("=i2").tobytes()
                     assert sample["b"] == f["b"][i]
                     assert sample["c"].tobytes() == f["c"][i].tobytes()
+
+
+def _gzip_sessions(tmp_path: Path, rows: int = 64) -> tuple[list[Path], np.ndarray]:
+    data = np.arange(rows * 24, dtype="<f4").reshape(rows, 24)
+    paths = []
+    for s in range(2):
+        path = tmp_path / f"g{s}.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("x", data=data + s, chunks=(8, 24), compression="gzip")
+        paths.append(path)
+    return paths, data
+
+
+def _count_decodes(ds: HDF5SessionDataset, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Wrap every open file's decoders so that each decoded chunk is counted."""
+    calls: list[int] = []
+    for pos in range(2):
+        ds.__getitems__([pos * 64])  # the file open, its chunk reader built
+        reader = ds._reader.cache.peek(pos).chunked[0]
+        wrapped = []
+        for code, decode in reader.filters:
+            wrapped.append((code, lambda data, decode=decode: (calls.append(1), decode(data))[1]))
+        monkeypatch.setattr(reader, "filters", tuple(wrapped))
+        reader.forget()
+    return calls
+
+
+def test_decoded_chunks_are_kept_within_the_chunk_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The raw path takes the place of HDF5's chunk cache: a chunk is decoded once while kept."""
+    paths, data = _gzip_sessions(tmp_path)
+    with HDF5SessionDataset(paths, key="x") as ds:
+        calls = _count_decodes(ds, monkeypatch)
+        order = [3, 70, 12, 99, 5, 64, 30, 127]  # chunks 0, 1, 3 of each file, interleaved
+        for _ in range(3):
+            got = np.stack([np.asarray(x) for x in ds.__getitems__(order)])
+            want = np.stack([data[i % 64] + i // 64 for i in order])
+            np.testing.assert_array_equal(got, want)
+        assert len(calls) == 6  # each chunk decoded once, then served from the cache
+        kept = ds._reader.cache.peek(0).chunked[0].decoded
+        assert len(kept) == 3 and not next(iter(kept.values())).flags.writeable
+
+
+def test_the_cache_is_bounded_by_rdcc_nbytes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths, data = _gzip_sessions(tmp_path)
+    chunk = 8 * 24 * 4
+    options = {"rdcc_nbytes": 2 * chunk}  # room for two decoded chunks per file
+    with HDF5SessionDataset(paths, key="x", h5py_options=options) as ds:
+        calls = _count_decodes(ds, monkeypatch)
+        for _ in range(2):
+            for row in (0, 8, 16, 0):  # 3 chunks cycling through a cache of 2
+                np.testing.assert_array_equal(np.asarray(ds[row]), data[row])
+        reader = ds._reader.cache.peek(0).chunked[0]
+        assert len(reader.decoded) == 2 and reader.cache_bytes == 2 * chunk
+        # pass 1: 4 decodes (0 was evicted by 16); pass 2: 0 is the thread's last chunk, then
+        # 8, 16 and 0 again, each evicted before its turn (least recently used first)
+        assert len(calls) == 7
+    with HDF5SessionDataset(paths, key="x", h5py_options={"rdcc_nbytes": 0}) as ds:
+        calls = _count_decodes(ds, monkeypatch)
+        for row in (0, 8, 0, 8):
+            np.testing.assert_array_equal(np.asarray(ds[row]), data[row])
+        assert len(calls) == 4 and not ds._reader.cache.peek(0).chunked[0].decoded
