@@ -328,9 +328,7 @@ class HDF5SessionDataset(Dataset):
             raise ConfigError(
                 "the default build_index() needs key=: it counts the rows of that dataset."
             )
-        counts = np.array(
-            [rec.layouts[0].rows if rec.layouts else 0 for rec in self._reader.records], np.int64
-        )
+        counts = np.array(self._reader.session_rows(), np.int64)
         return default_index(self._ids, counts)
 
     def read(self, session: Hashable, row: int) -> Any:
