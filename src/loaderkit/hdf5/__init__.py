@@ -6,7 +6,7 @@ blocks of consecutive rows so that batched reads stay sequential. See ``docs/hdf
 
 Stages, each a folder; imports go one way, from the top of this list down:
 
-- ``dataset``: ``HDF5SessionDataset`` and its constructor arguments;
+- ``dataset``: ``HDF5SessionDataset`` and its constructor arguments, ``H5ADDataset`` (AnnData);
 - ``remote``: sessions read through ``loaderkit.storage.SessionCache`` (sources, the order
   watcher, remote metadata);
 - ``convert``: files rewritten row by row (``loaderkit rechunk``, the cache's rows layout);
@@ -30,6 +30,7 @@ from __future__ import annotations
 from loaderkit.errors import HDF5FileError
 from loaderkit.hdf5.convert.rechunk import RechunkResult, rechunk
 from loaderkit.hdf5.dataset.dataset import HDF5SessionDataset
+from loaderkit.hdf5.dataset.h5ad import H5ADDataset
 from loaderkit.hdf5.meta.index import SampleIndex
 from loaderkit.hdf5.meta.layout import SessionLayout, default_chunk_cache
 from loaderkit.hdf5.read.handles import CacheInfo
@@ -40,6 +41,7 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "BlockShuffleSampler",
     "CacheInfo",
+    "H5ADDataset",
     "HDF5FileError",
     "HDF5SessionDataset",
     "HeldInfo",

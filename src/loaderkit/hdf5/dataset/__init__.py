@@ -11,5 +11,7 @@ The top stage: imports go down only, to ``loaderkit.hdf5.remote``, ``convert``, 
 - ``accessors``: ``SessionAccess``, what the dataset says about its files (handles, layouts,
   types, read paths, the index);
 - ``budgeting``: ``SessionBudgets``, open-file and held-session budgets;
-- ``forwarding``: the dataset's names answered by a part, and the deprecated old names.
+- ``forwarding``: the dataset's names answered by a part, and the deprecated old names;
+- ``h5ad``: ``H5ADDataset``, the dataset over AnnData files with their options (the form of
+  a CSR batch, a gene subset, the var index).
 """

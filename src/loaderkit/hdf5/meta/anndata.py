@@ -48,6 +48,10 @@ _CONVERT = (
 )
 
 
+#: anndata encodings of plain groups (``obsm``, ``uns``, ``obs``...): keys read as HDF5 groups.
+_GROUPS = frozenset({"dict", "dataframe"})
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -98,8 +102,8 @@ def _where(session: Hashable, file: str, path: str) -> str:
 def sparse_group(obj: Any, path: str, session: Hashable, file: str) -> CSRGroup | None:
     """The ``CSRGroup`` that ``obj`` (``f[path]``) is, or ``None`` when it is no encoded matrix.
 
-    ``None`` for datasets (dense ``X``, ``obsm/<name>``) and for plain groups without an
-    anndata encoding (a group of per-sample datasets).
+    ``None`` for datasets (dense ``X``, ``obsm/<name>``) and for plain groups (no anndata
+    encoding, or ``dict``/``dataframe``: a group of per-sample datasets, as in any file).
 
     Raises:
         ConfigError: A CSC matrix (with how to convert), or another anndata encoding that has
@@ -123,6 +127,8 @@ def sparse_group(obj: Any, path: str, session: Hashable, file: str) -> CSRGroup 
     where = _where(session, file, path)
     if "encoding-type" in attrs:
         encoding = _text(attrs["encoding-type"])
+        if encoding in _GROUPS:
+            return None  # a group of datasets, as any HDF5 group
         legacy, shape_attr = False, "shape"
     elif "h5sparse_format" in attrs:
         encoding = _text(attrs["h5sparse_format"]) + " (h5sparse)"

@@ -18,5 +18,6 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``sessionfiles``: ``SessionFiles``, the reader's base: its state, open files and their checks;
 - ``widekeys``: keys whose rows span many chunks, read apart (functions over that state);
 - ``reader``: ``SessionReader``, the default reads of one or several keys;
+- ``csrrows``: ``CSRReader``, rows of CSR matrices (AnnData) read as runs of their spans;
 - ``strategy``: which read mode a dataset class gets (``ReadMode``).
 """
