@@ -57,7 +57,10 @@ def test_rows_equal_anndata(corpus: tuple[list[Path], np.ndarray], key: str) -> 
         assert batch.layout == torch.sparse_csr and batch.dtype == torch.float32
         assert np.array_equal(dense(batch), truth)
         backed = anndata.read_h5ad(paths[1], backed="r")
-        assert np.array_equal(ds[205].to_dense().numpy(), backed.X[5].toarray()[0])
+        try:
+            assert np.array_equal(ds[205].to_dense().numpy(), backed.X[5].toarray()[0])
+        finally:
+            backed.file.close()  # never leave a file open for a forked worker to inherit
 
 
 @pytest.mark.parametrize("compression", [None, "gzip"])
