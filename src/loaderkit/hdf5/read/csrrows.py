@@ -46,6 +46,7 @@ from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.inventory import inspect_session
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
 from loaderkit.hdf5.read.handles import Handle
+from loaderkit.hdf5.read.rawio import pread
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.workers.collate import Padded, RowBatch, batch_buffer
 
@@ -317,7 +318,7 @@ class CSRReader(SessionReader):
                 o0 = int(offsets[r0])
                 for k, out in ((0, values), (1, cols)):
                     try:
-                        self.fill_run(handle, k, pos, a, length, out[o0 : o0 + length], index)
+                        self._span(handle, k, pos, a, length, out[o0 : o0 + length], index)
                     except MemoryError:
                         raise
                     except Exception as exc:
@@ -328,6 +329,39 @@ class CSRReader(SessionReader):
             raise
         self._done(handle, pos, index)
         self._check_columns(cols, offsets, s0, s1, srows, pos, idx, order)
+
+    def _span(
+        self, handle: Handle, k: int, pos: int, a: int, length: int, out: np.ndarray, index: int
+    ) -> None:
+        """Elements ``a..a+length-1`` of key ``k`` into ``out``.
+
+        Uncompressed chunks (anndata's default) are read with one ``pread`` per chunk the span
+        touches, straight from the chunk index; everything else through ``fill_run``.
+        """
+        chunked = handle.chunked[k]
+        if (
+            chunked is None
+            or chunked.filters
+            or chunked.offsets is None  # the index is built by the first fill_run
+            or len(chunked.shape) != 1
+            or out.dtype != chunked.dtype
+        ):
+            self.fill_run(handle, k, pos, a, length, out, index)
+            return
+        size, item = chunked.chunks[0], chunked.dtype.itemsize
+        offsets = chunked.offsets
+        done = 0
+        while done < length:
+            at = a + done
+            band = at // size
+            take = min(length - done, (band + 1) * size - at)
+            where = int(offsets[band])
+            if where < 0:  # never written: the fill value
+                out[done : done + take] = chunked.fill
+            else:
+                part = out[done : done + take]
+                pread((chunked.fd, where), (at - band * size) * item, part, take * item)
+            done += take
 
     def _check_columns(
         self,
