@@ -580,6 +580,8 @@ ARGUMENTS = {
     "memory_map",
     "max_session_bytes",
     "storage_options",
+    "sparse",
+    "genes",
 }
 #: Released in 0.1.0 and moved to a part: each warns for one release.
 MOVED = {"cache_info", "open_files", "sample_nbytes", "index_arrays"}

@@ -180,6 +180,28 @@ class SessionHandles:
             return None
         return sum(reader.row_bytes)
 
+    @property
+    def var_names(self) -> list[str] | None:
+        """The var index a sparse key's files share (column names and order), before ``genes``.
+
+        ``None`` for a dense key, or files without one.
+
+        Example:
+            >>> ds.handles.var_names[:2]  # doctest: +SKIP
+            ['MIR1302-2HG', 'FAM138A']
+        """
+        var = getattr(self.reader, "var", None)
+        return list(var) if var else None
+
+    @property
+    def n_vars(self) -> int:
+        """Columns of a sample: of a sparse key after ``genes``, else a row's element count."""
+        out = getattr(self.reader, "n_out", None)
+        if isinstance(out, int):
+            return out
+        shape = self.reader.types[0].row_shape if self.reader.types else ()
+        return int(np.prod(shape)) if shape else 1
+
     def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """Read-only ``(session_positions, rows)`` arrays of the whole index.
 

@@ -51,6 +51,7 @@ from loaderkit.hdf5.meta.index import (
     unpack_index,
 )
 from loaderkit.hdf5.meta.layout import SessionLayout
+from loaderkit.hdf5.read.csrrows import FORMS, CSRReader
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.remote.cachedsessions import CachedSessions
 from loaderkit.hdf5.remote.sources import SessionSources, session_names
@@ -178,6 +179,13 @@ class HDF5SessionDataset(Dataset):
             Metadata of remote files is read with range requests and kept in the cache. The
             cache in use is ``cached_sessions.cache`` (``cache`` stays free for a subclass's
             own attribute: a common name for a memo).
+        sparse: What a batch of a sparse (CSR) key is -- AnnData ``.h5ad`` matrices, see
+            docs/single-cell.md: ``"csr"`` (default) one ``torch.sparse_csr_tensor`` ``(batch,
+            n_vars)`` in the file's value dtype (a sample a 1-D sparse tensor); ``"dense"``
+            dense rows filled straight from the sparse values; ``"tokens"`` ``{"genes",
+            "values"}`` per row, padded as ``pad_collate`` pads. Dense keys leave it unset.
+        genes: Only these columns of a sparse key, renumbered ``0..len-1``: var names (in the
+            order given) or a boolean mask over the var index; applied in the read.
 
     Raises:
         ConfigError: ``max_open_files < 1``, ``max_session_bytes < 0``, a ``mode`` other
@@ -221,7 +229,11 @@ class HDF5SessionDataset(Dataset):
         max_session_bytes: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         cache: SessionCache | None = None,
+        sparse: str = "csr",
+        genes: Sequence[str] | np.ndarray | None = None,
     ) -> None:
+        if sparse not in FORMS:
+            raise ConfigError(f"sparse={sparse!r}: expected one of {list(FORMS)}.")
         if max_open_files is not None:
             check_max_open_files(max_open_files)
         if max_session_bytes is not None:
@@ -263,6 +275,14 @@ class HDF5SessionDataset(Dataset):
             max_open_files or _STANDALONE_FILES, self._memory_map, max_session_bytes or 0
         )
         self._key = inspection.key
+        self._sparse, self._genes = sparse, genes
+        if isinstance(reader, CSRReader):  # rows of a sparse matrix: their form, their columns
+            reader.configure(sparse, genes)
+        elif sparse != "csr" or genes is not None:
+            raise ConfigError(
+                f"sparse={sparse!r} and genes= apply to a sparse (CSR) matrix; key "
+                f"{inspection.key!r} is dense: leave them unset (dense rows are read as stored)."
+            )
         reader.sources = sources
         if sources is not None:
             sources.use_keys(reader.specs)
@@ -363,9 +383,7 @@ class HDF5SessionDataset(Dataset):
             raise ConfigError(
                 "the default build_index() needs key=: it counts the rows of that dataset."
             )
-        counts = np.array(
-            [rec.layouts[0].rows if rec.layouts else 0 for rec in self._reader.records], np.int64
-        )
+        counts = np.array(self._reader.session_rows(), np.int64)
         return default_index(self._reader.ids, counts)
 
     def transform(self, sample: Any, index: int) -> Any:
@@ -542,6 +560,16 @@ class HDF5SessionDataset(Dataset):
     def storage_options(self) -> dict[str, Any] | None:
         """Keyword arguments for the fsspec filesystem of URLs, as given."""
         return self._storage_options
+
+    @property
+    def sparse(self) -> str:
+        """What a sparse (CSR) key's batch is: ``"csr"``, ``"dense"`` or ``"tokens"``."""
+        return self._sparse
+
+    @property
+    def genes(self) -> Sequence[str] | np.ndarray | None:
+        """The columns of a sparse key that are read, as given (``None``: all)."""
+        return self._genes
 
     # ------------------------------------------------------------------ sessions
 

@@ -35,6 +35,7 @@ from loaderkit.hdf5.meta.layout import (
     open_kwargs,
 )
 from loaderkit.hdf5.meta.types import RowType
+from loaderkit.hdf5.read.csrrows import CSRReader, csr_sessions
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.remote.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
 from loaderkit.hdf5.remote.sources import SessionSources
@@ -132,6 +133,9 @@ class DatasetInspection:
             found = self._autodetect_key()
             specs = [] if found is None else parse_keys(found, self.sample_axis) or []
             self.key = found
+        csr = self._csr_reader(specs, max_open, memory_map, max_session_bytes)
+        if csr is not None:  # AnnData's CSR matrix: its own reader (read.csrrows)
+            return csr
         records: list[SessionRecord] = []
         resolved: list[KeySpec] = list(specs)
         uneven = [False] * len(specs)
@@ -185,6 +189,40 @@ class DatasetInspection:
             single=isinstance(self.key, str),
             label=f"{self.label} over {len(self._ids)} session(s)",
             uneven=[k for k, odd in enumerate(uneven) if odd],
+            max_session_bytes=max_session_bytes,
+        )
+
+    def _csr_reader(
+        self, specs: Sequence[KeySpec], max_open: int, memory_map: bool, max_session_bytes: int
+    ) -> CSRReader | None:
+        """The reader of a key naming a CSR group (``read.csrrows``); ``None`` for other keys."""
+        if self._sources is not None:  # URLs and the node cache: metadata read elsewhere
+            return None
+        found = csr_sessions(self._open_for_inspection, self._ids, self._paths, specs)
+        if found is None:
+            return None
+        records, parts, groups, var = found
+        files = list(zip(self._ids, self._paths, strict=True))
+        check_rows(records, parts, files)
+        types = row_types(records, parts, None, files, self._open_for_inspection)
+        return CSRReader(
+            groups=groups,
+            var=var,
+            ids=self._ids,
+            paths=self._paths,
+            canonical=self._canonical(records),
+            specs=parts,
+            types=types,
+            records=records,
+            open_kwargs=[
+                open_kwargs(rec.layouts[0], self.h5py_options, default_read=self._item_fast)
+                for rec in records
+            ],
+            max_open=max_open,
+            memory_map=memory_map,
+            fast=True,
+            single=True,
+            label=f"{self.label} over {len(self._ids)} session(s)",
             max_session_bytes=max_session_bytes,
         )
 
@@ -262,7 +300,7 @@ class DatasetInspection:
         return pack_index(
             index,
             self._ids,
-            row_counts=[rec.layouts[0].rows for rec in records] if check_rows else None,
+            row_counts=reader.session_rows() if check_rows else None,
             paths=self._paths,
             key=self._key_name(reader),
         )

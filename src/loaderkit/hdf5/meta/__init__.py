@@ -12,5 +12,7 @@ other stage imports it.
 - ``index``: the packed sample index (``SampleIndex``, ``ROW_BITS``/``ROW_MASK``);
 - ``diagnose``: why a file failed, established by checks;
 - ``keyspecs``: ``KeySpec`` (where a key's rows lie), ``SessionRecord`` (what a file held);
-- ``inventory``: ``parse_keys`` and ``inspect_session``: what each file holds of the keys.
+- ``inventory``: ``parse_keys`` and ``inspect_session``: what each file holds of the keys;
+- ``anndata``: AnnData's encodings (CSR/CSC groups, legacy ``h5sparse``, categorical
+  columns, the var index): what a group is and where a row's bytes are.
 """

@@ -17,5 +17,6 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``copies``: ``SessionCopies``, what a reader needs of sessions read from a local copy;
 - ``sessionfiles``: ``SessionFiles``, the reader's base: its state, open files and their checks;
 - ``widekeys``: keys whose rows span many chunks, read apart (functions over that state);
-- ``reader``: ``SessionReader``, the default reads of one or several keys.
+- ``reader``: ``SessionReader``, the default reads of one or several keys;
+- ``csrrows``: ``CSRReader``, rows of CSR matrices (AnnData) read as runs of their spans.
 """

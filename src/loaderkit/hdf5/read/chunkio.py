@@ -189,8 +189,11 @@ class ChunkReader:
     def _chunk(
         self, flat: int, where: int, size: int, active: list[tuple[int, Decoder]]
     ) -> np.ndarray:
-        """Chunk ``flat`` decoded: the thread's last chunk (sorted runs share chunks), a chunk
-        decoded before and still cached, or read and decoded now (outside every lock)."""
+        """Chunk ``flat`` decoded: the thread's last, a cached one, or read and decoded now.
+
+        The thread's last chunk serves sorted runs that share a chunk; a chunk decoded before
+        stays within ``cache_bytes``; a new one is read and decoded outside every lock.
+        """
         last = getattr(_LAST, "chunk", None)
         if last is not None and last[0] is self and last[1] == flat:
             return last[2]

@@ -68,6 +68,10 @@ class SessionReader(SessionFiles):
         if self.__dict__.get("held") is not None:
             self.held.clear()
 
+    def session_rows(self) -> list[int]:
+        """Samples per session the default ``build_index`` counts: rows of the first key."""
+        return [rec.layouts[0].rows if rec.layouts else 0 for rec in self.records]
+
     def threads_reading(self) -> int:
         """How many threads are inside a batch read of this reader now (this one included)."""
         return len(self.reading)

@@ -1,0 +1,288 @@
+"""AnnData's encodings in an ``.h5ad`` file: what a group is, and how a CSR row's bytes are found.
+
+One room for the format (the reader, the collate step and the dataset ask here, never test
+attributes themselves):
+
+* ``sparse_group`` says whether a key names a sparse matrix group and which one: anndata's
+  current ``encoding-type: csr_matrix`` (with ``shape``) or the legacy ``h5sparse_format: csr``
+  (with ``h5sparse_shape``), as a ``CSRGroup``. CSC matrices and unknown encodings are refused
+  by name (``ConfigError``), with how to convert.
+* ``check_csr`` checks a group's ``indptr`` (read anyway, once per session) against its
+  ``data``/``indices``: a damaged group is an ``HDF5FileError`` naming the file and row.
+* ``var_path``/``var_names``/``var_difference``: the ``var`` index (gene names) a matrix's
+  columns follow, current (``var/_index``) or legacy (a compound ``var`` table, ``index``
+  field), and how two files' indexes differ.
+* ``is_categorical``/``categories``: categorical ``obs`` columns (``codes`` + ``categories``).
+
+Example:
+    >>> var_path("raw/X"), var_path("raw.X"), var_path("layers/counts")
+    ('raw/var', 'raw.var', 'var')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import h5py
+import numpy as np
+
+from loaderkit.errors import ConfigError, HDF5FileError
+
+__all__ = [
+    "CSRGroup",
+    "categories",
+    "check_csr",
+    "is_categorical",
+    "sparse_group",
+    "var_difference",
+    "var_names",
+    "var_path",
+]
+
+_CONVERT = (
+    "Convert it to CSR once (rows stored contiguously): `adata = anndata.read_h5ad(path); "
+    "adata.X = adata.X.tocsr(); adata.write_h5ad(new_path)` (or scipy.sparse's `.tocsr()` "
+    "for raw/X and layers), then pass the new files."
+)
+
+
+#: anndata encodings of plain groups (``obsm``, ``uns``, ``obs``...): keys read as HDF5 groups.
+_GROUPS = frozenset({"dict", "dataframe"})
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass(frozen=True)
+class CSRGroup:
+    """A CSR matrix group: where a row's values and column ids are, and the matrix shape.
+
+    Row ``r`` is ``data[indptr[r]:indptr[r+1]]`` at columns ``indices[indptr[r]:indptr[r+1]]``.
+
+    Attributes:
+        path: The group's path in the file (``"X"``, ``"raw/X"``, ``"raw.X"``...).
+        n_obs: Rows (cells).
+        n_vars: Columns (genes).
+        legacy: Encoded with the legacy ``h5sparse_format`` attributes.
+
+    Example:
+        >>> g = CSRGroup("X", 3, 5)
+        >>> g.data, g.indices, g.indptr
+        ('X/data', 'X/indices', 'X/indptr')
+    """
+
+    path: str
+    n_obs: int
+    n_vars: int
+    legacy: bool = False
+
+    @property
+    def data(self) -> str:
+        """Path of the values."""
+        return f"{self.path}/data"
+
+    @property
+    def indices(self) -> str:
+        """Path of the column ids."""
+        return f"{self.path}/indices"
+
+    @property
+    def indptr(self) -> str:
+        """Path of the row pointers (``n_obs + 1`` of them)."""
+        return f"{self.path}/indptr"
+
+
+def _where(session: Hashable, file: str, path: str) -> str:
+    return f"key {path!r} of session {session!r} ({file})"
+
+
+def sparse_group(obj: Any, path: str, session: Hashable, file: str) -> CSRGroup | None:
+    """The ``CSRGroup`` that ``obj`` (``f[path]``) is, or ``None`` when it is no encoded matrix.
+
+    ``None`` for datasets (dense ``X``, ``obsm/<name>``) and for plain groups (no anndata
+    encoding, or ``dict``/``dataframe``: a group of per-sample datasets, as in any file).
+
+    Raises:
+        ConfigError: A CSC matrix (with how to convert), or another anndata encoding that has
+            no rows to serve (named).
+        HDF5FileError: The group lacks ``data``/``indices``/``indptr`` or its shape.
+
+    Example:
+        >>> import h5py, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "a.h5ad")
+        >>> with h5py.File(path, "w") as f:
+        ...     g = f.create_group("X")
+        ...     g.attrs.update({"encoding-type": "csr_matrix", "shape": (2, 3)})
+        ...     for name in ("data", "indices"): _ = g.create_dataset(name, (0,), "f4")
+        ...     _ = g.create_dataset("indptr", data=[0, 0, 0])
+        ...     sparse_group(f["X"], "X", 0, path)
+        CSRGroup(path='X', n_obs=2, n_vars=3, legacy=False)
+    """
+    if not isinstance(obj, h5py.Group):
+        return None
+    attrs = obj.attrs
+    where = _where(session, file, path)
+    if "encoding-type" in attrs:
+        encoding = _text(attrs["encoding-type"])
+        if encoding in _GROUPS:
+            return None  # a group of datasets, as any HDF5 group
+        legacy, shape_attr = False, "shape"
+    elif "h5sparse_format" in attrs:
+        encoding = _text(attrs["h5sparse_format"]) + " (h5sparse)"
+        legacy, shape_attr = True, "h5sparse_shape"
+    else:
+        return None
+    if encoding.startswith("csc"):
+        raise ConfigError(
+            f"{where} is a CSC sparse matrix ({encoding}): its rows are spread over every "
+            f"column's slice, so loaderkit does not serve them. {_CONVERT}"
+        )
+    if encoding not in ("csr_matrix", "csr (h5sparse)"):
+        raise ConfigError(
+            f"{where} has the anndata encoding {encoding!r}, which has no rows loaderkit serves: "
+            "keys are dense datasets (X, obsm/<name>) or CSR matrices (encoding-type "
+            "csr_matrix, or the legacy h5sparse_format csr). Pass such a key."
+        )
+    missing = [name for name in ("data", "indices", "indptr") if name not in obj]
+    if missing or shape_attr not in attrs:
+        what = f"datasets {missing}" if missing else f"the attribute {shape_attr!r}"
+        raise HDF5FileError(
+            f"{where}: the CSR group lacks {what}; the file is damaged or was written "
+            "incompletely. Write it again (anndata's write_h5ad)."
+        )
+    shape = [int(n) for n in np.asarray(attrs[shape_attr]).ravel()]
+    if len(shape) != 2 or min(shape) < 0:
+        raise HDF5FileError(f"{where}: the CSR group's {shape_attr} is {shape}, not (rows, cols).")
+    return CSRGroup(path, shape[0], shape[1], legacy)
+
+
+def check_csr(
+    group: CSRGroup, indptr: np.ndarray, nnz: int, nnz_indices: int, session: Hashable, file: str
+) -> None:
+    """Raise ``HDF5FileError`` naming the first damaged row unless ``indptr`` fits the group.
+
+    ``indptr`` must hold ``n_obs + 1`` entries from 0, never decreasing, none past ``nnz``
+    (the length of ``data``), and ``data`` and ``indices`` must be as long as each other.
+
+    Example:
+        >>> check_csr(CSRGroup("X", 2, 3), np.array([0, 2, 1]), 2, 2, 0, "a.h5ad")
+        ... # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        loaderkit.errors.HDF5FileError: key 'X' of session 0 (a.h5ad): row 1 ends before it ...
+    """
+    where = _where(session, file, group.path)
+    fix = "the CSR group is damaged. Write the file again (anndata's write_h5ad) or leave the "
+    fix += "session out."
+    if nnz != nnz_indices:
+        raise HDF5FileError(
+            f"{where}: 'data' holds {nnz} values but 'indices' {nnz_indices} column ids; {fix}"
+        )
+    if indptr.shape != (group.n_obs + 1,):
+        raise HDF5FileError(
+            f"{where}: 'indptr' holds {indptr.size} entries, expected {group.n_obs + 1} "
+            f"(rows + 1 for shape {(group.n_obs, group.n_vars)}); {fix}"
+        )
+    if indptr[0] != 0:
+        raise HDF5FileError(f"{where}: row 0 starts at {int(indptr[0])}, not 0 (indptr[0]); {fix}")
+    down = np.flatnonzero(indptr[1:] < indptr[:-1])
+    if down.size:
+        r = int(down[0])
+        raise HDF5FileError(
+            f"{where}: row {r} ends before it starts (indptr[{r}] = {int(indptr[r])} > "
+            f"indptr[{r + 1}] = {int(indptr[r + 1])}); {fix}"
+        )
+    past = np.flatnonzero(indptr[1:] > nnz)
+    if past.size:
+        r = int(past[0])
+        raise HDF5FileError(
+            f"{where}: row {r} ends at {int(indptr[r + 1])}, past the {nnz} stored values "
+            f"(indptr[{r + 1}] > len(data)); {fix}"
+        )
+
+
+def var_path(key: str) -> str:
+    """Where the ``var`` table of matrix ``key`` lies (``raw/X``: ``raw/var``; legacy ``raw.X``).
+
+    Example:
+        >>> var_path("X")
+        'var'
+    """
+    if key.startswith("raw/"):
+        return "raw/var"
+    if key.startswith("raw."):
+        return "raw.var"
+    return "var"
+
+
+def var_names(f: h5py.File, path: str) -> list[str] | None:
+    """The ``var`` index (gene names, in column order) at ``path``, or ``None`` if there is none.
+
+    Current files: a group whose ``_index`` attribute names the index dataset. Legacy files:
+    a compound table with an ``index`` field.
+
+    Example:
+        >>> import h5py, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "v.h5ad")
+        >>> with h5py.File(path, "w") as f:
+        ...     g = f.create_group("var"); g.attrs["_index"] = "_index"
+        ...     _ = g.create_dataset("_index", data=["a", "b"])
+        ...     var_names(f, "var")
+        ['a', 'b']
+    """
+    obj = f.get(path)
+    if isinstance(obj, h5py.Group):
+        name = _text(obj.attrs.get("_index", "_index"))
+        index = obj.get(name)
+        if not isinstance(index, h5py.Dataset):
+            return None
+        return [_text(v) for v in index[()]]
+    if isinstance(obj, h5py.Dataset) and obj.dtype.names and "index" in obj.dtype.names:
+        return [_text(v) for v in obj["index"]]
+    return None
+
+
+def var_difference(first: Sequence[str], other: Sequence[str]) -> str | None:
+    """How ``other`` differs from ``first`` (count, or first differing position), or ``None``.
+
+    Example:
+        >>> var_difference(["a", "b", "c"], ["a", "x", "c"])
+        "position 1 holds 'x' where the first file holds 'b'"
+    """
+    if len(first) != len(other):
+        return f"it has {len(other)} genes where the first file has {len(first)}"
+    a, b = np.asarray(first, object), np.asarray(other, object)
+    differ = np.flatnonzero(a != b)
+    if not differ.size:
+        return None
+    i = int(differ[0])
+    return f"position {i} holds {other[i]!r} where the first file holds {first[i]!r}"
+
+
+def is_categorical(obj: Any) -> bool:
+    """Whether ``obj`` is a categorical column (``encoding-type: categorical``).
+
+    Example:
+        >>> is_categorical(None)
+        False
+    """
+    return isinstance(obj, h5py.Group) and _text(obj.attrs.get("encoding-type", "")) == (
+        "categorical"
+    )
+
+
+def categories(obj: h5py.Group) -> list[str]:
+    """The category names of a categorical column group (its ``codes`` index them).
+
+    Example:
+        >>> import h5py, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "c.h5ad")
+        >>> with h5py.File(path, "w") as f:
+        ...     g = f.create_group("cell_type"); g.attrs["encoding-type"] = "categorical"
+        ...     _ = g.create_dataset("codes", data=[1, 0]); _ = g.create_dataset("categories", data=["B", "T"])
+        ...     is_categorical(g), categories(g)
+        (True, ['B', 'T'])
+    """  # noqa: E501
+    return [_text(v) for v in obj["categories"][()]]

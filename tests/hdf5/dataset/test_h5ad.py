@@ -1,0 +1,243 @@
+"""AnnData ``.h5ad`` files end to end: CSR rows as samples, batches, workers, resume, damage.
+
+Files are written by anndata itself (current encoding; uncompressed: chunked, read from raw
+chunks; gzip: decoded chunks) and by hand in the legacy encoding (contiguous: ``preadv``);
+every row is compared with anndata's own reading.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from loaderkit import DataLoader, create_dataloader
+from loaderkit.errors import ConfigError, HDF5FileError
+from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
+from loaderkit.workers.collate import Padded, pad_collate
+
+anndata = pytest.importorskip("anndata")
+sp = pytest.importorskip("scipy.sparse")
+
+from tests.hdf5.h5adfiles import GENE_NAMES, matrix, write_current, write_legacy  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], np.ndarray]:
+    """3 files x 200 cells x 50 genes: uncompressed, gzip, and uncompressed; the dense truth."""
+    root = tmp_path_factory.mktemp("h5ad")
+    paths = [
+        write_current(root / "s0.h5ad", matrix(0)),
+        write_current(root / "s1.h5ad", matrix(1), compression="gzip"),
+        write_current(root / "s2.h5ad", matrix(2)),
+    ]
+    truth = np.concatenate([anndata.read_h5ad(p).X.toarray() for p in paths])
+    return paths, truth
+
+
+def dense(batch: Any) -> np.ndarray:
+    return batch.to_dense().numpy() if batch.layout != torch.strided else batch.numpy()
+
+
+@pytest.mark.parametrize("key", ["X", "raw/X", "layers/counts"])
+def test_rows_equal_anndata(corpus: tuple[list[Path], np.ndarray], key: str) -> None:
+    paths, truth = corpus
+    with HDF5SessionDataset(paths, key=key) as ds:
+        assert len(ds) == truth.shape[0]
+        for i in (0, 17, 199, 200, 333, 599):
+            row = ds[i]
+            assert row.layout == torch.sparse_coo and row.shape == (50,)
+            assert np.array_equal(row.to_dense().numpy(), truth[i])
+        batch = DataLoader(ds, batch_size=len(ds), num_workers=0).__iter__().__next__()
+        assert batch.layout == torch.sparse_csr and batch.dtype == torch.float32
+        assert np.array_equal(dense(batch), truth)
+        backed = anndata.read_h5ad(paths[1], backed="r")
+        try:
+            assert np.array_equal(ds[205].to_dense().numpy(), backed.X[5].toarray()[0])
+        finally:
+            backed.file.close()  # never leave a file open for a forked worker to inherit
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_legacy_files_read_as_anndata_reads_them(tmp_path: Path, compression: str | None) -> None:
+    paths = [write_legacy(tmp_path / f"l{i}.h5ad", matrix(i), compression) for i in range(2)]
+    truth = np.concatenate([matrix(i).toarray() for i in range(2)])
+    for key in ("X", "raw.X"):
+        with HDF5SessionDataset(paths, key=key) as ds:
+            assert ds.handles.var_names == GENE_NAMES
+            got = dense(next(iter(DataLoader(ds, batch_size=400, shuffle=False))))
+            assert np.array_equal(got, truth)
+    ours = dense(HDF5SessionDataset(paths[:1], key="raw.X").__getitems__([3, 1, 2])[:1][0][None])
+    assert np.array_equal(ours, truth[[3]])
+
+
+def test_dense_and_token_forms_and_gene_subsets(corpus: tuple[list[Path], np.ndarray]) -> None:
+    paths, truth = corpus
+    rows = [5, 400, 3, 250, 17, 6]
+    with HDF5SessionDataset(paths, key="X", sparse="dense") as ds:
+        batch = next(iter(DataLoader(ds, batch_size=6, sampler=rows)))
+        assert batch.layout == torch.strided and np.array_equal(batch.numpy(), truth[rows])
+        assert np.array_equal(ds[400], truth[400])
+    chosen = ["gene7", "gene3", "gene40"]
+    with HDF5SessionDataset(paths, key="X", sparse="dense", genes=chosen) as ds:
+        assert ds.handles.n_vars == 3
+        got = next(iter(DataLoader(ds, batch_size=6, sampler=rows))).numpy()
+        assert np.array_equal(got, truth[rows][:, [7, 3, 40]])
+    mask = np.zeros(50, bool)
+    mask[10:20] = True
+    with HDF5SessionDataset(paths, key="X", genes=mask) as ds:
+        got = dense(next(iter(DataLoader(ds, batch_size=6, sampler=rows))))
+        assert np.array_equal(got, truth[rows][:, 10:20])
+    with HDF5SessionDataset(paths, key="X", sparse="tokens") as ds:
+        batch = next(iter(DataLoader(ds, batch_size=6, sampler=rows)))
+        assert isinstance(batch["genes"], Padded)
+        padded = pad_collate([ds[i] for i in rows])
+        for name in ("genes", "values"):
+            assert torch.equal(batch[name].values, padded[name].values)
+            assert torch.equal(batch[name].lengths, padded[name].lengths)
+        for j, i in enumerate(rows):
+            n = int(batch["genes"].lengths[j])
+            ids = batch["genes"].values[j, :n].numpy()  # in the file's order (not sorted here)
+            assert np.array_equal(np.sort(ids), np.flatnonzero(truth[i]))
+            assert np.array_equal(batch["values"].values[j, :n].numpy(), truth[i][ids])
+
+
+def _epoch(ds: Any, **kwargs: Any) -> list[np.ndarray]:
+    with create_dataloader(ds, batch_size=64, seed=3, **kwargs) as loader:
+        return [dense(b) for b in loader]
+
+
+# fork: the dataset inherited, handles reopened; spawn: the reader pickled (indptr re-read);
+# threads: one reader shared by two threads
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_workers": 2, "multiprocessing_context": "fork"},
+        {"num_workers": 2, "multiprocessing_context": "spawn"},
+        {"num_workers": 2, "worker_method": "thread"},
+    ],
+    ids=["fork", "spawn", "threads"],
+)
+def test_batches_identical_with_workers(
+    corpus: tuple[list[Path], np.ndarray], options: dict[str, Any]
+) -> None:
+    paths, truth = corpus
+    with HDF5SessionDataset(paths, key="X") as ds:
+        alone = _epoch(ds, shuffle=True, num_workers=0)
+        assert np.array_equal(np.sort(np.concatenate(alone), axis=0), np.sort(truth, axis=0))
+        other = _epoch(ds, shuffle=True, **options)
+        assert all(np.array_equal(a, b) for a, b in zip(alone, other, strict=True))
+
+
+def test_block_shuffle_reads_every_row_once(corpus: tuple[list[Path], np.ndarray]) -> None:
+    paths, truth = corpus
+    with HDF5SessionDataset(paths, key="X", sparse="dense") as ds:
+        sampler = BlockShuffleSampler(ds, seed=0, block_size=16)
+        order = list(sampler)
+        got = np.concatenate(_epoch(ds, sampler=sampler))
+        assert np.array_equal(got, truth[order])
+
+
+def test_resume_mid_epoch_gives_the_remaining_batches(
+    corpus: tuple[list[Path], np.ndarray],
+) -> None:
+    paths, _ = corpus
+    ds = HDF5SessionDataset(paths, key="X")
+    full = _epoch(ds, shuffle=True)
+    with create_dataloader(ds, batch_size=64, seed=3, shuffle=True) as first:
+        iterator = iter(first)
+        seen = [dense(next(iterator)) for _ in range(3)]
+        state = first.state_dict()
+    with create_dataloader(ds, batch_size=64, seed=3, shuffle=True) as second:
+        second.load_state_dict(state)
+        rest = [dense(b) for b in second]
+    assert len(seen) + len(rest) == len(full)
+    assert all(np.array_equal(a, b) for a, b in zip(seen + rest, full, strict=True))
+
+
+def test_dense_x_and_obsm_keep_working(tmp_path: Path) -> None:
+    path = tmp_path / "dense.h5ad"
+    x = np.arange(60, dtype=np.float32).reshape(12, 5)
+    adata = anndata.AnnData(X=x)
+    adata.obsm["X_pca"] = x[:, :2] * 2
+    adata.write_h5ad(path)
+    with HDF5SessionDataset([path], key="X") as ds:
+        assert np.array_equal(ds[3], x[3])
+    with HDF5SessionDataset([path], key="obsm/X_pca") as ds:
+        assert np.array_equal(ds[3], x[3, :2] * 2)
+    with pytest.raises(ConfigError, match="dense"):
+        HDF5SessionDataset([path], key="X", sparse="dense")
+
+
+# ------------------------------------------------------------------ refused and damaged
+
+
+def test_csc_and_var_mismatch_are_refused_by_name(tmp_path: Path) -> None:
+    csc = tmp_path / "csc.h5ad"
+    anndata.AnnData(X=sp.random(20, 50, 0.3, "csc", np.float32)).write_h5ad(csc)
+    with pytest.raises(ConfigError, match=r"CSC.*tocsr"):
+        HDF5SessionDataset([csc], key="X")
+    a = write_current(tmp_path / "a.h5ad", matrix(0))
+    b = tmp_path / "b.h5ad"
+    other = anndata.read_h5ad(a)
+    other.var_names = ["x" + n if n == "gene9" else n for n in GENE_NAMES]
+    other.write_h5ad(b)
+    with pytest.raises(ConfigError, match=rf"{b}.*position 9 holds 'xgene9'"):
+        HDF5SessionDataset([a, a.with_name("a.h5ad"), b], key="X")
+    fewer = write_current(tmp_path / "c.h5ad", matrix(0, genes=40))
+    with pytest.raises(ConfigError, match="40 genes where the first file has 50"):
+        HDF5SessionDataset([a, fewer], key="X")
+
+
+def _damaged(tmp_path: Path, name: str) -> Path:
+    path = write_legacy(tmp_path / f"{name}.h5ad", matrix(0), compression=None)
+    return path
+
+
+def test_damaged_indptr_and_lengths_fail_at_construction(tmp_path: Path) -> None:
+    path = _damaged(tmp_path, "down")
+    with h5py.File(path, "r+") as f:
+        f["X/indptr"][5] = f["X/indptr"][7]  # indptr[5] > indptr[6]
+    with pytest.raises(HDF5FileError, match=rf"{path}.*row 5 ends before it starts"):
+        HDF5SessionDataset([path], key="X")
+    path = _damaged(tmp_path, "past")
+    with h5py.File(path, "r+") as f:
+        f["X/indptr"][-1] = f["X/data"].shape[0] + 5
+    with pytest.raises(HDF5FileError, match=r"row 199 ends at \d+, past the"):
+        HDF5SessionDataset([path], key="X")
+    path = _damaged(tmp_path, "lengths")
+    with h5py.File(path, "r+") as f:
+        indices = f["X/indices"][:-1]
+        del f["X/indices"]
+        f["X/indices"] = indices
+    with pytest.raises(HDF5FileError, match="values but 'indices'"):
+        HDF5SessionDataset([path], key="X")
+
+
+def test_column_ids_out_of_range_fail_at_the_read(tmp_path: Path) -> None:
+    path = _damaged(tmp_path, "cols")
+    m = matrix(0)
+    with h5py.File(path, "r+") as f:
+        f["X/indices"][m.indptr[30] + 1] = 50
+    with HDF5SessionDataset([path], key="X") as ds:
+        assert ds[29].shape == (50,)  # other rows still read
+        with pytest.raises(HDF5FileError, match=r"row 30 holds column id 50, outside 0..49"):
+            ds.__getitems__([10, 30, 31])
+        with pytest.raises(HDF5FileError, match="row 30"):
+            ds[30]
+
+
+def test_truncated_file_is_an_error_never_a_short_row(tmp_path: Path) -> None:
+    path = _damaged(tmp_path, "cut")
+    with HDF5SessionDataset([path], key="X") as ds:
+        size = os.path.getsize(path)
+        with h5py.File(path, "r") as f:
+            end = f["X/data"].id.get_offset()  # cut inside the values
+        os.truncate(path, min(size - 1, end + 40))
+        with pytest.raises(HDF5FileError):
+            ds.__getitems__(list(range(150, 200)))

@@ -1,0 +1,64 @@
+"""Small ``.h5ad`` files for the single-cell tests: written by anndata, and legacy by hand.
+
+``write_current`` uses anndata itself (the test extra's file-writing tool, like PyTables);
+``write_legacy`` writes what anndata < 0.7 wrote: ``h5sparse_format``/``h5sparse_shape``
+attributes, the raw matrix as the top-level group ``raw.X`` and ``var``/``raw.var`` as
+compound tables with an ``index`` field.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import scipy.sparse as sp
+
+CELLS, GENES = 200, 50
+GENE_NAMES = [f"gene{i}" for i in range(GENES)]
+
+
+def matrix(seed: int, cells: int = CELLS, genes: int = GENES) -> sp.csr_matrix:
+    """A float32 CSR matrix of small counts, ~10 % nonzero, some rows empty."""
+    m = sp.random(cells, genes, density=0.1, format="csr", dtype=np.float32, random_state=seed)
+    m.data = np.ceil(m.data * 10).astype(np.float32)
+    keep = np.ones(cells, np.float32)
+    keep[::17] = 0  # empty rows: spans of length 0
+    m = sp.csr_matrix(sp.diags(keep) @ m)
+    m.eliminate_zeros()
+    return m
+
+
+def write_current(path: Path, m: sp.csr_matrix, **kwargs: Any) -> Path:
+    """``anndata.AnnData(X=m).write_h5ad(path, **kwargs)`` with var names and a cell type."""
+    import anndata
+    import pandas as pd
+
+    obs = pd.DataFrame(
+        {"cell_type": pd.Categorical(np.array(["B", "T", "NK"])[np.arange(m.shape[0]) % 3])},
+        index=[f"c{i}" for i in range(m.shape[0])],
+    )
+    adata = anndata.AnnData(X=m, obs=obs, var=pd.DataFrame(index=GENE_NAMES[: m.shape[1]]))
+    adata.layers["counts"] = m
+    adata.raw = adata
+    adata.write_h5ad(path, **kwargs)
+    return path
+
+
+def write_legacy(path: Path, m: sp.csr_matrix, compression: str | None = "gzip") -> Path:
+    """A pre-0.7 ``.h5ad``: ``X`` and ``raw.X`` as legacy ``h5sparse`` CSR groups."""
+    n, g = m.shape
+    with h5py.File(path, "w") as f:
+        for name in ("X", "raw.X"):
+            group = f.create_group(name)
+            group.attrs["h5sparse_format"] = "csr"
+            group.attrs["h5sparse_shape"] = np.array([n, g])
+            for part in ("data", "indices", "indptr"):
+                group.create_dataset(part, data=getattr(m, part), compression=compression)
+        table = np.array([(name.encode(),) for name in GENE_NAMES[:g]], [("index", "S16")])
+        f.create_dataset("var", data=table)
+        f.create_dataset("raw.var", data=table)
+        obs = np.array([(f"c{i}".encode(),) for i in range(n)], [("index", "S16")])
+        f.create_dataset("obs", data=obs)
+    return path

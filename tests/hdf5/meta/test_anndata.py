@@ -1,0 +1,85 @@
+"""AnnData's encodings: what a group is, CSC and unknown encodings refused, damaged indptr."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from loaderkit.errors import ConfigError, HDF5FileError
+from loaderkit.hdf5.meta.anndata import (
+    CSRGroup,
+    categories,
+    check_csr,
+    is_categorical,
+    sparse_group,
+    var_difference,
+    var_names,
+)
+
+anndata = pytest.importorskip("anndata")
+sp = pytest.importorskip("scipy.sparse")
+
+
+def test_current_and_legacy_csr_groups_are_recognised(tmp_path: Path) -> None:
+    from tests.hdf5.h5adfiles import matrix, write_current, write_legacy
+
+    m = matrix(0)
+    current = write_current(tmp_path / "c.h5ad", m)
+    legacy = write_legacy(tmp_path / "l.h5ad", m)
+    with h5py.File(current, "r") as f:
+        for key in ("X", "raw/X", "layers/counts"):
+            assert sparse_group(f[key], key, 0, str(current)) == CSRGroup(key, *m.shape)
+        assert sparse_group(f["obsm"], "obsm", 0, str(current)) is None  # a plain group
+        assert is_categorical(f["obs/cell_type"])
+        assert categories(f["obs/cell_type"]) == ["B", "NK", "T"]
+        names = var_names(f, "var")
+    with h5py.File(legacy, "r") as f:
+        assert sparse_group(f["raw.X"], "raw.X", 0, str(legacy)) == CSRGroup(
+            "raw.X", *m.shape, legacy=True
+        )
+        assert var_names(f, "raw.var") == names
+
+
+def test_csc_is_refused_with_how_to_convert(tmp_path: Path) -> None:
+    path = tmp_path / "csc.h5ad"
+    anndata.AnnData(X=sp.random(20, 5, 0.3, "csc", np.float32)).write_h5ad(path)
+    with h5py.File(path, "r") as f, pytest.raises(ConfigError, match=r"CSC.*tocsr\(\)"):
+        sparse_group(f["X"], "X", "s0", str(path))
+
+
+def test_unknown_encodings_are_refused_by_name(tmp_path: Path) -> None:
+    path = tmp_path / "odd.h5ad"
+    with h5py.File(path, "w") as f:
+        f.create_group("X").attrs["encoding-type"] = "awkward-array"
+        f.create_group("Y").attrs["h5sparse_format"] = "coo"
+        with pytest.raises(ConfigError, match="'awkward-array'"):
+            sparse_group(f["X"], "X", 0, str(path))
+        with pytest.raises(ConfigError, match="'coo \\(h5sparse\\)'"):
+            sparse_group(f["Y"], "Y", 0, str(path))
+
+
+@pytest.mark.parametrize(
+    ("indptr", "nnz", "nnz_indices", "what"),
+    [
+        ([0, 2, 1, 3], 3, 3, "row 1 ends before it starts"),
+        ([0, 1, 2, 9], 3, 3, "row 2 ends at 9, past the 3 stored values"),
+        ([0, 1, 2, 3], 3, 2, "'data' holds 3 values but 'indices' 2"),
+        ([0, 1, 3], 3, 3, "'indptr' holds 3 entries, expected 4"),
+        ([1, 1, 2, 3], 3, 3, "row 0 starts at 1"),
+    ],
+)
+def test_damaged_indptr_names_file_and_row(
+    indptr: list[int], nnz: int, nnz_indices: int, what: str
+) -> None:
+    with pytest.raises(HDF5FileError, match=r"session 's1' \(f.h5ad\)") as caught:
+        check_csr(CSRGroup("X", 3, 4), np.array(indptr), nnz, nnz_indices, "s1", "f.h5ad")
+    assert what in str(caught.value)
+
+
+def test_var_difference_says_how() -> None:
+    assert var_difference(["a", "b"], ["a", "b"]) is None
+    assert var_difference(["a", "b"], ["a"]) == "it has 1 genes where the first file has 2"
+    assert "position 1 holds 'c'" in str(var_difference(["a", "b"], ["a", "c"]))
