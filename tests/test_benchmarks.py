@@ -53,6 +53,24 @@ def test_sample_seeding(tmp_path: Path) -> None:
 
 
 @slow
+def test_sparse_feed(tmp_path: Path) -> None:
+    out = tmp_path / "result.json"
+    result = subprocess.run(
+        [
+            *(sys.executable, str(BENCHMARKS / "sparse_feed.py"), "--quick", "--device", "cpu"),
+            *("--workers", "0", "--genes", "500", "--nnz", "40", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["equal"] and {row["form"] for row in data["rows"]} == {"csr", "dense"}
+    assert all(row["cells_per_s"] > 0 for row in data["rows"])
+
+
+@slow
 def test_transfer(tmp_path: Path) -> None:
     data = _run("transfer.py", tmp_path)
     assert data  # without CUDA: the CPU pass-through measurements

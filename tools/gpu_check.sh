@@ -13,8 +13,10 @@
 #    pageable batches (at most 1.0: the prefetcher is never slower); the numbers are also
 #    written to gpu_check_transfer.json in the current directory;
 # 5. runs `python benchmarks/feed.py --device cuda` (the end-to-end feed of BENCHMARKS.md at 4,
-#    8 and 12 workers; `--quick` keeps it short) and `python benchmarks/handoff.py` (what the
-#    worker-to-main hand-off and a second copy cost per batch), JSON next to the first.
+#    8 and 12 workers; `--quick` keeps it short), `python benchmarks/sparse_feed.py --device
+#    cuda` (single-cell CSR batches expanded on the GPU against dense batches from the CPU) and
+#    `python benchmarks/handoff.py` (what the worker-to-main hand-off and a second copy cost per
+#    batch), JSON next to the first.
 #
 # PYTHON selects the interpreter (default: python). Exit status: 0 when every step passed.
 set -euo pipefail
@@ -73,6 +75,9 @@ if [ ${#quick[@]} -gt 0 ]; then
     feed+=(--workers 4,8 --passes 1)
 fi
 "$python" benchmarks/feed.py "${feed[@]}" --json "$(dirname "$out")/gpu_check_feed.json"
+
+echo "== gpu_check: python benchmarks/sparse_feed.py --device cuda ${quick[*]:-}"
+"$python" benchmarks/sparse_feed.py --device cuda ${quick[@]+"${quick[@]}"} --json "$(dirname "$out")/gpu_check_sparse_feed.json"
 
 echo "== gpu_check: python benchmarks/handoff.py ${quick[*]:-}"
 "$python" benchmarks/handoff.py ${quick[@]+"${quick[@]}"} --json "$(dirname "$out")/gpu_check_handoff.json"

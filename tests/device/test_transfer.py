@@ -1223,3 +1223,48 @@ class TestOnCuda:
         assert firsts == [float(e[0]) for e in loader]
         assert not side.query(), "the side stream is still busy: copies did not wait for it"
         torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------ sparse single-cell batches
+
+
+def _csr_loaders(tmp_path: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """The same shuffled order of CSR rows (legacy .h5ad files, written by h5py) as a sparse
+    batch and as a dense one."""
+    from loaderkit import HDF5SessionDataset, create_dataloader
+    from tests.hdf5.h5adfiles import matrix, write_legacy
+
+    paths = [write_legacy(tmp_path / f"c{i}.h5ad", matrix(i), compression=None) for i in (0, 1)]
+    return tuple(  # type: ignore[return-value]
+        create_dataloader(
+            HDF5SessionDataset(paths, key="X", sparse=form),
+            batch_size=32,
+            shuffle=True,
+            seed=0,
+            **kwargs,
+        )
+        for form in ("csr", "dense")
+    )
+
+
+def test_a_sparse_csr_batch_moves_as_itself(tmp_path: Any) -> None:
+    """``to_device`` moves a sparse CSR batch whole: its layout, shape and values kept."""
+    sparse, dense = _csr_loaders(tmp_path)
+    with sparse, dense:
+        for s, d in zip(sparse, dense, strict=True):
+            moved = to_device(s, "cpu")
+            assert moved.layout == torch.sparse_csr and moved.shape == d.shape
+            assert torch.equal(moved.to_dense(), d)
+
+
+@pytest.mark.cuda
+@requires_cuda
+def test_sparse_csr_batches_from_workers_expand_on_cuda(tmp_path: Any) -> None:
+    """Pinned sparse batches from worker processes: moved, then ``.to_dense()`` on the GPU."""
+    sparse, dense = _csr_loaders(tmp_path, num_workers=2, pin_memory=True)
+    with sparse, dense:
+        for s, d in zip(sparse, dense, strict=True):
+            on_gpu = to_device(s, "cuda")
+            assert on_gpu.layout == torch.sparse_csr and on_gpu.is_cuda
+            assert torch.equal(on_gpu.to_dense(), to_device(d, "cuda"))
+        torch.cuda.synchronize()
