@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio = row.get("ratio_to_dense")
         what = "sparse -> device" if row["form"] == "csr" else "dense -> device"
         lines.append(
-            f"| {row['workers']} | {what} | {row['cells_per_s']:,.0f} | {row['mb_per_batch']:.2f} | "
-            f"{'' if ratio is None else f'{ratio:.2f}x'} |"
+            f"| {row['workers']} | {what} | {row['cells_per_s']:,.0f} | "
+            f"{row['mb_per_batch']:.2f} | {'' if ratio is None else f'{ratio:.2f}x'} |"
         )
     data = {
         "device": str(device),
