@@ -39,10 +39,10 @@ import h5py
 import numpy as np
 from h5py import h5d, h5s, h5z
 
-from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError
+from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError, add_note
 from loaderkit.hdf5.meta.columnblocks import column_blocks
 from loaderkit.hdf5.meta.diagnose import hdf5_message, repair_advice
-from loaderkit.hdf5.meta.layout import add_note, dataset_names
+from loaderkit.hdf5.meta.layout import dataset_names
 from loaderkit.hdf5.read.rawio import chunk_map
 from loaderkit.hdf5.read.widerows import BLOCK_CHUNKS, read_rows_raw
 

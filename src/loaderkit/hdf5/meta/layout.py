@@ -15,7 +15,6 @@ from typing import Any, NamedTuple
 import h5py
 import numpy as np
 
-from loaderkit import errors
 from loaderkit.errors import ConfigError, MissingKeyError, PerformanceHint, warn
 from loaderkit.hdf5.meta.columnblocks import chunks_per_row
 from loaderkit.hdf5.meta.diagnose import metadata_errors
@@ -24,7 +23,6 @@ __all__ = [
     "MANY_CHUNKS",
     "Amplification",
     "SessionLayout",
-    "add_note",
     "advise",
     "check_same_rows",
     "dataset_at",
@@ -178,11 +176,6 @@ def open_kwargs(
         kwargs.update(default_chunk_cache(layout))
     kwargs.update(h5py_options)  # explicit user values win
     return kwargs
-
-
-def add_note(exc: BaseException, note: str) -> None:
-    """Add ``note`` to ``exc`` (``loaderkit.errors.add_note``: into the message on 3.10)."""
-    errors.add_note(exc, note)
 
 
 def dataset_names(f: h5py.Group, limit: int = 25) -> list[str]:

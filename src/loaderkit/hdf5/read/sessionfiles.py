@@ -22,7 +22,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from loaderkit.errors import HDF5FileError
+from loaderkit.errors import HDF5FileError, add_note
 from loaderkit.hdf5.meta.diagnose import (
     Identity,
     changes,
@@ -36,7 +36,7 @@ from loaderkit.hdf5.meta.diagnose import (
 from loaderkit.hdf5.meta.filters import fletcher_damage
 from loaderkit.hdf5.meta.index import decode_index, encode_index
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, read_slab
-from loaderkit.hdf5.meta.layout import SessionLayout, add_note, dataset_at, open_object
+from loaderkit.hdf5.meta.layout import SessionLayout, dataset_at, open_object
 from loaderkit.hdf5.meta.types import Kind, RowType
 from loaderkit.hdf5.read.chunkio import ChunkReader, ReadPath, choose_path
 from loaderkit.hdf5.read.copies import SessionCopies
