@@ -51,7 +51,7 @@ from loaderkit.policy import LoaderRequest
 from loaderkit.workers.handoff import HandoffCounts, HandoffStats
 from loaderkit.workers.teardown import shutdown_iterator
 
-__all__ = ["DataLoader", "loaders_built_since"]
+__all__ = ["DataLoader", "loaders_built", "loaders_built_since"]
 
 logger = logging.getLogger("loaderkit")
 
@@ -63,24 +63,23 @@ _T_co = TypeVar("_T_co", covariant=True)
 _GENERATOR_OWNERS: weakref.WeakValueDictionary[int, DataLoader[Any]] = weakref.WeakValueDictionary()
 
 
-def _owned(generator: Any) -> bool:
-    """Whether ``generator`` is one a live loaderkit loader created from its ``seed``."""
-    owner = _GENERATOR_OWNERS.get(id(generator))
-    return owner is not None and owner.generator is generator
-
-
 #: Live loaders by construction number (``loaders_built_since``).
 _REGISTRY: weakref.WeakValueDictionary[int, DataLoader[Any]] = weakref.WeakValueDictionary()
 
 
+def loaders_built() -> int:
+    """How many loaderkit loaders this process has built: a mark for ``loaders_built_since``."""
+    return DataLoader._built
+
+
 def loaders_built_since(mark: int) -> list[DataLoader[Any]]:
-    """The live loaders of this process built after ``DataLoader._built`` was ``mark``.
+    """The live loaders of this process built after ``loaders_built()`` returned ``mark``.
 
     Oldest first. Integrations use it to find the loaders a stage built, which a framework may
     have replaced by rebuilt copies.
 
     Examples:
-        >>> mark = DataLoader._built
+        >>> mark = loaders_built()
         >>> loader = DataLoader([1, 2])
         >>> loaders_built_since(mark) == [loader]
         True
@@ -218,7 +217,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             # Rebuilt from this loader's own attributes (Lightning's attribute path): take the
             # caller's function back, so seeding is installed once, for this process's rank.
             worker_init_fn = worker_init_fn.user_fn
-        if generator is not None and _owned(generator):
+        owner = _GENERATOR_OWNERS.get(id(generator))
+        if generator is not None and owner is not None and owner.generator is generator:
             # The generator another loaderkit loader created from ``seed``: still owned, so
             # this loader reseeds it from (seed, epoch) as the original did.
             generator = None
@@ -265,6 +265,11 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         _REGISTRY[DataLoader._built] = self
 
     # ------------------------------------------------------------------ epochs
+
+    @property
+    def owns_generator(self) -> bool:
+        """Whether ``generator`` is the one this loader made from ``seed`` (reseeded per pass)."""
+        return self._owns_generator
 
     @property
     def epoch(self) -> int:
@@ -315,7 +320,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self._epoch_requested = False
         self._epoch = epoch
         self._next_epoch = epoch + 1
-        if self._owns_generator and self.seed is not None and self.generator is not None:
+        if self.owns_generator and self.seed is not None and self.generator is not None:
             self.generator.manual_seed(epoch_seed(self.seed, epoch))
             if (
                 self.persistent_workers
@@ -330,7 +335,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         for target in targets:
             if call_hook(target, "set_epoch", epoch):
                 self._epochs_set[id(target)] = getattr(target, "epoch", epoch)
-        self._pass = PassRecord(epoch=epoch, total=self._batches_per_pass())
+        self._pass = PassRecord(epoch=epoch, total=self.batches_per_pass())
         if resume is not None:
             self._pass.skip, self._pass.start, self._pass.resumed = resume.skip, resume.start, True
         return epoch
@@ -475,13 +480,6 @@ class DataLoader(_torch.TorchLoader[_T_co]):
                 f"torch loaderkit is tested on ({_torch.TESTED_FROM[0]}.{_torch.TESTED_FROM[1]} "
                 f"to {_torch.TESTED_TO[0]}.{_torch.TESTED_TO[1]})."
             )
-        if point.skip > 0 and state["loader"].get("in_order") is False:
-            raise ConfigError(
-                f"cannot resume at batch {point.skip} of epoch {point.epoch}: the loader that "
-                "saved this state had in_order=False, so the batches its caller received were "
-                "not the first ones of the pass. Resume from a state taken between epochs, or "
-                "train with in_order=True (torch's default) where resuming mid-epoch matters."
-            )
         if self._is_iterable():
             load = getattr(self.dataset, "load_state_dict", None)
             if callable(load) and state.get("dataset") is not None:
@@ -507,7 +505,13 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             return record.epoch, record.position, record.start
         return self._next_epoch, 0, next_pass_start(self, order_sources(self))
 
-    def _batches_per_pass(self) -> int | None:
+    def batches_per_pass(self) -> int | None:
+        """The batches of one pass (``None``: an iterable dataset, or an unsized sampler).
+
+        Examples:
+            >>> DataLoader(list(range(10)), batch_size=4).batches_per_pass()
+            3
+        """
         if self._is_iterable():
             return None
         try:
