@@ -31,6 +31,7 @@ from loaderkit import _torch
 from loaderkit.machine.threads import ThreadLimit
 from loaderkit.order.resume import PassRecord
 from loaderkit.policy import HANDOFF_HELD
+from loaderkit.workers import wire
 from loaderkit.workers.collate_context import CollateWithContext
 from loaderkit.workers.deaths import (
     WorkerDeath,
@@ -120,7 +121,8 @@ class LoaderPass(_torch.PassHooks):
 
     def received(self, data: Any) -> Any:
         """A batch from a worker: a slot's batch becomes tensors; counted."""
-        if isinstance(data, Received):  # a batch in a slot (pinned ones arrive as tensors)
+        # a batch in a slot (pinned ones arrive as tensors), or one whose iterator ended
+        if isinstance(data, (Received, wire.Orphan)):
             data = data.materialize()
         if self.counts is not None:
             self.counts.batches += 1
