@@ -158,5 +158,5 @@ def refresh() -> TorchSupport:
     support.cache_clear()
     from loaderkit._torch import seeds
 
-    seeds._seeds_workers_base_plus_id.cache_clear()
+    seeds.seeds_workers_base_plus_id.cache_clear()
     return support()
