@@ -14,6 +14,7 @@
 * private names stay in their module: no module imports another's ``_name``
   (``private_imports``), and no module reads ``obj._name`` of an object another module owns
   (``private_reads``), but for the rules in ``private_reads``;
+* no two modules share a name (``shared_module_names``), but by ``NAMED_BY_FOLDER``;
 * tests, examples, benchmarks and tools import loaderkit only by module paths that exist;
 * ``tests/`` mirrors the package: at most ``TESTS_ROOT_MAX`` test modules in ``tests/`` itself,
   every other one in ``tests/<folder>/`` for a folder of ``src/loaderkit/``, and
@@ -86,6 +87,8 @@ DOCUMENTED_UNDERSCORE_OF = {"sys": frozenset({"_getframe"})}
 #: Modules whose job is to hold another library's private API (a name no loaderkit module
 #: defines): torch's in ``_torch/``, fsspec's filesystems in ``storage/filesystems``.
 PRIVATE_API_HOMES = ("loaderkit._torch", "loaderkit.storage.filesystems")
+#: Folders whose modules are named after something outside them (torch's piece, a command).
+NAMED_BY_FOLDER = ("_torch", "cli")
 
 
 # ------------------------------------------------------------------ pure functions
@@ -415,6 +418,37 @@ def test_no_module_reaches_into_another_modules_private_names() -> None:
         found += private_reads(source, name, elsewhere)
     assert {"_pass", "_built"} <= defines["loaderkit.loader"]  # the scan holds real names
     assert not found, "\n".join(found)
+
+
+def shared_module_names(paths: Sequence[str]) -> dict[str, list[str]]:
+    """Module names that more than one module of ``paths`` (relative to the package) has.
+
+    Python's own names (``__init__``, ``__main__``) are left out, and so is a name shared by at
+    most one module outside ``NAMED_BY_FOLDER``: a module of ``_torch/`` is named after the
+    piece of torch it holds, one of ``cli/`` after its command, and the folder says which.
+
+    Examples:
+        >>> shared_module_names(["machine/threads.py", "workers/threads.py"])
+        {'threads': ['machine/threads.py', 'workers/threads.py']}
+        >>> shared_module_names(["_torch/loader.py", "loader.py", "cli/__main__.py"])
+        {}
+    """
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(paths):
+        by_name.setdefault(Path(path).stem, []).append(path)
+    return {
+        name: found
+        for name, found in by_name.items()
+        if name not in ("__init__", "__main__")
+        and len([p for p in found if Path(p).parts[0] not in NAMED_BY_FOLDER]) > 1
+    }
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """One name per module subject (``threads`` was three modules: which threads?)."""
+    paths = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")]
+    assert "loader.py" in paths and "_torch/loader.py" in paths  # the rule is exercised
+    assert shared_module_names(paths) == {}
 
 
 def test_root_holds_at_most_ten_modules() -> None:

@@ -21,7 +21,7 @@ from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from loaderkit import check_determinism, create_dataloader, worker_rng
 from loaderkit.errors import ConfigError
-from loaderkit.workers import threads as worker_threads
+from loaderkit.workers import threadworkers as worker_threads
 from tests.conftest import WINDOWS, fake_platform
 from tests.helpers import (
     CountingIterable,
