@@ -47,7 +47,7 @@ from loaderkit.order.seeding import SampleSeeder, WorkerInit, epoch_seed
 from loaderkit.passes import LoaderPass, pass_iterator
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
-from loaderkit.policy import LoaderRequest
+from loaderkit.policy import LoaderRequest, thread_workers_advice
 from loaderkit.workers.handoff import HandoffCounts, HandoffStats
 from loaderkit.workers.teardown import shutdown_iterator
 
@@ -226,6 +226,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         arguments = locals()  # the signature above is the one place the arguments are listed
         request = LoaderRequest(**{f.name: arguments[f.name] for f in fields(LoaderRequest)})
         setup = plan_loader(dataset, request, platform)
+        self._threads = setup.worker_method == "thread"  # torch's __init__ asks for advice
+        self._machine = setup.platform
         super().__init__(dataset, **setup.torch_kwargs)  # type: ignore[arg-type]
         if not hasattr(self, "in_order"):  # a torch before 2.6 (it was not passed on)
             self.in_order = in_order
@@ -242,7 +244,6 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self.handoff = handoff
         self.platform = platform
         self.worker_method = worker_method
-        self._threads = setup.worker_method == "thread"
         self._defer_sharding = setup.defers_sharding
         self._owns_generator = setup.owns_generator
         self._sample_seeder: SampleSeeder | None = setup.sample_seeder
@@ -364,12 +365,18 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         if self._sample_seeder is not None:
             source = sample_seeding_view(self, self._sample_seeder)
         workers = self.num_workers > 0
-        if workers and not self._threads:
+        if workers:
             self.check_worker_number_rationality()
         return pass_iterator(
             source, self.dataset, self._handoff_counts, workers=workers,
             threads=self._threads and workers, fallbacks=self._torch_fallbacks,
             slots=self._handoff_slots, main_threads=self._main_threads)  # fmt: skip
+
+    def _loaderkit_check_workers(self) -> None:
+        if not self._threads:
+            _torch.torch_check_workers(self)  # worker processes: torch's own advice
+        elif advice := thread_workers_advice(self.num_workers, self._machine):
+            warn(advice)  # worker threads: the same advice, in words for threads
 
     def _loaderkit_index_sampler(self, base: Any) -> Any:
         # torch's iterators read the index sampler here; PassIndices records each pass's
@@ -586,8 +593,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         if now is not None:  # a dataset read through a session cache: its counters now
             text += (
                 "\ncache now (this process, its prefetcher and its workers): "
-                f"{now.hits} hits, "
-                f"{now.misses} misses, {now.bytes_fetched} bytes fetched, "
+                f"{now.hits} hits, {now.misses} misses, {now.bytes_fetched} bytes fetched, "
                 f"{now.seconds_waiting:.1f} s waiting, {now.evictions} evictions, "
                 f"{now.free_bytes} bytes free"
             )

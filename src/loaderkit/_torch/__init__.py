@@ -68,6 +68,7 @@ from loaderkit._torch.loader import (
     index_sampler,
     kept_iterator,
     loader_parameters,
+    torch_check_workers,
     torch_index_sampler,
 )
 from loaderkit._torch.messages import deaths_named, is_worker_exception, may_be_worker_death
@@ -152,6 +153,7 @@ __all__ = [
     "thread_info_probe",
     "thread_iterator",
     "thread_safe_generator_exists",
+    "torch_check_workers",
     "torch_index_sampler",
     "worker_base_seed",
     "wrap_worker_signal_handler",
