@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from loaderkit import _torch
-from loaderkit.errors import ConfigError, check_int, warn
+from loaderkit.errors import ConfigError, PerformanceHint, check_int, warn
 from loaderkit.machine.platform import PlatformInfo
 from loaderkit.order.hooks import call_hook, epoch_targets
 from loaderkit.order.resume import (
@@ -376,7 +376,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         if not self._threads:
             _torch.torch_check_workers(self)  # worker processes: torch's own advice
         elif advice := thread_workers_advice(self.num_workers, self._machine):
-            warn(advice)  # worker threads: the same advice, in words for threads
+            warn(advice, PerformanceHint)  # worker threads: the same advice, for threads
 
     def _loaderkit_index_sampler(self, base: Any) -> Any:
         # torch's iterators read the index sampler here; PassIndices records each pass's

@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from loaderkit import check_determinism, create_dataloader, worker_rng
-from loaderkit.errors import ConfigError, LoaderkitWarning
+from loaderkit.errors import ConfigError, PerformanceHint
 from loaderkit.workers import threadworkers as worker_threads
 from tests.conftest import WINDOWS, fake_platform
 from tests.helpers import (
@@ -436,7 +436,7 @@ def test_too_many_worker_threads_are_advised_in_words_for_threads() -> None:
     ):
         advice = _worker_count_advice(make)
         assert len(advice) == 2  # built, and the pass (torch warns of processes the same)
-        assert all(w.category is LoaderkitWarning for w in advice), advice
+        assert all(w.category is PerformanceHint for w in advice), advice
         text = str(advice[0].message)
         assert "This DataLoader will run 4 worker threads in this process" in text
         assert "suggested max number of worker threads on this system is 2" in text
