@@ -11,12 +11,17 @@
   ``HDF5_MAX_MODULES`` modules;
 * the import graph between *modules* has no circle, inside folders too. Every import counts,
   also those inside functions and under ``TYPE_CHECKING``;
+* private names stay in their module: no module imports another's ``_name``
+  (``private_imports``), and no module reads ``obj._name`` of an object another module owns
+  (``private_reads``), but for the rules in ``private_reads``;
+* no two modules share a name (``shared_module_names``), but by ``NAMED_BY_FOLDER``;
 * tests, examples, benchmarks and tools import loaderkit only by module paths that exist;
 * ``tests/`` mirrors the package: at most ``TESTS_ROOT_MAX`` test modules in ``tests/`` itself,
   every other one in ``tests/<folder>/`` for a folder of ``src/loaderkit/``, and
   ``tests/hdf5/<stage>/`` for a stage folder of ``src/loaderkit/hdf5/``.
 
-``imports_of``, ``layer_violations`` and ``find_cycle`` are pure functions, tested here on
+``imports_of``, ``layer_violations``, ``find_cycle``, ``private_imports`` and
+``private_reads`` are pure functions, tested here on
 small synthetic inputs so that the checks on the real tree are known to be able to fail.
 """
 
@@ -88,6 +93,16 @@ HDF5_LAYERS: tuple[str, ...] = (
 )
 HDF5 = PACKAGE / "hdf5"
 HDF5_MAX_MODULES = 4
+
+#: Names with a leading underscore that their library documents as public: namedtuple's API
+#: and ``sys._getframe``.
+DOCUMENTED_UNDERSCORE = frozenset({"_asdict", "_field_defaults", "_fields", "_make", "_replace"})
+DOCUMENTED_UNDERSCORE_OF = {"sys": frozenset({"_getframe"})}
+#: Modules whose job is to hold another library's private API (a name no loaderkit module
+#: defines): torch's in ``_torch/``, fsspec's filesystems in ``storage/filesystems``.
+PRIVATE_API_HOMES = ("loaderkit._torch", "loaderkit.storage.filesystems")
+#: Folders whose modules are named after something outside them (torch's piece, a command).
+NAMED_BY_FOLDER = ("_torch", "cli")
 
 
 # ------------------------------------------------------------------ pure functions
@@ -181,6 +196,115 @@ def find_cycle(graph: Mapping[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(source: str, module: str, known: set[str]) -> list[str]:
+    """``from loaderkit.x import _name`` in ``source``: another module's private name.
+
+    ``module`` is the importing module's dotted name (for relative imports); a private name
+    that is itself a module of ``known`` (the private package ``loaderkit._torch``) is a unit
+    of the layout, not a name, and is not reported.
+
+    Examples:
+        >>> private_imports("from loaderkit.a import _f, g", "loaderkit.b", set())
+        ['loaderkit.b:1 imports _f from loaderkit.a']
+        >>> private_imports("from loaderkit import _torch", "loaderkit.b", {"loaderkit._torch"})
+        []
+    """
+    found = []
+    package = module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")
+            anchor = ".".join(parts[: len(parts) - node.level + 1])
+            base = f"{anchor}.{base}" if base else anchor
+        if (base != "loaderkit" and not base.startswith("loaderkit.")) or base == module:
+            continue
+        for alias in node.names:
+            if _private(alias.name) and f"{base}.{alias.name}" not in known:
+                found.append(f"{module}:{node.lineno} imports {alias.name} from {base}")
+    return found
+
+
+def _own_names(tree: ast.AST) -> set[str]:
+    """The names a module defines: functions, methods, classes, class-level and stored
+    attributes (``x._name = ...`` on any object), ``__slots__`` entries."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store | ast.Del):
+            names.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.add(node.value)  # __slots__ entries, dataclass field names given as text
+    return names
+
+
+def _is_own_object(receiver: ast.expr) -> bool:
+    """``self``, ``cls``, ``super()``, ``type(self)``: the reading class's own object."""
+    if isinstance(receiver, ast.Name):
+        return receiver.id in ("self", "cls")
+    if isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Name):
+        if receiver.func.id == "super":
+            return True
+        return receiver.func.id == "type" and any(map(_is_own_object, receiver.args))
+    return False
+
+
+def private_reads(source: str, module: str, defined_elsewhere: Mapping[str, set[str]]) -> list[str]:
+    """``obj._name`` reads in ``source`` of a private name this module does not own.
+
+    The rules, in order: the reading class's own object (``self``, ``cls``, ``super()``,
+    ``type(self)``) may be read; a name this module defines itself (``_own_names``: its own
+    objects, a dataclass of the same module) may be read; ``DOCUMENTED_UNDERSCORE`` names
+    may be read. A name ``defined_elsewhere`` (loaderkit module -> the names it defines) names
+    a loaderkit module and is reported; any other name is another library's and is reported
+    outside ``PRIVATE_API_HOMES``. Inside a home, only its own modules' names are loaderkit's
+    (``tensor._values`` in ``_torch/`` is torch's, whatever another folder calls ``_values``).
+
+    Examples:
+        >>> private_reads("x = loader._pass", "loaderkit.a", {"loaderkit.b": {"_pass"}})
+        ['loaderkit.a:1 reads loader._pass, private to loaderkit.b']
+        >>> private_reads("def f(self):\n    return self._pass", "loaderkit.a", {})
+        []
+    """
+    tree = ast.parse(source)
+    own = _own_names(tree)
+    home = next((m for m in PRIVATE_API_HOMES if module == m or module.startswith(f"{m}.")), None)
+    if home is not None:  # it holds the library's objects: a name of its own home is loaderkit's
+        defined_elsewhere = {m: n for m, n in defined_elsewhere.items() if m.startswith(home)}
+    found: list[tuple[int, int, int, str]] = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not isinstance(node.ctx, ast.Load):
+            continue
+        name, receiver = node.attr, node.value
+        if not _private(name) or _is_own_object(receiver) or name in own:
+            continue
+        if name in DOCUMENTED_UNDERSCORE:
+            continue
+        if isinstance(receiver, ast.Name) and name in DOCUMENTED_UNDERSCORE_OF.get(receiver.id, ()):
+            continue
+        owners = sorted(m for m, names in defined_elsewhere.items() if name in names)
+        if owners:
+            where = f"private to {', '.join(owners)}"
+        elif home is not None:
+            continue
+        else:
+            where = "another library's private name"
+        text = f"{module}:{node.lineno} reads {ast.unparse(node)}, {where}"
+        found.append((node.lineno, node.col_offset, -len(text), text))
+    return [text for *_, text in sorted(found)]
+
+
 # ------------------------------------------------------------------ the tree
 
 
@@ -257,6 +381,88 @@ def test_the_checks_can_fail() -> None:
         "loaderkit.workers",
         "loaderkit.workers.wire",
     }
+
+
+def test_the_private_name_checks_can_fail() -> None:
+    relative = "from .types import Kind, _dicts\nfrom ..meta import _torch\n"
+    known = {"loaderkit.hdf5.meta._torch"}
+    assert private_imports(relative, "loaderkit.hdf5.read.reader", known) == [
+        "loaderkit.hdf5.read.reader:1 imports _dicts from loaderkit.hdf5.read.types"
+    ]
+    assert private_imports("from __future__ import annotations", "loaderkit.a", set()) == []
+    reads = (
+        "def state(loader, seq, p):\n"
+        "    loader._owns_generator, loader._batches_per_pass()\n"  # the loader's: reported
+        "    seq._set, p._replace(x=1), type(self)._x, super()._reset()\n"  # own, documented
+        "    return torch._C._autograd\n"  # torch's: only in _torch/
+    )
+    elsewhere = {"loaderkit.loader": {"_owns_generator", "_batches_per_pass"}}
+    assert private_reads(f"{reads}class S:\n    _set = 1\n", "loaderkit.order.r", elsewhere) == [
+        "loaderkit.order.r:2 reads loader._owns_generator, private to loaderkit.loader",
+        "loaderkit.order.r:2 reads loader._batches_per_pass, private to loaderkit.loader",
+        "loaderkit.order.r:4 reads torch._C._autograd, another library's private name",
+        "loaderkit.order.r:4 reads torch._C, another library's private name",
+    ]
+    # in _torch/ torch's private names may be read, another _torch module's may not
+    assert private_reads(reads, "loaderkit._torch.x", elsewhere) == []
+    elsewhere["loaderkit._torch.seeds"] = {"_set"}
+    assert private_reads(reads, "loaderkit._torch.x", elsewhere) == [
+        "loaderkit._torch.x:3 reads seq._set, private to loaderkit._torch.seeds"
+    ]
+
+
+def test_no_module_reaches_into_another_modules_private_names() -> None:
+    """Private state stays home: another module's ``_name`` is neither imported nor read.
+
+    A name a module needs from another is a public name of that module (in its ``__all__``),
+    or it is passed in. Reads of the module's own objects and of other libraries' private API
+    in the module that holds it (``PRIVATE_API_HOMES``) follow ``private_reads``' rules.
+    """
+    modules = _modules()
+    sources = {name: path.read_text(encoding="utf-8") for name, path in modules.items()}
+    defines = {
+        name: {n for n in _own_names(ast.parse(source)) if _private(n)}
+        for name, source in sources.items()
+    }
+    found = []
+    for name, source in sources.items():
+        module = name if modules[name].name != "__init__.py" else f"{name}.__init__"
+        found += private_imports(source, module, set(modules))
+        elsewhere = {other: names for other, names in defines.items() if other != name}
+        found += private_reads(source, name, elsewhere)
+    assert {"_pass", "_built"} <= defines["loaderkit.loader"]  # the scan holds real names
+    assert not found, "\n".join(found)
+
+
+def shared_module_names(paths: Sequence[str]) -> dict[str, list[str]]:
+    """Module names that more than one module of ``paths`` (relative to the package) has.
+
+    Python's own names (``__init__``, ``__main__``) are left out, and so is a name shared by at
+    most one module outside ``NAMED_BY_FOLDER``: a module of ``_torch/`` is named after the
+    piece of torch it holds, one of ``cli/`` after its command, and the folder says which.
+
+    Examples:
+        >>> shared_module_names(["machine/threads.py", "workers/threads.py"])
+        {'threads': ['machine/threads.py', 'workers/threads.py']}
+        >>> shared_module_names(["_torch/loader.py", "loader.py", "cli/__main__.py"])
+        {}
+    """
+    by_name: dict[str, list[str]] = {}
+    for path in sorted(paths):
+        by_name.setdefault(Path(path).stem, []).append(path)
+    return {
+        name: found
+        for name, found in by_name.items()
+        if name not in ("__init__", "__main__")
+        and len([p for p in found if Path(p).parts[0] not in NAMED_BY_FOLDER]) > 1
+    }
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """One name per module subject (``threads`` was three modules: which threads?)."""
+    paths = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")]
+    assert "loader.py" in paths and "_torch/loader.py" in paths  # the rule is exercised
+    assert shared_module_names(paths) == {}
 
 
 def test_root_holds_at_most_ten_modules() -> None:

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, Sampler
 
 from loaderkit import _torch
-from loaderkit.errors import ConfigError, check_int, warn
+from loaderkit.errors import ConfigError, PerformanceHint, check_int, warn
 from loaderkit.machine.platform import PlatformInfo
 from loaderkit.order.hooks import call_hook, epoch_targets
 from loaderkit.order.resume import (
@@ -47,12 +47,12 @@ from loaderkit.order.seeding import SampleSeeder, WorkerInit, epoch_seed
 from loaderkit.passes import LoaderPass, pass_iterator
 from loaderkit.plan import Plan
 from loaderkit.planning import plan_loader
-from loaderkit.policy import LoaderRequest
+from loaderkit.policy import LoaderRequest, thread_workers_advice
 from loaderkit.support import support_of
 from loaderkit.workers.handoff import HandoffCounts, HandoffStats
 from loaderkit.workers.teardown import shutdown_iterator
 
-__all__ = ["DataLoader", "loaders_built_since"]
+__all__ = ["DataLoader", "loaders_built", "loaders_built_since"]
 
 logger = logging.getLogger("loaderkit")
 
@@ -64,24 +64,23 @@ _T_co = TypeVar("_T_co", covariant=True)
 _GENERATOR_OWNERS: weakref.WeakValueDictionary[int, DataLoader[Any]] = weakref.WeakValueDictionary()
 
 
-def _owned(generator: Any) -> bool:
-    """Whether ``generator`` is one a live loaderkit loader created from its ``seed``."""
-    owner = _GENERATOR_OWNERS.get(id(generator))
-    return owner is not None and owner.generator is generator
-
-
 #: Live loaders by construction number (``loaders_built_since``).
 _REGISTRY: weakref.WeakValueDictionary[int, DataLoader[Any]] = weakref.WeakValueDictionary()
 
 
+def loaders_built() -> int:
+    """How many loaderkit loaders this process has built: a mark for ``loaders_built_since``."""
+    return DataLoader._built
+
+
 def loaders_built_since(mark: int) -> list[DataLoader[Any]]:
-    """The live loaders of this process built after ``DataLoader._built`` was ``mark``.
+    """The live loaders of this process built after ``loaders_built()`` returned ``mark``.
 
     Oldest first. Integrations use it to find the loaders a stage built, which a framework may
     have replaced by rebuilt copies.
 
     Examples:
-        >>> mark = DataLoader._built
+        >>> mark = loaders_built()
         >>> loader = DataLoader([1, 2])
         >>> loaders_built_since(mark) == [loader]
         True
@@ -219,7 +218,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             # Rebuilt from this loader's own attributes (Lightning's attribute path): take the
             # caller's function back, so seeding is installed once, for this process's rank.
             worker_init_fn = worker_init_fn.user_fn
-        if generator is not None and _owned(generator):
+        owner = _GENERATOR_OWNERS.get(id(generator))
+        if generator is not None and owner is not None and owner.generator is generator:
             # The generator another loaderkit loader created from ``seed``: still owned, so
             # this loader reseeds it from (seed, epoch) as the original did.
             generator = None
@@ -227,6 +227,8 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         arguments = locals()  # the signature above is the one place the arguments are listed
         request = LoaderRequest(**{f.name: arguments[f.name] for f in fields(LoaderRequest)})
         setup = plan_loader(dataset, request, platform)
+        self._threads = setup.worker_method == "thread"  # torch's __init__ asks for advice
+        self._machine = setup.platform
         super().__init__(dataset, **setup.torch_kwargs)  # type: ignore[arg-type]
         if not hasattr(self, "in_order"):  # a torch before 2.6 (it was not passed on)
             self.in_order = in_order
@@ -243,7 +245,6 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self.handoff = handoff
         self.platform = platform
         self.worker_method = worker_method
-        self._threads = setup.worker_method == "thread"
         self._defer_sharding = setup.defers_sharding
         self._owns_generator = setup.owns_generator
         self._sample_seeder: SampleSeeder | None = setup.sample_seeder
@@ -266,6 +267,11 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         _REGISTRY[DataLoader._built] = self
 
     # ------------------------------------------------------------------ epochs
+
+    @property
+    def owns_generator(self) -> bool:
+        """Whether ``generator`` is the one this loader made from ``seed`` (reseeded per pass)."""
+        return self._owns_generator
 
     @property
     def epoch(self) -> int:
@@ -316,7 +322,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         self._epoch_requested = False
         self._epoch = epoch
         self._next_epoch = epoch + 1
-        if self._owns_generator and self.seed is not None and self.generator is not None:
+        if self.owns_generator and self.seed is not None and self.generator is not None:
             self.generator.manual_seed(epoch_seed(self.seed, epoch))
             if (
                 self.persistent_workers
@@ -331,7 +337,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         for target in targets:
             if call_hook(target, "set_epoch", epoch):
                 self._epochs_set[id(target)] = getattr(target, "epoch", epoch)
-        self._pass = PassRecord(epoch=epoch, total=self._batches_per_pass())
+        self._pass = PassRecord(epoch=epoch, total=self.batches_per_pass())
         if resume is not None:
             self._pass.skip, self._pass.start, self._pass.resumed = resume.skip, resume.start, True
         return epoch
@@ -360,12 +366,18 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         if self._sample_seeder is not None:
             source = sample_seeding_view(self, self._sample_seeder)
         workers = self.num_workers > 0
-        if workers and not self._threads:
+        if workers:
             self.check_worker_number_rationality()
         return pass_iterator(
             source, self.dataset, self._handoff_counts, workers=workers,
             threads=self._threads and workers, fallbacks=self._torch_fallbacks,
             slots=self._handoff_slots, main_threads=self._main_threads)  # fmt: skip
+
+    def _loaderkit_check_workers(self) -> None:
+        if not self._threads:
+            _torch.torch_check_workers(self)  # worker processes: torch's own advice
+        elif advice := thread_workers_advice(self.num_workers, self._machine):
+            warn(advice, PerformanceHint)  # worker threads: the same advice, for threads
 
     def _loaderkit_index_sampler(self, base: Any) -> Any:
         # torch's iterators read the index sampler here; PassIndices records each pass's
@@ -475,13 +487,6 @@ class DataLoader(_torch.TorchLoader[_T_co]):
                 f"torch loaderkit is tested on ({_torch.TESTED_FROM[0]}.{_torch.TESTED_FROM[1]} "
                 f"to {_torch.TESTED_TO[0]}.{_torch.TESTED_TO[1]})."
             )
-        if point.skip > 0 and state["loader"].get("in_order") is False:
-            raise ConfigError(
-                f"cannot resume at batch {point.skip} of epoch {point.epoch}: the loader that "
-                "saved this state had in_order=False, so the batches its caller received were "
-                "not the first ones of the pass. Resume from a state taken between epochs, or "
-                "train with in_order=True (torch's default) where resuming mid-epoch matters."
-            )
         if self._is_iterable():
             load = getattr(self.dataset, "load_state_dict", None)
             if callable(load) and state.get("dataset") is not None:
@@ -507,7 +512,13 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             return record.epoch, record.position, record.start
         return self._next_epoch, 0, next_pass_start(self, order_sources(self))
 
-    def _batches_per_pass(self) -> int | None:
+    def batches_per_pass(self) -> int | None:
+        """The batches of one pass (``None``: an iterable dataset, or an unsized sampler).
+
+        Examples:
+            >>> DataLoader(list(range(10)), batch_size=4).batches_per_pass()
+            3
+        """
         if self._is_iterable():
             return None
         try:
@@ -581,8 +592,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
         if now is not None:  # a dataset read through a session cache: its counters now
             text += (
                 "\ncache now (this process, its prefetcher and its workers): "
-                f"{now.hits} hits, "
-                f"{now.misses} misses, {now.bytes_fetched} bytes fetched, "
+                f"{now.hits} hits, {now.misses} misses, {now.bytes_fetched} bytes fetched, "
                 f"{now.seconds_waiting:.1f} s waiting, {now.evictions} evictions, "
                 f"{now.free_bytes} bytes free"
             )

@@ -7,7 +7,7 @@ and
   the slot pool, hands batches over in slots (``loaderkit.workers.worker`` in the workers, a
   ``loaderkit.workers.handoff.Receiver`` here) through queues whose small messages skip the feeder
   thread (``loaderkit.workers.queues``);
-* lowers torch's threads in this process while workers run (``loaderkit.machine.threads``);
+* lowers torch's threads in this process while workers run (``loaderkit.machine.intraop_threads``);
 * counts the batches handed to the caller into the loader's current ``PassRecord`` (resume);
 * turns every way torch notices a dead worker into one error naming its pid, signal and cause
   (``loaderkit.workers.deaths``), its ``SIGCHLD`` report included.
@@ -28,9 +28,10 @@ from collections.abc import Callable
 from typing import Any
 
 from loaderkit import _torch
-from loaderkit.machine.threads import ThreadLimit
+from loaderkit.machine.intraop_threads import ThreadLimit
 from loaderkit.order.resume import PassRecord
 from loaderkit.policy import HANDOFF_HELD
+from loaderkit.workers import wire
 from loaderkit.workers.collate_context import CollateWithContext
 from loaderkit.workers.deaths import (
     WorkerDeath,
@@ -40,7 +41,7 @@ from loaderkit.workers.deaths import (
 )
 from loaderkit.workers.handoff import HandoffCounts, PinBackend, Received, Receiver
 from loaderkit.workers.queues import DirectContext, direct_writes_possible
-from loaderkit.workers.threads import WorkerThreads
+from loaderkit.workers.threadworkers import WorkerThreads
 from loaderkit.workers.worker import HandoffCollate, HandoffConfig
 
 __all__ = ["LoaderPass", "dead_workers", "pass_iterator"]
@@ -120,7 +121,8 @@ class LoaderPass(_torch.PassHooks):
 
     def received(self, data: Any) -> Any:
         """A batch from a worker: a slot's batch becomes tensors; counted."""
-        if isinstance(data, Received):  # a batch in a slot (pinned ones arrive as tensors)
+        # a batch in a slot (pinned ones arrive as tensors), or one whose iterator ended
+        if isinstance(data, (Received, wire.Orphan)):
             data = data.materialize()
         if self.counts is not None:
             self.counts.batches += 1
@@ -186,7 +188,7 @@ def pass_iterator(
 ) -> Any:
     """The iterator of one pass over ``source`` (a loader or a view of it), with its hooks.
 
-    Worker threads (``threads``) are carried by ``loaderkit.workers.threads.WorkerThreads``
+    Worker threads (``threads``) are carried by ``loaderkit.workers.threadworkers.WorkerThreads``
     (nothing crosses processes: no slots, torch's threads untouched); worker processes and no
     workers by torch's iterators with loaderkit's hooks (torch's own where a probe failed:
     ``fallbacks``); ``slots`` and ``main_threads`` apply with workers only.

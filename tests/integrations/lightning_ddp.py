@@ -60,7 +60,7 @@ def _describe(loader: Any) -> dict[str, Any]:
             seed=loader.seed,
             training=loader.training,
             distributed=getattr(loader, "distributed", None),
-            owns_generator=loader._owns_generator,
+            owns_generator=loader.owns_generator,
             nested_worker_init=isinstance(wif, WorkerInit) and isinstance(wif.user_fn, WorkerInit),
             worker_init_rank=getattr(wif, "rank", None),
         )

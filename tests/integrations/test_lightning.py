@@ -149,7 +149,7 @@ def test_seed_owned_generator_still_reseeds_after_attribute_rebuild() -> None:
             for k in ("dataset", "batch_size", "generator", "seed", "training", "worker_init_fn")
         }
     )
-    assert rebuilt._owns_generator
+    assert rebuilt.owns_generator
     first = [[int(i) for idx, _ in rebuilt for i in idx] for _ in range(2)]
     reference = _orders(
         lambda s, ds: create_dataloader(ds, batch_size=4, training=True, seed=11), 2

@@ -20,7 +20,7 @@ piece, each saying which torch releases it was checked on:
 ``cuda``           torch's bad-fork check
 ``devices``        the current accelerator (``torch.accelerator`` from 2.6, CUDA before)
 ``datapipes``      how torch sends DataPipes to workers
-``threads``        worker threads: ``get_worker_info()`` per thread, ``WorkerInfo`` built with
+``threadloop``     worker threads: ``get_worker_info()`` per thread, ``WorkerInfo`` built with
                    this torch's fields, the fetcher, the pass iterator over threads
 ``probes``         one probe per piece, run once per process (``support()``)
 ``version``        torch's version, parsed, and the releases loaderkit is tested on
@@ -68,6 +68,7 @@ from loaderkit._torch.loader import (
     index_sampler,
     kept_iterator,
     loader_parameters,
+    torch_check_workers,
     torch_index_sampler,
 )
 from loaderkit._torch.messages import deaths_named, is_worker_exception, may_be_worker_death
@@ -75,7 +76,7 @@ from loaderkit._torch.probes import PIECES, Probe, TorchSupport, refresh, suppor
 from loaderkit._torch.seeds import consume_base_seed_draw, draw_seed, worker_base_seed
 from loaderkit._torch.signals import wrap_worker_signal_handler
 from loaderkit._torch.storage import new_shared_tensor, storage_from_fd, storage_use_count
-from loaderkit._torch.threads import (
+from loaderkit._torch.threadloop import (
     CarrierFactory,
     ThreadCarrier,
     ThreadSetup,
@@ -152,6 +153,7 @@ __all__ = [
     "thread_info_probe",
     "thread_iterator",
     "thread_safe_generator_exists",
+    "torch_check_workers",
     "torch_index_sampler",
     "worker_base_seed",
     "wrap_worker_signal_handler",

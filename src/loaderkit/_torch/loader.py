@@ -7,8 +7,12 @@ Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
   calls ``self._loaderkit_iterator()`` (default: torch's own). torch's iterators draw indices
   from ``_index_sampler``: it is ``self._loaderkit_index_sampler(<torch's>)`` (default: torch's).
   Generic in the sample type as torch's class is, however many type parameters torch declares.
-* ``torch_iterator`` / ``torch_index_sampler``: torch's own answers, for a fallback and for the
-  wrapped index sampler.
+  torch calls ``check_worker_number_rationality()`` at the end of ``__init__`` and before each
+  pass with workers: it calls ``self._loaderkit_check_workers()`` (default: torch's own). Run
+  on 2.13.0 and read in torch's main branch (2.4.1 not re-read for this member).
+* ``torch_iterator`` / ``torch_index_sampler`` / ``torch_check_workers``: torch's own answers,
+  for a fallback, for the wrapped index sampler, and torch's advice on ``num_workers`` (its
+  "This DataLoader will create N worker processes" warning).
 * ``kept_iterator`` / ``forget_kept_iterator``: the iterator torch keeps between passes when
   workers are persistent (``DataLoader._iterator``).
 * ``LoaderView``: what torch's iterator reads of a loader, with some attributes replaced (the
@@ -39,6 +43,7 @@ __all__ = [
     "kept_iterator",
     "loader_hooks_probe",
     "loader_parameters",
+    "torch_check_workers",
     "torch_index_sampler",
     "torch_iterator",
 ]
@@ -88,6 +93,20 @@ class TorchLoader(_Base[_T_co]):
     def _loaderkit_index_sampler(self, base: Any) -> Any:
         """What torch's iterators draw indices from, given torch's own (default: it)."""
         return base
+
+    def check_worker_number_rationality(self) -> None:
+        self._loaderkit_check_workers()
+
+    def _loaderkit_check_workers(self) -> None:
+        """Advice on ``num_workers`` (from torch's ``__init__`` too; default: torch's own)."""
+        torch_check_workers(self)
+
+
+def torch_check_workers(loader: Any) -> None:
+    """Run torch's own check of ``loader.num_workers``: it warns above the CPUs torch counts."""
+    check = getattr(_TorchDataLoader, "check_worker_number_rationality", None)
+    if check is not None:
+        check(loader)
 
 
 def torch_iterator(loader: Any) -> Any:

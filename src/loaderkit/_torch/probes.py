@@ -21,7 +21,7 @@ from loaderkit._torch.iterators import direct_queues_probe, iterator_probe
 from loaderkit._torch.loader import loader_hooks_probe
 from loaderkit._torch.seeds import base_seed_probe, worker_seed_probe
 from loaderkit._torch.storage import storage_probe
-from loaderkit._torch.threads import thread_info_probe
+from loaderkit._torch.threadloop import thread_info_probe
 from loaderkit._torch.version import TESTED_FROM, TESTED_TO, TORCH_VERSION, version_text
 
 __all__ = ["PIECES", "Probe", "TorchSupport", "refresh", "support"]
@@ -158,5 +158,5 @@ def refresh() -> TorchSupport:
     support.cache_clear()
     from loaderkit._torch import seeds
 
-    seeds._seeds_workers_base_plus_id.cache_clear()
+    seeds.seeds_workers_base_plus_id.cache_clear()
     return support()

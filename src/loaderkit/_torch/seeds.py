@@ -35,6 +35,7 @@ __all__ = [
     "base_seed_probe",
     "consume_base_seed_draw",
     "draw_seed",
+    "seeds_workers_base_plus_id",
     "worker_base_seed",
     "worker_seed_probe",
 ]
@@ -62,13 +63,17 @@ def worker_base_seed(info: Any) -> int:
     Where torch no longer seeds worker ``i`` with ``base_seed + i`` (``worker_seed_probe``), the
     worker's own seed is returned: still distinct per worker and repeatable per seed.
     """
-    if _seeds_workers_base_plus_id():
+    if seeds_workers_base_plus_id():
         return int(info.seed) - int(info.id)
     return int(info.seed)  # pragma: no cover - a torch that seeds workers otherwise
 
 
 @functools.lru_cache(maxsize=1)
-def _seeds_workers_base_plus_id() -> bool:
+def seeds_workers_base_plus_id() -> bool:
+    """Whether this torch seeds worker ``i`` with ``base_seed + i`` (probed once per process).
+
+    ``loaderkit._torch.probes.refresh`` clears it to probe again.
+    """
     return worker_seed_probe() is None
 
 

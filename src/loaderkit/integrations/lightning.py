@@ -21,7 +21,7 @@ import logging
 from typing import Any
 
 from loaderkit.integrations.loaders import close_loaders
-from loaderkit.loader import DataLoader, loaders_built_since
+from loaderkit.loader import loaders_built, loaders_built_since
 
 try:
     from lightning.pytorch.callbacks import Callback
@@ -80,7 +80,7 @@ class LoaderkitCallback(Callback):
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Remember where this stage starts (loaders built from here on are its own)."""
-        self._mark = DataLoader._built
+        self._mark = loaders_built()
 
     def _close(self, trainer: Any) -> None:
         closed = close_loaders(

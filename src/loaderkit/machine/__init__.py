@@ -8,7 +8,7 @@ Modules:
   memory, limits, CUDA, torch's fallbacks (the only module that reads the machine).
 - ``distributed``: rank, world and local world (the only reader of ``RANK``, ``WORLD_SIZE``,
   ``LOCAL_WORLD_SIZE`` and ``torch.distributed``).
-- ``threads``: torch's intra-op thread count, and lowering it while a pass runs.
+- ``intraop_threads``: torch's intra-op thread count, and lowering it while a pass runs.
 - ``versions``: the torch a loader runs on: which arguments it takes, what falls back.
 - ``main_module``: whether the main script's top level would run again in a spawned or
   forkserver worker (the call outside every ``__name__ == "__main__"`` guard).

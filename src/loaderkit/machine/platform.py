@@ -25,7 +25,7 @@ import torch
 
 from loaderkit import _torch
 from loaderkit.machine.distributed import launcher_int
-from loaderkit.machine.threads import torch_threads
+from loaderkit.machine.intraop_threads import torch_threads
 
 __all__ = [
     "PlatformInfo",

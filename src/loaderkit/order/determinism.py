@@ -1,7 +1,7 @@
 """``check_determinism``: two loaders from one factory, compared batch by batch, bit for bit.
 
 A loader whose worker threads drew from a random state every thread of the process shares is
-reported with that state named (``loaderkit.workers.threads.watch_shared_rngs``).
+reported with that state named (``loaderkit.workers.threadworkers.watch_shared_rngs``).
 
 Examples:
     >>> bool(DeterminismReport(True, 1, 0, None))
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from loaderkit.order.hooks import call_hook
-from loaderkit.workers.threads import watch_shared_rngs
+from loaderkit.workers.threadworkers import watch_shared_rngs
 
 __all__ = ["DeterminismReport", "check_determinism"]
 
@@ -113,7 +113,7 @@ def check_determinism(
     comparison is exact (bit-for-bit) and cheap in memory. Loaders with a ``close()`` method are
     closed afterwards. A loader whose worker threads drew from a random state every thread
     shares (Python's ``random``, numpy's legacy global RNG, torch's default generator: see
-    ``loaderkit.workers.threads.watch_shared_rngs``) is reported not deterministic, naming
+    ``loaderkit.workers.threadworkers.watch_shared_rngs``) is reported not deterministic, naming
     it, even when both runs happened to match: the next run's thread schedule may differ.
 
     Args:

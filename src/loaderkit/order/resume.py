@@ -305,7 +305,7 @@ def order_sources(loader: Any) -> OrderSources:
     if order_sampler is None:  # a user batch sampler with no ``sampler``, or no batching
         order_sampler = loader.sampler if batch_sampler is None else batch_sampler
     generators: list[tuple[str, torch.Generator]] = []
-    owned = loader._owns_generator and loader.seed is not None
+    owned = loader.owns_generator and loader.seed is not None
     if loader.generator is not None and not owned:
         generators.append(("generator", loader.generator))
     sampler_generator = getattr(order_sampler, "generator", None)
@@ -402,8 +402,8 @@ def elastic_order(loader: Any) -> ElasticOrder | None:
         return ElasticOrder(dict(order_key()), size)
     batch = loader.batch_size or 1
     if isinstance(sampler, RandomSampler):
-        owned = loader._owns_generator and sampler.generator is loader.generator
-        if owned and not sampler.replacement and sampler._num_samples is None:
+        owned = loader.owns_generator and sampler.generator is loader.generator
+        if owned and not sampler.replacement and sampler.num_samples == len(sampler.data_source):
             return ElasticOrder({"kind": "shuffle"}, batch)
         return None
     if isinstance(sampler, SequentialSampler) and loader.training is not False:
@@ -454,7 +454,7 @@ def fingerprint(loader: Any) -> dict[str, Any]:
         "batch_sampler": _qualname(loader.batch_sampler) if user_batches else None,
         "num_replicas": getattr(sharding, "num_replicas", None),
         "rank": getattr(sharding, "rank", None),
-        "batches_per_pass": loader._batches_per_pass(),
+        "batches_per_pass": loader.batches_per_pass(),
         "in_order": loader.in_order,
         "order": None if elastic is None else elastic.key,
         "global_batch_size": None if elastic is None else elastic.global_batch_size,
@@ -490,7 +490,8 @@ def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
 
     Raises:
         ConfigError: Not a loaderkit loader state, a newer version, or one taken from a loader
-            that differs (each mismatch named, with the saved and current values).
+            that differs (each mismatch named, with the saved and current values); a mid-pass
+            state of a loader with ``in_order=False`` (its caller received batches out of order).
 
     Examples:
         >>> fp = {"dataset_length": 10, "batch_size": 2}
@@ -543,6 +544,13 @@ def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
         raise ConfigError(
             f"the loader state is at batch {position} of epoch {epoch}, but a pass of this "
             f"loader has {total} batches"
+        )
+    if position > 0 and saved.get("in_order") is False:
+        raise ConfigError(
+            f"cannot resume at batch {position} of epoch {epoch}: the loader that "
+            "saved this state had in_order=False, so the batches its caller received were "
+            "not the first ones of the pass. Resume from a state taken between epochs, or "
+            "train with in_order=True (torch's default) where resuming mid-epoch matters."
         )
     start = state.get("start") or {}
     return ResumePoint(epoch=epoch, skip=position, start=dict(start))

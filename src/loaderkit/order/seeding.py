@@ -7,7 +7,7 @@
   plain ``worker_init_fn`` too): streams differ per worker *and per rank*.
 * ``worker_rng`` is the recommended source of randomness for augmentations: a
   ``numpy.random.Generator`` private to the current worker and rank (main process too); a
-  worker thread has its own (``loaderkit.workers.threads``).
+  worker thread has its own (``loaderkit.workers.threadworkers``).
 * ``check_determinism`` compares two loaders built by the same factory.
 * ``SampleSeeder`` implements ``sample_seeding=True``: every sample's RNGs are seeded from
   (seed, epoch, index), so batches do not depend on the number of workers.
@@ -38,7 +38,7 @@ from loaderkit import _torch
 from loaderkit.errors import check_int
 from loaderkit.machine.distributed import process_rank_and_world
 from loaderkit.order.determinism import DeterminismReport, check_determinism
-from loaderkit.workers.threads import current_worker
+from loaderkit.workers.threadworkers import current_worker
 from loaderkit.workers.worker import share_batches
 
 __all__ = [

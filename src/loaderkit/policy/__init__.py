@@ -34,7 +34,7 @@ Examples:
 
 from __future__ import annotations
 
-from loaderkit.policy.methods import WORKER_METHODS, resolve_worker_method
+from loaderkit.policy.methods import WORKER_METHODS, resolve_worker_method, thread_workers_advice
 from loaderkit.policy.request import (
     DatasetFacts,
     Decision,
@@ -78,6 +78,7 @@ __all__ = [
     "resolve_pin_memory",
     "resolve_shuffle",
     "resolve_worker_method",
+    "thread_workers_advice",
     "torch_arguments",
     "unpicklable_is_error",
 ]

@@ -31,10 +31,38 @@ from loaderkit.errors import ConfigError
 from loaderkit.machine.platform import PlatformInfo
 from loaderkit.policy.request import DatasetFacts, Decision
 
-__all__ = ["WORKER_METHODS", "resolve_worker_method", "windows_threads"]
+__all__ = ["WORKER_METHODS", "resolve_worker_method", "thread_workers_advice", "windows_threads"]
 
 #: The values ``worker_method`` accepts (``None``: unset).
 WORKER_METHODS = ("process", "thread", "auto")
+
+
+def thread_workers_advice(num_workers: int, platform: PlatformInfo) -> str | None:
+    """The advice torch gives on too many workers, for threads (``None``: no more than CPUs).
+
+    torch warns of more worker *processes* than usable CPUs; threads share this process and
+    its CPUs in the same way, so they get the same advice in words for threads (the loader
+    warns it as a ``PerformanceHint``: loading stays correct, only slower).
+
+    Examples:
+        >>> from dataclasses import replace
+        >>> from loaderkit.machine.platform import detect_platform
+        >>> two = replace(detect_platform(), usable_cpus=2)
+        >>> thread_workers_advice(2, two) is None
+        True
+        >>> advice = thread_workers_advice(4, two)
+        >>> advice.startswith("This DataLoader will run 4 worker threads"), "is 2 (the" in advice
+        (True, True)
+    """
+    if num_workers <= platform.usable_cpus:
+        return None
+    return (
+        f"This DataLoader will run {num_workers} worker threads in this process. The suggested "
+        f"max number of worker threads on this system is {platform.usable_cpus} (the CPUs "
+        "this process may use), which is fewer than this DataLoader is going to run: threads "
+        "beyond it take turns on the same CPUs and can make loading slower, not faster. Lower "
+        f"num_workers to {platform.usable_cpus} or fewer if loading is slow."
+    )
 
 
 def windows_threads(platform: PlatformInfo, force_zero_workers_on_windows: bool | None) -> bool:

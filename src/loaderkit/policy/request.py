@@ -159,7 +159,7 @@ class Resolution:
         (``loaderkit.workers.worker``);
             0 when batches take torch's path.
         main_threads: torch's intra-op threads in this process during a pass
-            (``loaderkit.machine.threads``); ``None`` leaves them alone.
+            (``loaderkit.machine.intraop_threads``); ``None`` leaves them alone.
         worker_method: ``"process"`` or ``"thread"`` (``loaderkit.policy.methods``).
     """
 

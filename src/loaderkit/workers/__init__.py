@@ -12,7 +12,7 @@ Modules, and where each runs:
   without workers).
 - ``collate_context``: collate errors that name the batch size, process and worker.
 - ``deaths``: what a dead worker means: the error naming its pid, signal and cause.
-- ``threads``: worker *threads* of the calling process: the carrier that runs the same worker
+- ``threadworkers``: worker *threads* of the calling process: the carrier that runs the same worker
   contract as a process, per-thread worker info and streams, bounded stop; its lock map.
 - ``teardown``: stopping a pass's workers within bounded time, closing what it holds.
 

@@ -479,11 +479,3 @@ class Receiver:
                 with _LOCK:
                     _HELD.append(mapped)
         _sweep_held()
-
-
-def _orphan(structure: Any) -> Received:
-    """A slot message whose iterator is gone: a batch with no lease (it cannot be read)."""
-    return Received(None, structure, False)
-
-
-wire.set_orphan(_orphan)

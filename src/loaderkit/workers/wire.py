@@ -10,7 +10,8 @@ batches.
 * A ``SlotBatch`` names its receiver (a token), the worker, the slot and, per tensor, a
   ``Leaf`` (offset, dtype, shape) in the batch's structure; unpickled in the main process it
   calls the receiver registered for its token (``register``). A batch whose iterator is gone
-  becomes what ``set_orphan`` says (a batch with no lease).
+  becomes an ``Orphan`` (its slot is not mapped, so it cannot be read), whatever else was
+  imported: this module takes nothing from the modules that use it.
 
 Examples:
     >>> rebuild({"x": [Leaf(0, torch.float32, (2,))]}, lambda leaf: leaf.shape)
@@ -35,11 +36,11 @@ __all__ = [
     "HEADER",
     "FallbackBatch",
     "Leaf",
+    "Orphan",
     "SlotBatch",
     "itemsize",
     "rebuild",
     "register",
-    "set_orphan",
     "unregister",
     "walk",
 ]
@@ -109,8 +110,31 @@ def rebuild(structure: Any, make: Callable[[Leaf], Any]) -> Any:
 #: The main process's receivers by token (``loaderkit.workers.handoff.Receiver`` registers itself).
 _RECEIVERS: dict[int, Any] = {}
 _LOCK = threading.Lock()
-#: What a slot message whose receiver is gone becomes (``loaderkit.workers.handoff`` sets it).
-_ORPHAN: list[Callable[[Any], Any]] = []
+
+
+class Orphan:
+    """A slot batch unpickled after its receiver was unregistered (its iterator is gone).
+
+    Its slot is not mapped in this process, so the batch cannot be read: ``materialize``
+    raises, as a ``Received`` batch handed out twice does.
+
+    Examples:
+        >>> Orphan({"x": Leaf(0, torch.float32, (2,))}).materialize()
+        Traceback (most recent call last):
+        ...
+        RuntimeError: loaderkit: this batch arrived after its iterator ended (its loader closed)
+    """
+
+    __slots__ = ("structure",)
+
+    def __init__(self, structure: Any) -> None:
+        self.structure = structure
+
+    def materialize(self) -> Any:
+        """Raise: the slot this batch lies in is not this process's to read."""
+        raise RuntimeError(
+            "loaderkit: this batch arrived after its iterator ended (its loader closed)"
+        )
 
 
 def register(token: int, receiver: Any) -> None:
@@ -130,11 +154,6 @@ def registered(token: int) -> bool:
     return token in _RECEIVERS
 
 
-def set_orphan(make: Callable[[Any], Any]) -> None:
-    """What a slot message becomes when its receiver is gone: ``make(structure)``."""
-    _ORPHAN[:] = [make]
-
-
 def receive_slot(
     token: int,
     worker_id: int,
@@ -147,7 +166,7 @@ def receive_slot(
     """Unpickle a ``SlotBatch`` in the main process: its receiver takes it."""
     receiver = _RECEIVERS.get(token)
     if receiver is None:
-        return _ORPHAN[0](structure) if _ORPHAN else structure
+        return Orphan(structure)
     return receiver.receive(worker_id, generation, slot, structure, copied, segment)
 
 

@@ -46,7 +46,7 @@ from loaderkit.hdf5.meta.layout import dataset_names
 from loaderkit.hdf5.read.rawio import chunk_map
 from loaderkit.hdf5.read.widerows import BLOCK_CHUNKS, read_rows_raw
 
-__all__ = ["LAYOUTS", "RechunkResult", "rechunk"]
+__all__ = ["CHUNK_BYTES", "LAYOUTS", "RechunkResult", "choose_layout", "rechunk"]
 
 logger = logging.getLogger(__name__)
 
@@ -204,8 +204,14 @@ def _row_bytes(dset: h5py.Dataset) -> int:
     return max(1, int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize)
 
 
-def _choose_layout(dset: h5py.Dataset, layout: str, chunk_bytes: int) -> tuple[int, ...] | None:
-    """The target chunk shape (``None``: contiguous)."""
+def choose_layout(dset: h5py.Dataset, layout: str, chunk_bytes: int) -> tuple[int, ...] | None:
+    """The chunk shape a copy of ``dset`` gets for ``layout`` (``None``: contiguous).
+
+    ``ConfigError`` for ``"contiguous"`` where the source has filters or can grow. Example:
+        >>> f = h5py.File("x.h5", "w", driver="core", backing_store=False)
+        >>> choose_layout(f.create_dataset("x", (10, 4), "f4", maxshape=(None, 4)), "auto", 32)
+        (2, 4)
+    """
     filtered = dset.id.get_create_plist().get_nfilters() > 0
     growable = dset.maxshape != dset.shape
     if layout == "contiguous" and (filtered or growable):
@@ -478,7 +484,7 @@ def _rechunk_one(
         with _open_source(source) as src_file:
             src = _dataset(src_file, key, source)
             with _reading(source, f"dataset {key!r}"):
-                chunks = _choose_layout(src, layout, chunk_bytes)
+                chunks = choose_layout(src, layout, chunk_bytes)
             nbytes = int(src.size) * src.dtype.itemsize
             total = max(1, nbytes)
 
@@ -581,7 +587,7 @@ def rechunk(
         with _open_source(source) as f:
             dset = _dataset(f, key, source)
             with _reading(source, f"dataset {key!r}"):
-                _choose_layout(dset, layout, chunk_bytes)
+                choose_layout(dset, layout, chunk_bytes)
     out.mkdir(parents=True, exist_ok=True)
     return [
         _rechunk_one(source, target, key, layout, chunk_bytes, block_bytes, progress)

@@ -37,7 +37,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from loaderkit.hdf5.convert.rechunk import CHUNK_BYTES, _choose_layout, rechunk
+from loaderkit.hdf5.convert.rechunk import CHUNK_BYTES, choose_layout, rechunk
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
 
 __all__ = ["FORK_GUARD", "RowsTransform", "cached_record", "rows_key"]
@@ -89,7 +89,7 @@ def cached_record(
     if layout != "rows" or spec is None or not record.layouts:
         return record
     dset = f[spec.path]
-    chunks = _choose_layout(dset, "auto", CHUNK_BYTES)
+    chunks = choose_layout(dset, "auto", CHUNK_BYTES)
     first = record.layouts[0]
     if chunks is None:
         stored = first._replace(chunk_rows=None, chunk_bytes=None, chunk_shape=None)

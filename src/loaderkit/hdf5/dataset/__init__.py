@@ -8,7 +8,7 @@ The top stage: imports go down only, to ``loaderkit.hdf5.remote``, ``convert``, 
   reading, pickling, and its ``LoaderSupport``; it holds
   ``loaderkit.hdf5.read.reader.SessionReader`` (the index, the open files), the parts below and
   ``remote.cachedsessions.CachedSessions`` (``ds.cached_sessions``);
-- ``hooks``: which hooks a dataset class overrides, and so how it reads batches (``ReadMode``);
+- ``readmode``: which hooks a dataset class overrides, and so how it reads batches (``ReadMode``);
 - ``arguments``: its constructor arguments, checked and normalised once;
 - ``inspection``: what every file holds, read once at construction, and the reader over it;
 - ``accessors``: ``SessionHandles`` (``ds.handles``): open files, read paths, types;

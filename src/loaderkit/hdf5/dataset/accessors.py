@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from loaderkit.hdf5.dataset.hooks import ReadMode, describe_read_path
+from loaderkit.hdf5.dataset.readmode import ReadMode, describe_read_path
 from loaderkit.hdf5.meta.index import unpack_index
 from loaderkit.hdf5.meta.inventory import sample_type
 from loaderkit.hdf5.meta.types import Kind, RowType

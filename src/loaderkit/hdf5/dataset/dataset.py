@@ -39,8 +39,8 @@ from loaderkit.hdf5.dataset.arguments import (
     normalize_files,
 )
 from loaderkit.hdf5.dataset.budgeting import DatasetBudgets
-from loaderkit.hdf5.dataset.hooks import ReadMode, overrides, read_mode, uses_default_read
 from loaderkit.hdf5.dataset.inspection import DatasetInspection
+from loaderkit.hdf5.dataset.readmode import ReadMode, overrides, read_mode, uses_default_read
 from loaderkit.hdf5.meta.index import (
     ROW_BITS,
     ROW_MASK,

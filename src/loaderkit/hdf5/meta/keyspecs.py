@@ -81,5 +81,5 @@ def read_slab(dset: h5py.Dataset, axis: int, start: int, length: int, dtype: np.
     out = np.empty(count, dtype)
     fspace = dset.id.get_space()
     fspace.select_hyperslab(offset, count)
-    dset.id.read(h5s.create_simple(count), fspace, out, dxpl=dset._dxpl)
+    dset.id.read(h5s.create_simple(count), fspace, out)  # HDF5's default transfer properties
     return out

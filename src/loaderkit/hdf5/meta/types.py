@@ -51,6 +51,7 @@ __all__ = [
     "Kind",
     "RowType",
     "decode_text",
+    "dict_rows",
     "row_type",
     "struct_of",
     "type_name",
@@ -143,8 +144,13 @@ def _text_list(value: Any) -> list[Any]:
     return _nested(decode_text, np.asarray(value).tolist())
 
 
-def _dicts(names: Sequence[str], columns: Sequence[Samples]) -> list[dict[str, Any]]:
-    """One dict per row from per-field sample builders."""
+def dict_rows(names: Sequence[str], columns: Sequence[Samples]) -> list[dict[str, Any]]:
+    """One dict per row from per-field sample builders (a compound's or several keys' rows).
+
+    Example:
+        >>> dict_rows(["a", "b"], [lambda: [1, 2], lambda: ["x", "y"]])
+        [{'a': 1, 'b': 'x'}, {'a': 2, 'b': 'y'}]
+    """
     rows = zip(*(column() for column in columns), strict=True)
     return [dict(zip(names, row, strict=True)) for row in rows]
 
@@ -350,7 +356,7 @@ class RowType:
             parts = {
                 name: parts.get(name) or sub.batch(values[name], alloc) for name, sub in self.parts
             }
-        samples = functools.partial(_dicts, list(parts), [part[0] for part in parts.values()])
+        samples = functools.partial(dict_rows, list(parts), [part[0] for part in parts.values()])
         collated = {name: part[1] for name, part in parts.items()}
         return samples, None if any(c is None for c in collated.values()) else collated
 

@@ -593,4 +593,4 @@ def read_direct(dset: h5py.Dataset, start: int, length: int, out: np.ndarray) ->
     count = (length, *out.shape[1:])
     fspace.select_hyperslab((start,) + (0,) * (len(count) - 1), count)
     mspace = h5s.create_simple(count)
-    dset.id.read(mspace, fspace, out, dxpl=dset._dxpl)
+    dset.id.read(mspace, fspace, out)  # HDF5's default transfer properties

@@ -37,7 +37,7 @@ import numpy as np
 from loaderkit.errors import ConfigError
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection, read_slab
-from loaderkit.hdf5.meta.types import Kind, RowType, Samples, _dicts
+from loaderkit.hdf5.meta.types import Kind, RowType, Samples, dict_rows
 from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.rawio import pread, pread_many, ring_reads, ring_worth
@@ -168,7 +168,7 @@ class SessionReader(SessionFiles):
         names = [spec.name for spec in self.specs]
         batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
         ragged = next((self._ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None)
-        rows = functools.partial(_dicts, names, [part[0] for part in parts])
+        rows = functools.partial(dict_rows, names, [part[0] for part in parts])
         return RowBatch(None if ragged else batch, rows, ragged=ragged)
 
     def _scratch(self, n: int, rt: RowType) -> np.ndarray:

@@ -12,6 +12,8 @@ import random
 import signal
 import threading
 import time
+import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,8 +22,8 @@ import torch
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
 from loaderkit import check_determinism, create_dataloader, worker_rng
-from loaderkit.errors import ConfigError
-from loaderkit.workers import threads as worker_threads
+from loaderkit.errors import ConfigError, PerformanceHint
+from loaderkit.workers import threadworkers as worker_threads
 from tests.conftest import WINDOWS, fake_platform
 from tests.helpers import (
     CountingIterable,
@@ -405,6 +407,62 @@ def test_windows_policy_loads_with_threads() -> None:
     assert loader.plan["worker_method"].value == "thread"
     assert "Windows" in loader.plan["worker_method"].reason
     assert loader.num_workers == 2 and len(_batches(loader)) == 3
+
+
+def _worker_count_advice(make: Callable[[], Any]) -> list[warnings.WarningMessage]:
+    """The warnings about the number of workers while a loader is built, iterated, closed."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = make()
+        _batches(loader)
+        loader.close()
+    return [w for w in caught if "suggested max number" in str(w.message)]
+
+
+def test_too_many_worker_threads_are_advised_in_words_for_threads() -> None:
+    # the CPUs come from the PlatformInfo: 2 here, whatever this machine has
+    two = fake_platform(usable_cpus=2)
+    for make in (
+        lambda: create_dataloader(
+            SquareDataset(8), batch_size=2, num_workers=4, worker_method="thread", platform=two
+        ),
+        # the Windows policy: its worker processes become threads, advised the same way
+        lambda: create_dataloader(
+            SquareDataset(8),
+            batch_size=2,
+            num_workers=4,
+            platform=fake_platform(**WINDOWS, usable_cpus=2),
+        ),
+    ):
+        advice = _worker_count_advice(make)
+        assert len(advice) == 2  # built, and the pass (torch warns of processes the same)
+        assert all(w.category is PerformanceHint for w in advice), advice
+        text = str(advice[0].message)
+        assert "This DataLoader will run 4 worker threads in this process" in text
+        assert "suggested max number of worker threads on this system is 2" in text
+        assert "Lower num_workers to 2 or fewer" in text
+        assert not any("worker processes" in str(w.message) for w in advice)
+    enough = _worker_count_advice(
+        lambda: create_dataloader(
+            SquareDataset(8), batch_size=2, num_workers=2, worker_method="thread", platform=two
+        )
+    )
+    assert enough == []
+
+
+def test_too_many_worker_processes_keep_torchs_own_advice() -> None:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = (cpus or 1) + 1
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        create_dataloader(SquareDataset(8), num_workers=n, worker_method="process").close()
+    advice = [w for w in caught if "suggested max number" in str(w.message)]
+    assert len(advice) == 1 and advice[0].category is UserWarning
+    assert str(advice[0].message).startswith(
+        f"This DataLoader will create {n} worker processes in total. Our suggested max number "
+        f"of worker in current system is {cpus}, which is smaller than what this DataLoader is "
+        "going to create."
+    )
 
 
 def test_windows_explicit_choices_win() -> None:

@@ -20,7 +20,8 @@ this module): ``get_worker_info`` returning its module global, the base iterator
 * ``create_fetcher``: torch's map/iterable fetcher (the same code a worker process runs).
 * ``thread_iterator``: torch's base iterator with the pass logic of its worker-process iterator
   (round-robin dispatch, ``prefetch_factor`` per worker, ``in_order``, iterable-dataset ends,
-  persistent reset), over a ``ThreadCarrier`` given from above (``loaderkit.workers.threads``).
+  persistent reset), over a ``ThreadCarrier`` given from above
+  (``loaderkit.workers.threadworkers``).
 
 Examples:
     >>> info = make_worker_info(id=0, num_workers=2, seed=5, dataset=[1])
@@ -193,7 +194,7 @@ class ThreadSetup:
 
 
 class ThreadCarrier(Protocol):
-    """The worker threads of one iterator (``loaderkit.workers.threads.WorkerThreads``)."""
+    """The worker threads of one iterator (``loaderkit.workers.threadworkers.WorkerThreads``)."""
 
     def put(self, worker_id: int, message: Any) -> None:
         """Send ``(task, indices)`` to worker ``worker_id``."""

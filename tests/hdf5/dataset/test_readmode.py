@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch.utils.data import Dataset
 
 from loaderkit import HDF5SessionDataset
-from loaderkit.hdf5.dataset.hooks import ReadMode, describe_read_path, read_mode
+from loaderkit.hdf5.dataset.readmode import ReadMode, describe_read_path, read_mode
 from loaderkit.hdf5.read.reader import SessionReader
 from tests.hdf5.helpers import Scaled, ScaledRows
 

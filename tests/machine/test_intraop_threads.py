@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from loaderkit import create_dataloader
+from loaderkit.machine.intraop_threads import THREAD_ENV, ThreadLimit, torch_threads
 from loaderkit.machine.platform import PlatformInfo
-from loaderkit.machine.threads import THREAD_ENV, ThreadLimit, torch_threads
 from loaderkit.policy import resolve_main_threads
 from tests.conftest import fake_platform
 
@@ -143,7 +143,7 @@ def test_below_the_limit_nothing_changes() -> None:
 def test_what_counts_as_chosen(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in THREAD_ENV:
         monkeypatch.delenv(name, raising=False)
-    import loaderkit.machine.threads as threads_module
+    import loaderkit.machine.intraop_threads as threads_module
 
     monkeypatch.setattr(threads_module, "_TORCH_DEFAULT", 4)
     assert torch_threads() == (4, False)  # torch's own count
