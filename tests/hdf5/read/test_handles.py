@@ -256,3 +256,23 @@ def test_a_batch_reads_its_other_sessions_while_another_thread_reads_one_whole(
     assert rows.tobytes() == expected.tobytes()
     assert ds.budgets.held_info().loads == 2
     ds.close()
+
+
+def test_the_hook_lock_knows_its_holder() -> None:
+    """``held()`` is true in the holding thread only, through nested holds, until the last."""
+    import threading
+
+    from loaderkit.hdf5.read.hooklock import HookLock
+
+    freed: list[bool] = []
+    lock = HookLock(lambda: freed.append(True))
+    seen: list[bool] = []
+    assert not lock.held()
+    with lock:
+        with lock:
+            assert lock.held()
+            other = threading.Thread(target=lambda: seen.append(lock.held()))
+            other.start()
+            other.join()
+        assert lock.held() and not freed  # the inner release is not the outermost
+    assert not lock.held() and freed == [True] and seen == [False]

@@ -702,10 +702,10 @@ class HDF5SessionDataset(Dataset):
         return check_index(index, self._reader.index.shape[0])
 
     def __getitem__(self, index: int) -> Any:
-        i = self._check_index(index)
-        key = int(self._reader.index[i])
-        pos, row = key >> ROW_BITS, key & ROW_MASK
         reader = self._reader
+        i = check_index(index, reader.index.shape[0])
+        key = int(reader.index[i])
+        pos, row = key >> ROW_BITS, key & ROW_MASK
         if self._item_fast:  # no lock: the handle is leased for the read
             sample = reader.read_one(i, pos, row)
         else:

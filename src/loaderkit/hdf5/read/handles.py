@@ -478,7 +478,7 @@ class HandleCache:
 
     def _sweep(self) -> None:
         """Close what waited for ``lock`` (its outermost holder let go)."""
-        if any(not h.readers for h in self._closing):
+        if self._closing and any(not h.readers for h in self._closing):
             self._close_ready()
 
     def _warn_inherited(self, key: Hashable) -> None:

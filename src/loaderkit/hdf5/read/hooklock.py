@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 __all__ = ["HookLock"]
 
+_get_ident = threading.get_ident
+
 
 class HookLock:
     """A re-entrant lock that tells the cache when its owner lets go of it entirely.
@@ -35,6 +37,7 @@ class HookLock:
     def __init__(self, on_free: Callable[[], None]) -> None:
         self._rlock = threading.RLock()
         self._depth = 0
+        self._owner: int | None = None
         self._on_free = on_free
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
@@ -42,18 +45,34 @@ class HookLock:
         got = self._rlock.acquire(blocking, timeout)
         if got:
             self._depth += 1
+            self._owner = _get_ident()
         return got
 
     def release(self, *, notify: bool = True) -> None:
         """Release it once; the outermost release lets the cache close what waits."""
         self._depth -= 1
         outermost = self._depth == 0
+        if outermost:
+            self._owner = None
         self._rlock.release()
         if outermost and notify:
             self._on_free()
 
-    def __enter__(self) -> bool:
-        return self.acquire()
+    def held(self) -> bool:
+        """Whether the calling thread holds it: no retired handle is closed meanwhile."""
+        return self._owner == _get_ident()
+
+    def __enter__(self) -> bool:  # acquire and release inlined: one per hooked sample
+        self._rlock.acquire()
+        self._depth += 1
+        self._owner = _get_ident()
+        return True
 
     def __exit__(self, *exc: object) -> None:
-        self.release()
+        self._depth -= 1
+        if self._depth:
+            self._rlock.release()
+            return
+        self._owner = None
+        self._rlock.release()
+        self._on_free()

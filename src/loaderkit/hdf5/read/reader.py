@@ -79,14 +79,16 @@ class SessionReader(SessionFiles):
     def read_one(self, index: int, pos: int, row: int) -> Any:
         """Sample ``index`` (session ``pos``, ``row``) as the default ``read`` returns it.
 
-        No lock is held: the handle is leased for the read.
+        The handle is leased for the read, unless this thread holds the hook lock (a subclass's
+        ``read`` calling ``super().read()``): no handle is closed under it.
 
         Raises:
             ConfigError: The rows have no torch type (``type_error``), raised at this call.
         """
         if self.type_error is not None:
             raise ConfigError(str(self.type_error))
-        handle = self.leased(pos, row, index)
+        locked = self.cache.lock.held()
+        handle = self.handle(pos, row, index) if locked else self.leased(pos, row, index)
         try:
             if self.single:
                 value = self._one(handle, 0, pos, row, index)
@@ -102,7 +104,8 @@ class SessionReader(SessionFiles):
         except Exception as exc:
             raise self.read_error(exc, pos, range(row, row + 1), index) from exc
         finally:
-            self.cache.release(handle)
+            if not locked:
+                self.cache.release(handle)
         return value
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
