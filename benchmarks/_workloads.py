@@ -15,7 +15,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-__all__ = ["WORKLOADS", "Workload", "make_workload", "session_rows"]
+__all__ = ["WORKLOADS", "IndexOnly", "Workload", "make_workload", "session_rows"]
 
 
 @dataclass(frozen=True)
@@ -101,3 +101,36 @@ def make_workload(root: Path, workload: Workload, *, quick: bool = False) -> lis
             f.create_dataset("betas", data=session_rows(workload, session, rows), **kwargs)
         paths.append(path)
     return paths
+
+
+class IndexOnly:
+    """Sessions without files, for the sampler: ``loader_support()`` answers the index.
+
+    ``sessions`` sessions of ``rows`` rows each, stored in chunks of ``chunk_rows`` rows (0:
+    contiguous); the block sampler interleaves at most ``max_open_files`` sessions.
+    """
+
+    def __init__(self, sessions: int, rows: int, chunk_rows: int = 0, max_open_files: int = 8):
+        from loaderkit.support import SessionIndex
+
+        self.chunk_rows = chunk_rows
+        self.index = SessionIndex(
+            positions=np.repeat(np.arange(sessions), rows),
+            rows=np.tile(np.arange(rows), sessions),
+            chunk_rows=np.full(sessions, max(chunk_rows, 1), np.int64),
+            open_files=max_open_files,
+        )
+
+    def __len__(self) -> int:
+        return int(self.index.positions.shape[0])
+
+    def loader_support(self) -> object:
+        from loaderkit.support import LoaderSupport, SessionIndex
+
+        index = self.index
+
+        class Sessions(LoaderSupport):
+            def session_index(self) -> SessionIndex:
+                return index
+
+        return Sessions()

@@ -27,12 +27,13 @@ import numpy as np
 
 try:
     from _cli import emit, parser
+    from _workloads import IndexOnly
 except ImportError:  # imported from elsewhere
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _cli import emit, parser
+    from _workloads import IndexOnly
 
 from loaderkit.hdf5 import BlockShuffleSampler
-from loaderkit.support import LoaderSupport, SessionIndex
 
 __all__ = ["CONFIGS", "locality", "main", "measure"]
 
@@ -47,32 +48,7 @@ CONFIGS: tuple[tuple[str, int, int, int, int | None, int, tuple[int, ...]], ...]
 )
 
 
-class _IndexOnly:
-    """Just enough of a dataset for the sampler: its ``LoaderSupport`` answers the index."""
-
-    def __init__(self, sessions: int, rows: int, chunk_rows: int, max_open_files: int = 8):
-        self.chunk_rows = chunk_rows  # 0: contiguous
-        self.index = SessionIndex(
-            positions=np.repeat(np.arange(sessions), rows),
-            rows=np.tile(np.arange(rows), sessions),
-            chunk_rows=np.full(sessions, max(chunk_rows, 1), np.int64),
-            open_files=max_open_files,
-        )
-
-    def __len__(self) -> int:
-        return int(self.index.positions.shape[0])
-
-    def loader_support(self) -> LoaderSupport:
-        index = self.index
-
-        class Sessions(LoaderSupport):
-            def session_index(self) -> SessionIndex:
-                return index
-
-        return Sessions()
-
-
-def locality(dataset: _IndexOnly, order: np.ndarray, batch_size: int) -> dict[str, float]:
+def locality(dataset: IndexOnly, order: np.ndarray, batch_size: int) -> dict[str, float]:
     """Mean slab reads, rows, chunks and sessions per batch of ``batch_size`` over ``order``."""
     pos, rows = dataset.index.positions, dataset.index.rows
     sess, row = pos[order], rows[order]
@@ -104,7 +80,7 @@ def measure(
     seeds: Sequence[int] = (0, 1, 2, 3),
 ) -> dict[str, dict[str, float]]:
     """Per-batch locality of both orders, averaged over ranks, epochs and seeds."""
-    dataset = _IndexOnly(sessions, rows, chunk_rows)
+    dataset = IndexOnly(sessions, rows, chunk_rows)
     out: dict[str, dict[str, float]] = {}
     for label, extra in (("per-rank", {}), ("elastic", {"batch_size": batch_size})):
         stats: list[dict[str, float]] = []

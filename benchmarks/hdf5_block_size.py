@@ -25,13 +25,14 @@ from typing import Any
 import numpy as np
 
 try:
+    from _workloads import IndexOnly
     from hdf5_read import run_benchmark
 except ImportError:  # imported from elsewhere
     sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _workloads import IndexOnly
     from hdf5_read import run_benchmark
 
 from loaderkit.hdf5 import BlockShuffleSampler
-from loaderkit.support import LoaderSupport, SessionIndex
 
 __all__ = ["main", "randomness"]
 
@@ -39,35 +40,11 @@ BATCH = 64
 BLOCK_SIZES = (1, 4, 8, 16, 32, 64)
 
 
-class _IndexOnly:
-    """Just enough of a dataset for the sampler: its ``LoaderSupport`` answers the index."""
-
-    def __init__(self, sessions: int, rows: int, max_open_files: int = 8) -> None:
-        self.index = SessionIndex(
-            positions=np.repeat(np.arange(sessions), rows),
-            rows=np.tile(np.arange(rows), sessions),
-            chunk_rows=np.ones(sessions, np.int64),
-            open_files=max_open_files,
-        )
-
-    def __len__(self) -> int:
-        return int(self.index.positions.shape[0])
-
-    def loader_support(self) -> LoaderSupport:
-        index = self.index
-
-        class Sessions(LoaderSupport):
-            def session_index(self) -> SessionIndex:
-                return index
-
-        return Sessions()
-
-
 def randomness(
     sessions: int, rows: int, block_size: int, *, window: int | None = None, seed: int = 0
 ) -> dict[str, float]:
     """Per-batch and per-session statistics of one epoch of the sampler's order."""
-    ds = _IndexOnly(sessions, rows)
+    ds = IndexOnly(sessions, rows)
     order = BlockShuffleSampler(ds, seed=seed, block_size=block_size, window=window).indices()
     pos, rows_ = ds.index.positions, ds.index.rows
     sess, row = pos[order], rows_[order]

@@ -49,6 +49,19 @@ def _want(ds: HDF5SessionDataset, order: list[int]) -> np.ndarray:
     return np.stack([expected(ds, i) for i in order])
 
 
+def _ring_calls(monkeypatch: pytest.MonkeyPatch, count: Any = len) -> list[Any]:
+    """Record ``count(reads)`` of every ring call (``Ring.read_table``) from now on."""
+    calls: list[Any] = []
+    real = uring.Ring.read_table
+
+    def counted(ring: uring.Ring, buffer: np.ndarray, reads: np.ndarray) -> np.ndarray:
+        calls.append(count(reads))
+        return real(ring, buffer, reads)
+
+    monkeypatch.setattr(uring.Ring, "read_table", counted)
+    return calls
+
+
 def test_scattered_reads_land_where_asked(
     data_file: tuple[int, np.ndarray], ring: uring.Ring
 ) -> None:
@@ -168,14 +181,7 @@ def test_a_batch_over_sessions_is_one_ring_call(
     paths = write_sessions(tmp_path, [20, 12, 9])
     ds = HDF5SessionDataset(paths, key="betas")
     _batch(ds, [0, 20, 35])  # every file open
-    calls: list[int] = []
-    real = uring.Ring.read_table
-
-    def counted(ring: uring.Ring, buffer: np.ndarray, reads: np.ndarray) -> np.ndarray:
-        calls.append(len(set(reads[:, 0].tolist())))
-        return real(ring, buffer, reads)
-
-    monkeypatch.setattr(uring.Ring, "read_table", counted)
+    calls = _ring_calls(monkeypatch, lambda reads: len(set(reads[:, 0].tolist())))  # files
     assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
     assert calls == [3]  # one call, three files
     ds.close()
@@ -221,14 +227,7 @@ def test_long_runs_and_few_reads_are_left_to_pread(
 ) -> None:
     paths = write_sessions(tmp_path, [40, 12], row_shape=(64, 64))  # 32 KiB rows (float64)
     ds = HDF5SessionDataset(paths, key="betas")
-    calls: list[int] = []
-    real = uring.Ring.read_table
-
-    def counted(ring: uring.Ring, buffer: np.ndarray, reads: np.ndarray) -> np.ndarray:
-        calls.append(len(reads))
-        return real(ring, buffer, reads)
-
-    monkeypatch.setattr(uring.Ring, "read_table", counted)
+    calls = _ring_calls(monkeypatch)
     for order, ring_reads in (
         ([0, 1, 2, 3, 41], []),  # a 128 KiB run and one row: pread both
         ([5, 40, 20], []),  # 3 short reads: fewer than RING_MIN_READS
@@ -250,14 +249,7 @@ def test_one_thread_reads_each_run_with_its_own_preadv(
     paths = write_sessions(tmp_path, [20, 12, 9])
     ds = HDF5SessionDataset(paths, key="betas")
     _batch(ds, [0, 20, 35])  # every file open
-    calls: list[int] = []
-    real = uring.Ring.read_table
-
-    def counted(ring: uring.Ring, buffer: np.ndarray, reads: np.ndarray) -> np.ndarray:
-        calls.append(len(reads))
-        return real(ring, buffer, reads)
-
-    monkeypatch.setattr(uring.Ring, "read_table", counted)
+    calls = _ring_calls(monkeypatch)
     assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
     assert calls == []
     ds.close()
@@ -272,13 +264,9 @@ def test_a_thread_reading_beside_another_reads_through_the_ring(
     ds = HDF5SessionDataset(paths, key="betas")
     _batch(ds, [0, 20, 35])
     entered, leave = threading.Event(), threading.Event()
-    calls: list[int] = []
-    real_table, real_preadv = uring.Ring.read_table, os.preadv
+    calls = _ring_calls(monkeypatch)
+    real_preadv = os.preadv
     blocked: list[threading.Thread] = []
-
-    def counted(ring: uring.Ring, buffer: np.ndarray, reads: np.ndarray) -> np.ndarray:
-        calls.append(len(reads))
-        return real_table(ring, buffer, reads)
 
     def held(fd: int, buffers: Any, offset: int, *flags: int) -> int:
         if threading.current_thread() in blocked:  # the first thread stays inside its read
@@ -286,7 +274,6 @@ def test_a_thread_reading_beside_another_reads_through_the_ring(
             assert leave.wait(30)
         return real_preadv(fd, buffers, offset, *flags)
 
-    monkeypatch.setattr(uring.Ring, "read_table", counted)
     monkeypatch.setattr(os, "preadv", held)
     got: list[np.ndarray] = []
     first = threading.Thread(target=lambda: got.append(_batch(ds, [1, 2, 3, 21])))
