@@ -241,3 +241,20 @@ def test_truncated_file_is_an_error_never_a_short_row(tmp_path: Path) -> None:
         os.truncate(path, min(size - 1, end + 40))
         with pytest.raises(HDF5FileError):
             ds.__getitems__(list(range(150, 200)))
+
+
+def test_block_order_cuts_cells_by_the_block_size_not_by_value_chunks(
+    corpus: tuple[list[Path], np.ndarray],
+) -> None:
+    """A chunk of ``data`` holds values, not rows: blocks are the sampler's rows alone."""
+    from loaderkit.hdf5 import DEFAULT_BLOCK_SIZE
+
+    paths, _ = corpus
+    with HDF5SessionDataset(paths, key="X") as ds:
+        index = ds.loader_support().session_index()
+        assert index.chunk_rows.tolist() == [1] * len(paths)
+        order = np.array(list(BlockShuffleSampler(ds, seed=0)))
+        pos, rows = index.positions[order], index.rows[order]
+        starts = np.flatnonzero((pos[1:] != pos[:-1]) | (rows[1:] - rows[:-1] != 1)) + 1
+        runs = np.diff(np.concatenate(([0], starts, [order.size])))
+        assert runs.max() < 8 * DEFAULT_BLOCK_SIZE  # shuffled blocks, not whole sessions

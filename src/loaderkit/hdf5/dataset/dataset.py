@@ -832,15 +832,10 @@ class _SessionSupport(LoaderSupport):
         ds = self.dataset
         reader = ds._reader
         positions, rows = unpack_index(reader.index)
-        chunk_rows = np.ones(len(reader.ids), np.int64)
-        for p, record in enumerate(reader.records):
-            layout = record.layouts[0] if record.layouts else None
-            if layout is not None and layout.chunk_rows:
-                chunk_rows[p] = layout.chunk_rows
         return SessionIndex(
             positions=np.asarray(positions, np.int64),
             rows=np.asarray(rows, np.int64),
-            chunk_rows=chunk_rows,
+            chunk_rows=np.array(reader.chunk_rows(), np.int64),
             open_files=ds.budgets.max_open_files,
             held_sessions=ds.budgets.held_capacity,
         )

@@ -103,6 +103,14 @@ class CSRReader(SessionReader):
         """Rows (cells) per session: the groups' ``shape[0]``."""
         return [group.n_obs for group in self.groups]
 
+    def chunk_rows(self) -> list[int]:
+        """1 for every session: a row is a span of ``data``, not rows of a chunked array.
+
+        A chunk of ``data`` holds a number of values, not of rows (anndata: 15,625 values, a
+        few dozen cells); blocks of rows are cut by the block sampler's size alone.
+        """
+        return [1] * len(self.groups)
+
     def configure(self, form: str, genes: Any = None) -> None:
         """Serve rows as ``form`` (one of ``FORMS``), only the columns ``genes`` selects.
 

@@ -72,6 +72,13 @@ class SessionReader(SessionFiles):
         """Samples per session the default ``build_index`` counts: rows of the first key."""
         return [rec.layouts[0].rows if rec.layouts else 0 for rec in self.records]
 
+    def chunk_rows(self) -> list[int]:
+        """Rows per storage chunk of each session (1 where rows are stored contiguously).
+
+        The block sampler cuts blocks at chunk bounds, so that each chunk is read once.
+        """
+        return [(rec.layouts[0].chunk_rows or 1) if rec.layouts else 1 for rec in self.records]
+
     def threads_reading(self) -> int:
         """How many threads are inside a batch read of this reader now (this one included)."""
         return len(self.reading)
