@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -319,12 +320,19 @@ class CSRReader(SessionReader):
         try:
             if any(m is not None for m in handle.maps):  # never fault on a truncated map
                 self.verify(handle, pos, "rows", index)
+            first, last = np.array(firsts, np.int64), np.array(lasts, np.int64)
+            runs = (begin[first], end[last - 1] - begin[first], offsets[first])
+            done = [
+                self._pread_pieces(handle, k, *runs, out) for k, out in ((0, values), (1, cols))
+            ]
             for r0, r1 in zip(firsts, lasts, strict=True):
                 a, length = int(begin[r0]), int(end[r1 - 1] - begin[r0])
                 if not length:
                     continue
                 o0 = int(offsets[r0])
                 for k, out in ((0, values), (1, cols)):
+                    if done[k]:
+                        continue
                     try:
                         self._span(handle, k, pos, a, length, out[o0 : o0 + length], index)
                     except MemoryError:
@@ -337,6 +345,60 @@ class CSRReader(SessionReader):
             raise
         self._done(handle, pos, index)
         self._check_columns(cols, offsets, s0, s1, srows, pos, idx, order)
+
+    def _pread_pieces(
+        self,
+        handle: Handle,
+        k: int,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        at: np.ndarray,
+        out: np.ndarray,
+    ) -> bool:
+        """Every run of key ``k`` read with one ``os.preadv`` per piece, the pieces planned at once.
+
+        A run ``[starts[i], starts[i] + lengths[i])`` of elements goes to ``out[at[i]:]``; a
+        piece is its part in one chunk (uncompressed chunks, anndata's default: their file
+        offsets from the chunk index) or the whole run (contiguous data). Returns ``False``,
+        leaving the reads to ``_span`` (which names what fails), where the key is compressed or
+        read through h5py, a chunk was never written, or a read came back short.
+        """
+        chunked, raw = handle.chunked[k], handle.raws[k]
+        keep = lengths > 0
+        starts, lengths, at = starts[keep], lengths[keep], at[keep]
+        item = out.dtype.itemsize
+        if raw is not None:
+            fd, where, into, nbytes = raw[0], raw[1] + starts * item, at * item, lengths * item
+        elif (
+            chunked is not None
+            and not chunked.filters
+            and chunked.offsets is not None
+            and len(chunked.shape) == 1
+            and out.dtype == chunked.dtype
+        ):
+            size = chunked.chunks[0]
+            first = starts // size
+            count = (starts + lengths - 1) // size - first + 1
+            run = np.repeat(np.arange(starts.size), count)
+            ahead = np.cumsum(count) - count  # pieces before each run
+            chunk = first[run] + np.arange(run.size) - ahead[run]
+            lo = np.maximum(starts[run], chunk * size)
+            hi = np.minimum((starts + lengths)[run], (chunk + 1) * size)
+            located = chunked.offsets[chunk]
+            if located.size and int(located.min()) < 0:  # never written: the fill value
+                return False
+            fd, where = chunked.fd, located + (lo - chunk * size) * item
+            into, nbytes = (at[run] + lo - starts[run]) * item, (hi - lo) * item
+        else:
+            return False
+        with out.view(np.uint8).data as flat:
+            for offset, o, n in zip(where.tolist(), into.tolist(), nbytes.tolist(), strict=True):
+                try:
+                    if os.preadv(fd, [flat[o : o + n]], offset) < n:
+                        return False
+                except OSError:
+                    return False
+        return True
 
     def _span(
         self, handle: Handle, k: int, pos: int, a: int, length: int, out: np.ndarray, index: int
