@@ -83,3 +83,43 @@ def test_var_difference_says_how() -> None:
     assert var_difference(["a", "b"], ["a", "b"]) is None
     assert var_difference(["a", "b"], ["a"]) == "it has 1 genes where the first file has 2"
     assert "position 1 holds 'c'" in str(var_difference(["a", "b"], ["a", "c"]))
+
+
+def test_a_var_index_written_with_pandas_3_is_read(tmp_path: Path) -> None:
+    """anndata with pandas 3 stores string columns as ``nullable-string-array`` groups."""
+    from loaderkit import HDF5SessionDataset
+    from loaderkit.hdf5.meta.anndata import categories, var_names
+    from tests.hdf5.h5adfiles import matrix
+
+    path = tmp_path / "p3.h5ad"
+    m = matrix(4)
+    genes = [f"gene{i}" for i in range(m.shape[1])]
+    with h5py.File(path, "w") as f:
+        x = f.create_group("X")
+        x.attrs["encoding-type"], x.attrs["encoding-version"] = "csr_matrix", "0.1.0"
+        x.attrs["shape"] = np.array(m.shape)
+        for part in ("data", "indices", "indptr"):
+            x.create_dataset(part, data=getattr(m, part))
+        var = f.create_group("var")
+        var.attrs["_index"], var.attrs["encoding-type"] = "_index", "dataframe"
+        index = var.create_group("_index")
+        index.attrs["encoding-type"], index.attrs["na-value"] = "nullable-string-array", "NaN"
+        index.create_dataset(
+            "values", data=np.array(genes, dtype=object), dtype=h5py.string_dtype()
+        )
+        index.create_dataset("mask", data=np.zeros(len(genes), bool))
+        ct = f.create_group("obs").create_group("ct")
+        ct.attrs["encoding-type"] = "categorical"
+        ct.create_dataset("codes", data=np.zeros(m.shape[0], np.int8))
+        cats = ct.create_group("categories")
+        cats.attrs["encoding-type"] = "nullable-string-array"
+        cats.create_dataset(
+            "values", data=np.array(["B", "T"], dtype=object), dtype=h5py.string_dtype()
+        )
+        cats.create_dataset("mask", data=np.array([False, True]))
+    with h5py.File(path, "r") as f:
+        assert var_names(f, "var") == genes
+        assert categories(f["obs/ct"]) == ["B", "nan"]
+    with HDF5SessionDataset([path], key="X", sparse="dense", genes=["gene3", "gene1"]) as ds:
+        assert ds.handles.var_names == genes
+        np.testing.assert_array_equal(np.asarray(ds[5]), m.toarray()[5, [3, 1]])

@@ -12,7 +12,9 @@ attributes themselves):
 * ``var_path``/``var_names``/``var_difference``: the ``var`` index (gene names) a matrix's
   columns follow, current (``var/_index``) or legacy (a compound ``var`` table, ``index``
   field), and how two files' indexes differ.
-* ``is_categorical``/``categories``: categorical ``obs`` columns (``codes`` + ``categories``).
+* ``is_categorical``/``categories``: categorical ``obs`` columns (``codes`` + ``categories``);
+* ``string_array``: strings as anndata stores them (a dataset, or with pandas 3 a
+  ``nullable-string-array`` group of ``values`` and ``mask``).
 
 Example:
     >>> var_path("raw/X"), var_path("raw.X"), var_path("layers/counts")
@@ -36,6 +38,7 @@ __all__ = [
     "check_csr",
     "is_categorical",
     "sparse_group",
+    "string_array",
     "var_difference",
     "var_names",
     "var_path",
@@ -217,11 +220,47 @@ def var_path(key: str) -> str:
     return "var"
 
 
+def string_array(obj: Any) -> list[str] | None:
+    """The strings of an anndata string array, or ``None`` when ``obj`` holds none.
+
+    A dataset of strings (``string-array``), or a ``nullable-string-array`` group (anndata
+    with pandas 3: ``values`` and a boolean ``mask``; a masked entry reads as the group's
+    ``na-value``, default ``"nan"``).
+
+    Example:
+        >>> import h5py, numpy as np, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "s.h5ad")
+        >>> with h5py.File(path, "w") as f:
+        ...     g = f.create_group("names"); g.attrs["encoding-type"] = "nullable-string-array"
+        ...     _ = g.create_dataset("values", data=["a", "", "c"])
+        ...     _ = g.create_dataset("mask", data=np.array([False, True, False]))
+        ...     string_array(g), string_array(f.create_dataset("plain", data=["x"]))
+        (['a', 'nan', 'c'], ['x'])
+    """
+    if isinstance(obj, h5py.Dataset):
+        return [_text(v) for v in np.asarray(obj[()]).reshape(-1)]
+    if isinstance(obj, h5py.Group) and _text(obj.attrs.get("encoding-type", "")) == (
+        "nullable-string-array"
+    ):
+        values = obj.get("values")
+        if not isinstance(values, h5py.Dataset):
+            return None
+        names = [_text(v) for v in np.asarray(values[()]).reshape(-1)]
+        mask = obj.get("mask")
+        if isinstance(mask, h5py.Dataset):
+            na = _text(obj.attrs.get("na-value", "nan")).lower()
+            for i in np.flatnonzero(np.asarray(mask[()], bool)).tolist():
+                names[i] = na
+        return names
+    return None
+
+
 def var_names(f: h5py.File, path: str) -> list[str] | None:
     """The ``var`` index (gene names, in column order) at ``path``, or ``None`` if there is none.
 
-    Current files: a group whose ``_index`` attribute names the index dataset. Legacy files:
-    a compound table with an ``index`` field.
+    Current files: a group whose ``_index`` attribute names the index (a string array, or
+    with pandas 3 a ``nullable-string-array`` group). Legacy files: a compound table with an
+    ``index`` field.
 
     Example:
         >>> import h5py, tempfile, os
@@ -235,10 +274,7 @@ def var_names(f: h5py.File, path: str) -> list[str] | None:
     obj = f.get(path)
     if isinstance(obj, h5py.Group):
         name = _text(obj.attrs.get("_index", "_index"))
-        index = obj.get(name)
-        if not isinstance(index, h5py.Dataset):
-            return None
-        return [_text(v) for v in index[()]]
+        return string_array(obj.get(name))
     if isinstance(obj, h5py.Dataset) and obj.dtype.names and "index" in obj.dtype.names:
         return [_text(v) for v in obj["index"]]
     return None
@@ -285,4 +321,4 @@ def categories(obj: h5py.Group) -> list[str]:
         ...     is_categorical(g), categories(g)
         (True, ['B', 'T'])
     """  # noqa: E501
-    return [_text(v) for v in obj["categories"][()]]
+    return string_array(obj.get("categories")) or []
