@@ -73,10 +73,7 @@ class SessionReader(SessionFiles):
         return [rec.layouts[0].rows if rec.layouts else 0 for rec in self.records]
 
     def chunk_rows(self) -> list[int]:
-        """Rows per storage chunk of each session (1 where rows are stored contiguously).
-
-        The block sampler cuts blocks at chunk bounds, so that each chunk is read once.
-        """
+        """Rows per storage chunk of each session (1: contiguous): where blocks are cut."""
         return [(rec.layouts[0].chunk_rows or 1) if rec.layouts else 1 for rec in self.records]
 
     def threads_reading(self) -> int:
