@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from loaderkit import HDF5SessionDataset
-from loaderkit.hdf5.read import rawio, reader, uring
+from loaderkit.hdf5.read import pieceio, rawio, reader, uring
 from loaderkit.hdf5.read.rawio import pread_cached
 from tests.hdf5.helpers import expected, run_in_threads, write_sessions
 
@@ -156,7 +156,7 @@ def test_a_partial_copy_is_finished_by_pread_at_the_right_byte(
 def test_without_rwf_nowait_every_row_is_read_by_pread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rawio, "_NOWAIT", None)
+    monkeypatch.setattr(rawio, "NOWAIT", None)
     paths = write_sessions(tmp_path, [20, 12, 9])
     ds = HDF5SessionDataset(paths, key="betas")
     assert pread_cached(ds._reader.cache.get(0).raws[0], np.zeros(3, "f4"), [(0, 0, 12)]) == [0]
@@ -193,7 +193,7 @@ def test_a_filesystem_that_refuses_the_flag_is_remembered_per_file(
         return real_preadv(fd, buffers, offset, flags)
 
     monkeypatch.setattr(rawio.os, "preadv", counting)
-    monkeypatch.setattr(rawio, "_NO_NOWAIT", type(rawio._NO_NOWAIT)())  # nothing learnt yet
+    monkeypatch.setattr(pieceio, "_NO_NOWAIT", {})  # nothing learnt yet
     rows = np.arange(16, dtype="i4").tobytes()
     refusing, allowing = shm / f"loaderkit-rows-{os.getpid()}", tmp_path / "rows.bin"
     refusing.write_bytes(rows)

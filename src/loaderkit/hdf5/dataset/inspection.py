@@ -35,10 +35,12 @@ from loaderkit.hdf5.meta.layout import (
     open_kwargs,
 )
 from loaderkit.hdf5.meta.types import RowType
+from loaderkit.hdf5.read.csrplan import read_around
 from loaderkit.hdf5.read.csrrows import CSRReader, csr_sessions
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.remote.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
 from loaderkit.hdf5.remote.sources import SessionSources
+from loaderkit.machine.platform import memory_bytes
 from loaderkit.storage import ObjectInfo
 
 __all__ = ["DatasetInspection"]
@@ -205,9 +207,11 @@ class DatasetInspection:
         files = list(zip(self._ids, self._paths, strict=True))
         check_rows(records, parts, files)
         types = row_types(records, parts, None, files, self._open_for_inspection)
+        sizes = [rec.identity.size for rec in records if rec.identity is not None]
         return CSRReader(
             groups=groups,
             var=var,
+            around=read_around(sum(sizes), memory_bytes()),
             ids=self._ids,
             paths=self._paths,
             canonical=self._canonical(records),

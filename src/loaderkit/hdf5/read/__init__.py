@@ -8,6 +8,7 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``hooklock``: ``HookLock``, the lock around reads that run user code or hand out h5py objects;
 - ``handles``: the per-process LRU cache of open files (``HandleCache``, ``HandleCacheInfo``);
 - ``uring``: many reads in one system call (Linux ``io_uring``, a ``Ring`` per thread);
+- ``pieceio``: many small reads at once, page cache first, the misses asked for together;
 - ``rawio``: ``os.preadv`` and ring reads, memory maps, chunk maps, direct ``H5Dread``;
 - ``codecs``: HDF5 filters decoded in the reading thread;
 - ``chunkio``: chunked rows read raw outside h5py (``ReadPath``);
@@ -18,5 +19,6 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``sessionfiles``: ``SessionFiles``, the reader's base: its state, open files and their checks;
 - ``widekeys``: keys whose rows span many chunks, read apart (functions over that state);
 - ``reader``: ``SessionReader``, the default reads of one or several keys;
+- ``csrplan``: where a batch of CSR rows lies (``SpanCatalog``: indptr and chunk tables);
 - ``csrrows``: ``CSRReader``, rows of CSR matrices (AnnData) read as runs of their spans.
 """

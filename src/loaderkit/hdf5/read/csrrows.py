@@ -26,7 +26,6 @@ Example:
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
@@ -46,7 +45,10 @@ from loaderkit.hdf5.meta.anndata import (
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.inventory import inspect_session
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
+from loaderkit.hdf5.read.chunkio import ReadPath
+from loaderkit.hdf5.read.csrplan import CONTIGUOUS, SpanCatalog, plan_pieces
 from loaderkit.hdf5.read.handles import Handle
+from loaderkit.hdf5.read.pieceio import read_pieces
 from loaderkit.hdf5.read.rawio import pread
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.workers.collate import Padded, RowBatch, batch_buffer
@@ -66,6 +68,8 @@ class CSRReader(SessionReader):
     Args:
         groups: Per session, its ``CSRGroup`` (rows, columns, path).
         var: The column names every session shares (``None``: the files have no ``var``).
+        around: Bytes read around a row the page cache misses, and why
+            (``csrplan.read_around``).
         **kwargs: ``SessionReader``'s arguments.
 
     Example:
@@ -74,9 +78,16 @@ class CSRReader(SessionReader):
     """
 
     def __init__(
-        self, *, groups: Sequence[CSRGroup], var: Sequence[str] | None, **kwargs: Any
+        self,
+        *,
+        groups: Sequence[CSRGroup],
+        var: Sequence[str] | None,
+        around: tuple[int, str] = (0, "not decided: a missed row's bytes alone are read"),
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        #: Bytes read around a row the page cache misses, and why (``csrplan.read_around``).
+        self.around = around
         self.groups = list(groups)
         self.n_vars = self.groups[0].n_vars if self.groups else 0
         self.var = None if var is None else list(var)
@@ -84,21 +95,29 @@ class CSRReader(SessionReader):
         #: Per column, its new number (-1: left out); ``None``: every column, as stored.
         self.remap: np.ndarray | None = None
         self.n_out = self.n_vars
-        self._indptrs: dict[int, np.ndarray] = {}
+        self._canon = np.asarray(self.canonical, np.int64)
+        self.catalog = SpanCatalog(self.session_rows())
         self._indptr_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state["_indptrs"] = None  # read again where needed: never pickled (8 bytes a cell)
+        state["catalog"] = None  # read again where needed: never pickled (8 bytes a cell)
         state["_indptr_lock"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
-        self._indptrs = {}
+        self.catalog = SpanCatalog(self.session_rows())
         self._indptr_lock = threading.Lock()
 
     # ------------------------------------------------------------------ configuration
+
+    def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
+        """Per key, how its rows are read (``ReadPath``), with what is read around a miss."""
+        return {
+            name: path._replace(reason=f"{path.reason}; {self.around[1]}") if k < 2 else path
+            for k, (name, path) in enumerate(super().read_paths(handle).items())
+        }
 
     def session_rows(self) -> list[int]:
         """Rows (cells) per session: the groups' ``shape[0]``."""
@@ -159,17 +178,17 @@ class CSRReader(SessionReader):
     def indptr(self, handle: Handle, pos: int) -> np.ndarray:
         """Session ``pos``'s ``indptr`` (int64), read once per process and held; checked."""
         key = self.canonical[pos]
-        held = self._indptrs.get(key)
+        held = self.catalog.indptr(key)
         if held is not None:
             return held
         group = self.groups[pos]
         with self._indptr_lock:
-            held = self._indptrs.get(key)
+            held = self.catalog.indptr(key)
             if held is None:
                 indptr = np.asarray(handle.file[group.indptr][()], dtype=np.int64)
                 nnz = [int(d.shape[0]) for d in handle.datasets[:2]]
                 check_csr(group, indptr, nnz[0], nnz[1], self.ids[pos], self.paths[pos])
-                self._indptrs[key] = held = indptr
+                held = self.catalog.hold_indptr(key, indptr)
         return held
 
     # ------------------------------------------------------------------ reads
@@ -236,33 +255,120 @@ class CSRReader(SessionReader):
         Column ids are renumbered by the gene subset (``configure``) and are ``int32`` or
         ``int64`` (as the file stores them, int64 for other integer types).
         """
+        got = self._read_planned(idx, keys)
+        lengths, values, cols = got if got is not None else self._read_sorted(idx, keys)
+        total = values.size
+        if self.types[0].swap:
+            values = values.astype(self.types[0].mem_dtype)
+        if cols.dtype not in (np.dtype(np.int32), np.dtype(np.int64)) or total >= 2**31:
+            cols = cols.astype(np.int64)
+        if self.remap is not None:
+            renumbered = self.remap[cols]
+            keep = renumbered >= 0
+            kept = np.zeros(total + 1, np.int64)
+            np.cumsum(keep, out=kept[1:])
+            crow = np.zeros(lengths.size + 1, np.int64)
+            np.cumsum(lengths, out=crow[1:])
+            lengths = kept[crow[1:]] - kept[crow[:-1]]
+            values, cols = values[keep], renumbered[keep].astype(cols.dtype)
+        return lengths, values, cols
+
+    def _buffers(self, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(offsets, values, column ids)``: each row's first element and the empty buffers."""
+        offsets = np.zeros(lengths.size + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        total = int(offsets[-1])
+        values = np.empty(total, self.types[0].read_dtype)
+        return offsets, values, np.empty(total, self.types[1].read_dtype)
+
+    def _read_planned(
+        self, idx: np.ndarray, keys: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Read a batch in request order with one ``os.preadv`` a piece, planned at once.
+
+        Every session's spans and chunk tables come from the catalog: rows back to back in
+        both the file and the batch are one run, each run's part in a chunk (or stretch of
+        chunks back to back) one read (``csrplan.plan_pieces``), every session's file leased
+        with one hold of the cache's mutex. Returns ``None`` where a session's ``indptr`` or
+        tables are not held yet or its file is not open, a chunk was never written, or a
+        read failed or came back short: ``_read_sorted`` then reads the batch session by
+        session and names what fails.
+        """
+        catalog = self.catalog
+        pos, rows = keys >> ROW_BITS, keys & ROW_MASK
+        cpos = self._canon[pos]  # where each row's file is held: its canonical session
+        if not catalog.known(cpos):
+            return None
+        begin, end = catalog.spans(cpos, rows)
+        lengths = end - begin
+        offsets, values, cols = self._buffers(lengths)
+        sessions, slot = np.unique(cpos, return_inverse=True)
+        leased = self.cache.lease_open(sessions.tolist())
+        if leased is None:
+            return None
+        try:
+            fds = np.array([[_fd_of(h, k) for h in leased] for k in (0, 1)], np.int64)
+            brk = np.flatnonzero((begin[1:] != end[:-1]) | (cpos[1:] != cpos[:-1])) + 1
+            first = np.concatenate(([0], brk))
+            length = np.concatenate((end[brk - 1], end[-1:])) - begin[first]
+            first, length = first[length > 0], length[length > 0]
+            runs = (cpos[first], begin[first], length, offsets[first])
+            for k, out in ((0, values), (1, cols)):
+                if not self._read_runs(out, fds[k], slot[first], *runs, k):
+                    return None
+        finally:
+            self.cache.release_all(leased)
+        self._check_columns(cols, offsets, 0, idx.size, pos, rows, idx, np.arange(idx.size))
+        return lengths, values, cols
+
+    def _read_runs(
+        self,
+        out: np.ndarray,
+        fds: np.ndarray,
+        slot: np.ndarray,
+        cpos: np.ndarray,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        at: np.ndarray,
+        k: int,
+    ) -> bool:
+        """Read runs of key ``k`` (every length > 0) into ``out``, planned from the catalog.
+
+        Run ``i``: elements ``starts[i]..`` of canonical session ``cpos[i]``'s file
+        ``fds[slot[i]]``, to element ``at[i]`` of ``out``. ``False`` where a chunk was never
+        written, a file is not read raw (fd < 0), or a read failed or came back short.
+        """
+        where, into, nbytes, run = plan_pieces(
+            *self.catalog.table(k, cpos), starts, lengths, at, out.itemsize
+        )
+        if where.size and (int(where.min()) < 0 or int(fds.min()) < 0):
+            return False
+        reads = (fds[slot[run]].tolist(), where.tolist(), into.tolist(), nbytes.tolist())
+        return read_pieces(out, *reads, around=self.around[0])
+
+    def _read_sorted(
+        self, idx: np.ndarray, keys: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Read a batch session by session in sorted order, then put it in request order.
+
+        The path of a batch the catalog cannot plan yet (it holds what this path reads) and
+        of every failure: each error names its file and rows.
+        """
         n = idx.size
         order = np.argsort(keys, kind="stable")
         skeys = keys[order]
         spos, srows = skeys >> ROW_BITS, skeys & ROW_MASK
         cuts = (np.flatnonzero(spos[1:] != spos[:-1]) + 1).tolist()
         segments = list(zip([0, *cuts], [*cuts, n], strict=True))
-        begin = np.empty(n, np.int64)  # each row's span in its file's data, sorted order
-        end = np.empty(n, np.int64)
-        for s0, s1 in segments:
-            p = int(spos[s0])
-            ptr = self._held_indptr(p, int(srows[s0]), int(idx[order[s0]]))
-            rows = srows[s0:s1]
-            begin[s0:s1] = ptr[rows]
-            end[s0:s1] = ptr[rows + 1]
+        cspos = self._canon[spos]
+        for s0, _ in segments:
+            if self.catalog.ptr_base[cspos[s0]] < 0:
+                self._held_indptr(int(spos[s0]), int(srows[s0]), int(idx[order[s0]]))
+        begin, end = self.catalog.spans(cspos, srows)  # each row's span, sorted order
         lengths = end - begin
-        offsets = np.zeros(n + 1, np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        total = int(offsets[-1])
-        data_rt, index_rt = self.types[0], self.types[1]
-        values = np.empty(total, data_rt.read_dtype)
-        cols = np.empty(total, index_rt.read_dtype)
+        offsets, values, cols = self._buffers(lengths)
         for s0, s1 in segments:
             self._read_session(idx, order, spos, srows, begin, end, offsets, s0, s1, values, cols)
-        if data_rt.swap:
-            values = values.astype(data_rt.mem_dtype)
-        if cols.dtype not in (np.dtype(np.int32), np.dtype(np.int64)) or total >= 2**31:
-            cols = cols.astype(np.int64)
         if not np.array_equal(order, np.arange(n)):  # request order: one gather
             inverse = np.empty(n, np.int64)
             inverse[order] = np.arange(n)
@@ -270,21 +376,12 @@ class CSRReader(SessionReader):
             starts = offsets[:-1][inverse]
             shift = np.zeros(n + 1, np.int64)
             np.cumsum(lengths, out=shift[1:])
-            take = np.repeat(starts - shift[:-1], lengths) + np.arange(total)
+            take = np.repeat(starts - shift[:-1], lengths) + np.arange(values.size)
             values, cols = values[take], cols[take]
-        if self.remap is not None:
-            renumbered = self.remap[cols]
-            keep = renumbered >= 0
-            kept = np.zeros(total + 1, np.int64)
-            np.cumsum(keep, out=kept[1:])
-            crow = np.zeros(n + 1, np.int64)
-            np.cumsum(lengths, out=crow[1:])
-            lengths = kept[crow[1:]] - kept[crow[:-1]]
-            values, cols = values[keep], renumbered[keep].astype(cols.dtype)
         return lengths, values, cols
 
     def _held_indptr(self, pos: int, row: int, index: int) -> np.ndarray:
-        held = self._indptrs.get(self.canonical[pos])
+        held = self.catalog.indptr(self.canonical[pos])
         if held is not None:
             return held
         handle = self.leased(pos, row, index)
@@ -295,6 +392,25 @@ class CSRReader(SessionReader):
             raise
         finally:
             self.cache.release(handle)
+
+    def _hold_tables(self, handle: Handle, pos: int) -> None:
+        """Keep where session ``pos``'s ``data`` and ``indices`` lie, if read raw uncompressed."""
+        parts: list[tuple[int, np.ndarray]] = []
+        for k in (0, 1):
+            raw, chunked = handle.raws[k], handle.chunked[k]
+            if raw is not None:
+                parts.append((CONTIGUOUS, np.array([raw[1]], np.int64)))
+            elif (
+                chunked is not None
+                and not chunked.filters
+                and chunked.offsets is not None
+                and len(chunked.shape) == 1
+                and chunked.dtype == self.types[k].read_dtype
+            ):
+                parts.append((chunked.chunks[0], chunked.offsets))
+            else:
+                return
+        self.catalog.hold_tables(self.canonical[pos], parts)
 
     def _read_session(
         self,
@@ -320,11 +436,22 @@ class CSRReader(SessionReader):
         try:
             if any(m is not None for m in handle.maps):  # never fault on a truncated map
                 self.verify(handle, pos, "rows", index)
-            first, last = np.array(firsts, np.int64), np.array(lasts, np.int64)
-            runs = (begin[first], end[last - 1] - begin[first], offsets[first])
-            done = [
-                self._pread_pieces(handle, k, *runs, out) for k, out in ((0, values), (1, cols))
-            ]
+            canonical = self.canonical[pos]
+            if self.catalog.table_base[1, canonical] < 0:
+                self._hold_tables(handle, pos)
+            done = [False, False]
+            if self.catalog.table_base[1, canonical] >= 0:  # read raw: planned, as a batch is
+                first, last = np.array(firsts, np.int64), np.array(lasts, np.int64)
+                first, last = (
+                    first[end[last - 1] > begin[first]],
+                    last[end[last - 1] > begin[first]],
+                )
+                runs = (begin[first], end[last - 1] - begin[first], offsets[first])
+                zero, where = np.zeros(first.size, np.int64), np.full(first.size, canonical)
+                done = [
+                    self._read_runs(out, np.array([_fd_of(handle, k)]), zero, where, *runs, k)
+                    for k, out in ((0, values), (1, cols))
+                ]
             for r0, r1 in zip(firsts, lasts, strict=True):
                 a, length = int(begin[r0]), int(end[r1 - 1] - begin[r0])
                 if not length:
@@ -343,62 +470,10 @@ class CSRReader(SessionReader):
         except BaseException:
             self.cache.release(handle)
             raise
+        if not all(done):  # the spans read built the chunk index: later batches are planned
+            self._hold_tables(handle, pos)
         self._done(handle, pos, index)
-        self._check_columns(cols, offsets, s0, s1, srows, pos, idx, order)
-
-    def _pread_pieces(
-        self,
-        handle: Handle,
-        k: int,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        at: np.ndarray,
-        out: np.ndarray,
-    ) -> bool:
-        """Every run of key ``k`` read with one ``os.preadv`` per piece, the pieces planned at once.
-
-        A run ``[starts[i], starts[i] + lengths[i])`` of elements goes to ``out[at[i]:]``; a
-        piece is its part in one chunk (uncompressed chunks, anndata's default: their file
-        offsets from the chunk index) or the whole run (contiguous data). Returns ``False``,
-        leaving the reads to ``_span`` (which names what fails), where the key is compressed or
-        read through h5py, a chunk was never written, or a read came back short.
-        """
-        chunked, raw = handle.chunked[k], handle.raws[k]
-        keep = lengths > 0
-        starts, lengths, at = starts[keep], lengths[keep], at[keep]
-        item = out.dtype.itemsize
-        if raw is not None:
-            fd, where, into, nbytes = raw[0], raw[1] + starts * item, at * item, lengths * item
-        elif (
-            chunked is not None
-            and not chunked.filters
-            and chunked.offsets is not None
-            and len(chunked.shape) == 1
-            and out.dtype == chunked.dtype
-        ):
-            size = chunked.chunks[0]
-            first = starts // size
-            count = (starts + lengths - 1) // size - first + 1
-            run = np.repeat(np.arange(starts.size), count)
-            ahead = np.cumsum(count) - count  # pieces before each run
-            chunk = first[run] + np.arange(run.size) - ahead[run]
-            lo = np.maximum(starts[run], chunk * size)
-            hi = np.minimum((starts + lengths)[run], (chunk + 1) * size)
-            located = chunked.offsets[chunk]
-            if located.size and int(located.min()) < 0:  # never written: the fill value
-                return False
-            fd, where = chunked.fd, located + (lo - chunk * size) * item
-            into, nbytes = (at[run] + lo - starts[run]) * item, (hi - lo) * item
-        else:
-            return False
-        with out.view(np.uint8).data as flat:
-            for offset, o, n in zip(where.tolist(), into.tolist(), nbytes.tolist(), strict=True):
-                try:
-                    if os.preadv(fd, [flat[o : o + n]], offset) < n:
-                        return False
-                except OSError:
-                    return False
-        return True
+        self._check_columns(cols, offsets, s0, s1, spos, srows, idx, order)
 
     def _span(
         self, handle: Handle, k: int, pos: int, a: int, length: int, out: np.ndarray, index: int
@@ -439,8 +514,8 @@ class CSRReader(SessionReader):
         offsets: np.ndarray,
         s0: int,
         s1: int,
+        spos: np.ndarray,
         srows: np.ndarray,
-        pos: int,
         idx: np.ndarray,
         order: np.ndarray,
     ) -> None:
@@ -450,6 +525,7 @@ class CSRReader(SessionReader):
             return
         bad = int(np.flatnonzero((part < 0) | (part >= self.n_vars))[0]) + int(offsets[s0])
         at = int(np.searchsorted(offsets, bad, side="right")) - 1
+        pos = int(spos[at])
         self.cache.discard(self.canonical[pos])
         error = HDF5FileError(
             f"session {self.ids[pos]!r} ({self.paths[pos]}), key {self.groups[pos].path!r}: row "
@@ -460,6 +536,14 @@ class CSRReader(SessionReader):
         )
         self.note(error, pos, int(srows[at]), int(idx[order[at]]))
         raise error
+
+
+def _fd_of(handle: Handle, k: int) -> int:
+    """The descriptor key ``k`` is read from raw (-1: not read raw)."""
+    raw, chunked = handle.raws[k], handle.chunked[k]
+    if raw is not None:
+        return raw[0]
+    return chunked.fd if chunked is not None else -1
 
 
 def _tokens(lengths: np.ndarray, values: np.ndarray, cols: np.ndarray) -> list[dict[str, Any]]:

@@ -30,6 +30,7 @@ import numpy as np
 from h5py import h5d, h5s, h5t
 
 from loaderkit.hdf5.read import uring
+from loaderkit.hdf5.read.pieceio import NOWAIT, refused_nowait, refuses_nowait
 
 __all__ = [
     "RING_MIN_READS",
@@ -302,13 +303,8 @@ def pread(
         start += view.nbytes
 
 
-#: ``os.preadv`` with ``RWF_NOWAIT`` where this platform has it (Linux).
-_NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
 #: Taken while a thread copies rows with ``os.preadv`` from the page cache (``pread_cached``).
 _COPY_TURN = threading.Lock()
-#: Files whose filesystem refused ``RWF_NOWAIT`` (read with plain ``pread`` only): their
-#: descriptor -> ``(st_dev, st_ino)``, so that a later file given the same number is asked again.
-_NO_NOWAIT: dict[int, tuple[int, int]] = {}
 #: Reads at least this large are left to ``pread`` (in parallel): their copy outlasts a GIL
 #: hand-over, so taking turns would only serialise them.
 TURN_MAX_BYTES = 64 << 10
@@ -322,26 +318,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _file_of(fd: int) -> tuple[int, int] | None:
-    """``(st_dev, st_ino)`` of the file open as ``fd``, or ``None`` if it cannot be read."""
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
-
-
-def _refuses_nowait(fd: int) -> bool:
-    """Whether the file open as ``fd`` is one whose filesystem refused ``RWF_NOWAIT``."""
-    known = _NO_NOWAIT.get(fd)
-    if known is None:
-        return False
-    if _file_of(fd) == known:
-        return True
-    _NO_NOWAIT.pop(fd, None)  # the number names another file now
-    return False
 
 
 def pread_cached(
@@ -384,7 +360,7 @@ def pread_cached(
     """
     fd, base = raw
     done = [0] * len(reads)
-    if _NOWAIT is None or not reads or _refuses_nowait(fd):
+    if NOWAIT is None or not reads or refuses_nowait(fd):
         return done
     flat = buffer.reshape(-1).view(np.uint8)
     with _COPY_TURN:
@@ -392,14 +368,12 @@ def pread_cached(
             if nbytes >= TURN_MAX_BYTES:
                 continue  # a long copy: pread reads it, in parallel with other threads
             try:
-                done[i] = os.preadv(fd, [flat[start : start + nbytes].data], base + offset, _NOWAIT)
+                done[i] = os.preadv(fd, [flat[start : start + nbytes].data], base + offset, NOWAIT)
             except BlockingIOError:
                 pass  # not in the page cache: pread reads it, outside the lock
             except OSError as exc:
                 if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-                    file = _file_of(fd)
-                    if file is not None:
-                        _NO_NOWAIT[fd] = file
+                    refused_nowait(fd)
                     break
                 # any other error: pread reads it again and reports it with its context
     return done

@@ -1,0 +1,233 @@
+"""Where a batch of CSR rows lies in its files: every session's ``indptr`` and chunk tables.
+
+A CSR row is the span ``[indptr[r], indptr[r+1])`` of its group's ``data`` and ``indices``;
+where those elements lie in the file follows from the datasets' chunk tables (uncompressed
+chunks, anndata's default) or their one raw offset (contiguous). ``SpanCatalog`` holds both
+for every session a process has read, in flat arrays, so that a batch drawn from many
+sessions is planned in one vectorised pass -- spans, runs of adjacent spans, and the pieces
+of each run that lie in one chunk -- whatever the number of sessions in it (``plan_pieces``):
+a fixed number of numpy calls a batch, then one ``os.preadv`` a piece.
+
+Memory: ``indptr`` takes 8 bytes a cell of the sessions read (reserved for all at first use,
+touched only as sessions are read); a chunk table 8 bytes a chunk (anndata's chunks hold
+some 15,000 values).
+
+Example:
+    >>> import numpy as np
+    >>> catalog = SpanCatalog([2, 1])  # two sessions: 2 rows and 1 row
+    >>> _ = catalog.hold_indptr(0, np.array([0, 3, 5]))
+    >>> _ = catalog.hold_indptr(1, np.array([0, 4]))
+    >>> catalog.hold_tables(0, [(4, np.array([100, 900])), (4, np.array([200, 300]))])
+    >>> begin, end = catalog.spans(np.array([0, 0, 1]), np.array([0, 1, 0]))
+    >>> begin.tolist(), end.tolist()
+    ([0, 3, 0], [3, 5, 4])
+    >>> where, into, nbytes, _ = plan_pieces(
+    ...     *catalog.table(0, np.array([0])), np.array([2]), np.array([3]), np.array([0]), 4)
+    >>> where.tolist(), into.tolist(), nbytes.tolist()  # chunk 0's last two, chunk 1's first
+    ([108, 900], [0, 8], [8, 4])
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["AROUND", "CONTIGUOUS", "SpanCatalog", "plan_pieces", "read_around"]
+
+#: Elements per "chunk" of a contiguous dataset: one chunk, at its raw offset.
+CONTIGUOUS = 1 << 62
+#: Bytes read around a row the page cache misses, when the files fit in memory: Linux's
+#: default readahead, what a memory map's page fault reads around the page.
+AROUND = 128 << 10
+
+
+def read_around(file_bytes: int, memory: int | None) -> tuple[int, str]:
+    """How much to read where a row's bytes are not in the page cache, and why.
+
+    A shuffled epoch reads every row of the files once, in random order. Where the files
+    fit well in memory (a quarter of it), reading ``AROUND`` bytes around a missed row
+    fills the page cache with its neighbours, which later batches read: a cold epoch costs
+    a few thousand large reads instead of two small ones a row. Where they do not, the
+    neighbours would be evicted before they are read: only the row's bytes are read (all
+    of a batch's misses together, ``pieceio.read_pieces``).
+
+    Args:
+        file_bytes: Bytes of the files read.
+        memory: Memory of this machine or container (``machine.platform.memory_bytes``).
+
+    Example:
+        >>> read_around(512 << 20, 24 << 30)[0], read_around(512 << 30, 24 << 30)[0]
+        (131072, 0)
+    """
+    size = f"{file_bytes / 2**20:,.0f} MiB of files"
+    if memory is None:
+        return 0, f"{size}, memory unknown: a missed row's bytes alone are read"
+    limit = f"a quarter of {memory / 2**30:,.1f} GiB of memory"
+    if file_bytes <= memory // 4:
+        return AROUND, f"{size} within {limit}: {AROUND >> 10} KiB read around a missed row"
+    return 0, f"{size} over {limit}: a missed row's bytes alone are read"
+
+
+class SpanCatalog:
+    """Per process: every session's ``indptr`` and both keys' chunk tables, in flat arrays.
+
+    Filled as sessions are first read (``hold_indptr``, ``hold_tables``; both take a lock,
+    reads take none: a session's entries are written before it is marked known). Never
+    pickled: a worker holds what it reads.
+
+    Args:
+        rows: Rows (cells) of every session, by position.
+
+    Example:
+        >>> SpanCatalog([3]).indptr(0) is None
+        True
+    """
+
+    def __init__(self, rows: Sequence[int]) -> None:
+        sizes = np.asarray(rows, np.int64) + 1
+        #: Where each session's ``indptr`` starts in the flat array; -1: not read yet.
+        self.ptr_base = np.full(len(sizes), -1, np.int64)
+        self._ptr_at = np.concatenate(([0], np.cumsum(sizes)[:-1])).astype(np.int64)
+        self._ptr_size = sizes
+        self._ptr_total = int(sizes.sum())
+        self._ptrs: np.ndarray | None = None  # reserved at the first session read
+        #: Per key (0: data, 1: indices) and session: elements a chunk (``CONTIGUOUS``).
+        self.chunk_elems = np.ones((2, len(sizes)), np.int64)
+        #: Per key and session: where its chunk table starts in ``tables``; -1: none held.
+        self.table_base = np.full((2, len(sizes)), -1, np.int64)
+        #: Every chunk table back to back: file offsets of chunks (-1: never written).
+        self.tables = np.empty(0, np.int64)
+        self._tables_used = 0
+        self._lock = threading.Lock()
+
+    def indptr(self, pos: int) -> np.ndarray | None:
+        """Session ``pos``'s ``indptr`` if held (a read-only view), else ``None``."""
+        base = int(self.ptr_base[pos])
+        if base < 0:
+            return None
+        assert self._ptrs is not None
+        view = self._ptrs[base : base + int(self._ptr_size[pos])]
+        view.flags.writeable = False
+        return view
+
+    def hold_indptr(self, pos: int, indptr: np.ndarray) -> np.ndarray:
+        """Keep session ``pos``'s ``indptr`` (checked by the caller); returns the held view."""
+        with self._lock:
+            if self.ptr_base[pos] < 0:
+                if self._ptrs is None:  # reserved, not touched: pages come as sessions do
+                    self._ptrs = np.empty(self._ptr_total, np.int64)
+                at = int(self._ptr_at[pos])
+                self._ptrs[at : at + indptr.size] = indptr
+                self.ptr_base[pos] = at  # last: known only once written
+        held = self.indptr(pos)
+        assert held is not None
+        return held
+
+    def known(self, positions: np.ndarray) -> bool:
+        """Whether every session of ``positions`` has its ``indptr`` and chunk tables held."""
+        return bool(
+            (self.ptr_base[positions] >= 0).all() and (self.table_base[:, positions] >= 0).all()
+        )
+
+    def hold_tables(self, pos: int, parts: Sequence[tuple[int, np.ndarray]]) -> None:
+        """Keep session ``pos``'s chunk tables: per key, ``(elements a chunk, offsets)``.
+
+        A contiguous dataset is ``(CONTIGUOUS, [raw offset])``.
+        """
+        with self._lock:
+            if (self.table_base[:, pos] >= 0).all():
+                return
+            bases = []
+            for _, offsets in parts:
+                need = self._tables_used + offsets.size
+                if need > self.tables.size:
+                    grown = np.empty(max(need, 2 * self.tables.size, 1024), np.int64)
+                    grown[: self._tables_used] = self.tables[: self._tables_used]
+                    self.tables = grown  # readers holding the old array still see their rows
+                self.tables[self._tables_used : need] = offsets
+                bases.append(self._tables_used)
+                self._tables_used = need
+            for k, ((elems, _), base) in enumerate(zip(parts, bases, strict=True)):
+                self.chunk_elems[k, pos] = elems
+                self.table_base[k, pos] = base  # last: known only once written
+
+    def spans(self, spos: np.ndarray, srows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(begin, end)`` of rows ``srows`` of sessions ``spos`` (every ``indptr`` held)."""
+        assert self._ptrs is not None
+        at = self.ptr_base[spos] + srows
+        return self._ptrs[at], self._ptrs[at + 1]
+
+    def table(self, k: int, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Key ``k``'s ``(elements a chunk, table start, tables)`` for sessions ``positions``."""
+        return self.chunk_elems[k, positions], self.table_base[k, positions], self.tables
+
+
+def plan_pieces(
+    elems: np.ndarray,
+    bases: np.ndarray,
+    tables: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    at: np.ndarray,
+    item: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The reads of runs of elements: one a stretch of the file the run lies in back to back.
+
+    Run ``i`` (elements ``starts[i] .. starts[i] + lengths[i] - 1`` of a session's dataset,
+    every length > 0) goes to elements ``at[i]..`` of the destination. Its part in each chunk
+    is a piece; pieces of one run whose chunks lie back to back in the file are one read.
+
+    Args:
+        elems: Per run, elements a chunk of its session's dataset (``CONTIGUOUS``: one).
+        bases: Per run, where its session's chunk table starts in ``tables``.
+        tables: The chunk tables (file offsets; -1 for a chunk never written).
+        starts: First element of each run.
+        lengths: Elements of each run.
+        at: Destination element of each run's first element.
+        item: Bytes an element.
+
+    Returns:
+        ``(file offset, destination byte offset, bytes, run)`` per read; a file offset < 0
+        is a chunk never written (its fill value: the caller reads those otherwise).
+
+    Example:
+        >>> import numpy as np
+        >>> tables = np.array([16, 20, 90])  # chunks 0 and 1 back to back, chunk 2 elsewhere
+        >>> one = np.array([0])
+        >>> where, into, nbytes, run = plan_pieces(
+        ...     np.array([4]), one, tables, np.array([1]), np.array([9]), one, 1)
+        >>> where.tolist(), nbytes.tolist()
+        ([17, 90], [7, 2])
+    """
+    first = starts // elems
+    count = (starts + lengths - 1) // elems - first + 1
+    if int(count.max(initial=1)) == 1:  # every run inside one chunk: a read a run
+        chunk = first
+        run = np.arange(starts.size)
+        located = tables[bases + chunk]
+        where = located + (starts - chunk * elems) * item
+        where[located < 0] = -1
+        return where, at * item, lengths * item, run
+    run = np.repeat(np.arange(starts.size), count)
+    ahead = np.cumsum(count) - count  # pieces before each run's first
+    chunk = first[run] + np.arange(run.size) - ahead[run]
+    size = elems[run]
+    lo = np.maximum(starts[run], chunk * size)
+    hi = np.minimum((starts + lengths)[run], (chunk + 1) * size)
+    located = tables[bases[run] + chunk]
+    where = located + (lo - chunk * size) * item
+    where[located < 0] = -1
+    into = (at[run] + lo - starts[run]) * item
+    nbytes = (hi - lo) * item
+    # a run's next piece starts where its last ended in the file: one read for both
+    joined = np.empty(run.size, bool)
+    joined[0] = False
+    np.equal(where[1:], where[:-1] + nbytes[:-1], out=joined[1:])
+    joined[1:] &= (run[1:] == run[:-1]) & (where[:-1] >= 0)
+    if joined.any():
+        heads = np.flatnonzero(~joined)
+        nbytes = np.add.reduceat(nbytes, heads)
+        where, into, run = where[heads], into[heads], run[heads]
+    return where, into, nbytes, run

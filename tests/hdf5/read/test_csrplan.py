@@ -1,0 +1,138 @@
+"""``csrplan``: the catalog of spans and chunk tables, and the pieces a batch is read in.
+
+``plan_pieces`` is checked against a file built in memory: chunks of known contents placed
+in a shuffled order (some back to back, as HDF5 writes them), runs drawn at random, and the
+bytes each planned read names compared with the elements each run asks for.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from loaderkit import HDF5SessionDataset
+from loaderkit.hdf5.read.csrplan import AROUND, CONTIGUOUS, SpanCatalog, plan_pieces, read_around
+from loaderkit.hdf5.read.csrrows import CSRReader
+from tests.hdf5.h5adfiles import matrix
+
+
+def _file(rng: np.random.Generator, elements: int, size: int) -> tuple[bytes, np.ndarray]:
+    """A 'file' holding ``elements`` int32 values 0.. in chunks of ``size``, some out of order."""
+    values = np.arange(elements, dtype=np.int32)
+    count = -(-elements // size)
+    order = np.arange(count)
+    swap = rng.choice(count, count // 3, replace=False)  # a third of the chunks moved
+    order[swap] = rng.permutation(order[swap])
+    blob, offsets, at = bytearray(b"\xff" * 16), np.empty(count, np.int64), 16
+    for c in order.tolist():
+        chunk = values[c * size : (c + 1) * size]
+        offsets[c] = at
+        blob += chunk.tobytes() + bytes((size - chunk.size) * 4)
+        at += size * 4
+    return bytes(blob), offsets
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, CONTIGUOUS])
+def test_planned_reads_fetch_exactly_the_runs(size: int) -> None:
+    rng = np.random.default_rng(size % 1000)
+    elements = 500
+    if size == CONTIGUOUS:
+        blob, tables = bytes(8) + np.arange(elements, dtype=np.int32).tobytes(), np.array([8])
+    else:
+        blob, tables = _file(rng, elements, size)
+    starts = rng.integers(0, elements - 40, 30)
+    lengths = rng.integers(1, 40, 30)
+    at = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    elems = np.full(30, size, np.int64)
+    where, into, nbytes, run = plan_pieces(
+        elems, np.zeros(30, np.int64), tables, starts, lengths, at, 4
+    )
+    out = np.full(int(lengths.sum()), -1, np.int32)
+    flat = out.view(np.uint8)
+    for w, o, b in zip(where.tolist(), into.tolist(), nbytes.tolist(), strict=True):
+        flat[o : o + b] = np.frombuffer(blob[w : w + b], np.uint8)
+    want = np.concatenate([np.arange(s, s + n) for s, n in zip(starts, lengths, strict=True)])
+    assert np.array_equal(out, want)
+    assert np.array_equal(np.bincount(run, nbytes, minlength=30), lengths * 4)
+    if size not in (1, CONTIGUOUS):  # runs crossing chunks laid back to back: joined reads
+        assert where.size < sum(
+            -(-(s + n) // size) - s // size for s, n in zip(starts, lengths, strict=True)
+        )
+
+
+def test_a_chunk_never_written_is_marked() -> None:
+    where, *_ = plan_pieces(
+        np.array([4, 4]),
+        np.array([0, 0]),
+        np.array([100, -1]),
+        np.array([0, 5]),
+        np.array([2, 2]),
+        np.array([0, 2]),
+        4,
+    )
+    assert where.tolist() == [100, -1]
+
+
+def test_the_catalog_holds_sessions_as_they_come() -> None:
+    catalog = SpanCatalog([3, 2, 4])
+    assert not catalog.known(np.array([0]))
+    held = catalog.hold_indptr(2, np.array([0, 1, 1, 5, 9]))
+    assert not held.flags.writeable and catalog.indptr(0) is None
+    catalog.hold_indptr(0, np.array([0, 2, 2, 6]))
+    begin, end = catalog.spans(np.array([2, 0, 2]), np.array([2, 2, 0]))
+    assert (begin.tolist(), end.tolist()) == ([1, 2, 0], [5, 6, 1])
+    for pos in range(3):  # the table array grows; what was held stays
+        catalog.hold_tables(pos, [(8, np.arange(700) + pos), (CONTIGUOUS, np.array([pos]))])
+    assert catalog.known(np.array([0, 2]))
+    elems, bases, tables = catalog.table(0, np.array([1, 2]))
+    assert elems.tolist() == [8, 8] and tables[bases].tolist() == [1, 2]
+    elems, bases, tables = catalog.table(1, np.array([2]))
+    assert elems.tolist() == [CONTIGUOUS] and tables[bases].tolist() == [2]
+
+
+def test_reading_around_is_chosen_by_whether_the_files_fit_in_memory() -> None:
+    assert read_around(100 << 20, 8 << 30)[0] == AROUND
+    assert read_around(4 << 30, 8 << 30)[0] == 0
+    around, why = read_around(1 << 20, None)
+    assert around == 0 and "memory unknown" in why
+
+
+@pytest.mark.parametrize("chunks", [7, None])  # 7: spans cross chunk bounds; None: contiguous
+def test_batches_after_the_first_are_planned_from_the_catalog(
+    tmp_path: Path, chunks: int | None
+) -> None:
+    m = matrix(3)
+    paths = []
+    for s in range(2):
+        path = tmp_path / f"s{s}.h5ad"
+        with h5py.File(path, "w") as f:
+            x = f.create_group("X")
+            x.attrs["encoding-type"], x.attrs["encoding-version"] = "csr_matrix", "0.1.0"
+            x.attrs["shape"] = np.array(m.shape)
+            for part in ("data", "indices"):
+                x.create_dataset(part, data=getattr(m, part), chunks=(chunks,) if chunks else None)
+            x.create_dataset("indptr", data=m.indptr.astype(np.int64))
+        paths.append(path)
+    truth = np.concatenate([m.toarray()] * 2)
+    with HDF5SessionDataset(paths, key="X") as ds:
+        reader = ds.handles.reader
+        assert isinstance(reader, CSRReader)
+        planned = []
+        original = reader._read_planned
+
+        def spy(idx: np.ndarray, keys: np.ndarray) -> object:
+            got = original(idx, keys)
+            planned.append(got is not None)
+            return got
+
+        reader._read_planned = spy  # type: ignore[method-assign]
+        order = np.random.default_rng(1).permutation(len(ds))
+        for start in range(0, order.size, 48):
+            picked = order[start : start + 48].tolist()
+            got = np.stack([row.to_dense().numpy() for row in ds.__getitems__(picked)])
+            assert np.array_equal(got, truth[picked])
+        assert not planned[0] and all(planned[1:])  # the first batch fills the catalog
+        assert "KiB read around a missed row" in ds.handles.io_paths()["X"].reason
