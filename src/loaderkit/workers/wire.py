@@ -25,7 +25,7 @@ import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,6 +34,7 @@ __all__ = [
     "BUSY",
     "FREE",
     "HEADER",
+    "CompressedRows",
     "FallbackBatch",
     "Leaf",
     "Orphan",
@@ -73,6 +74,39 @@ class Leaf:
         return math.prod(self.shape) * itemsize(self.dtype)
 
 
+class CompressedRows(NamedTuple):
+    """A sparse CSR tensor on the wire: its three parts (plain tensors) and its size.
+
+    A worker sends a batch's ``torch.sparse_csr_tensor`` as this, its parts laid out in the
+    slot like any tensor; ``rebuild`` makes the tensor again, without checking its invariants
+    (they held where it was built), so torch never checks or warns about them in transit.
+
+    Example:
+        >>> t = torch.sparse_csr_tensor([0, 1, 1], [2], [5.0], (2, 3))
+        >>> CompressedRows.of(t).tensor().to_dense().tolist()
+        [[0.0, 0.0, 5.0], [0.0, 0.0, 0.0]]
+    """
+
+    crow: Any
+    col: Any
+    values: Any
+    size: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> CompressedRows:
+        """The parts of a sparse CSR ``tensor``."""
+        parts = (tensor.crow_indices(), tensor.col_indices(), tensor.values())
+        return cls(*parts, tuple(tensor.shape))
+
+    def tensor(self) -> Any:
+        """The sparse CSR tensor again (this, unchanged, while its parts are not tensors)."""
+        if not isinstance(self.values, torch.Tensor):
+            return self
+        return torch.sparse_csr_tensor(
+            self.crow, self.col, self.values, self.size, check_invariants=False
+        )
+
+
 @functools.lru_cache(maxsize=64)
 def itemsize(dtype: torch.dtype) -> int:
     """Bytes per element of ``dtype``.
@@ -101,8 +135,12 @@ def walk(structure: Any, leaf: type, make: Callable[[Any], Any]) -> Any:
 
 
 def rebuild(structure: Any, make: Callable[[Leaf], Any]) -> Any:
-    """``structure`` (from a ``SlotBatch``) with each ``Leaf`` replaced by ``make(leaf)``."""
-    return walk(structure, Leaf, make)
+    """``structure`` (from a ``SlotBatch``) with each ``Leaf`` replaced by ``make(leaf)``.
+
+    Sparse CSR tensors (``CompressedRows``) are made again from their parts.
+    """
+    built = walk(structure, Leaf, make)
+    return walk(built, CompressedRows, CompressedRows.tensor)
 
 
 # --------------------------------------------------------------------------- receivers

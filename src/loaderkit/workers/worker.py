@@ -45,7 +45,17 @@ import torch
 from torch.utils.data import get_worker_info
 
 from loaderkit import _torch
-from loaderkit.workers.wire import ALIGN, BUSY, FREE, HEADER, FallbackBatch, Leaf, SlotBatch, walk
+from loaderkit.workers.wire import (
+    ALIGN,
+    BUSY,
+    FREE,
+    HEADER,
+    CompressedRows,
+    FallbackBatch,
+    Leaf,
+    SlotBatch,
+    walk,
+)
 
 __all__ = [
     "HandoffCollate",
@@ -356,6 +366,8 @@ def _plain(t: torch.Tensor) -> bool:
 def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
     """``obj`` with each tensor replaced by a ``_Hole`` (tensors collected in order)."""
     if isinstance(obj, torch.Tensor):
+        if obj.layout is torch.sparse_csr and obj.device.type == "cpu" and not obj.requires_grad:
+            return _strip(CompressedRows.of(obj), tensors)  # its parts, made again on arrival
         if not _plain(obj):
             return _UNSUPPORTED
         tensors.append(obj)

@@ -302,7 +302,10 @@ class CSRReader(SessionReader):
         begin, end = catalog.spans(cpos, rows)
         lengths = end - begin
         offsets, values, cols = self._buffers(lengths)
-        sessions, slot = np.unique(cpos, return_inverse=True)
+        seen = np.zeros(self._canon.size, np.int64)  # np.unique sorts: this counts
+        seen[cpos] = 1
+        sessions = np.flatnonzero(seen)
+        slot = (np.cumsum(seen) - 1)[cpos]  # each row's session among the leased
         leased = self.cache.lease_open(sessions.tolist())
         if leased is None:
             return None
