@@ -35,7 +35,8 @@ from loaderkit.hdf5.meta.layout import (
     open_kwargs,
 )
 from loaderkit.hdf5.meta.types import RowType
-from loaderkit.hdf5.read.csrrows import CSRReader, csr_sessions
+from loaderkit.hdf5.read.csrrows import CSRReader
+from loaderkit.hdf5.read.csrsessions import csr_sessions
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.remote.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
 from loaderkit.hdf5.remote.sources import SessionSources

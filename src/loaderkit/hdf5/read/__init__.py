@@ -19,4 +19,6 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``widekeys``: keys whose rows span many chunks, read apart (functions over that state);
 - ``reader``: ``SessionReader``, the default reads of one or several keys;
 - ``csrrows``: ``CSRReader``, rows of CSR matrices (AnnData) read as runs of their spans.
+- ``csrsessions``: ``csr_sessions``, what every file holds of a CSR key (shape, ``indptr``,
+  ``var``), inspected once where the dataset is constructed.
 """
