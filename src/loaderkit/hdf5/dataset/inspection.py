@@ -202,13 +202,15 @@ class DatasetInspection:
         found = csr_sessions(self._open_for_inspection, self._ids, self._paths, specs)
         if found is None:
             return None
-        records, parts, groups, var = found
+        records, parts = found.records, found.specs
         files = list(zip(self._ids, self._paths, strict=True))
         check_rows(records, parts, files)
         types = row_types(records, parts, None, files, self._open_for_inspection)
         return CSRReader(
-            groups=groups,
-            var=var,
+            groups=found.groups,
+            var=found.var,
+            labels=found.labels,
+            name=found.name,
             ids=self._ids,
             paths=self._paths,
             canonical=self._canonical(records),

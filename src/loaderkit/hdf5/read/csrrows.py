@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import threading
@@ -37,9 +38,12 @@ import torch
 from loaderkit.errors import ConfigError, HDF5FileError
 from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
+from loaderkit.hdf5.meta.types import Samples, dict_rows
+from loaderkit.hdf5.read.csrsessions import LabelKey
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.rawio import pread
 from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.workers.collate import Padded, RowBatch, batch_buffer
 
 __all__ = ["FORMS", "CSRReader"]
@@ -57,6 +61,9 @@ class CSRReader(SessionReader):
     Args:
         groups: Per session, its ``CSRGroup`` (rows, columns, path).
         var: The column names every session shares (``None``: the files have no ``var``).
+        labels: The per-cell keys beside the matrix, read as keys 2.. (``specs[2:]``) by the
+            base's reads; with any, samples and batches are dicts ``{name: value}``.
+        name: The matrix's name in those dicts.
         **kwargs: ``SessionReader``'s arguments.
 
     Example:
@@ -65,10 +72,19 @@ class CSRReader(SessionReader):
     """
 
     def __init__(
-        self, *, groups: Sequence[CSRGroup], var: Sequence[str] | None, **kwargs: Any
+        self,
+        *,
+        groups: Sequence[CSRGroup],
+        var: Sequence[str] | None,
+        labels: Sequence[LabelKey] = (),
+        name: str = "X",
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.groups = list(groups)
+        #: The keys beside the matrix (``specs[2:]``): with any, a sample is a dict.
+        self.labels = list(labels)
+        self.name = name
         self.n_vars = self.groups[0].n_vars if self.groups else 0
         self.var = None if var is None else list(var)
         self.form = "csr"
@@ -166,19 +182,85 @@ class CSRReader(SessionReader):
     # ------------------------------------------------------------------ reads
 
     def read_one(self, index: int, pos: int, row: int) -> Any:
-        """Sample ``index`` (session ``pos``, ``row``) in this reader's form."""
+        """Sample ``index`` (session ``pos``, ``row``) in this reader's form.
+
+        With label keys, ``{name: row, label: value...}``: a categorical's value its shared
+        code (``numpy.int64``), others as the base reads them.
+        """
         lengths, values, cols = self.gather(
             np.array([index], np.int64), np.array([(pos << ROW_BITS) | row], np.int64)
         )
-        return self._samples(lengths, values, cols)[0]
+        sample = self._samples(lengths, values, cols)[0]
+        if not self.labels:
+            return sample
+        handle = self.leased(pos, row, index)
+        try:
+            got = [self._one(handle, k, pos, row, index) for k in range(2, len(self.specs))]
+            if handle.watch:
+                self.verify(handle, pos, f"row {row}", index)
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise self.read_error(exc, pos, range(row, row + 1), index) from exc
+        finally:
+            self.cache.release(handle)
+        labels = zip(self.labels, got, strict=True)
+        where = (np.array([pos], np.int64), np.array([row], np.int64), self.ids, self.paths)
+        return {self.name: sample, **{key.name: key.value(v, *where) for key, v in labels}}
 
     def read_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
         """The rows of ``keys`` (dataset indices ``idx``) as one batch in this reader's form.
+
+        With label keys, a dict batch ``{name: matrix batch, label: batch...}`` (the labels
+        read by the base's ``_read_key``, a categorical's codes as shared int64 codes).
 
         Returns:
             A ``RowBatch`` whose ``tensor`` is the batch (``collate`` returns it) and whose
             samples are built only when something asks for them.
         """
+        matrix = self._matrix_batch(idx, keys)
+        if not self.labels:
+            return matrix
+        order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
+        if starts is None:
+            starts = np.arange(idx.size)
+        self.reading.append(None)  # threads reading now: ``_fill`` chooses its calls by it
+        try:
+            parts = [
+                self._label_key(k, label, idx, keys, order, starts)
+                for k, label in enumerate(self.labels, start=2)
+            ]
+        finally:
+            self.reading.pop()
+        names = [self.name, *(label.name for label in self.labels)]
+        batch = dict(zip(names, [matrix.tensor, *(part[1] for part in parts)], strict=True))
+        ragged = next(
+            (self._ragged_names[k + 2] for k, p in enumerate(parts) if p[1] is None), None
+        )
+        rows = functools.partial(dict_rows, names, [matrix.copy, *(part[0] for part in parts)])
+        return RowBatch(None if ragged else batch, rows, ragged=ragged)
+
+    def _label_key(
+        self,
+        k: int,
+        label: LabelKey,
+        idx: np.ndarray,
+        keys: np.ndarray,
+        order: np.ndarray | None,
+        starts: np.ndarray,
+    ) -> tuple[Samples, Any]:
+        """Label key ``k``'s samples and batch; a categorical's codes shared, as int64."""
+        if label.categories is None:
+            return self._read_key(k, idx, keys, order, starts)
+        stored = np.empty(idx.size, self.types[k].read_dtype)
+        self._fill(k, idx, keys, order, starts, stored)
+        tensor, codes = batch_buffer(idx.size, (), np.dtype(np.int64))
+        np.copyto(codes, stored)
+        label.shared_codes(codes, keys >> ROW_BITS, keys & ROW_MASK, self.ids, self.paths)
+        return functools.partial(list, codes), tensor
+
+    def _matrix_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
+        """The matrix's rows of ``keys`` as one batch in this reader's form."""
         lengths, values, cols = self.gather(idx, keys)
         n = lengths.size
         if self.form == "dense":
