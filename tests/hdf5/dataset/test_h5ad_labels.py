@@ -118,6 +118,10 @@ def test_forms_mapping_names_and_lazy_samples(corpus: tuple[list[Path], dict[str
             assert samples[j]["cell"] == ds[r]["cell"] == f"c{r % 200}"
             assert samples[j]["y"] == truth["obs/cell_type"][r]
             assert np.array_equal(samples[j]["x"], truth["X"][r][[7, 3]])
+    with HDF5SessionDataset(paths, key=("X",)) as ds:  # a tuple key: dicts, as for any key
+        assert set(ds[3]) == {"X"}
+        batch = next(iter(DataLoader(ds, batch_size=6, sampler=rows)))
+        assert np.array_equal(batch["X"].to_dense().numpy(), truth["X"][rows])
     with HDF5SessionDataset(paths, key={"x": "X", "y": "obs/cell_type"}, sparse="tokens") as ds:
         batch = next(iter(DataLoader(ds, batch_size=6, sampler=rows)))
         assert set(batch) == {"x", "y"} and set(batch["x"]) == {"genes", "values"}

@@ -224,7 +224,7 @@ class DatasetInspection:
             max_open=max_open,
             memory_map=memory_map,
             fast=True,
-            single=True,
+            single=isinstance(self.key, str),  # a tuple or mapping key: dict samples
             label=f"{self.label} over {len(self._ids)} session(s)",
             max_session_bytes=max_session_bytes,
         )

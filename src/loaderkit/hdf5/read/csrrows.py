@@ -62,7 +62,8 @@ class CSRReader(SessionReader):
         groups: Per session, its ``CSRGroup`` (rows, columns, path).
         var: The column names every session shares (``None``: the files have no ``var``).
         labels: The per-cell keys beside the matrix, read as keys 2.. (``specs[2:]``) by the
-            base's reads; with any, samples and batches are dicts ``{name: value}``.
+            base's reads. Unless ``single`` (the key was one path), samples and batches are
+            dicts ``{name: value}``.
         name: The matrix's name in those dicts.
         **kwargs: ``SessionReader``'s arguments.
 
@@ -82,7 +83,7 @@ class CSRReader(SessionReader):
     ) -> None:
         super().__init__(**kwargs)
         self.groups = list(groups)
-        #: The keys beside the matrix (``specs[2:]``): with any, a sample is a dict.
+        #: The keys beside the matrix (``specs[2:]``).
         self.labels = list(labels)
         self.name = name
         self.n_vars = self.groups[0].n_vars if self.groups else 0
@@ -184,14 +185,14 @@ class CSRReader(SessionReader):
     def read_one(self, index: int, pos: int, row: int) -> Any:
         """Sample ``index`` (session ``pos``, ``row``) in this reader's form.
 
-        With label keys, ``{name: row, label: value...}``: a categorical's value its shared
-        code (``numpy.int64``), others as the base reads them.
+        Unless the key was one path (``single``), ``{name: row, label: value...}``: a
+        categorical's value its shared code (``numpy.int64``), others as the base reads them.
         """
         lengths, values, cols = self.gather(
             np.array([index], np.int64), np.array([(pos << ROW_BITS) | row], np.int64)
         )
         sample = self._samples(lengths, values, cols)[0]
-        if not self.labels:
+        if self.single:
             return sample
         handle = self.leased(pos, row, index)
         try:
@@ -211,7 +212,7 @@ class CSRReader(SessionReader):
     def read_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
         """The rows of ``keys`` (dataset indices ``idx``) as one batch in this reader's form.
 
-        With label keys, a dict batch ``{name: matrix batch, label: batch...}`` (the labels
+        Unless ``single``, a dict batch ``{name: matrix batch, label: batch...}`` (the labels
         read by the base's ``_read_key``, a categorical's codes as shared int64 codes).
 
         Returns:
@@ -219,7 +220,7 @@ class CSRReader(SessionReader):
             samples are built only when something asks for them.
         """
         matrix = self._matrix_batch(idx, keys)
-        if not self.labels:
+        if self.single:
             return matrix
         order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
         if starts is None:
