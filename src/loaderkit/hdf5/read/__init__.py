@@ -20,5 +20,6 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``reader``: ``SessionReader``, the default reads of one or several keys;
 - ``csrrows``: ``CSRReader``, rows of CSR matrices (AnnData) read as runs of their spans.
 - ``csrsessions``: ``csr_sessions``, what every file holds of a CSR key (shape, ``indptr``,
-  ``var``), inspected once where the dataset is constructed.
+  ``var``) and of the per-cell keys beside it (``LabelKey``: categorical codes on one shared
+  list), inspected once where the dataset is constructed.
 """
