@@ -8,6 +8,7 @@ compound tables with an ``index`` field.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +31,32 @@ def matrix(seed: int, cells: int = CELLS, genes: int = GENES) -> sp.csr_matrix:
     return m
 
 
-def write_current(path: Path, m: sp.csr_matrix, **kwargs: Any) -> Path:
-    """``anndata.AnnData(X=m).write_h5ad(path, **kwargs)`` with var names and a cell type."""
+def write_current(
+    path: Path,
+    m: sp.csr_matrix,
+    *,
+    cell_types: Sequence[str | None] = ("B", "T", "NK"),
+    **kwargs: Any,
+) -> Path:
+    """``anndata.AnnData(X=m).write_h5ad(path, **kwargs)`` with var names and obs columns.
+
+    obs: ``cell_type`` (categorical, ``cell_types`` in turn; ``None`` is missing),
+    ``n_counts`` (float32 row sums), ``batch`` (int64); obsm: ``X_pca`` (float32, 4 columns).
+    """
     import anndata
     import pandas as pd
 
+    cells = np.arange(m.shape[0])
     obs = pd.DataFrame(
-        {"cell_type": pd.Categorical(np.array(["B", "T", "NK"])[np.arange(m.shape[0]) % 3])},
+        {"cell_type": pd.Categorical(np.array(cell_types, object)[cells % len(cell_types)])},
         index=[f"c{i}" for i in range(m.shape[0])],
     )
+    obs["n_counts"] = np.asarray(m.sum(axis=1), np.float32).ravel()
+    obs["batch"] = (cells // 50).astype(np.int64)
     adata = anndata.AnnData(X=m, obs=obs, var=pd.DataFrame(index=GENE_NAMES[: m.shape[1]]))
+    adata.obsm["X_pca"] = np.stack([cells * 0.5, -cells, cells % 7, m.getnnz(axis=1)], 1).astype(
+        np.float32
+    )
     adata.layers["counts"] = m
     adata.raw = adata
     adata.write_h5ad(path, **kwargs)
@@ -61,4 +78,23 @@ def write_legacy(path: Path, m: sp.csr_matrix, compression: str | None = "gzip")
         f.create_dataset("raw.var", data=table)
         obs = np.array([(f"c{i}".encode(),) for i in range(n)], [("index", "S16")])
         f.create_dataset("obs", data=obs)
+    return path
+
+
+def categorical_as_v07(path: Path, column: str = "cell_type") -> Path:
+    """Rewrite ``obs/<column>`` of a current file as anndata 0.7 stored categoricals.
+
+    The codes become the dataset ``obs/<column>`` whose attribute ``categories`` is an object
+    reference to ``obs/__categories/<column>``; ``obs`` is marked ``dataframe`` 0.1.0 so
+    anndata reads it with its 0.7 reader.
+    """
+    with h5py.File(path, "r+") as f:
+        obs = f["obs"]
+        codes = obs[f"{column}/codes"][()]
+        names = obs[f"{column}/categories"].asstr()[()]
+        del obs[column]
+        cats = obs.create_dataset(f"__categories/{column}", data=names.astype("S"))
+        dset = obs.create_dataset(column, data=codes)
+        dset.attrs["categories"] = cats.ref
+        obs.attrs["encoding-version"] = "0.1.0"
     return path

@@ -193,6 +193,32 @@ class SessionHandles:
         var = getattr(self.reader, "var", None)
         return list(var) if var else None
 
+    def categories(self, key: str) -> list[str]:
+        """The category names a categorical key's codes index (``codes[i]`` names row i's).
+
+        For a key beside a sparse matrix (``key=("X", "obs/cell_type")``): the shared list of
+        every file (the union of the files' lists, first seen first; each file's codes are
+        mapped onto it). ``key`` is the key's path or its name in the sample dict.
+
+        Raises:
+            KeyError: ``key`` is not a categorical key of this dataset (the message lists
+                those that are).
+
+        Example:
+            >>> ds.handles.categories("obs/cell_type")  # doctest: +SKIP
+            ['B', 'T', 'NK']
+        """
+        labels = getattr(self.reader, "labels", ())
+        found = [label for label in labels if label.categories is not None]
+        for label in found:
+            if key in (label.name, label.path):
+                return list(label.categories)
+        raise KeyError(
+            f"{key!r} is not a categorical key of {self.label}; categorical keys: "
+            f"{[label.path for label in found]} (categorical obs columns read beside a sparse "
+            "matrix: key=('X', 'obs/<column>'))."
+        )
+
     @property
     def n_vars(self) -> int:
         """Columns of a sample: of a sparse key after ``genes``, else a row's element count."""

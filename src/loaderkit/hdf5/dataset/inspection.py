@@ -36,7 +36,8 @@ from loaderkit.hdf5.meta.layout import (
 )
 from loaderkit.hdf5.meta.types import RowType
 from loaderkit.hdf5.read.csrplan import read_around
-from loaderkit.hdf5.read.csrrows import CSRReader, csr_sessions
+from loaderkit.hdf5.read.csrrows import CSRReader
+from loaderkit.hdf5.read.csrsessions import csr_sessions
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.remote.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
 from loaderkit.hdf5.remote.sources import SessionSources
@@ -203,14 +204,16 @@ class DatasetInspection:
         found = csr_sessions(self._open_for_inspection, self._ids, self._paths, specs)
         if found is None:
             return None
-        records, parts, groups, var = found
+        records, parts = found.records, found.specs
         files = list(zip(self._ids, self._paths, strict=True))
         check_rows(records, parts, files)
         types = row_types(records, parts, None, files, self._open_for_inspection)
         sizes = [rec.identity.size for rec in records if rec.identity is not None]
         return CSRReader(
-            groups=groups,
-            var=var,
+            groups=found.groups,
+            var=found.var,
+            labels=found.labels,
+            name=found.name,
             around=read_around(sum(sizes), memory_bytes()),
             ids=self._ids,
             paths=self._paths,
@@ -225,7 +228,7 @@ class DatasetInspection:
             max_open=max_open,
             memory_map=memory_map,
             fast=True,
-            single=True,
+            single=isinstance(self.key, str),  # a tuple or mapping key: dict samples
             label=f"{self.label} over {len(self._ids)} session(s)",
             max_session_bytes=max_session_bytes,
         )

@@ -13,6 +13,10 @@ attributes themselves):
   columns follow, current (``var/_index``) or legacy (a compound ``var`` table, ``index``
   field), and how two files' indexes differ.
 * ``is_categorical``/``categories``: categorical ``obs`` columns (``codes`` + ``categories``);
+* ``obs_column``/``shared_categories``: what a per-cell key beside a matrix is (``ObsColumn``:
+  a dataset of values, or a categorical's codes and categories, current or anndata 0.7's
+  referenced categories), refused by name where it is not one value per cell; and one
+  category list for files whose lists differ (union, first seen first, as anndata's concat);
 * ``string_array``: strings as anndata stores them (a dataset, or with pandas 3 a
   ``nullable-string-array`` group of ``values`` and ``mask``).
 
@@ -34,9 +38,12 @@ from loaderkit.errors import ConfigError, HDF5FileError
 
 __all__ = [
     "CSRGroup",
+    "ObsColumn",
     "categories",
     "check_csr",
     "is_categorical",
+    "obs_column",
+    "shared_categories",
     "sparse_group",
     "string_array",
     "var_difference",
@@ -322,3 +329,133 @@ def categories(obj: h5py.Group) -> list[str]:
         (True, ['B', 'T'])
     """  # noqa: E501
     return string_array(obj.get("categories")) or []
+
+
+#: anndata encodings of a column stored as values and a mask, and what to store instead.
+_NULLABLE = {
+    "nullable-integer": "integers with missing values",
+    "nullable-boolean": "booleans with missing values",
+    "nullable-string-array": "strings with missing values",
+}
+
+
+@dataclass(frozen=True)
+class ObsColumn:
+    """A per-cell key of an ``.h5ad`` read beside its matrix: one value per row (cell).
+
+    Attributes:
+        path: The dataset whose rows are read (a categorical's ``codes``).
+        categories: A categorical's category names (its codes index them, -1 is missing);
+            ``None`` for values served as stored.
+        encoding: What the key is, for messages: ``"a dataset of values"``, ``"categorical"`` or
+            ``"categorical (anndata 0.7)"``.
+
+    Example:
+        >>> ObsColumn("obs/cell_type/codes", ("B", "T"), "categorical").categories
+        ('B', 'T')
+    """
+
+    path: str
+    categories: tuple[str, ...] | None = None
+    encoding: str = "a dataset of values"
+
+
+def obs_column(f: h5py.File, path: str, session: Hashable, file: str) -> ObsColumn | None:
+    """What key ``path`` of ``f`` is as a per-cell column, or ``None`` when it is missing.
+
+    A dataset (numbers, strings, ``obsm/<name>`` embeddings) is read as stored; a categorical
+    group as its ``codes`` with its ``categories``; anndata 0.7's categorical (an integer
+    dataset whose attribute ``categories`` references the category names) likewise.
+
+    Raises:
+        ConfigError: A group that is not one value per cell: nullable columns (values and a
+            mask), sparse matrices, tables; or a column of anndata < 0.7's compound ``obs``
+            table. Each names the key, what it is, and what to do.
+
+    Example:
+        >>> import h5py, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "o.h5ad")
+        >>> with h5py.File(path, "w") as f:
+        ...     g = f.create_group("obs/cell_type"); g.attrs["encoding-type"] = "categorical"
+        ...     _ = g.create_dataset("codes", data=np.int8([1, 0]))
+        ...     _ = g.create_dataset("categories", data=["B", "T"])
+        ...     obs_column(f, "obs/cell_type", 0, path)
+        ObsColumn(path='obs/cell_type/codes', categories=('B', 'T'), encoding='categorical')
+    """
+    where = _where(session, file, path)
+    parent, _, field = path.rpartition("/")
+    table = f.get(parent) if parent else None
+    if isinstance(table, h5py.Dataset) and table.dtype.names and field in table.dtype.names:
+        raise ConfigError(
+            f"{where} is a field of the compound table {parent!r} (written by anndata < 0.7); "
+            "loaderkit reads per-cell columns of the current encoding. Write the file again "
+            "once (`anndata.read_h5ad(path).write_h5ad(new_path)`) and pass the new file."
+        )
+    try:
+        obj = f.get(path)
+    except (KeyError, ValueError, TypeError):  # a path through a dataset
+        obj = None
+    if obj is None:
+        return None
+    if isinstance(obj, h5py.Dataset):
+        ref = obj.attrs.get("categories")
+        if isinstance(ref, h5py.Reference):
+            names = string_array(f[ref]) if ref else None
+            if names is None or obj.dtype.kind not in "iu":
+                raise HDF5FileError(
+                    f"{where}: a categorical column of anndata 0.7 (codes {obj.dtype}) whose "
+                    "'categories' reference names no string array; the file is damaged. "
+                    "Write it again (anndata's write_h5ad)."
+                )
+            return ObsColumn(path, tuple(names), "categorical (anndata 0.7)")
+        return ObsColumn(path)
+    encoding = _text(obj.attrs.get("encoding-type", "")) or "a group without encoding"
+    if is_categorical(obj):
+        codes = obj.get("codes")
+        if not isinstance(codes, h5py.Dataset) or codes.dtype.kind not in "iu":
+            raise HDF5FileError(
+                f"{where}: the categorical column has no integer 'codes' dataset; the file "
+                "is damaged. Write it again (anndata's write_h5ad)."
+            )
+        return ObsColumn(f"{path}/codes", tuple(categories(obj)), "categorical")
+    if encoding in _NULLABLE:
+        raise ConfigError(
+            f"{where} is a {encoding} column ({_NULLABLE[encoding]}: 'values' and a 'mask'), "
+            "which loaderkit does not serve. Store it as a categorical "
+            "(`adata.obs[col] = adata.obs[col].astype('category')`; missing values get code "
+            "-1) or, for numbers, as floats with NaN (`.astype('float32')`), then write the "
+            "file again."
+        )
+    raise ConfigError(
+        f"{where} is a group ({encoding}), not one value per cell. Keys beside a sparse "
+        "matrix are per-cell columns: obs/<column> (numbers, strings, categoricals) or "
+        "obsm/<name> (a dense array); one sparse matrix per dataset."
+    )
+
+
+def shared_categories(
+    lists: Sequence[Sequence[str]],
+) -> tuple[list[str], list[np.ndarray | None]]:
+    """One category list for every file, and per file how its codes map onto it.
+
+    The shared list is the union in first-seen order (anndata's ``concat`` joins categoricals
+    the same way): every file's codes keep meaning the same names.
+
+    Returns:
+        ``(shared, tables)``: per file, ``table[code]`` is the code in ``shared``; ``None``
+        where the file's list is where it is in ``shared`` already (its codes stay).
+
+    Example:
+        >>> shared, tables = shared_categories([["B", "T"], ["T", "NK"]])
+        >>> shared, tables[0], tables[1].tolist()
+        (['B', 'T', 'NK'], None, [1, 2])
+    """
+    where: dict[str, int] = {}
+    for names in lists:
+        for name in names:
+            where.setdefault(name, len(where))
+    tables: list[np.ndarray | None] = []
+    for names in lists:
+        table = np.array([where[name] for name in names], np.int64)
+        tables.append(None if np.array_equal(table, np.arange(table.size)) else table)
+    return list(where), tables

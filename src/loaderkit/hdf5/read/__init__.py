@@ -19,6 +19,10 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``sessionfiles``: ``SessionFiles``, the reader's base: its state, open files and their checks;
 - ``widekeys``: keys whose rows span many chunks, read apart (functions over that state);
 - ``reader``: ``SessionReader``, the default reads of one or several keys;
+- ``csrforms``: what a batch of CSR rows becomes (sparse CSR tensor, dense rows, tokens);
 - ``csrplan``: where a batch of CSR rows lies (``SpanCatalog``: indptr and chunk tables);
 - ``csrrows``: ``CSRReader``, rows of CSR matrices (AnnData) read as runs of their spans.
+- ``csrsessions``: ``csr_sessions``, what every file holds of a CSR key (shape, ``indptr``,
+  ``var``) and of the per-cell keys beside it (``LabelKey``: categorical codes on one shared
+  list), inspected once where the dataset is constructed.
 """

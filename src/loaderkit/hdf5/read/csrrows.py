@@ -1,21 +1,23 @@
-"""Rows of CSR matrices (AnnData ``.h5ad``): a batch's spans of ``data``/``indices`` read as runs.
+"""Rows of CSR matrices (AnnData ``.h5ad``): a batch's spans of ``data``/``indices`` read raw.
 
 ``CSRReader`` is the ``SessionReader`` of a key that names a CSR group
 (``loaderkit.hdf5.meta.anndata.CSRGroup``). Its two keys are the group's ``data`` and
-``indices`` (1-D, read like any dataset of the base: ``os.preadv`` at the raw offset when
-contiguous, the chunk index and codecs of ``chunkio`` when chunked -- decoded in the reading
-thread, outside every lock -- and h5py otherwise); ``indptr`` is read once per session and
-process and held (8 bytes a cell). A batch is read in sorted order: each row is the span
-``[indptr[r], indptr[r+1])``, adjacent spans are one run (block order makes long runs), and
-every run goes into one values buffer and one column-id buffer for the whole batch, then in
-request order. Column ids are checked per batch (one vectorised pass): a damaged file is an
-``HDF5FileError`` naming the row, never a wrong row.
+``indices``; row ``r`` is the span ``[indptr[r], indptr[r+1])`` of both. ``indptr`` is read
+once per session and process and held, with where the two datasets' chunks lie, in a
+``csrplan.SpanCatalog``. A batch is planned from it at once, whatever the number of sessions
+it draws from: rows back to back in both the file and the batch are one run, each run's part
+in a chunk one ``os.preadv`` (``csrplan.plan_pieces``), page cache first and the misses asked
+for together (``pieceio.read_pieces``), straight into one values buffer and one column-id
+buffer in request order. Until a session's tables are held, and for compressed chunks, a
+short read or any error, the batch is read session by session in sorted order, through the
+base's chunk index and codecs (decoded in the reading thread, outside every lock), and every
+error names its file and rows. Column ids are checked per batch (one vectorised pass): a
+damaged file is an ``HDF5FileError`` naming the row, never a wrong row.
 
-What a batch becomes (``form``): ``"csr"`` (default) one ``torch.sparse_csr_tensor`` of shape
-``(batch, n_vars)`` built from the buffers, a sample a 1-D ``torch.sparse_coo_tensor``;
-``"dense"`` rows scattered into a zeroed batch buffer (``batch_buffer``: a worker's slot);
-``"tokens"`` per row ``{"genes": int64 ids, "values": values}``, a batch padded as
-``pad_collate`` pads it. A gene subset (``select_genes``) keeps some columns, renumbered.
+Keys beside the matrix (``labels``: ``obs`` columns, ``obsm`` embeddings) are keys 2.. read by
+the base's reads; samples and batches are then dicts. What the matrix's batch becomes
+(``form``: sparse CSR tensor, dense rows, tokens) is ``csrforms``'. A gene subset
+(``configure``) keeps some columns, renumbered.
 
 Example:
     >>> from loaderkit.hdf5.meta.anndata import CSRGroup
@@ -25,38 +27,29 @@ Example:
 
 from __future__ import annotations
 
-import itertools
+import functools
 import threading
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from loaderkit.errors import ConfigError, HDF5FileError
-from loaderkit.hdf5.meta.anndata import (
-    CSRGroup,
-    check_csr,
-    sparse_group,
-    var_difference,
-    var_names,
-    var_path,
-)
+from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
-from loaderkit.hdf5.meta.inventory import inspect_session
-from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
+from loaderkit.hdf5.meta.types import Samples, dict_rows
 from loaderkit.hdf5.read.chunkio import ReadPath
+from loaderkit.hdf5.read.csrforms import FORMS, matrix_batch, row_samples
 from loaderkit.hdf5.read.csrplan import CONTIGUOUS, SpanCatalog, plan_pieces
+from loaderkit.hdf5.read.csrsessions import LabelKey
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.pieceio import read_pieces
 from loaderkit.hdf5.read.rawio import pread
 from loaderkit.hdf5.read.reader import SessionReader
-from loaderkit.workers.collate import Padded, RowBatch, batch_buffer
+from loaderkit.hdf5.read.runs import plan_runs
+from loaderkit.workers.collate import RowBatch, batch_buffer
 
-__all__ = ["FORMS", "CSRReader", "csr_sessions"]
-
-#: What a batch of CSR rows becomes: a sparse CSR tensor, dense rows, or (gene ids, values).
-FORMS = ("csr", "dense", "tokens")
+__all__ = ["FORMS", "CSRReader"]
 
 
 class CSRReader(SessionReader):
@@ -68,6 +61,10 @@ class CSRReader(SessionReader):
     Args:
         groups: Per session, its ``CSRGroup`` (rows, columns, path).
         var: The column names every session shares (``None``: the files have no ``var``).
+        labels: The per-cell keys beside the matrix, read as keys 2.. (``specs[2:]``) by the
+            base's reads. Unless ``single`` (the key was one path), samples and batches are
+            dicts ``{name: value}``.
+        name: The matrix's name in those dicts.
         around: Bytes read around a row the page cache misses, and why
             (``csrplan.read_around``).
         **kwargs: ``SessionReader``'s arguments.
@@ -82,6 +79,8 @@ class CSRReader(SessionReader):
         *,
         groups: Sequence[CSRGroup],
         var: Sequence[str] | None,
+        labels: Sequence[LabelKey] = (),
+        name: str = "X",
         around: tuple[int, str] = (0, "not decided: a missed row's bytes alone are read"),
         **kwargs: Any,
     ) -> None:
@@ -89,6 +88,9 @@ class CSRReader(SessionReader):
         #: Bytes read around a row the page cache misses, and why (``csrplan.read_around``).
         self.around = around
         self.groups = list(groups)
+        #: The keys beside the matrix (``specs[2:]``).
+        self.labels = list(labels)
+        self.name = name
         self.n_vars = self.groups[0].n_vars if self.groups else 0
         self.var = None if var is None else list(var)
         self.form = "csr"
@@ -194,58 +196,90 @@ class CSRReader(SessionReader):
     # ------------------------------------------------------------------ reads
 
     def read_one(self, index: int, pos: int, row: int) -> Any:
-        """Sample ``index`` (session ``pos``, ``row``) in this reader's form."""
+        """Sample ``index`` (session ``pos``, ``row``) in this reader's form.
+
+        Unless the key was one path (``single``), ``{name: row, label: value...}``: a
+        categorical's value its shared code (``numpy.int64``), others as the base reads them.
+        """
         lengths, values, cols = self.gather(
             np.array([index], np.int64), np.array([(pos << ROW_BITS) | row], np.int64)
         )
-        return self._samples(lengths, values, cols)[0]
+        sample = self._samples(lengths, values, cols)[0]
+        if self.single:
+            return sample
+        handle = self.leased(pos, row, index)
+        try:
+            got = [self._one(handle, k, pos, row, index) for k in range(2, len(self.specs))]
+            if handle.watch:
+                self.verify(handle, pos, f"row {row}", index)
+        except MemoryError:
+            raise
+        except Exception as exc:
+            raise self.read_error(exc, pos, range(row, row + 1), index) from exc
+        finally:
+            self.cache.release(handle)
+        labels = zip(self.labels, got, strict=True)
+        where = (np.array([pos], np.int64), np.array([row], np.int64), self.ids, self.paths)
+        return {self.name: sample, **{key.name: key.value(v, *where) for key, v in labels}}
 
     def read_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
         """The rows of ``keys`` (dataset indices ``idx``) as one batch in this reader's form.
+
+        Unless ``single``, a dict batch ``{name: matrix batch, label: batch...}`` (the labels
+        read by the base's ``_read_key``, a categorical's codes as shared int64 codes).
 
         Returns:
             A ``RowBatch`` whose ``tensor`` is the batch (``collate`` returns it) and whose
             samples are built only when something asks for them.
         """
-        lengths, values, cols = self.gather(idx, keys)
-        n = lengths.size
-        if self.form == "dense":
-            tensor, out = batch_buffer(n, (self.n_out,), values.dtype)
-            out.fill(0)
-            out[np.repeat(np.arange(n), lengths), cols] = values
-            return RowBatch(tensor, list(out))
-        if self.form == "tokens":
-            return RowBatch(_padded(lengths, values, cols), lambda: _tokens(lengths, values, cols))
-        crow = np.zeros(n + 1, cols.dtype)
-        np.cumsum(lengths, out=crow[1:])
-        tensor = torch.sparse_csr_tensor(
-            torch.from_numpy(crow),
-            torch.from_numpy(cols),
-            torch.from_numpy(values),
-            size=(n, self.n_out),
-            check_invariants=False,
+        matrix = self._matrix_batch(idx, keys)
+        if self.single:
+            return matrix
+        order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
+        if starts is None:
+            starts = np.arange(idx.size)
+        self.reading.append(None)  # threads reading now: ``_fill`` chooses its calls by it
+        try:
+            parts = [
+                self._label_key(k, label, idx, keys, order, starts)
+                for k, label in enumerate(self.labels, start=2)
+            ]
+        finally:
+            self.reading.pop()
+        names = [self.name, *(label.name for label in self.labels)]
+        batch = dict(zip(names, [matrix.tensor, *(part[1] for part in parts)], strict=True))
+        ragged = next(
+            (self._ragged_names[k + 2] for k, p in enumerate(parts) if p[1] is None), None
         )
-        return RowBatch(tensor, lambda: self._samples(lengths, values, cols))
+        rows = functools.partial(dict_rows, names, [matrix.copy, *(part[0] for part in parts)])
+        return RowBatch(None if ragged else batch, rows, ragged=ragged)
+
+    def _label_key(
+        self,
+        k: int,
+        label: LabelKey,
+        idx: np.ndarray,
+        keys: np.ndarray,
+        order: np.ndarray | None,
+        starts: np.ndarray,
+    ) -> tuple[Samples, Any]:
+        """Label key ``k``'s samples and batch; a categorical's codes shared, as int64."""
+        if label.categories is None:
+            return self._read_key(k, idx, keys, order, starts)
+        stored = np.empty(idx.size, self.types[k].read_dtype)
+        self._fill(k, idx, keys, order, starts, stored)
+        tensor, codes = batch_buffer(idx.size, (), np.dtype(np.int64))
+        np.copyto(codes, stored)
+        label.shared_codes(codes, keys >> ROW_BITS, keys & ROW_MASK, self.ids, self.paths)
+        return functools.partial(list, codes), tensor
+
+    def _matrix_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
+        """The matrix's rows of ``keys`` as one batch in this reader's form."""
+        return matrix_batch(self.form, self.n_out, *self.gather(idx, keys))
 
     def _samples(self, lengths: np.ndarray, values: np.ndarray, cols: np.ndarray) -> list[Any]:
         """Per-row samples in this reader's form."""
-        if self.form == "tokens":
-            return _tokens(lengths, values, cols)
-        bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
-        samples: list[Any] = []
-        for a, b in itertools.pairwise(bounds):
-            if self.form == "dense":
-                row = np.zeros(self.n_out, values.dtype)
-                row[cols[a:b]] = values[a:b]
-                samples.append(row)
-            else:
-                ids = torch.from_numpy(cols[a:b].astype(np.int64)).reshape(1, -1)
-                samples.append(
-                    torch.sparse_coo_tensor(
-                        ids, torch.from_numpy(values[a:b]), (self.n_out,), check_invariants=False
-                    )
-                )
-        return samples
+        return row_samples(self.form, self.n_out, lengths, values, cols)
 
     def gather(
         self, idx: np.ndarray, keys: np.ndarray
@@ -547,121 +581,3 @@ def _fd_of(handle: Handle, k: int) -> int:
     if raw is not None:
         return raw[0]
     return chunked.fd if chunked is not None else -1
-
-
-def _tokens(lengths: np.ndarray, values: np.ndarray, cols: np.ndarray) -> list[dict[str, Any]]:
-    """Per row ``{"genes": int64 ids, "values": values}``."""
-    bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
-    return [
-        {
-            "genes": torch.from_numpy(cols[a:b].astype(np.int64)),
-            "values": torch.from_numpy(values[a:b].copy()),
-        }
-        for a, b in itertools.pairwise(bounds)
-    ]
-
-
-def _padded(lengths: np.ndarray, values: np.ndarray, cols: np.ndarray) -> dict[str, Padded]:
-    """The token rows padded at the end with 0, as ``pad_collate`` pads them."""
-    n = lengths.size
-    width = int(lengths.max()) if n else 0
-    genes = np.zeros((n, width), np.int64)
-    vals = np.zeros((n, width), values.dtype)
-    rows = np.repeat(np.arange(n), lengths)
-    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-    within = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
-    genes[rows, within] = cols
-    vals[rows, within] = values
-    counts = torch.from_numpy(lengths.astype(np.int64))
-    return {
-        "genes": Padded(torch.from_numpy(genes), counts),
-        "values": Padded(torch.from_numpy(vals), counts.clone()),
-    }
-
-
-def csr_sessions(
-    open_file: Callable[[int], Any],
-    ids: Sequence[Hashable],
-    paths: Sequence[str],
-    specs: Sequence[KeySpec],
-) -> tuple[list[SessionRecord], list[KeySpec], list[CSRGroup], list[str] | None] | None:
-    """What every session holds of a key naming a CSR group; ``None`` for any other key.
-
-    Opens each file once (``open_file(pos)``): the group's encoding and shape, its ``indptr``
-    checked against ``data``/``indices`` (``check_csr``), and the ``var`` index, which every
-    session must share (names and order).
-
-    Returns:
-        ``(records, specs, groups, var)``: per session the ``SessionRecord`` of the group's
-        ``data`` and ``indices`` (the two keys ``specs``), its ``CSRGroup``, and the shared
-        var names (``None`` when the files have no ``var`` index).
-
-    Raises:
-        ConfigError: CSC or unknown encodings (``sparse_group``), a CSR key with other keys
-            or a ``sample_axis``, sessions whose key is not CSR or whose var index differs.
-        HDF5FileError: A damaged CSR group (named file, row and what is wrong).
-    """
-    if not specs:
-        return None
-    with open_file(0) as f:
-        found = [sparse_group(f.get(s.path), s.path, ids[0], paths[0]) for s in specs]
-    if all(group is None for group in found):
-        return None
-    key = next(s.path for s, group in zip(specs, found, strict=True) if group is not None)
-    if len(specs) > 1 or specs[0].axis != 0:
-        raise ConfigError(
-            f"key {key!r} is a CSR matrix: it is read on its own, rows along axis 0, for now "
-            "(pass key=" + repr(key) + " without other keys or sample_axis)."
-        )
-    spec = specs[0]
-    records: list[SessionRecord] = []
-    groups: list[CSRGroup] = []
-    var: list[str] | None = None
-    parts: list[KeySpec] = []
-    for pos, (sid, path) in enumerate(zip(ids, paths, strict=True)):
-        with open_file(pos) as f:
-            group = sparse_group(f.get(key), key, sid, path)
-            if group is None:
-                raise ConfigError(
-                    f"key {key!r} of session {sid!r} ({path}) is not a CSR matrix, but it is "
-                    f"in session {ids[0]!r} ({paths[0]}): pass files of one encoding."
-                )
-            data, indices = f[group.data], f[group.indices]
-            if indices.dtype.kind not in "iu" or data.ndim != 1 or indices.ndim != 1:
-                raise HDF5FileError(
-                    f"key {key!r} of session {sid!r} ({path}): 'data' {data.shape} and "
-                    f"'indices' {indices.shape} ({indices.dtype}) are not 1-D values and "
-                    "integer column ids; the CSR group is damaged. Write the file again."
-                )
-            indptr = np.asarray(f[group.indptr][()], np.int64)
-            check_csr(group, indptr, data.shape[0], indices.shape[0], sid, path)
-            del indptr
-            names = var_names(f, var_path(key))
-            if pos == 0:
-                var = names
-            how = _var_differs(var, names, group, groups[0] if groups else group)
-            if how is not None:
-                raise ConfigError(
-                    f"session {sid!r} ({path}): its var index ({var_path(key)!r}) differs from "
-                    f"session {ids[0]!r}'s ({paths[0]}): {how}. Every file's columns must be "
-                    "the same genes in the same order: subset or reorder them when writing "
-                    "(adata[:, genes].write_h5ad), or pass files of one var index."
-                )
-            parts = [KeySpec(spec.name, group.data), KeySpec(f"{spec.name}/indices", group.indices)]
-            record, _, _ = inspect_session(f, parts, sid, path)
-        records.append(record)
-        groups.append(group)
-    return records, parts, groups, var
-
-
-def _var_differs(
-    first: list[str] | None, names: list[str] | None, group: CSRGroup, first_group: CSRGroup
-) -> str | None:
-    """How a session's columns differ from the first session's, or ``None``."""
-    if first is not None and names is not None:
-        return var_difference(first, names)
-    if group.n_vars != first_group.n_vars:
-        return f"it has {group.n_vars} columns where the first file has {first_group.n_vars}"
-    if (first is None) != (names is None):
-        return "one of the two files has no var index"
-    return None

@@ -1,0 +1,120 @@
+"""What a batch of CSR rows becomes: a sparse CSR tensor, dense rows, or (gene ids, values).
+
+The reads (``csrrows.CSRReader.gather``) give a batch as three arrays in request order: each
+row's number of stored values, the values and their column ids, back to back. ``FORMS`` are
+what the dataset's ``sparse=`` option makes of them:
+
+* ``"csr"``: one ``torch.sparse_csr_tensor`` ``(batch, columns)`` over those arrays (no dense
+  intermediate), a sample a 1-D ``torch.sparse_coo_tensor``;
+* ``"dense"``: rows scattered into a zeroed batch buffer (``batch_buffer``: a worker's slot);
+* ``"tokens"``: per row ``{"genes": int64 ids, "values": values}``, a batch padded at the end
+  with 0 as ``pad_collate`` pads it.
+
+Example:
+    >>> import numpy as np
+    >>> lengths, values, cols = np.array([1, 0]), np.array([5.0], "f4"), np.array([2], "i4")
+    >>> matrix_batch("csr", 3, lengths, values, cols).tensor.to_dense().tolist()
+    [[0.0, 0.0, 5.0], [0.0, 0.0, 0.0]]
+    >>> [row.tolist() for row in row_samples("dense", 3, lengths, values, cols)]
+    [[0.0, 0.0, 5.0], [0.0, 0.0, 0.0]]
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import torch
+
+from loaderkit.workers.collate import Padded, RowBatch, batch_buffer
+
+__all__ = ["FORMS", "matrix_batch", "row_samples"]
+
+#: What a batch of CSR rows becomes: a sparse CSR tensor, dense rows, or (gene ids, values).
+FORMS = ("csr", "dense", "tokens")
+
+
+def matrix_batch(
+    form: str, n_out: int, lengths: np.ndarray, values: np.ndarray, cols: np.ndarray
+) -> RowBatch:
+    """The rows as one batch in ``form``; the samples built only when something asks.
+
+    Args:
+        form: One of ``FORMS``.
+        n_out: Columns of a row.
+        lengths: Stored values of each row.
+        values: The values, row after row.
+        cols: Their column ids (``int32`` or ``int64``).
+    """
+    n = lengths.size
+    if form == "dense":
+        tensor, out = batch_buffer(n, (n_out,), values.dtype)
+        out.fill(0)
+        out[np.repeat(np.arange(n), lengths), cols] = values
+        return RowBatch(tensor, list(out))
+    if form == "tokens":
+        return RowBatch(_padded(lengths, values, cols), lambda: _tokens(lengths, values, cols))
+    crow = np.zeros(n + 1, cols.dtype)
+    np.cumsum(lengths, out=crow[1:])
+    tensor = torch.sparse_csr_tensor(
+        torch.from_numpy(crow),
+        torch.from_numpy(cols),
+        torch.from_numpy(values),
+        size=(n, n_out),
+        check_invariants=False,
+    )
+    return RowBatch(tensor, lambda: row_samples(form, n_out, lengths, values, cols))
+
+
+def row_samples(
+    form: str, n_out: int, lengths: np.ndarray, values: np.ndarray, cols: np.ndarray
+) -> list[Any]:
+    """Per-row samples in ``form`` (arguments as ``matrix_batch``'s)."""
+    if form == "tokens":
+        return _tokens(lengths, values, cols)
+    bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
+    samples: list[Any] = []
+    for a, b in itertools.pairwise(bounds):
+        if form == "dense":
+            row = np.zeros(n_out, values.dtype)
+            row[cols[a:b]] = values[a:b]
+            samples.append(row)
+        else:
+            ids = torch.from_numpy(cols[a:b].astype(np.int64)).reshape(1, -1)
+            samples.append(
+                torch.sparse_coo_tensor(
+                    ids, torch.from_numpy(values[a:b]), (n_out,), check_invariants=False
+                )
+            )
+    return samples
+
+
+def _tokens(lengths: np.ndarray, values: np.ndarray, cols: np.ndarray) -> list[dict[str, Any]]:
+    """Per row ``{"genes": int64 ids, "values": values}``."""
+    bounds = np.concatenate(([0], np.cumsum(lengths))).tolist()
+    return [
+        {
+            "genes": torch.from_numpy(cols[a:b].astype(np.int64)),
+            "values": torch.from_numpy(values[a:b].copy()),
+        }
+        for a, b in itertools.pairwise(bounds)
+    ]
+
+
+def _padded(lengths: np.ndarray, values: np.ndarray, cols: np.ndarray) -> dict[str, Padded]:
+    """The token rows padded at the end with 0, as ``pad_collate`` pads them."""
+    n = lengths.size
+    width = int(lengths.max()) if n else 0
+    genes = np.zeros((n, width), np.int64)
+    vals = np.zeros((n, width), values.dtype)
+    rows = np.repeat(np.arange(n), lengths)
+    starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+    within = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+    genes[rows, within] = cols
+    vals[rows, within] = values
+    counts = torch.from_numpy(lengths.astype(np.int64))
+    return {
+        "genes": Padded(torch.from_numpy(genes), counts),
+        "values": Padded(torch.from_numpy(vals), counts.clone()),
+    }

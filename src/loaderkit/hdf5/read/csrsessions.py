@@ -1,0 +1,317 @@
+"""What every session file holds of a key naming a CSR group, and of the per-cell keys beside it.
+
+``csr_sessions`` opens each file once where the dataset is constructed: the group's encoding
+and shape (``loaderkit.hdf5.meta.anndata.sparse_group``), its ``indptr`` checked against
+``data``/``indices``, the ``var`` index every session must share, and every other key
+(``obs/<column>``, ``obsm/<name>``) as a ``LabelKey``: one value per cell, a categorical's
+codes mapped onto one category list shared by every file.
+
+Example:
+    >>> csr_sessions(lambda pos: None, [], [], []) is None
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from loaderkit.errors import ConfigError, HDF5FileError
+from loaderkit.hdf5.meta.anndata import (
+    CSRGroup,
+    ObsColumn,
+    check_csr,
+    obs_column,
+    shared_categories,
+    sparse_group,
+    var_difference,
+    var_names,
+    var_path,
+)
+from loaderkit.hdf5.meta.inventory import inspect_session
+from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
+
+__all__ = ["CSRSessions", "LabelKey", "csr_sessions"]
+
+
+@dataclass(frozen=True)
+class LabelKey:
+    """A per-cell key read beside a CSR matrix: its sample name and, if categorical, its codes.
+
+    Attributes:
+        name: Its name in a sample's dict.
+        path: The key as given (``"obs/cell_type"``), for messages.
+        categories: The category names every session's codes are mapped onto (the union of
+            the files' lists, first seen first); ``None``: values served as stored.
+        sizes: Per session, how many categories its own list holds (a larger code is damage).
+        tables: Per session, ``table[code]`` is the shared code; ``None``: its codes stay.
+
+    Example:
+        >>> key = LabelKey("y", "obs/y", ("B", "T", "NK"), (2, 2), (None, np.array([1, 2])))
+        >>> key.shared_codes(np.array([0, 1, -1, 1]), np.array([0, 1, 1, 0]),
+        ...                  np.arange(4), ["a", "b"], ["a.h5ad", "b.h5ad"]).tolist()
+        [0, 2, -1, 1]
+    """
+
+    name: str
+    path: str
+    categories: tuple[str, ...] | None = None
+    sizes: tuple[int, ...] = ()
+    tables: tuple[np.ndarray | None, ...] = ()
+
+    def value(
+        self,
+        value: Any,
+        positions: np.ndarray,
+        rows: np.ndarray,
+        ids: Sequence[Hashable],
+        paths: Sequence[str],
+    ) -> Any:
+        """One row's ``value`` as served: a categorical's shared code (``numpy.int64``).
+
+        ``positions`` and ``rows`` hold the row's session position and row (one each).
+        """
+        if self.categories is None:
+            return value
+        return self.shared_codes(np.array([value], np.int64), positions, rows, ids, paths)[0]
+
+    def shared_codes(
+        self,
+        codes: np.ndarray,
+        positions: np.ndarray,
+        rows: np.ndarray,
+        ids: Sequence[Hashable],
+        paths: Sequence[str],
+    ) -> np.ndarray:
+        """``codes`` (int64, read from sessions ``positions``) as codes of ``categories``, in place.
+
+        -1 (missing) stays -1.
+
+        Raises:
+            HDF5FileError: A code below -1 or past its session's list, naming the file and row.
+        """
+        sizes = np.asarray(self.sizes, np.int64)[positions]
+        bad = np.flatnonzero((codes < -1) | (codes >= sizes))
+        if bad.size:
+            i = int(bad[0])
+            p = int(positions[i])
+            raise HDF5FileError(
+                f"session {ids[p]!r} ({paths[p]}), key {self.path!r}: row {int(rows[i])} holds "
+                f"category code {int(codes[i])}, outside -1..{self.sizes[p] - 1} (the file's "
+                f"{self.sizes[p]} categories); the column is damaged, so the row was not "
+                "returned. Write the file again (anndata's write_h5ad)."
+            )
+        if not any(table is not None for table in self.tables):
+            return codes
+        starts = np.zeros(len(self.sizes) + 1, np.int64)
+        np.cumsum(self.sizes, out=starts[1:])
+        flat = np.concatenate(
+            [
+                np.arange(n, dtype=np.int64) if table is None else table
+                for n, table in zip(self.sizes, self.tables, strict=True)
+            ]
+        )
+        known = codes >= 0
+        codes[known] = flat[starts[positions[known]] + codes[known]]
+        return codes
+
+
+@dataclass(frozen=True)
+class CSRSessions:
+    """What ``csr_sessions`` found: the ``CSRReader``'s arguments.
+
+    Attributes:
+        records: Per session, the ``SessionRecord`` of every key in ``specs``.
+        specs: The group's ``data`` and ``indices``, then the dataset of each label key.
+        groups: Per session, its ``CSRGroup``.
+        var: The var names every session shares (``None``: the files have no var index).
+        labels: The keys beside the matrix, in the order given (``specs[2:]``).
+        name: The matrix's name in a sample's dict.
+
+    Example:
+        >>> CSRSessions([], [], [], None, [], "X").labels
+        []
+    """
+
+    records: list[SessionRecord]
+    specs: list[KeySpec]
+    groups: list[CSRGroup]
+    var: list[str] | None
+    labels: list[LabelKey]
+    name: str
+
+
+def csr_sessions(
+    open_file: Callable[[int], Any],
+    ids: Sequence[Hashable],
+    paths: Sequence[str],
+    specs: Sequence[KeySpec],
+) -> CSRSessions | None:
+    """What every session holds of keys naming a CSR group (and others); ``None`` without one.
+
+    Opens each file once (``open_file(pos)``): the group's encoding and shape, its ``indptr``
+    checked against ``data``/``indices`` (``check_csr``), the ``var`` index, which every
+    session must share (names and order), and each other key as a per-cell column
+    (``obs_column``) with one row per cell.
+
+    Raises:
+        ConfigError: CSC or unknown encodings (``sparse_group``), two sparse keys, a
+            ``sample_axis``, sessions whose key is not CSR or whose var index differs; a
+            key beside the matrix that is not one value per cell (named), has another row
+            count than the matrix, or is categorical in one file and not in another.
+        HDF5FileError: A damaged CSR group or categorical column (named file, row, what).
+    """
+    if not specs:
+        return None
+    found: list[CSRGroup | None] = []
+    refused: list[ConfigError] = []
+    with open_file(0) as f:
+        for s in specs:
+            try:
+                found.append(sparse_group(f.get(s.path), s.path, ids[0], paths[0]))
+            except ConfigError as exc:  # a key beside a matrix says what it is below
+                found.append(None)
+                refused.append(exc)
+    sparse = [k for k, group in enumerate(found) if group is not None]
+    if not sparse:
+        if refused:
+            raise refused[0]
+        return None
+    spec = specs[sparse[0]]
+    key = spec.path
+    if len(sparse) > 1:
+        raise ConfigError(
+            f"keys {[specs[k].path for k in sparse]} are all sparse matrices; a dataset reads "
+            "one sparse matrix, with per-cell keys beside it (obs/<column>, obsm/<name>). Make "
+            "one dataset per matrix."
+        )
+    if any(s.axis != 0 for s in specs):
+        raise ConfigError(
+            f"key {key!r} is a CSR matrix: its rows lie along axis 0; pass it without sample_axis."
+        )
+    others = [s for k, s in enumerate(specs) if k != sparse[0]]
+    records: list[SessionRecord] = []
+    groups: list[CSRGroup] = []
+    columns: list[list[ObsColumn]] = []
+    var: list[str] | None = None
+    parts: list[KeySpec] = []
+    for pos, (sid, path) in enumerate(zip(ids, paths, strict=True)):
+        with open_file(pos) as f:
+            group = _group(f, key, sid, path, ids[0], paths[0])
+            names = var_names(f, var_path(key))
+            if pos == 0:
+                var = names
+            how = _var_differs(var, names, group, groups[0] if groups else group)
+            if how is not None:
+                raise ConfigError(
+                    f"session {sid!r} ({path}): its var index ({var_path(key)!r}) differs from "
+                    f"session {ids[0]!r}'s ({paths[0]}): {how}. Every file's columns must be "
+                    "the same genes in the same order: subset or reorder them when writing "
+                    "(adata[:, genes].write_h5ad), or pass files of one var index."
+                )
+            found_columns = [obs_column(f, s.path, sid, path) for s in others]
+            here = [
+                c if c is not None else ObsColumn(s.path)
+                for s, c in zip(others, found_columns, strict=True)
+            ]
+            parts = [KeySpec(spec.name, group.data), KeySpec(f"{spec.name}/indices", group.indices)]
+            parts += [KeySpec(s.name, c.path) for s, c in zip(others, here, strict=True)]
+            if columns:
+                _same_encoding(others, columns[0], here, (ids[0], paths[0]), (sid, path))
+            record, _, _ = inspect_session(f, parts, sid, path)  # a missing key: KeyError
+        for s, layout in zip(others, record.layouts[2:], strict=True):
+            if layout.rows != group.n_obs:
+                raise ConfigError(
+                    f"key {s.path!r} of session {sid!r} ({path}) has {layout.rows} rows, but "
+                    f"the matrix {key!r} has {group.n_obs} cells: every key beside it holds "
+                    "one row per cell (obs/<column>, obsm/<name>; var and varm hold one per "
+                    "gene)."
+                )
+        records.append(record)
+        groups.append(group)
+        columns.append(here)
+    labels = [_label(s, k, columns, records, ids, paths) for k, s in enumerate(others)]
+    return CSRSessions(records, parts, groups, var, labels, spec.name)
+
+
+def _group(f: Any, key: str, sid: Hashable, path: str, sid0: Hashable, path0: str) -> CSRGroup:
+    """Session ``sid``'s ``CSRGroup`` at ``key``, its ``indptr`` checked."""
+    group = sparse_group(f.get(key), key, sid, path)
+    if group is None:
+        raise ConfigError(
+            f"key {key!r} of session {sid!r} ({path}) is not a CSR matrix, but it is "
+            f"in session {sid0!r} ({path0}): pass files of one encoding."
+        )
+    data, indices = f[group.data], f[group.indices]
+    if indices.dtype.kind not in "iu" or data.ndim != 1 or indices.ndim != 1:
+        raise HDF5FileError(
+            f"key {key!r} of session {sid!r} ({path}): 'data' {data.shape} and "
+            f"'indices' {indices.shape} ({indices.dtype}) are not 1-D values and "
+            "integer column ids; the CSR group is damaged. Write the file again."
+        )
+    indptr = np.asarray(f[group.indptr][()], np.int64)
+    check_csr(group, indptr, data.shape[0], indices.shape[0], sid, path)
+    return group
+
+
+def _same_encoding(
+    specs: Sequence[KeySpec],
+    first: Sequence[ObsColumn],
+    here: Sequence[ObsColumn],
+    at0: tuple[Hashable, str],
+    at: tuple[Hashable, str],
+) -> None:
+    """``ConfigError`` where a key is stored one way in the first file and another here."""
+    for s, a, b in zip(specs, first, here, strict=True):
+        if a.path != b.path or (a.categories is None) != (b.categories is None):
+            raise ConfigError(
+                f"key {s.path!r} is {a.encoding} in session {at0[0]!r} ({at0[1]}) but "
+                f"{b.encoding} in session {at[0]!r} ({at[1]}); pass files that store it "
+                "alike (write every file with one anndata version, a categorical in each: "
+                "`.astype('category')`)."
+            )
+
+
+def _label(
+    spec: KeySpec,
+    k: int,
+    columns: Sequence[Sequence[ObsColumn]],
+    records: Sequence[SessionRecord],
+    ids: Sequence[Hashable],
+    paths: Sequence[str],
+) -> LabelKey:
+    """The ``LabelKey`` of extra key ``k``: its categories shared by every session."""
+    lists = [session[k].categories for session in columns]
+    if lists[0] is None:
+        return LabelKey(spec.name, spec.path)
+    dtypes = [rec.layouts[k + 2].dtype for rec in records]
+    other = next((p for p, dtype in enumerate(dtypes) if dtype != dtypes[0]), None)
+    if other is not None:
+        raise ConfigError(
+            f"key {spec.path!r}: its category codes are {dtypes[0]} in session {ids[0]!r} "
+            f"({paths[0]}) but {dtypes[other]} in session {ids[other]!r} ({paths[other]}) "
+            "(anndata stores codes in the smallest integer type their categories fit); "
+            "loaderkit reads one dtype per key. Give every file the same categories before "
+            "writing (`adata.obs[col] = adata.obs[col].cat.set_categories(shared)`)."
+        )
+    full = [tuple(names or ()) for names in lists]
+    shared, tables = shared_categories(full)
+    return LabelKey(
+        spec.name, spec.path, tuple(shared), tuple(len(names) for names in full), tuple(tables)
+    )
+
+
+def _var_differs(
+    first: list[str] | None, names: list[str] | None, group: CSRGroup, first_group: CSRGroup
+) -> str | None:
+    """How a session's columns differ from the first session's, or ``None``."""
+    if first is not None and names is not None:
+        return var_difference(first, names)
+    if group.n_vars != first_group.n_vars:
+        return f"it has {group.n_vars} columns where the first file has {first_group.n_vars}"
+    if (first is None) != (names is None):
+        return "one of the two files has no var index"
+    return None
