@@ -72,8 +72,8 @@ class HandoffStats:
             the slots).
         fallback: Tensor batches that took torch's path because no slot was free: the loop
             held on to more batches than the pool has (none was ever overwritten).
-        other: Batches with no tensor (or tensors the pool does not carry: sparse, on a device,
-            requiring grad), sent by torch as they are.
+        other: Batches with no tensor (or tensors the pool does not carry: sparse other than
+            CSR, on a device, requiring grad), sent by torch as they are.
         slots: Slots per worker (0 with torch's path).
         slot_bytes: Size of the largest slot mapped so far.
         pinned: Slots registered as pinned memory (CUDA hosts with ``pin_memory=True``); only

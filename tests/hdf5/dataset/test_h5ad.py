@@ -8,6 +8,7 @@ every row is compared with anndata's own reading.
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -280,3 +281,28 @@ def test_spans_read_raw_in_pieces_equal_the_rows(tmp_path: Path, chunks: int | N
                 picked = order[start : start + 32].tolist()
                 got = np.stack([row.to_dense().numpy() for row in ds.__getitems__(picked)])
                 assert np.array_equal(got, truth[picked])
+
+
+def test_sparse_batches_cross_in_the_workers_slots_and_torch_never_warns(
+    corpus: tuple[list[Path], np.ndarray],
+) -> None:
+    """A CSR batch travels as its three parts in a slot and is made again on arrival."""
+    paths, _ = corpus
+    with HDF5SessionDataset(paths, key="X") as ds:
+        alone = _epoch(ds, shuffle=True, num_workers=0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with create_dataloader(
+                ds,
+                batch_size=64,
+                seed=3,
+                shuffle=True,
+                num_workers=2,
+                multiprocessing_context="fork",
+            ) as loader:
+                got = list(loader)
+                stats = loader.handoff_stats()
+        assert all(b.layout == torch.sparse_csr for b in got)
+        assert all(np.array_equal(a, dense(b)) for a, b in zip(alone, got, strict=True))
+        assert stats.path == "slots" and stats.pooled == stats.batches == len(got)
+        assert not [w for w in caught if "invariant" in str(w.message)]
