@@ -9,7 +9,8 @@ identities), finds the key when none is given, tells files listed twice apart, b
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import contextlib
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import h5py
@@ -17,6 +18,7 @@ import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError, warn
 from loaderkit.hdf5.convert.rowcache import cached_record
+from loaderkit.hdf5.meta.anndata import CSRGroup, var_difference, var_path
 from loaderkit.hdf5.meta.diagnose import metadata_errors, open_diagnosis
 from loaderkit.hdf5.meta.index import (
     pack_index,
@@ -37,11 +39,21 @@ from loaderkit.hdf5.meta.layout import (
 from loaderkit.hdf5.meta.types import RowType
 from loaderkit.hdf5.read.csrrows import CSRReader, csr_sessions
 from loaderkit.hdf5.read.reader import SessionReader
-from loaderkit.hdf5.remote.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
+from loaderkit.hdf5.remote.remotemeta import (
+    CSRRecord,
+    MetaStore,
+    RemoteRecord,
+    inspect_remote,
+    open_remote,
+    tree_names,
+)
 from loaderkit.hdf5.remote.sources import SessionSources
 from loaderkit.storage import ObjectInfo
 
 __all__ = ["DatasetInspection"]
+
+#: What one file holds of a CSR key: record, the keys ``data`` and ``indices``, group, var.
+_CSRSession = tuple[SessionRecord, list[KeySpec], CSRGroup, list[str] | None]
 
 
 class DatasetInspection:
@@ -133,13 +145,14 @@ class DatasetInspection:
             found = self._autodetect_key()
             specs = [] if found is None else parse_keys(found, self.sample_axis) or []
             self.key = found
-        csr = self._csr_reader(specs, max_open, memory_map, max_session_bytes)
+        kept = self._remote_records(specs)
+        csr = self._csr_reader(specs, kept, max_open, memory_map, max_session_bytes)
         if csr is not None:  # AnnData's CSR matrix: its own reader (read.csrrows)
             return csr
         records: list[SessionRecord] = []
         resolved: list[KeySpec] = list(specs)
         uneven = [False] * len(specs)
-        remote, known = self._inspect_remote(specs)
+        remote, known = self._dense_remote(kept)
         for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
             if pos in remote:
                 record, resolved, odd = remote[pos]
@@ -193,18 +206,29 @@ class DatasetInspection:
         )
 
     def _csr_reader(
-        self, specs: Sequence[KeySpec], max_open: int, memory_map: bool, max_session_bytes: int
+        self,
+        specs: Sequence[KeySpec],
+        remote: Mapping[int, RemoteRecord | CSRRecord],
+        max_open: int,
+        memory_map: bool,
+        max_session_bytes: int,
     ) -> CSRReader | None:
-        """The reader of a key naming a CSR group (``read.csrrows``); ``None`` for other keys."""
-        if self._sources is not None:  # URLs and the node cache: metadata read elsewhere
-            return None
-        found = csr_sessions(self._open_for_inspection, self._ids, self._paths, specs)
+        """The reader of a key naming a CSR group (``read.csrrows``); ``None`` for other keys.
+
+        Files read in place are inspected by ``csr_sessions``; files read through the node
+        cache one by one (``_cached_csr``: URLs from their kept ``CSRRecord``).
+        """
+        known: dict[tuple[int, int], RowType | Exception] = {}
+        if self._sources is None:
+            found = csr_sessions(self._open_for_inspection, self._ids, self._paths, specs)
+        else:
+            found = self._cached_csr(specs, remote, known)
         if found is None:
             return None
         records, parts, groups, var = found
         files = list(zip(self._ids, self._paths, strict=True))
         check_rows(records, parts, files)
-        types = row_types(records, parts, None, files, self._open_for_inspection)
+        types = row_types(records, parts, None, files, self._open_for_inspection, known)
         return CSRReader(
             groups=groups,
             var=var,
@@ -226,19 +250,84 @@ class DatasetInspection:
             max_session_bytes=max_session_bytes,
         )
 
-    def _inspect_remote(
-        self, specs: Sequence[KeySpec]
-    ) -> tuple[
-        dict[int, tuple[SessionRecord, list[KeySpec], list[bool]]],
-        dict[tuple[int, int], RowType | Exception],
-    ]:
-        """Remote sessions' records and row types (``remotemeta``: range reads, kept)."""
+    def _cached_csr(
+        self,
+        specs: Sequence[KeySpec],
+        remote: Mapping[int, RemoteRecord | CSRRecord],
+        known: dict[tuple[int, int], RowType | Exception],
+    ) -> tuple[list[SessionRecord], list[KeySpec], list[CSRGroup], list[str] | None] | None:
+        """``csr_sessions``'s result for a dataset read through the node cache, file by file.
+
+        A URL's part is its ``CSRRecord`` (``remotemeta``: range reads, kept; its row types go
+        to ``known``), a local file's is ``csr_sessions`` over it alone (without identity
+        when cached: the cache keys the copy); then the same checks across files: every file
+        CSR, one var index. ``None`` when the first file's key is not a CSR group.
+        """
+        sessions: list[_CSRSession] = []
+        for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
+            rec = remote.get(pos)
+            if rec is None and pos not in remote:
+                one = self._local_csr(pos, specs)
+            elif isinstance(rec, CSRRecord):
+                kept = rec.remote
+                known.update({(pos, k): rt for k, rt in enumerate(kept.types)})
+                var = None if rec.var is None else list(rec.var)
+                one = (kept.record, list(kept.resolved), rec.group, var)
+            else:
+                one = None
+            if one is None:
+                if pos == 0:
+                    return None
+                raise ConfigError(
+                    f"key {sessions[0][2].path!r} of session {sid!r} ({path}) is not a CSR "
+                    f"matrix, but it is in session {self._ids[0]!r} ({self._paths[0]}): pass "
+                    "files of one encoding."
+                )
+            how = _var_differs(sessions[0] if sessions else one, one)
+            if how is not None:
+                where = var_path(one[2].path)
+                raise ConfigError(
+                    f"session {sid!r} ({path}): its var index ({where!r}) differs from "
+                    f"session {self._ids[0]!r}'s ({self._paths[0]}): {how}. Every file's "
+                    "columns must be the same genes in the same order: subset or reorder them "
+                    "when writing (adata[:, genes].write_h5ad), or pass files of one var index."
+                )
+            sessions.append(one)
+        return (
+            [one[0] for one in sessions],
+            sessions[0][1],
+            [one[2] for one in sessions],
+            sessions[0][3],
+        )
+
+    def _local_csr(self, pos: int, specs: Sequence[KeySpec]) -> _CSRSession | None:
+        """A local file's part of a CSR key (``None``: the key is not a CSR group there)."""
+        sources = self._sources
+        cached = sources is not None and sources.cached(pos)
+        with self._open_for_inspection(pos) as f:
+            found = csr_sessions(
+                lambda _: contextlib.nullcontext(f),
+                [self._ids[pos]],
+                [self._paths[pos]],
+                specs,
+                identity=not cached,
+            )
+            if found is None:
+                return None
+            (record,), parts, (group,), var = found
+            if cached:
+                assert sources is not None
+                record = cached_record(record, f, parts, sources.cache.layout)
+        return record, parts, group, var
+
+    def _remote_records(self, specs: Sequence[KeySpec]) -> dict[int, RemoteRecord | CSRRecord]:
+        """Remote sessions' records (``remotemeta``: range reads, kept in the cache)."""
         sources = self._sources
         infos = {} if sources is None else sources.remote
         if not infos:
-            return {}, {}
+            return {}
         assert sources is not None
-        found = inspect_remote(
+        return inspect_remote(
             infos,
             self._ids,
             specs,
@@ -247,10 +336,25 @@ class DatasetInspection:
             MetaStore(sources.cache.dir),
             sources.cache.layout,
         )
-        records = {
-            pos: (rec.record, list(rec.resolved), list(rec.uneven)) for pos, rec in found.items()
-        }
-        known = {(pos, k): rt for pos, rec in found.items() for k, rt in enumerate(rec.types)}
+
+    def _dense_remote(
+        self, found: Mapping[int, RemoteRecord | CSRRecord]
+    ) -> tuple[
+        dict[int, tuple[SessionRecord, list[KeySpec], list[bool]]],
+        dict[tuple[int, int], RowType | Exception],
+    ]:
+        """Remote sessions' records and row types for keys that are not CSR groups."""
+        records: dict[int, tuple[SessionRecord, list[KeySpec], list[bool]]] = {}
+        known: dict[tuple[int, int], RowType | Exception] = {}
+        for pos, rec in found.items():
+            if isinstance(rec, CSRRecord):
+                raise ConfigError(
+                    f"key {rec.group.path!r} of session {self._ids[pos]!r} "
+                    f"({self._paths[pos]}) is a CSR matrix, but not in session "
+                    f"{self._ids[0]!r} ({self._paths[0]}): pass files of one encoding."
+                )
+            records[pos] = (rec.record, list(rec.resolved), list(rec.uneven))
+            known.update({(pos, k): rt for k, rt in enumerate(rec.types)})
         return records, known
 
     def _canonical(self, records: Sequence[SessionRecord]) -> list[int]:
@@ -308,3 +412,15 @@ class DatasetInspection:
     def _key_name(self, reader: SessionReader) -> str | None:
         specs = reader.specs
         return specs[0].path if len(specs) == 1 else None if not specs else str(self.key)
+
+
+def _var_differs(first: _CSRSession, other: _CSRSession) -> str | None:
+    """How a session's columns differ from the first session's (``None``: they do not)."""
+    names, theirs = first[3], other[3]
+    if names is not None and theirs is not None:
+        return var_difference(names, theirs)
+    if first[2].n_vars != other[2].n_vars:
+        return f"it has {other[2].n_vars} columns where the first file has {first[2].n_vars}"
+    if (names is None) != (theirs is None):
+        return "one of the two files has no var index"
+    return None

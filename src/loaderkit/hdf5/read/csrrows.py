@@ -497,12 +497,15 @@ def csr_sessions(
     ids: Sequence[Hashable],
     paths: Sequence[str],
     specs: Sequence[KeySpec],
+    *,
+    identity: bool = True,
 ) -> tuple[list[SessionRecord], list[KeySpec], list[CSRGroup], list[str] | None] | None:
     """What every session holds of a key naming a CSR group; ``None`` for any other key.
 
     Opens each file once (``open_file(pos)``): the group's encoding and shape, its ``indptr``
     checked against ``data``/``indices`` (``check_csr``), and the ``var`` index, which every
-    session must share (names and order).
+    session must share (names and order). ``identity=False``: records without the local
+    file's identity (``inventory.inspect_session``; files read through a cache).
 
     Returns:
         ``(records, specs, groups, var)``: per session the ``SessionRecord`` of the group's
@@ -561,7 +564,7 @@ def csr_sessions(
                     "(adata[:, genes].write_h5ad), or pass files of one var index."
                 )
             parts = [KeySpec(spec.name, group.data), KeySpec(f"{spec.name}/indices", group.indices)]
-            record, _, _ = inspect_session(f, parts, sid, path)
+            record, _, _ = inspect_session(f, parts, sid, path, identity=identity)
         records.append(record)
         groups.append(group)
     return records, parts, groups, var
