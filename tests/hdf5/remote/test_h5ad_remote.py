@@ -101,9 +101,7 @@ def test_metadata_is_read_with_range_requests_once_and_kept(
 
 
 @pytest.mark.parametrize("sparse", ["csr", "dense", "tokens"])
-def test_rows_equal_the_local_files_in_every_form(
-    s3: Remote, tmp_path: Path, sparse: str
-) -> None:
+def test_rows_equal_the_local_files_in_every_form(s3: Remote, tmp_path: Path, sparse: str) -> None:
     genes = ["gene7", "gene3", "gene40"] if sparse == "dense" else None
     local = HDF5SessionDataset(s3.paths, key="X", sparse=sparse, genes=genes)
     ds = _remote(s3, _cache(tmp_path), sparse=sparse, genes=genes)
