@@ -334,7 +334,7 @@ def rechunk_refusal(obj: Any, key: str, file: str) -> str | None:
         >>> import h5py, tempfile, os
         >>> with h5py.File(os.path.join(tempfile.mkdtemp(), "a.h5ad"), "w") as f:
         ...     f.create_group("X").attrs["encoding-type"] = "csr_matrix"
-        ...     rechunk_refusal(f["X"], "X", "a.h5ad")[:51]
+        ...     rechunk_refusal(f["X"], "X", "a.h5ad")[:50]
         "rechunk: 'X' in a.h5ad is an AnnData sparse matrix"
     """
     if not isinstance(obj, h5py.Group):
