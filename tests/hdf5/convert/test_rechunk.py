@@ -349,3 +349,29 @@ def test_the_installed_command_shows_progress(tmp_path: Path) -> None:
     )
     assert run.returncode == 0, run.stderr
     assert "writing" in run.stderr and "verifying" in run.stderr  # tqdm bars, on stderr
+
+
+def test_an_h5ad_sparse_matrix_is_refused_by_name_and_its_data_copies_intact(
+    tmp_path: Path,
+) -> None:
+    anndata = pytest.importorskip("anndata")
+    from tests.hdf5.h5adfiles import matrix, write_current, write_legacy
+
+    current = write_current(tmp_path / "current.h5ad", matrix(0))
+    legacy = write_legacy(tmp_path / "legacy.h5ad", matrix(1))
+    for path, key, encoding in (
+        (current, "X", "csr_matrix"),
+        (legacy, "raw.X", r"csr \(h5sparse\)"),
+    ):
+        want = rf"{key!r} in {path} is an AnnData sparse matrix \({encoding}\), not a dataset"
+        with pytest.raises(ConfigError, match=want):
+            rechunk([path], key, tmp_path / "out")
+        assert main(["rechunk", "--key", key, "--out", str(tmp_path / "cli"), str(path)]) != 0
+        assert not (tmp_path / "out" / path.name).exists()
+    # one dataset of the group (values) is rewritten as any dataset: the file stays a valid
+    # .h5ad whose rows anndata and loaderkit read as before
+    (result,) = rechunk([current], "X/data", tmp_path / "data")  # chunks: data can grow
+    want = anndata.read_h5ad(current).X.toarray()
+    assert np.array_equal(anndata.read_h5ad(result.target).X.toarray(), want)
+    with HDF5SessionDataset([result.target], key="X", sparse="dense") as ds:
+        assert np.array_equal(np.stack([ds[i] for i in range(len(ds))]), want)

@@ -40,6 +40,7 @@ import numpy as np
 from h5py import h5d, h5s, h5z
 
 from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError, add_note
+from loaderkit.hdf5.meta.anndata import rechunk_refusal
 from loaderkit.hdf5.meta.columnblocks import column_blocks
 from loaderkit.hdf5.meta.diagnose import hdf5_message, repair_advice
 from loaderkit.hdf5.meta.layout import dataset_names
@@ -186,6 +187,8 @@ def _lookup(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
             "as --key (the link is copied as it is)."
         )
     obj = f.get(key)
+    if (refused := rechunk_refusal(obj, key, str(path))) is not None:
+        raise ConfigError(refused)
     if not isinstance(obj, h5py.Dataset):
         what = "a group" if isinstance(obj, h5py.Group) else "missing"
         raise MissingKeyError(

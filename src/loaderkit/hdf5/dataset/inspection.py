@@ -9,7 +9,8 @@ identities), finds the key when none is given, tells files listed twice apart, b
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import contextlib
+from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
 import h5py
@@ -17,6 +18,7 @@ import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError, warn
 from loaderkit.hdf5.convert.rowcache import cached_record
+from loaderkit.hdf5.meta.anndata import CSRGroup
 from loaderkit.hdf5.meta.diagnose import metadata_errors, open_diagnosis
 from loaderkit.hdf5.meta.index import (
     pack_index,
@@ -37,14 +39,24 @@ from loaderkit.hdf5.meta.layout import (
 from loaderkit.hdf5.meta.types import RowType
 from loaderkit.hdf5.read.csrplan import read_around
 from loaderkit.hdf5.read.csrrows import CSRReader
-from loaderkit.hdf5.read.csrsessions import csr_sessions
+from loaderkit.hdf5.read.csrsessions import CSRSessions, check_var, csr_sessions
 from loaderkit.hdf5.read.reader import SessionReader
-from loaderkit.hdf5.remote.remotemeta import MetaStore, inspect_remote, open_remote, tree_names
+from loaderkit.hdf5.remote.remotemeta import (
+    CSRRecord,
+    MetaStore,
+    RemoteRecord,
+    inspect_remote,
+    open_remote,
+    tree_names,
+)
 from loaderkit.hdf5.remote.sources import SessionSources
 from loaderkit.machine.platform import memory_bytes
 from loaderkit.storage import ObjectInfo
 
 __all__ = ["DatasetInspection"]
+
+#: What one file holds of a CSR key: record, the keys ``data`` and ``indices``, group, var.
+_CSRSession = tuple[SessionRecord, list[KeySpec], CSRGroup, list[str] | None]
 
 
 class DatasetInspection:
@@ -136,13 +148,14 @@ class DatasetInspection:
             found = self._autodetect_key()
             specs = [] if found is None else parse_keys(found, self.sample_axis) or []
             self.key = found
-        csr = self._csr_reader(specs, max_open, memory_map, max_session_bytes)
+        kept = self._remote_records(specs)
+        csr = self._csr_reader(specs, kept, max_open, memory_map, max_session_bytes)
         if csr is not None:  # AnnData's CSR matrix: its own reader (read.csrrows)
             return csr
         records: list[SessionRecord] = []
         resolved: list[KeySpec] = list(specs)
         uneven = [False] * len(specs)
-        remote, known = self._inspect_remote(specs)
+        remote, known = self._dense_remote(kept)
         for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
             if pos in remote:
                 record, resolved, odd = remote[pos]
@@ -196,18 +209,29 @@ class DatasetInspection:
         )
 
     def _csr_reader(
-        self, specs: Sequence[KeySpec], max_open: int, memory_map: bool, max_session_bytes: int
+        self,
+        specs: Sequence[KeySpec],
+        remote: Mapping[int, RemoteRecord | CSRRecord],
+        max_open: int,
+        memory_map: bool,
+        max_session_bytes: int,
     ) -> CSRReader | None:
-        """The reader of a key naming a CSR group (``read.csrrows``); ``None`` for other keys."""
-        if self._sources is not None:  # URLs and the node cache: metadata read elsewhere
-            return None
-        found = csr_sessions(self._open_for_inspection, self._ids, self._paths, specs)
+        """The reader of a key naming a CSR group (``read.csrrows``); ``None`` for other keys.
+
+        Files read in place are inspected by ``csr_sessions``; files read through the node
+        cache one by one (``_cached_csr``: URLs from their kept ``CSRRecord``).
+        """
+        known: dict[tuple[int, int], RowType | Exception] = {}
+        if self._sources is None:
+            found = csr_sessions(self._open_for_inspection, self._ids, self._paths, specs)
+        else:
+            found = self._cached_csr(specs, remote, known)
         if found is None:
             return None
         records, parts = found.records, found.specs
         files = list(zip(self._ids, self._paths, strict=True))
         check_rows(records, parts, files)
-        types = row_types(records, parts, None, files, self._open_for_inspection)
+        types = row_types(records, parts, None, files, self._open_for_inspection, known)
         sizes = [rec.identity.size for rec in records if rec.identity is not None]
         return CSRReader(
             groups=found.groups,
@@ -233,19 +257,95 @@ class DatasetInspection:
             max_session_bytes=max_session_bytes,
         )
 
-    def _inspect_remote(
-        self, specs: Sequence[KeySpec]
-    ) -> tuple[
-        dict[int, tuple[SessionRecord, list[KeySpec], list[bool]]],
-        dict[tuple[int, int], RowType | Exception],
-    ]:
-        """Remote sessions' records and row types (``remotemeta``: range reads, kept)."""
+    def _cached_csr(
+        self,
+        specs: Sequence[KeySpec],
+        remote: Mapping[int, RemoteRecord | CSRRecord],
+        known: dict[tuple[int, int], RowType | Exception],
+    ) -> CSRSessions | None:
+        """``csr_sessions``'s result for a dataset read through the node cache, file by file.
+
+        A URL's part is its ``CSRRecord`` (``remotemeta``: range reads, kept; its row types go
+        to ``known``), a local file's is ``csr_sessions`` over it alone (without identity
+        when cached: the cache keys the copy); then the same checks across files: every file
+        CSR, one var index. ``None`` when the first file's key is not a CSR group.
+
+        Raises:
+            ConfigError: Keys beside the matrix (read from local files only, for now), a
+                file whose key is not CSR where the first file's is, another var index.
+        """
+        sessions: list[_CSRSession] = []
+        for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
+            rec = remote.get(pos)
+            if rec is None and pos not in remote:
+                one = self._local_csr(pos, specs[:1])
+            elif isinstance(rec, CSRRecord):
+                kept = rec.remote
+                known.update({(pos, k): rt for k, rt in enumerate(kept.types)})
+                var = None if rec.var is None else list(rec.var)
+                one = (kept.record, list(kept.resolved), rec.group, var)
+            else:
+                one = None
+            if one is None:
+                if pos == 0:
+                    return None
+                raise ConfigError(
+                    f"key {sessions[0][2].path!r} of session {sid!r} ({path}) is not a CSR "
+                    f"matrix, but it is in session {self._ids[0]!r} ({self._paths[0]}): pass "
+                    "files of one encoding."
+                )
+            if len(specs) > 1:
+                raise ConfigError(
+                    f"key {one[2].path!r} is a sparse matrix of files read through URLs or a "
+                    f"node cache, with other keys ({[s.path for s in specs[1:]]}): those are "
+                    "read beside it from local files only, for now. Pass key="
+                    f"{one[2].path!r} alone, or local files without cache=."
+                )
+            first = sessions[0] if sessions else one
+            check_var(
+                one[2].path,
+                (self._ids[0], self._paths[0], first[3], first[2]),
+                (sid, path, one[3], one[2]),
+            )
+            sessions.append(one)
+        parts = sessions[0][1]
+        return CSRSessions(
+            [one[0] for one in sessions],
+            parts,
+            [one[2] for one in sessions],
+            sessions[0][3],
+            [],
+            specs[0].name,
+        )
+
+    def _local_csr(self, pos: int, specs: Sequence[KeySpec]) -> _CSRSession | None:
+        """A local file's part of a CSR key (``None``: the key is not a CSR group there)."""
+        sources = self._sources
+        cached = sources is not None and sources.cached(pos)
+        with self._open_for_inspection(pos) as f:
+            found = csr_sessions(
+                lambda _: contextlib.nullcontext(f),
+                [self._ids[pos]],
+                [self._paths[pos]],
+                specs,
+                identity=not cached,
+            )
+            if found is None:
+                return None
+            (record,), parts, (group,) = found.records, found.specs, found.groups
+            if cached:
+                assert sources is not None
+                record = cached_record(record, f, parts, sources.cache.layout)
+        return record, parts, group, found.var
+
+    def _remote_records(self, specs: Sequence[KeySpec]) -> dict[int, RemoteRecord | CSRRecord]:
+        """Remote sessions' records (``remotemeta``: range reads, kept in the cache)."""
         sources = self._sources
         infos = {} if sources is None else sources.remote
         if not infos:
-            return {}, {}
+            return {}
         assert sources is not None
-        found = inspect_remote(
+        return inspect_remote(
             infos,
             self._ids,
             specs,
@@ -254,10 +354,25 @@ class DatasetInspection:
             MetaStore(sources.cache.dir),
             sources.cache.layout,
         )
-        records = {
-            pos: (rec.record, list(rec.resolved), list(rec.uneven)) for pos, rec in found.items()
-        }
-        known = {(pos, k): rt for pos, rec in found.items() for k, rt in enumerate(rec.types)}
+
+    def _dense_remote(
+        self, found: Mapping[int, RemoteRecord | CSRRecord]
+    ) -> tuple[
+        dict[int, tuple[SessionRecord, list[KeySpec], list[bool]]],
+        dict[tuple[int, int], RowType | Exception],
+    ]:
+        """Remote sessions' records and row types for keys that are not CSR groups."""
+        records: dict[int, tuple[SessionRecord, list[KeySpec], list[bool]]] = {}
+        known: dict[tuple[int, int], RowType | Exception] = {}
+        for pos, rec in found.items():
+            if isinstance(rec, CSRRecord):
+                raise ConfigError(
+                    f"key {rec.group.path!r} of session {self._ids[pos]!r} "
+                    f"({self._paths[pos]}) is a CSR matrix, but not in session "
+                    f"{self._ids[0]!r} ({self._paths[0]}): pass files of one encoding."
+                )
+            records[pos] = (rec.record, list(rec.resolved), list(rec.uneven))
+            known.update({(pos, k): rt for k, rt in enumerate(rec.types)})
         return records, known
 
     def _canonical(self, records: Sequence[SessionRecord]) -> list[int]:

@@ -34,7 +34,7 @@ from loaderkit.hdf5.meta.anndata import (
 from loaderkit.hdf5.meta.inventory import inspect_session
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
 
-__all__ = ["CSRSessions", "LabelKey", "csr_sessions"]
+__all__ = ["CSRSessions", "LabelKey", "VarSide", "check_var", "csr_sessions"]
 
 
 @dataclass(frozen=True)
@@ -149,13 +149,16 @@ def csr_sessions(
     ids: Sequence[Hashable],
     paths: Sequence[str],
     specs: Sequence[KeySpec],
+    *,
+    identity: bool = True,
 ) -> CSRSessions | None:
     """What every session holds of keys naming a CSR group (and others); ``None`` without one.
 
     Opens each file once (``open_file(pos)``): the group's encoding and shape, its ``indptr``
     checked against ``data``/``indices`` (``check_csr``), the ``var`` index, which every
     session must share (names and order), and each other key as a per-cell column
-    (``obs_column``) with one row per cell.
+    (``obs_column``) with one row per cell. ``identity=False``: records without the local
+    file's identity (``inventory.inspect_session``; files read through a cache).
 
     Raises:
         ConfigError: CSC or unknown encodings (``sparse_group``), two sparse keys, a
@@ -204,14 +207,8 @@ def csr_sessions(
             names = var_names(f, var_path(key))
             if pos == 0:
                 var = names
-            how = _var_differs(var, names, group, groups[0] if groups else group)
-            if how is not None:
-                raise ConfigError(
-                    f"session {sid!r} ({path}): its var index ({var_path(key)!r}) differs from "
-                    f"session {ids[0]!r}'s ({paths[0]}): {how}. Every file's columns must be "
-                    "the same genes in the same order: subset or reorder them when writing "
-                    "(adata[:, genes].write_h5ad), or pass files of one var index."
-                )
+            first = (ids[0], paths[0], var, groups[0] if groups else group)
+            check_var(key, first, (sid, path, names, group))
             found_columns = [obs_column(f, s.path, sid, path) for s in others]
             here = [
                 c if c is not None else ObsColumn(s.path)
@@ -221,7 +218,8 @@ def csr_sessions(
             parts += [KeySpec(s.name, c.path) for s, c in zip(others, here, strict=True)]
             if columns:
                 _same_encoding(others, columns[0], here, (ids[0], paths[0]), (sid, path))
-            record, _, _ = inspect_session(f, parts, sid, path)  # a missing key: KeyError
+            # a missing key: KeyError
+            record, _, _ = inspect_session(f, parts, sid, path, identity=identity)
         for s, layout in zip(others, record.layouts[2:], strict=True):
             if layout.rows != group.n_obs:
                 raise ConfigError(
@@ -304,14 +302,29 @@ def _label(
     )
 
 
-def _var_differs(
-    first: list[str] | None, names: list[str] | None, group: CSRGroup, first_group: CSRGroup
-) -> str | None:
-    """How a session's columns differ from the first session's, or ``None``."""
-    if first is not None and names is not None:
-        return var_difference(first, names)
-    if group.n_vars != first_group.n_vars:
-        return f"it has {group.n_vars} columns where the first file has {first_group.n_vars}"
-    if (first is None) != (names is None):
-        return "one of the two files has no var index"
-    return None
+#: A session's part in the var check: ``(session id, path, var names, CSRGroup)``.
+VarSide = tuple[Hashable, str, "list[str] | None", CSRGroup]
+
+
+def check_var(key: str, first: VarSide, other: VarSide) -> None:
+    """Raise ``ConfigError`` where ``other``'s columns are not ``first``'s (names and order).
+
+    Example:
+        >>> g = CSRGroup("X", 2, 3)
+        >>> check_var("X", ("a", "a.h5ad", ["x", "y", "z"], g), ("b", "b.h5ad", ["x", "y", "z"], g))
+    """
+    names, theirs = first[2], other[2]
+    how: str | None = None
+    if names is not None and theirs is not None:
+        how = var_difference(names, theirs)
+    elif first[3].n_vars != other[3].n_vars:
+        how = f"it has {other[3].n_vars} columns where the first file has {first[3].n_vars}"
+    elif (names is None) != (theirs is None):
+        how = "one of the two files has no var index"
+    if how is not None:
+        raise ConfigError(
+            f"session {other[0]!r} ({other[1]}): its var index ({var_path(key)!r}) differs from "
+            f"session {first[0]!r}'s ({first[1]}): {how}. Every file's columns must be the "
+            "same genes in the same order: subset or reorder them when writing "
+            "(adata[:, genes].write_h5ad), or pass files of one var index."
+        )

@@ -6,6 +6,8 @@ Runs in the process that constructs the dataset (the main process), once per obj
   cache: only the superblock, object headers, B-trees and attributes are fetched, never the
   rows), runs the same inspection as for a local file (``inventory.inspect_session``) and the row
   types (``types.row_type``), several objects at once in a small thread pool;
+- a key naming a CSR group (AnnData ``.h5ad``) is inspected as ``read.csrsessions.csr_sessions``
+  inspects a local file (its ``indptr`` checked, its ``var`` index read): a ``CSRRecord``;
 - the result is kept in ``<cache dir>/meta/<key>.json``, ``<key>`` a hash of the URL, the
   object's identity (ETag, or size and mtime) and what was asked (keys, axis, fields), written
   under a temporary name and renamed, under a per-record file lock: ranks constructing at once
@@ -38,18 +40,28 @@ import torch
 
 from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError
 from loaderkit.hdf5.convert.rowcache import cached_record
+from loaderkit.hdf5.meta.anndata import CSRGroup
 from loaderkit.hdf5.meta.diagnose import Identity
 from loaderkit.hdf5.meta.filters import Filter, check_available, needed_filters
 from loaderkit.hdf5.meta.inventory import inspect_session
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
 from loaderkit.hdf5.meta.layout import SessionLayout, dataset_names
 from loaderkit.hdf5.meta.types import Kind, RowType, row_type, where
+from loaderkit.hdf5.read.csrsessions import csr_sessions
 from loaderkit.storage import ObjectInfo
 from loaderkit.storage.datarecords import RecordCodec, RecordError
 from loaderkit.storage.filesystems import filesystem_for, strip
 from loaderkit.storage.locks import mutex
 
-__all__ = ["META_BLOCK", "MetaStore", "RemoteRecord", "inspect_remote", "open_remote", "tree_names"]
+__all__ = [
+    "META_BLOCK",
+    "CSRRecord",
+    "MetaStore",
+    "RemoteRecord",
+    "inspect_remote",
+    "open_remote",
+    "tree_names",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +97,26 @@ class RemoteRecord:
             check_available(needed, key=key, session=session, path=url)
 
 
+@dataclass(frozen=True)
+class CSRRecord:
+    """What one remote session file holds of a key naming a CSR group (``.h5ad``).
+
+    Attributes:
+        remote: The group's ``data`` and ``indices`` as two keys (``resolved``), as a
+            ``RemoteRecord`` holds them: record, row types, filters.
+        group: The ``CSRGroup`` (path, rows, columns).
+        var: The var names (``None``: the file has no var index).
+    """
+
+    remote: RemoteRecord
+    group: CSRGroup
+    var: tuple[str, ...] | None
+
+    def check_filters(self, session: Hashable, url: str) -> None:
+        """``HDF5FileError`` when a filter ``data`` or ``indices`` needs is not available."""
+        self.remote.check_filters(session, url)
+
+
 def _torch_dtype(name: str) -> torch.dtype:
     value = getattr(torch, name, None)
     if not isinstance(value, torch.dtype):
@@ -98,6 +130,8 @@ CODEC = RecordCodec(
     _FORMAT,
     classes=(
         RemoteRecord,
+        CSRRecord,
+        CSRGroup,
         SessionRecord,
         SessionLayout,
         Identity,
@@ -252,8 +286,10 @@ def inspect_remote(
     storage_options: Mapping[str, Any] | None,
     store: MetaStore,
     layout: str = "stored",
-) -> dict[int, RemoteRecord]:
-    """Each object's ``RemoteRecord``: from ``store``, else read through fsspec and kept.
+) -> dict[int, RemoteRecord | CSRRecord]:
+    """Each object's record: from ``store``, else read through fsspec and kept.
+
+    A ``CSRRecord`` where the key names a CSR group (``read.csrrows``), else a ``RemoteRecord``.
 
     Args:
         infos: Position -> the object as listed.
@@ -268,14 +304,15 @@ def inspect_remote(
         Position -> record, for every position of ``infos``.
 
     Raises:
-        MissingKeyError, ConfigError, HDF5FileError: As for local files, naming the URL.
+        MissingKeyError, ConfigError, HDF5FileError: As for local files, naming the URL (a
+            damaged CSR group: the row and what is wrong).
     """
     what = repr((tuple(specs), None if fields is None else tuple(fields), layout))
-    found: dict[int, RemoteRecord] = {}
+    found: dict[int, RemoteRecord | CSRRecord] = {}
     todo: list[int] = []
     for pos, info in infos.items():
         record = store.get(store.key(info, what))
-        if isinstance(record, RemoteRecord):
+        if isinstance(record, RemoteRecord | CSRRecord):
             record.check_filters(ids[pos], info.url)  # no file read: the kept filter ids
             found[pos] = record
         else:
@@ -283,15 +320,18 @@ def inspect_remote(
     if not todo:
         return found
 
-    def one(pos: int) -> RemoteRecord:
+    def one(pos: int) -> RemoteRecord | CSRRecord:
         info = infos[pos]
 
-        def read() -> RemoteRecord:
+        def read() -> RemoteRecord | CSRRecord:
             with open_remote(info, ids[pos], storage_options) as f:
+                csr = _inspect_csr(f, specs, ids[pos], info.url, layout)
+                if csr is not None:
+                    return csr
                 return _inspect(f, specs, fields, ids[pos], info.url, layout)
 
         record = store.get_or_make(
-            store.key(info, what), read, lambda v: isinstance(v, RemoteRecord)
+            store.key(info, what), read, lambda v: isinstance(v, RemoteRecord | CSRRecord)
         )
         record.check_filters(ids[pos], info.url)  # kept by another process: checked here
         return record
@@ -336,6 +376,20 @@ def _inspect(
         except (ConfigError, HDF5FileError) as exc:
             types.append(exc)
     return RemoteRecord(record, tuple(resolved), tuple(uneven), tuple(types), tuple(filters))
+
+
+def _inspect_csr(
+    f: h5py.File, specs: Sequence[KeySpec], session: Hashable, url: str, layout: str
+) -> CSRRecord | None:
+    """The ``CSRRecord`` of ``f`` when the key names a CSR group, else ``None``."""
+    found = csr_sessions(
+        lambda _: contextlib.nullcontext(f), [session], [url], specs, identity=False
+    )
+    if found is None:
+        return None
+    parts, (group,), var = found.specs, found.groups, found.var
+    remote = _inspect(f, parts, None, session, url, layout)
+    return CSRRecord(remote, group, None if var is None else tuple(var))
 
 
 @contextlib.contextmanager
