@@ -306,3 +306,34 @@ def test_sparse_batches_cross_in_the_workers_slots_and_torch_never_warns(
         assert all(np.array_equal(a, dense(b)) for a, b in zip(alone, got, strict=True))
         assert stats.path == "slots" and stats.pooled == stats.batches == len(got)
         assert not [w for w in caught if "invariant" in str(w.message)]
+
+
+def test_column_ids_stored_out_of_order_are_served_increasing(tmp_path: Path) -> None:
+    """Rows stored with descending column ids (scanpy's pbmc68k), and genes= out of order."""
+    m = matrix(4)
+    rows = [m.indices[a:b][::-1] for a, b in zip(m.indptr[:-1], m.indptr[1:], strict=True)]
+    vals = [m.data[a:b][::-1] for a, b in zip(m.indptr[:-1], m.indptr[1:], strict=True)]
+    path = tmp_path / "descending.h5ad"
+    with h5py.File(path, "w") as f:
+        x = f.create_group("X")
+        x.attrs["encoding-type"], x.attrs["encoding-version"] = "csr_matrix", "0.1.0"
+        x.attrs["shape"] = np.array(m.shape)
+        x.create_dataset("data", data=np.concatenate(vals))
+        x.create_dataset("indices", data=np.concatenate(rows))
+        x.create_dataset("indptr", data=m.indptr)
+        names = [(name.encode(),) for name in GENE_NAMES[: m.shape[1]]]
+        f.create_dataset("var", data=np.array(names, [("index", "S16")]))  # legacy var table
+    truth = m.toarray()
+    picked = [GENE_NAMES[i] for i in (30, 2, 17, 5)]  # renumbered out of the file's order
+    for genes, want in ((None, truth), (picked, truth[:, [30, 2, 17, 5]])):
+        with HDF5SessionDataset([path], key="X", genes=genes) as ds:
+            for batch in DataLoader(ds, batch_size=64, shuffle=True, seed=0):
+                parts = (batch.crow_indices(), batch.col_indices(), batch.values())
+                torch.sparse_csr_tensor(*parts, batch.shape, check_invariants=True)
+            got = next(iter(DataLoader(ds, batch_size=len(ds))))
+            assert np.array_equal(got.to_dense().numpy(), want)
+        with HDF5SessionDataset([path], key="X", genes=genes, sparse="tokens") as ds:
+            for i in range(0, len(ds), 37):
+                genes_of_row = ds[i]["genes"].numpy()
+                assert np.all(np.diff(genes_of_row) > 0)
+                assert np.array_equal(ds[i]["values"].numpy(), want[i][genes_of_row])

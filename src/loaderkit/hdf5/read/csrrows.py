@@ -39,7 +39,7 @@ from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.types import Samples, dict_rows
 from loaderkit.hdf5.read.chunkio import ReadPath
-from loaderkit.hdf5.read.csrforms import FORMS, matrix_batch, row_samples
+from loaderkit.hdf5.read.csrforms import FORMS, matrix_batch, row_samples, sorted_rows
 from loaderkit.hdf5.read.csrplan import CONTIGUOUS, SpanCatalog, plan_pieces
 from loaderkit.hdf5.read.csrsessions import LabelKey
 from loaderkit.hdf5.read.handles import Handle
@@ -286,8 +286,9 @@ class CSRReader(SessionReader):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Read rows ``keys``: ``(lengths, values, column ids)`` in request order.
 
-        Column ids are renumbered by the gene subset (``configure``) and are ``int32`` or
-        ``int64`` (as the file stores them, int64 for other integer types).
+        Column ids are renumbered by the gene subset (``configure``), increasing within a row
+        but for the ``"dense"`` form (which scatters them), and are ``int32`` or ``int64`` (as
+        the file stores them, int64 for other integer types).
         """
         got = self._read_planned(idx, keys)
         lengths, values, cols = got if got is not None else self._read_sorted(idx, keys)
@@ -305,6 +306,8 @@ class CSRReader(SessionReader):
             np.cumsum(lengths, out=crow[1:])
             lengths = kept[crow[1:]] - kept[crow[:-1]]
             values, cols = values[keep], renumbered[keep].astype(cols.dtype)
+        if self.form != "dense":  # sparse tensors and tokens: column ids increasing in a row
+            values, cols = sorted_rows(lengths, values, cols)
         return lengths, values, cols
 
     def _buffers(self, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
