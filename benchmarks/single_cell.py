@@ -20,8 +20,9 @@ creation (starting workers counts; opening the files and reading ``indptr`` does
 before) and a cold one (every file evicted with ``posix_fadvise(POSIX_FADV_DONTNEED)`` just
 before the process starts; the resident share is checked with ``mincore`` and printed); the batch
 mix, the mean number of distinct 1,000-cell runs (file, cell // 1000) a batch draws from (~44
-when 64 cells are drawn from 80 runs at random); the process's peak RSS (``ru_maxrss``: it counts
-torch's import, ~250 MiB, and file pages mapped by the loader) and the largest worker process's.
+when 64 cells are drawn from 80 runs at random); the process's peak RSS (``VmHWM``: it counts
+torch's import, ~250 MiB, and file pages mapped by the loader) and the largest worker process's
+(``ru_maxrss`` of its children: a forked worker's counts the pages it shares with its parent).
 
 Loaders (``--only`` takes names or prefixes, comma-separated; ``--list`` lists them): loaderkit
 ``HDF5SessionDataset(files, key="X")`` under ``create_dataloader(batch_size=64, shuffle=True,
@@ -451,6 +452,19 @@ def _first_column(batch: Any) -> np.ndarray:
     return np.array(np.asarray(x)[:, 0])
 
 
+def _peak_rss_mib() -> float:
+    """This process's peak RSS since its ``exec`` (``VmHWM``; ``ru_maxrss`` where unknown).
+
+    ``ru_maxrss`` also keeps the peak of the process it was forked from (Linux carries it over
+    ``exec``): the parent's, after it wrote the files.
+    """
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        with open("/proc/self/status") as f:
+            line = next(line for line in f if line.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     """One loader's timed batches in this (fresh) process; what the parent prints."""
     import torch
@@ -482,7 +496,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "setup_s": setup,
         "cells_per_s": len(seen) / seconds,
         "batch_mix": batch_mix(ids, spec["cells_per_file"]),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * kib / 2**20,
+        "peak_rss_mib": _peak_rss_mib(),
         "worker_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib / 2**20,
     }
 
