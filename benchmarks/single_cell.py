@@ -1,0 +1,723 @@
+"""Single-cell `.h5ad` rows: loaderkit against the field's loaders, side by side in one run.
+
+Usage: python benchmarks/single_cell.py [--quick] [--json PATH] [--only NAMES] [--batches N]
+[--rounds N] [--compression none,gzip] [--cache DIR] [--no-cold] [--list]
+
+Files: ``--files`` x ``--cells`` cells x ``--genes`` genes (default 4 x 20,000 x 20,000;
+``--quick`` 4 x 2,000 x 2,000 and 40 batches a run), ``--nnz`` nonzeros a cell (800; quick 100),
+float32 counts, int32 column ids, ``X`` a CSR matrix written by anndata's ``write_h5ad``
+(uncompressed, its default chunks; with ``gzip`` its ``compression="gzip"``) or, where anndata is
+missing, by h5py in anndata's encoding.
+Column 0 of every cell holds its global number + 1 (file x cells + cell + 1), so every loader's
+batches say which cells they hold: the batch mix and the epoch's coverage come from the data. The
+files are written once into ``--cache`` (default: a directory per size under the system temp
+dir) and reused while its ``done.json`` matches the sizes.
+
+Each loader runs in a fresh process (``--child``), so its memory is its own: it builds the
+loader, then times ``--batches`` batches (default one epoch) of 64 cells from the iterator's
+creation (starting workers counts; opening the files and reading ``indptr`` does not: that is
+``setup s``). Reported per loader: cells/s with a warm page cache (every file read whole just
+before) and a cold one (every file evicted with ``posix_fadvise(POSIX_FADV_DONTNEED)`` just
+before the process starts; the resident share is checked with ``mincore`` and printed); the batch
+mix, the mean number of distinct 1,000-cell runs (file, cell // 1000) a batch draws from (~44
+when 64 cells are drawn from 80 runs at random); the process's peak RSS (``VmHWM``: it counts
+torch's import, ~250 MiB, and file pages mapped by the loader) and the largest worker process's
+(``ru_maxrss`` of its children: a forked worker's counts the pages it shares with its parent).
+
+Loaders (``--only`` takes names or prefixes, comma-separated; ``--list`` lists them): loaderkit
+``HDF5SessionDataset(files, key="X")`` under ``create_dataloader(batch_size=64, shuffle=True,
+seed=0)`` with no workers, 2 worker processes and 2 worker threads, CSR batches (the default) and
+``sparse="dense"``; scDataset (PyPI ``scdataset``) over anndata's ``AnnCollection`` of the backed
+files, ``BlockShuffling(block_size)`` with ``fetch_factor`` (a fetch is ``64 x fetch_factor``
+sorted cells, read at once and held: block 4 / fetch 1024 is the paper's headline pair), its
+batches kept sparse (scipy CSR) and handed over as ``torch.sparse_csr_tensor``; anndata's
+``AnnLoader`` (``shuffle=True``, backed files); plain h5py (each batch's 64 cells sorted, one
+read of ``data`` and ``indices`` per cell, ``indptr`` held). Peers that are not importable are
+skipped with a line saying so. Install them with ``pip install -e ".[bench-single-cell]"``.
+
+Noise: this is a shared machine. ``--rounds N`` repeats every (loader, cache) cell N times in an
+order rotated between rounds and reports the median cells/s (and the largest peak RSS); the
+ratios are of those medians. The lead's command:
+``python benchmarks/single_cell.py --rounds 3 --compression none,gzip --json single_cell.json``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import mmap
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+try:
+    import _cli
+except ImportError:  # imported as a module from elsewhere (tests)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _cli
+
+__all__ = ["LOADERS", "Sizes", "batch_mix", "cell_ids", "main", "resident_fraction", "write_files"]
+
+BATCH = 64
+#: cells per run in the batch-mix figure (file, cell // RUN)
+RUN = 1000
+VERSION = 1  # of the generated files' content; a cache with another is rewritten
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What the generated files hold."""
+
+    files: int
+    cells: int
+    genes: int
+    nnz: int
+    compression: str  # "none" or "gzip"
+
+
+@dataclass(frozen=True)
+class Loader:
+    """One row of the table: ``kind`` says which builder runs, the rest are its options."""
+
+    name: str
+    label: str
+    kind: str  # loaderkit, scdataset, annloader, h5py
+    workers: int = 0
+    method: str | None = None  # loaderkit: process / thread
+    form: str = "csr"  # loaderkit: csr / dense
+    block: int = 0  # scDataset
+    fetch: int = 0  # scDataset fetch_factor
+
+
+LOADERS: tuple[Loader, ...] = (
+    Loader("lk-csr", "loaderkit, CSR batches", "loaderkit"),
+    Loader("lk-dense", "loaderkit, dense batches", "loaderkit", form="dense"),
+    Loader("lk-csr-2p", "loaderkit, CSR, 2 processes", "loaderkit", 2, "process"),
+    Loader("lk-csr-2t", "loaderkit, CSR, 2 threads", "loaderkit", 2, "thread"),
+    Loader("lk-dense-2p", "loaderkit, dense, 2 processes", "loaderkit", 2, "process", "dense"),
+    Loader("scd-4-1024", "scDataset block 4 / fetch 1024", "scdataset", block=4, fetch=1024),
+    Loader("scd-16-1024", "scDataset block 16 / fetch 1024", "scdataset", block=16, fetch=1024),
+    Loader("scd-64-64", "scDataset block 64 / fetch 64", "scdataset", block=64, fetch=64),
+    Loader(
+        "scd-16-64-2w",
+        "scDataset block 16 / fetch 64, 2 workers",
+        "scdataset",
+        2,
+        block=16,
+        fetch=64,
+    ),
+    Loader("annloader", "anndata AnnLoader, shuffle", "annloader"),
+    Loader("h5py", "h5py, sorted batch, one read per cell", "h5py"),
+)
+#: what each kind needs beyond loaderkit
+NEEDS = {"scdataset": ("scdataset", "anndata", "scipy"), "annloader": ("anndata",)}
+
+
+# ------------------------------------------------------------------ pure helpers
+
+
+def cell_ids(first_column: np.ndarray) -> np.ndarray:
+    """Global cell numbers from column 0 of a batch (which holds the number + 1).
+
+    >>> cell_ids(np.array([1.0, 20001.0], dtype=np.float32)).tolist()
+    [0, 20000]
+    """
+    return np.rint(np.asarray(first_column, dtype=np.float64)).astype(np.int64) - 1
+
+
+def batch_mix(batches: Iterable[np.ndarray], cells_per_file: int, run: int = RUN) -> float:
+    """The mean number of distinct runs ``(file, cell // run)`` the batches draw from.
+
+    ``batches`` hold global cell numbers (``file * cells_per_file + cell``).
+
+    >>> batch_mix([np.array([0, 1, 999]), np.array([0, 1000, 2000, 2001])], 2000)
+    2.0
+    """
+    runs_per_file = -(-cells_per_file // run)
+    counts = [
+        len(np.unique((b // cells_per_file) * runs_per_file + (b % cells_per_file) // run))
+        for b in batches
+        if len(b)
+    ]
+    return float(np.mean(counts)) if counts else 0.0
+
+
+def selected(only: str | None) -> list[Loader]:
+    """The loaders ``--only`` names, comma-separated: a loader's name picks that loader, any
+    other word the loaders whose names start with it; all loaders without ``--only``.
+
+    >>> [lo.name for lo in selected("lk-csr,scd-64")]
+    ['lk-csr', 'scd-64-64']
+    >>> [lo.name for lo in selected("lk-csr-")]
+    ['lk-csr-2p', 'lk-csr-2t']
+    """
+    if not only:
+        return list(LOADERS)
+    wanted = [w.strip() for w in only.split(",") if w.strip()]
+    names = {lo.name for lo in LOADERS}
+
+    def picks(lo: Loader, word: str) -> bool:
+        return lo.name == word if word in names else lo.name.startswith(word)
+
+    chosen = [lo for lo in LOADERS if any(picks(lo, w) for w in wanted)]
+    unknown = [w for w in wanted if not any(lo.name.startswith(w) for lo in LOADERS)]
+    if unknown:
+        raise SystemExit(
+            f"--only: no loader named {unknown}; the names: {[lo.name for lo in LOADERS]}"
+        )
+    return chosen
+
+
+# ------------------------------------------------------------------ the files
+
+
+def _cell_arrays(sizes: Sizes, file: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(data, indices, indptr) of one file: ``nnz`` distinct sorted genes a cell, gene 0 first.
+
+    Genes are drawn one from each of ``nnz`` equal strata of the gene range (vectorised, distinct
+    and sorted by construction); counts are small integers as in real data; column 0 holds the
+    cell's global number + 1.
+    """
+    rng = np.random.default_rng([VERSION, file, sizes.cells, sizes.genes, sizes.nnz])
+    bounds = (np.arange(sizes.nnz + 1, dtype=np.int64) * sizes.genes) // sizes.nnz
+    width = np.diff(bounds)
+    indices = bounds[:-1] + (rng.random((sizes.cells, sizes.nnz)) * width).astype(np.int64)
+    indices[:, 0] = 0
+    data = np.minimum(rng.geometric(0.3, (sizes.cells, sizes.nnz)), 1000).astype(np.float32)
+    data[:, 0] = file * sizes.cells + np.arange(sizes.cells) + 1
+    indptr = np.arange(sizes.cells + 1, dtype=np.int64) * sizes.nnz
+    return data.reshape(-1), indices.astype(np.int32).reshape(-1), indptr
+
+
+def _write_anndata(path: Path, sizes: Sizes, file: int) -> None:
+    import anndata
+    import pandas as pd
+    import scipy.sparse
+
+    data, indices, indptr = _cell_arrays(sizes, file)
+    matrix = scipy.sparse.csr_matrix((data, indices, indptr), shape=(sizes.cells, sizes.genes))
+    obs = pd.DataFrame(index=[f"f{file}c{i}" for i in range(sizes.cells)])
+    var = pd.DataFrame(index=[f"gene{i}" for i in range(sizes.genes)])
+    compression = None if sizes.compression == "none" else sizes.compression
+    anndata.AnnData(X=matrix, obs=obs, var=var).write_h5ad(path, compression=compression)
+
+
+def _write_h5py(path: Path, sizes: Sizes, file: int) -> None:
+    """anndata's encoding and chunking (``chunks=True``), for a machine without anndata."""
+    data, indices, indptr = _cell_arrays(sizes, file)
+    gzip = {"compression": "gzip"} if sizes.compression == "gzip" else {}
+    with h5py.File(path, "w") as f:
+        f.attrs.update({"encoding-type": "anndata", "encoding-version": "0.1.0"})
+        x = f.create_group("X")
+        x.attrs.update({"encoding-type": "csr_matrix", "encoding-version": "0.1.0"})
+        x.attrs["shape"] = np.array([sizes.cells, sizes.genes])
+        x.create_dataset("data", data=data, chunks=True, **gzip)
+        x.create_dataset("indices", data=indices, chunks=True, **gzip)
+        x.create_dataset("indptr", data=indptr, chunks=True, **gzip)
+        for name, count, prefix in (
+            ("obs", sizes.cells, f"f{file}c"),
+            ("var", sizes.genes, "gene"),
+        ):
+            group = f.create_group(name)
+            group.attrs.update({"encoding-type": "dataframe", "encoding-version": "0.2.0"})
+            group.attrs.update({"_index": "_index", "column-order": np.array([], dtype="S1")})
+            names = np.array([f"{prefix}{i}" for i in range(count)], dtype=object)
+            index = group.create_dataset("_index", data=names, dtype=h5py.string_dtype())
+            index.attrs.update({"encoding-type": "string-array", "encoding-version": "0.2.0"})
+
+
+def write_files(root: Path, sizes: Sizes) -> tuple[list[Path], str]:
+    """The files of ``sizes`` under ``root`` (written unless ``done.json`` there matches).
+
+    Returns the paths and the writer ("anndata x.y", "h5py" or "cached: ...").
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    paths = [root / f"cells{i}.h5ad" for i in range(sizes.files)]
+    done = root / "done.json"
+    wanted = {**asdict(sizes), "version": VERSION}
+    with contextlib.suppress(OSError, ValueError):
+        stored = json.loads(done.read_text())
+        if stored.get("sizes") == wanted and all(p.exists() for p in paths):
+            return paths, f"cached: {stored['writer']}"
+    try:
+        from importlib.metadata import version
+
+        import anndata  # noqa: F401
+
+        write, writer = _write_anndata, f"anndata {version('anndata')}"
+    except ImportError:
+        write, writer = _write_h5py, f"h5py {h5py.__version__} (anndata not installed)"
+    done.unlink(missing_ok=True)
+    for i, path in enumerate(paths):
+        write(path, sizes, i)
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())  # dirty pages cannot be evicted
+    done.write_text(json.dumps({"sizes": wanted, "writer": writer}))
+    return paths, writer
+
+
+# ------------------------------------------------------------------ the page cache
+
+
+def evict(paths: Sequence[Path]) -> None:
+    """Drop every file's pages from the page cache (``POSIX_FADV_DONTNEED``)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def warm(paths: Sequence[Path]) -> None:
+    """Read every file whole, so its pages are in the page cache."""
+    for path in paths:
+        with open(path, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def resident_fraction(paths: Sequence[Path]) -> float | None:
+    """The share of the files' pages in the page cache (``mincore``), or None where unknown."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.c_long,
+        ]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    except (OSError, AttributeError):
+        return None
+    resident = total = 0
+    for path in paths:
+        size = path.stat().st_size
+        pages = -(-size // mmap.PAGESIZE)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                return None
+            vec = (ctypes.c_ubyte * pages)()
+            failed = libc.mincore(addr, size, vec)
+            libc.munmap(addr, size)
+            if failed:
+                return None
+        finally:
+            os.close(fd)
+        resident += sum(v & 1 for v in vec)
+        total += pages
+    return resident / total if total else None
+
+
+# ------------------------------------------------------------------ the loaders (in the child)
+
+
+def _loaderkit(lo: Loader, paths: list[str]) -> tuple[Iterable[Any], Callable[[], None]]:
+    from loaderkit import HDF5SessionDataset, create_dataloader
+
+    dataset = HDF5SessionDataset(paths, key="X", sparse=lo.form)
+    extra = {"worker_method": lo.method} if lo.workers else {}
+    loader = create_dataloader(
+        dataset, batch_size=BATCH, shuffle=True, seed=0, num_workers=lo.workers, **extra
+    )
+    return loader, loader.close
+
+
+def _scdataset(lo: Loader, paths: list[str]) -> tuple[Iterable[Any], Callable[[], None]]:
+    import anndata
+    import torch
+    from anndata.experimental import AnnCollection
+    from scdataset import BlockShuffling, scDataset
+
+    collection = AnnCollection([anndata.read_h5ad(p, backed="r") for p in paths])
+
+    def fetch(coll: Any, indices: np.ndarray) -> Any:  # one sorted read, held as scipy CSR
+        return coll[indices].X
+
+    def to_torch(batch: Any) -> torch.Tensor:
+        return torch.sparse_csr_tensor(
+            torch.from_numpy(batch.indptr.astype(np.int64)),
+            torch.from_numpy(batch.indices.astype(np.int64)),
+            torch.from_numpy(batch.data),
+            batch.shape,
+        )
+
+    dataset = scDataset(
+        collection,
+        BlockShuffling(block_size=lo.block),
+        batch_size=BATCH,
+        fetch_factor=lo.fetch,
+        fetch_callback=fetch,
+        batch_transform=to_torch,
+        seed=0,
+    )
+    if not lo.workers:
+        return dataset, lambda: None
+    # as the paper's benchmark: a fetch's batches in flight per worker
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=None, num_workers=lo.workers, prefetch_factor=lo.fetch + 1
+    )
+    return loader, lambda: None
+
+
+def _annloader(lo: Loader, paths: list[str]) -> tuple[Iterable[Any], Callable[[], None]]:
+    import anndata
+    from anndata.experimental import AnnLoader
+
+    adatas = [anndata.read_h5ad(p, backed="r") for p in paths]
+    return AnnLoader(adatas, batch_size=BATCH, shuffle=True), lambda: None
+
+
+class _H5pyRows:
+    """Each batch's cells sorted, one read of ``data`` and ``indices`` per cell."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.files = [h5py.File(p, "r") for p in paths]
+        self.indptr = [f["X/indptr"][:] for f in self.files]
+        self.starts = np.cumsum([0] + [len(p) - 1 for p in self.indptr])
+        self.genes = int(self.files[0]["X"].attrs["shape"][1])
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch
+
+        order = np.random.default_rng(0).permutation(int(self.starts[-1]))
+        for at in range(0, len(order), BATCH):
+            values, columns, crow = [], [], [0]
+            for cell in np.sort(order[at : at + BATCH]):
+                file = int(np.searchsorted(self.starts, cell, side="right")) - 1
+                row = int(cell - self.starts[file])
+                a, b = int(self.indptr[file][row]), int(self.indptr[file][row + 1])
+                x = self.files[file]["X"]
+                values.append(x["data"][a:b])
+                columns.append(x["indices"][a:b])
+                crow.append(crow[-1] + b - a)
+            yield torch.sparse_csr_tensor(
+                torch.tensor(crow),
+                torch.from_numpy(np.concatenate(columns).astype(np.int64)),
+                torch.from_numpy(np.concatenate(values)),
+                (len(crow) - 1, self.genes),
+            )
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+
+def _h5py(lo: Loader, paths: list[str]) -> tuple[Iterable[Any], Callable[[], None]]:
+    rows = _H5pyRows(paths)
+    return rows, rows.close
+
+
+BUILDERS = {
+    "loaderkit": _loaderkit,
+    "scdataset": _scdataset,
+    "annloader": _annloader,
+    "h5py": _h5py,
+}
+
+
+def _first_column(batch: Any) -> np.ndarray:
+    """Column 0 of each cell of a batch (torch sparse CSR or dense, or an AnnLoader batch).
+
+    A copy: a view would keep the whole batch alive, and the peak RSS with it.
+    """
+    import torch
+
+    x = batch.X if hasattr(batch, "X") else batch
+    if isinstance(x, torch.Tensor) and x.layout == torch.sparse_csr:
+        return x.values()[x.crow_indices()[:-1]].numpy()  # column 0 is stored first: a gather
+    if isinstance(x, torch.Tensor):
+        return x[:, 0].clone().numpy()
+    if hasattr(x, "toarray"):
+        return np.asarray(x[:, 0].toarray()).ravel()
+    return np.array(np.asarray(x)[:, 0])
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak RSS since its ``exec`` (``VmHWM``; ``ru_maxrss`` where unknown).
+
+    ``ru_maxrss`` also keeps the peak of the process it was forked from (Linux carries it over
+    ``exec``): the parent's, after it wrote the files.
+    """
+    with contextlib.suppress(OSError, StopIteration, ValueError):
+        with open("/proc/self/status") as f:
+            line = next(line for line in f if line.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One loader's timed batches in this (fresh) process; what the parent prints."""
+    import torch
+
+    torch.manual_seed(0)
+    lo = next(lo for lo in LOADERS if lo.name == spec["loader"])
+    started = time.perf_counter()
+    loader, close = BUILDERS[lo.kind](lo, spec["paths"])
+    setup = time.perf_counter() - started
+    firsts: list[np.ndarray] = []
+    limit = spec["batches"] or sys.maxsize
+    started = time.perf_counter()
+    iterator = iter(loader)
+    for batch in iterator:
+        firsts.append(_first_column(batch))
+        if len(firsts) >= limit:
+            break
+    seconds = time.perf_counter() - started
+    del iterator, batch
+    close()
+    ids = [cell_ids(f) for f in firsts]
+    seen = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    kib = 1024
+    return {
+        "cells": len(seen),
+        "distinct_cells": len(np.unique(seen)),
+        "batches": len(ids),
+        "seconds": seconds,
+        "setup_s": setup,
+        "cells_per_s": len(seen) / seconds,
+        "batch_mix": batch_mix(ids, spec["cells_per_file"]),
+        "peak_rss_mib": _peak_rss_mib(),
+        "worker_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib / 2**20,
+    }
+
+
+# ------------------------------------------------------------------ the parent
+
+
+def _missing(lo: Loader) -> str | None:
+    import importlib.util
+
+    for module in NEEDS.get(lo.kind, ()):
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
+
+
+def _run_child(lo: Loader, paths: list[Path], sizes: Sizes, batches: int, cache: str) -> dict:
+    if cache == "cold":
+        evict(paths)
+    else:
+        warm(paths)
+    resident = resident_fraction(paths)
+    spec = {
+        "loader": lo.name,
+        "paths": [str(p) for p in paths],
+        "batches": batches,
+        "cells_per_file": sizes.cells,
+    }
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if done.returncode:
+        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+        return {"error": tail[0][:300], "resident_before": resident}
+    return {**json.loads(done.stdout.strip().splitlines()[-1]), "resident_before": resident}
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "—" if value is None else f"{value:,.{digits}f}"
+
+
+def _summary(runs: list[dict]) -> dict[str, Any]:
+    errors = [r["error"] for r in runs if "error" in r]
+    if errors:
+        return {"error": errors[0], "runs": runs}
+    return {
+        "cells_per_s": statistics.median(r["cells_per_s"] for r in runs),
+        "batch_mix": statistics.median(r["batch_mix"] for r in runs),
+        "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
+        "worker_peak_rss_mib": max(r["worker_peak_rss_mib"] for r in runs),
+        "runs": runs,
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+def ratios(results: dict[str, dict[str, dict]]) -> dict[str, float | None]:
+    """loaderkit (no workers, CSR) against scDataset block 4 / fetch 1024; 2 workers against 0."""
+
+    def get(name: str, cache: str, what: str = "cells_per_s") -> float | None:
+        return results.get(name, {}).get(cache, {}).get(what)
+
+    out: dict[str, float | None] = {}
+    for cache in ("warm", "cold"):
+        out[f"loaderkit/scDataset 4-1024 {cache}"] = _ratio(
+            get("lk-csr", cache), get("scd-4-1024", cache)
+        )
+        for two, one in (
+            ("lk-csr-2p", "lk-csr"),
+            ("lk-csr-2t", "lk-csr"),
+            ("lk-dense-2p", "lk-dense"),
+        ):
+            out[f"{two}/{one} {cache}"] = _ratio(get(two, cache), get(one, cache))
+    out["loaderkit/scDataset 4-1024 peak RSS"] = _ratio(
+        get("lk-csr", "warm", "peak_rss_mib"), get("scd-4-1024", "warm", "peak_rss_mib")
+    )
+    return out
+
+
+TARGETS = {
+    "loaderkit/scDataset 4-1024 warm": ">= 8",
+    "loaderkit/scDataset 4-1024 cold": ">= 4",
+    "loaderkit/scDataset 4-1024 peak RSS": "<= 0.5",
+    "lk-csr-2p/lk-csr warm": ">= 1.5 (either method)",
+    "lk-csr-2t/lk-csr warm": ">= 1.5 (either method)",
+    "lk-dense-2p/lk-dense warm": ">= 1.5 (either method)",
+}
+
+
+def table(sizes: Sizes, writer: str, results: dict, skipped: dict, caches: list[str]) -> str:
+    """The markdown table and the ratios of one file set."""
+    lines = [
+        f"{sizes.files} files x {sizes.cells:,} cells x {sizes.genes:,} genes, {sizes.nnz} "
+        f"nonzeros a cell, compression {sizes.compression}, written by {writer}; batch {BATCH}, "
+        "cells/s from the iterator's creation",
+        "",
+        "| loader | warm cells/s | cold cells/s | batch mix | peak RSS MiB | worker peak RSS MiB "
+        "| setup s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for lo in LOADERS:
+        if lo.name in skipped:
+            lines.append(f"| {lo.label} | skipped: {skipped[lo.name]} | | | | | |")
+            continue
+        if lo.name not in results:
+            continue
+        cell = results[lo.name]
+        first = cell.get("warm") or cell.get("cold") or {}
+        if "error" in first:
+            lines.append(f"| {lo.label} | error: {first['error']} | | | | | |")
+            continue
+        rate = {c: cell.get(c, {}).get("cells_per_s") for c in ("warm", "cold")}
+        setup = statistics.median(r["setup_s"] for r in first["runs"])
+        lines.append(
+            f"| {lo.label} | {_fmt(rate['warm'])} | {_fmt(rate['cold'])} | "
+            f"{_fmt(first['batch_mix'], 1)} | {_fmt(first['peak_rss_mib'])} | "
+            f"{_fmt(first['worker_peak_rss_mib'] if lo.workers else None)} | {_fmt(setup, 2)} |"
+        )
+    resident = [
+        r["resident_before"] for c in results.values() for r in c.get("cold", {}).get("runs", [])
+    ]
+    known = [r for r in resident if r is not None]
+    if "cold" in caches:
+        said = f"at most {max(known):.1%}" if known else "an unknown share (no mincore)"
+        lines += ["", f"cold: {said} of the files' pages resident at each cold start"]
+    lines.append("")
+    for name, value in ratios(results).items():
+        if value is not None:
+            target = TARGETS.get(name)
+            lines.append(f"- {name}: {value:.2f}x" + (f" (target {target})" if target else ""))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write (or reuse) the files, run every loader in a fresh process per cache state, print."""
+    p = _cli.parser(__doc__ or "", "4 x 2,000 cells x 2,000 genes, 100 nonzeros a cell")
+    p.add_argument("--only", help="loader names or prefixes, comma-separated (see --list)")
+    p.add_argument("--list", action="store_true", help="list the loaders and stop")
+    p.add_argument("--batches", type=int, help="batches a run (default: one epoch; --quick: 40)")
+    p.add_argument("--rounds", type=int, default=1, help="runs of each cell; the median counts")
+    p.add_argument("--compression", default="none", help="none, gzip or both: none,gzip")
+    p.add_argument("--cache", help="where the files are written and reused")
+    p.add_argument("--no-cold", action="store_true", help="warm page cache only")
+    p.add_argument("--files", type=int, default=4)
+    p.add_argument("--cells", type=int)
+    p.add_argument("--genes", type=int)
+    p.add_argument("--nnz", type=int)
+    p.add_argument("--child", help=argparse_hidden())
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return 0
+    if args.list:
+        print("\n".join(f"{lo.name}: {lo.label}" for lo in LOADERS))
+        return 0
+    loaders = selected(args.only)
+    quick = args.quick
+    batches = args.batches if args.batches is not None else (40 if quick else 0)
+    caches = ["warm"] if args.no_cold else ["warm", "cold"]
+    skipped = {lo.name: f"`{m}` not importable" for lo in loaders if (m := _missing(lo))}
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}", file=sys.stderr)
+    data: dict[str, Any] = {"batch_size": BATCH, "rounds": args.rounds, "sets": []}
+    tables = []
+    for compression in args.compression.split(","):
+        sizes = Sizes(
+            args.files,
+            args.cells or (2_000 if quick else 20_000),
+            args.genes or (2_000 if quick else 20_000),
+            args.nnz or (100 if quick else 800),
+            compression,
+        )
+        tag = f"{sizes.files}x{sizes.cells}x{sizes.genes}-{sizes.nnz}-{compression}"
+        root = (
+            Path(args.cache) / tag
+            if args.cache
+            else Path(tempfile.gettempdir()) / (f"loaderkit-single-cell-{tag}")
+        )
+        paths, writer = write_files(root, sizes)
+        running = [lo for lo in loaders if lo.name not in skipped]
+        cells = [(lo, cache) for lo in running for cache in caches]
+        runs: dict[tuple[str, str], list[dict]] = {}
+        for r in range(args.rounds):
+            shift = r * len(cells) // max(args.rounds, 1)
+            for lo, cache in cells[shift:] + cells[:shift]:
+                runs.setdefault((lo.name, cache), []).append(
+                    _run_child(lo, paths, sizes, batches, cache)
+                )
+        results: dict[str, dict[str, dict]] = {}
+        for (name, cache), got in runs.items():
+            results.setdefault(name, {})[cache] = _summary(got)
+        tables.append(table(sizes, writer, results, skipped, caches))
+        data["sets"].append(
+            {
+                "sizes": asdict(sizes),
+                "files": [str(p) for p in paths],
+                "writer": writer,
+                "results": results,
+                "skipped": skipped,
+                "ratios": ratios(results),
+            }
+        )
+    _cli.emit(data, "\n\n".join(tables), args.json)
+    failed = [c for s in data["sets"] for c in s["results"].values() if _failed(c)]
+    return 1 if failed else 0
+
+
+def _failed(caches: dict[str, dict]) -> bool:
+    return any("error" in summary for summary in caches.values())
+
+
+def argparse_hidden() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
