@@ -29,10 +29,29 @@ import torch
 
 from loaderkit.workers.collate import Padded, RowBatch, batch_buffer
 
-__all__ = ["FORMS", "matrix_batch", "row_samples", "sorted_rows"]
+__all__ = ["FORMS", "matrix_batch", "part_buffer", "row_samples", "sorted_rows"]
 
 #: What a batch of CSR rows becomes: a sparse CSR tensor, dense rows, or (gene ids, values).
 FORMS = ("csr", "dense", "tokens")
+
+
+def part_buffer(n: int, dtype: np.dtype) -> np.ndarray:
+    """``n`` elements for a part of a sparse batch: in a worker, in its batch slot.
+
+    A batch's values, column ids and row offsets read into the slot cross to the main
+    process as they are (``batch_buffer``); elsewhere, or for a type torch has not, a
+    plain allocation.
+
+    Example:
+        >>> part_buffer(3, np.dtype("f4")).shape
+        (3,)
+    """
+    if dtype.isnative:
+        try:
+            return batch_buffer(n, (), dtype)[1]
+        except TypeError:  # no torch dtype: an allocation the batch copies once
+            pass
+    return np.empty(n, dtype)
 
 
 def sorted_rows(
@@ -83,7 +102,8 @@ def matrix_batch(
         return RowBatch(tensor, list(out))
     if form == "tokens":
         return RowBatch(_padded(lengths, values, cols), lambda: _tokens(lengths, values, cols))
-    crow = np.zeros(n + 1, cols.dtype)
+    crow = part_buffer(n + 1, cols.dtype)
+    crow[0] = 0
     np.cumsum(lengths, out=crow[1:])
     tensor = torch.sparse_csr_tensor(
         torch.from_numpy(crow),

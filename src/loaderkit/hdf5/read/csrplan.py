@@ -47,11 +47,12 @@ def read_around(file_bytes: int, memory: int | None) -> tuple[int, str]:
     """How much to read where a row's bytes are not in the page cache, and why.
 
     A shuffled epoch reads every row of the files once, in random order. Where the files
-    fit well in memory (a quarter of it), reading ``AROUND`` bytes around a missed row
-    fills the page cache with its neighbours, which later batches read: a cold epoch costs
-    a few thousand large reads instead of two small ones a row. Where they do not, the
-    neighbours would be evicted before they are read: only the row's bytes are read (all
-    of a batch's misses together, ``pieceio.read_pieces``).
+    fit well in memory (a quarter of it), each file is read ahead whole in the background
+    when a process first reads it (``pieceio.read_ahead``: the disk's sequential speed,
+    while batches are read), and ``AROUND`` bytes are read around a row the read-ahead has
+    not reached yet: its neighbours fill the page cache for later batches. Where they do
+    not fit, the neighbours would be evicted before they are read: only the row's bytes are
+    read (all of a batch's misses together, ``pieceio.read_pieces``).
 
     Args:
         file_bytes: Bytes of the files read.
@@ -66,7 +67,10 @@ def read_around(file_bytes: int, memory: int | None) -> tuple[int, str]:
         return 0, f"{size}, memory unknown: a missed row's bytes alone are read"
     limit = f"a quarter of {memory / 2**30:,.1f} GiB of memory"
     if file_bytes <= memory // 4:
-        return AROUND, f"{size} within {limit}: {AROUND >> 10} KiB read around a missed row"
+        return AROUND, (
+            f"{size} within {limit}: each file read ahead whole when first read, "
+            f"{AROUND >> 10} KiB read around a missed row"
+        )
     return 0, f"{size} over {limit}: a missed row's bytes alone are read"
 
 

@@ -39,11 +39,17 @@ from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.types import Samples, dict_rows
 from loaderkit.hdf5.read.chunkio import ReadPath
-from loaderkit.hdf5.read.csrforms import FORMS, matrix_batch, row_samples, sorted_rows
+from loaderkit.hdf5.read.csrforms import (
+    FORMS,
+    matrix_batch,
+    part_buffer,
+    row_samples,
+    sorted_rows,
+)
 from loaderkit.hdf5.read.csrplan import CONTIGUOUS, SpanCatalog, plan_pieces
 from loaderkit.hdf5.read.csrsessions import LabelKey
 from loaderkit.hdf5.read.handles import Handle
-from loaderkit.hdf5.read.pieceio import read_pieces
+from loaderkit.hdf5.read.pieceio import read_ahead, read_pieces
 from loaderkit.hdf5.read.rawio import pread
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.read.runs import plan_runs
@@ -191,6 +197,8 @@ class CSRReader(SessionReader):
                 nnz = [int(d.shape[0]) for d in handle.datasets[:2]]
                 check_csr(group, indptr, nnz[0], nnz[1], self.ids[pos], self.paths[pos])
                 held = self.catalog.hold_indptr(key, indptr)
+                if self.around[0] and handle.fd is not None:  # the files fit in memory
+                    read_ahead(handle.fd)
         return held
 
     # ------------------------------------------------------------------ reads
@@ -315,8 +323,8 @@ class CSRReader(SessionReader):
         offsets = np.zeros(lengths.size + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
-        values = np.empty(total, self.types[0].read_dtype)
-        return offsets, values, np.empty(total, self.types[1].read_dtype)
+        values = part_buffer(total, self.types[0].read_dtype)  # a worker's slot
+        return offsets, values, part_buffer(total, self.types[1].read_dtype)
 
     def _read_planned(
         self, idx: np.ndarray, keys: np.ndarray
