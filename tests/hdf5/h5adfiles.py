@@ -98,3 +98,31 @@ def categorical_as_v07(path: Path, column: str = "cell_type") -> Path:
         dset.attrs["categories"] = cats.ref
         obs.attrs["encoding-version"] = "0.1.0"
     return path
+
+
+def write_csr(
+    path: Path,
+    m: sp.csr_matrix,
+    chunks: int | None = None,
+    rows: tuple[np.ndarray, np.ndarray] | None = None,
+    var: bool = False,
+) -> Path:
+    """``X`` as a CSR group written by h5py (anndata's attributes), nothing else by default.
+
+    Args:
+        chunks: Values a chunk of ``data`` and ``indices`` (``None``: contiguous).
+        rows: ``(data, indices)`` to store instead of ``m``'s (same ``indptr``).
+        var: Also a legacy ``var`` table of the gene names.
+    """
+    data, indices = rows if rows is not None else (m.data, m.indices)
+    with h5py.File(path, "w") as f:
+        x = f.create_group("X")
+        x.attrs["encoding-type"], x.attrs["encoding-version"] = "csr_matrix", "0.1.0"
+        x.attrs["shape"] = np.array(m.shape)
+        for part, values in (("data", data), ("indices", indices)):
+            x.create_dataset(part, data=values, chunks=(chunks,) if chunks else None)
+        x.create_dataset("indptr", data=m.indptr.astype(np.int64))
+        if var:
+            names = [(name.encode(),) for name in GENE_NAMES[: m.shape[1]]]
+            f.create_dataset("var", data=np.array(names, [("index", "S16")]))  # legacy table
+    return path

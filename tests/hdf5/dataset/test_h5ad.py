@@ -25,7 +25,13 @@ from loaderkit.workers.collate import Padded, pad_collate
 anndata = pytest.importorskip("anndata")
 sp = pytest.importorskip("scipy.sparse")
 
-from tests.hdf5.h5adfiles import GENE_NAMES, matrix, write_current, write_legacy  # noqa: E402
+from tests.hdf5.h5adfiles import (  # noqa: E402
+    GENE_NAMES,
+    matrix,
+    write_csr,
+    write_current,
+    write_legacy,
+)
 
 
 @pytest.fixture(scope="module")
@@ -265,14 +271,7 @@ def test_block_order_cuts_cells_by_the_block_size_not_by_value_chunks(
 def test_spans_read_raw_in_pieces_equal_the_rows(tmp_path: Path, chunks: int | None) -> None:
     """Every batch after the first reads its spans raw, one ``preadv`` a piece: same rows."""
     m = matrix(5)
-    path = tmp_path / "pieces.h5ad"
-    with h5py.File(path, "w") as f:
-        x = f.create_group("X")
-        x.attrs["encoding-type"], x.attrs["encoding-version"] = "csr_matrix", "0.1.0"
-        x.attrs["shape"] = np.array(m.shape)
-        for part in ("data", "indices"):
-            x.create_dataset(part, data=getattr(m, part), chunks=(chunks,) if chunks else None)
-        x.create_dataset("indptr", data=m.indptr.astype(np.int64))
+    path = write_csr(tmp_path / "pieces.h5ad", m, chunks)
     truth = m.toarray()
     with HDF5SessionDataset([path], key="X") as ds:
         for _ in range(2):  # the first pass builds the chunk index, the second reads raw
@@ -313,16 +312,8 @@ def test_column_ids_stored_out_of_order_are_served_increasing(tmp_path: Path) ->
     m = matrix(4)
     rows = [m.indices[a:b][::-1] for a, b in zip(m.indptr[:-1], m.indptr[1:], strict=True)]
     vals = [m.data[a:b][::-1] for a, b in zip(m.indptr[:-1], m.indptr[1:], strict=True)]
-    path = tmp_path / "descending.h5ad"
-    with h5py.File(path, "w") as f:
-        x = f.create_group("X")
-        x.attrs["encoding-type"], x.attrs["encoding-version"] = "csr_matrix", "0.1.0"
-        x.attrs["shape"] = np.array(m.shape)
-        x.create_dataset("data", data=np.concatenate(vals))
-        x.create_dataset("indices", data=np.concatenate(rows))
-        x.create_dataset("indptr", data=m.indptr)
-        names = [(name.encode(),) for name in GENE_NAMES[: m.shape[1]]]
-        f.create_dataset("var", data=np.array(names, [("index", "S16")]))  # legacy var table
+    stored = (np.concatenate(vals), np.concatenate(rows))
+    path = write_csr(tmp_path / "descending.h5ad", m, rows=stored, var=True)
     truth = m.toarray()
     picked = [GENE_NAMES[i] for i in (30, 2, 17, 5)]  # renumbered out of the file's order
     for genes, want in ((None, truth), (picked, truth[:, [30, 2, 17, 5]])):

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 
 from loaderkit import HDF5SessionDataset
 from loaderkit.hdf5.read.csrplan import AROUND, CONTIGUOUS, SpanCatalog, plan_pieces, read_around
 from loaderkit.hdf5.read.csrrows import CSRReader
-from tests.hdf5.h5adfiles import matrix
+from tests.hdf5.h5adfiles import matrix, write_csr
 
 
 def _file(rng: np.random.Generator, elements: int, size: int) -> tuple[bytes, np.ndarray]:
@@ -107,15 +106,7 @@ def test_batches_after_the_first_are_planned_from_the_catalog(
     m = matrix(3)
     paths = []
     for s in range(2):
-        path = tmp_path / f"s{s}.h5ad"
-        with h5py.File(path, "w") as f:
-            x = f.create_group("X")
-            x.attrs["encoding-type"], x.attrs["encoding-version"] = "csr_matrix", "0.1.0"
-            x.attrs["shape"] = np.array(m.shape)
-            for part in ("data", "indices"):
-                x.create_dataset(part, data=getattr(m, part), chunks=(chunks,) if chunks else None)
-            x.create_dataset("indptr", data=m.indptr.astype(np.int64))
-        paths.append(path)
+        paths.append(write_csr(tmp_path / f"s{s}.h5ad", m, chunks))
     truth = np.concatenate([m.toarray()] * 2)
     with HDF5SessionDataset(paths, key="X") as ds:
         reader = ds.handles.reader

@@ -215,17 +215,7 @@ class CSRReader(SessionReader):
         sample = self._samples(lengths, values, cols)[0]
         if self.single:
             return sample
-        handle = self.leased(pos, row, index)
-        try:
-            got = [self._one(handle, k, pos, row, index) for k in range(2, len(self.specs))]
-            if handle.watch:
-                self.verify(handle, pos, f"row {row}", index)
-        except MemoryError:
-            raise
-        except Exception as exc:
-            raise self.read_error(exc, pos, range(row, row + 1), index) from exc
-        finally:
-            self.cache.release(handle)
+        got = self.read_keys(index, pos, row, range(2, len(self.specs)))
         labels = zip(self.labels, got, strict=True)
         where = (np.array([pos], np.int64), np.array([row], np.int64), self.ids, self.paths)
         return {self.name: sample, **{key.name: key.value(v, *where) for key, v in labels}}

@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -83,24 +83,26 @@ class SessionReader(SessionFiles):
     def read_one(self, index: int, pos: int, row: int) -> Any:
         """Sample ``index`` (session ``pos``, ``row``) as the default ``read`` returns it.
 
-        The handle is leased for the read, unless this thread holds the hook lock (a subclass's
-        ``read`` calling ``super().read()``): no handle is closed under it.
-
         Raises:
             ConfigError: The rows have no torch type (``type_error``), raised at this call.
         """
         if self.type_error is not None:
             raise ConfigError(str(self.type_error))
+        values = self.read_keys(index, pos, row, range(len(self.specs)))
+        if self.single:
+            return values[0]
+        return {spec.name: value for spec, value in zip(self.specs, values, strict=True)}
+
+    def read_keys(self, index: int, pos: int, row: int, keys: Iterable[int]) -> list[Any]:
+        """Row ``row`` of session ``pos`` of each key in ``keys``; errors name the row.
+
+        The handle is leased for the read, unless this thread holds the hook lock (a subclass's
+        ``read`` calling ``super().read()``): no handle is closed under it.
+        """
         locked = self.cache.lock.held()
         handle = self.handle(pos, row, index) if locked else self.leased(pos, row, index)
         try:
-            if self.single:
-                value = self._one(handle, 0, pos, row, index)
-            else:
-                value = {
-                    spec.name: self._one(handle, k, pos, row, index)
-                    for k, spec in enumerate(self.specs)
-                }
+            values = [self._one(handle, k, pos, row, index) for k in keys]
             if handle.watch:
                 self.verify(handle, pos, f"row {row}", index)
         except MemoryError:
@@ -110,7 +112,7 @@ class SessionReader(SessionFiles):
         finally:
             if not locked:
                 self.cache.release(handle)
-        return value
+        return values
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
         rt = self.types[k]
