@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from loaderkit import HDF5SessionDataset
+from loaderkit.hdf5.read import csrrows, uring
 from loaderkit.hdf5.read.csrplan import AROUND, CONTIGUOUS, SpanCatalog, plan_pieces, read_around
 from loaderkit.hdf5.read.csrrows import CSRReader
 from tests.hdf5.h5adfiles import matrix, write_csr
@@ -127,3 +128,36 @@ def test_batches_after_the_first_are_planned_from_the_catalog(
             assert np.array_equal(got, truth[picked])
         assert not planned[0] and all(planned[1:])  # the first batch fills the catalog
         assert "KiB read around a missed row" in ds.handles.io_paths()["X"].reason
+
+
+def test_while_another_thread_reads_a_batch_goes_through_the_ring(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another thread inside a read (``reading``): the pieces go to one ring call, same rows."""
+    if uring.thread_ring() is None:
+        pytest.skip("no io_uring here")
+    m = matrix(6)
+    paths = [write_csr(tmp_path / f"r{s}.h5ad", m, 7) for s in range(2)]
+    calls: list[int] = []
+    original = csrrows.ring_reads
+
+    def counted(ring: object, flat: np.ndarray, table: np.ndarray) -> np.ndarray:
+        calls.append(len(table))
+        return original(ring, flat, table)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(csrrows, "ring_reads", counted)
+    truth = np.concatenate([m.toarray()] * 2)
+    with HDF5SessionDataset(paths, key="X") as ds:
+        reader = ds.handles.reader
+        ds.__getitems__(list(range(64)))  # the catalog filled
+        reader.reading.append(None)  # as if another thread were reading
+        try:
+            order = np.random.default_rng(2).permutation(len(ds))
+            for start in range(0, order.size, 48):
+                picked = order[start : start + 48].tolist()
+                got = np.stack([row.to_dense().numpy() for row in ds.__getitems__(picked)])
+                assert np.array_equal(got, truth[picked])
+        finally:
+            reader.reading.pop()
+    batches = -(-len(truth) // 48)
+    assert len(calls) == 2 * batches and min(calls) > 40  # a key's pieces: one call a batch

@@ -38,6 +38,7 @@ from loaderkit.errors import ConfigError, HDF5FileError
 from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.types import Samples, dict_rows
+from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.chunkio import ReadPath
 from loaderkit.hdf5.read.csrforms import (
     FORMS,
@@ -50,7 +51,7 @@ from loaderkit.hdf5.read.csrplan import CONTIGUOUS, SpanCatalog, plan_pieces
 from loaderkit.hdf5.read.csrsessions import LabelKey
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.pieceio import read_ahead, read_pieces
-from loaderkit.hdf5.read.rawio import pread
+from loaderkit.hdf5.read.rawio import pread, ring_reads
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.workers.collate import RowBatch, batch_buffer
@@ -344,6 +345,7 @@ class CSRReader(SessionReader):
         leased = self.cache.lease_open(sessions.tolist())
         if leased is None:
             return None
+        self.reading.append(None)  # threads reading now: ``_read_runs`` chooses its calls by it
         try:
             fds = np.array([[_fd_of(h, k) for h in leased] for k in (0, 1)], np.int64)
             brk = np.flatnonzero((begin[1:] != end[:-1]) | (cpos[1:] != cpos[:-1])) + 1
@@ -355,6 +357,7 @@ class CSRReader(SessionReader):
                 if not self._read_runs(out, fds[k], slot[first], *runs, k):
                     return None
         finally:
+            self.reading.pop()
             self.cache.release_all(leased)
         self._check_columns(cols, offsets, 0, idx.size, pos, rows, idx, np.arange(idx.size))
         return lengths, values, cols
@@ -381,7 +384,14 @@ class CSRReader(SessionReader):
         )
         if where.size and (int(where.min()) < 0 or int(fds.min()) < 0):
             return False
-        reads = (fds[slot[run]].tolist(), where.tolist(), into.tolist(), nbytes.tolist())
+        fd = fds[slot[run]]
+        ring = uring.thread_ring() if len(self.reading) > 1 else None
+        if ring is not None:  # another thread reads too: one call, the GIL released once
+            table = np.stack([fd, where, into, nbytes], axis=1)
+            done = ring_reads(ring, out.reshape(-1).view(np.uint8), table)
+            rest = np.flatnonzero(done < nbytes)  # what the ring left: read below
+            fd, where, into, nbytes = fd[rest], where[rest], into[rest], nbytes[rest]
+        reads = (fd.tolist(), where.tolist(), into.tolist(), nbytes.tolist())
         return read_pieces(out, *reads, around=self.around[0])
 
     def _read_sorted(
