@@ -160,4 +160,4 @@ def test_while_another_thread_reads_a_batch_goes_through_the_ring(
         finally:
             reader.reading.pop()
     batches = -(-len(truth) // 48)
-    assert len(calls) == 2 * batches and min(calls) > 40  # a key's pieces: one call a batch
+    assert len(calls) == 2 * batches and max(calls) > 40  # a key's pieces: one call a batch
