@@ -120,6 +120,7 @@ def dataset_facts(dataset: Any, support: LoaderSupport | None = None) -> Dataset
         type_name=type(dataset).__name__,
         read_path=support.read_path(),
         thread_safe=support.thread_safe,
+        sparse_samples=support.sparse_samples,
     )
 
 

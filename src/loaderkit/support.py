@@ -7,6 +7,8 @@ planning, the block sampler and sample seeding ask a dataset, each with an answe
 "nothing to add" by default. A dataset overrides only what it knows:
 
 * ``thread_safe``: its reads may run in several threads at once (``worker_method="auto"``);
+* ``sparse_samples``: its samples hold sparse tensors, which torch's ``default_collate``
+  refuses (an unset ``collate_fn`` becomes one that stacks them);
 * ``read_path()``: how batches are read and why (a plan row);
 * ``sample_nbytes()``: bytes of one sample, known without reading (the ``/dev/shm`` check);
 * ``session_index()``: which session and row every sample is (``shuffle="block"``,
@@ -163,6 +165,7 @@ class LoaderSupport:
 
     Attributes:
         thread_safe: The dataset's reads may run in several threads at once.
+        sparse_samples: The dataset's samples hold sparse tensors (rows of a sparse matrix).
 
     Example:
         >>> class Rows(LoaderSupport):
@@ -173,6 +176,7 @@ class LoaderSupport:
     """
 
     thread_safe: bool = False
+    sparse_samples: bool = False
 
     def read_path(self) -> tuple[str, str] | None:
         """How batches are read and why, for the plan (``None``: nothing to say)."""

@@ -91,20 +91,36 @@ def _collate_numpy_bools(batch: Sequence[Any], *, collate_fn_map: Any = None) ->
     return torch.from_numpy(np.asarray(batch, dtype=np.bool_))
 
 
-def default_collate(batch: Any) -> Any:
+def default_collate(batch: Any, sparse: TensorCollate | None = None) -> Any:
     """``default_collate`` as torch has it, numpy bool scalars included on every torch.
 
     Args:
         batch: A list of samples.
+        sparse: How to stack sparse tensors wherever the structure holds them (torch's rule
+            refuses them); ``None``: as torch does.
 
     Returns:
         What ``torch.utils.data.default_collate`` returns; where this torch refuses numpy
         bools (``NUMPY_BOOLS_COLLATE``), they become a bool tensor as newer torch makes them.
     """
-    if NUMPY_BOOLS_COLLATE or _collate is None or not isinstance(_MAP, dict):
+    if _collate is None or not isinstance(_MAP, dict):
+        return _torch_default_collate(batch)
+    if sparse is None and NUMPY_BOOLS_COLLATE:
         return _torch_default_collate(batch)
     # read at each call: inside a worker the map's tensor rule may be loaderkit's
-    return _collate.collate(batch, collate_fn_map={np.bool_: _collate_numpy_bools, **_MAP})
+    rules: dict[Any, Any] = dict(_MAP)
+    if not NUMPY_BOOLS_COLLATE:
+        rules[np.bool_] = _collate_numpy_bools
+    if sparse is not None:
+        dense = rules[torch.Tensor]
+
+        def tensors(batch: Sequence[torch.Tensor], *, collate_fn_map: Any = None) -> Any:
+            if batch[0].layout is not torch.strided:
+                return sparse(batch)
+            return dense(batch, collate_fn_map=collate_fn_map)
+
+        rules[torch.Tensor] = tensors
+    return _collate.collate(batch, collate_fn_map=rules)
 
 
 def tensor_rule() -> TensorCollate | None:

@@ -78,6 +78,7 @@ class DatasetFacts:
         read_path: How the dataset reads batches and why (``HDF5SessionDataset.read_path``),
             ``None`` when it does not say.
         thread_safe: The dataset says it can be read by several threads at once.
+        sparse_samples: The dataset's samples hold sparse tensors.
     """
 
     iterable: bool = False
@@ -87,6 +88,7 @@ class DatasetFacts:
     type_name: str = "Dataset"
     read_path: tuple[str, str] | None = None
     thread_safe: bool = False
+    sparse_samples: bool = False
 
 
 class SamplerChoice:

@@ -197,6 +197,7 @@ def _resolve_collate(
 ) -> None:
     """Record the dataset's read path; keep a batch read natively as it is (no re-stack).
 
+    Sparse samples (``DatasetFacts.sparse_samples``) need loaderkit's ``collate`` too.
     loaderkit's HDF5 datasets give numpy scalars for scalar rows and record fields; where
     this torch's ``default_collate`` refuses numpy bools (``PlatformInfo.numpy_bools_collate``),
     their batches go through ``loaderkit.workers.collate``, which stacks them as newer torch does.
@@ -214,6 +215,12 @@ def _resolve_collate(
         why = (
             "batches read natively are already one tensor: returned as is (no split and "
             "re-stack); anything else goes to default_collate"
+        )
+    elif facts.sparse_samples:
+        why = (
+            "samples hold sparse tensors (rows of a sparse matrix), which default_collate "
+            "refuses: loaderkit.workers.collate.collate stacks 1-D sparse rows into one "
+            "sparse CSR batch"
         )
     elif not platform.numpy_bools_collate:
         why = (

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, cast
 
 import numpy as np
@@ -36,6 +36,7 @@ __all__ = [
     "collate",
     "pad_collate",
     "share_batches",
+    "stack_sparse",
     "torch_dtype",
 ]
 
@@ -254,11 +255,59 @@ def batch_buffer(
     return torch.from_numpy(array), array
 
 
+def stack_sparse(samples: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Sparse samples as one sparse batch: 1-D rows as a ``(n, length)`` CSR tensor.
+
+    torch's ``default_collate`` refuses sparse tensors. 1-D sparse COO samples of one length
+    (what ``HDF5SessionDataset`` gives for a row of a sparse matrix) become one
+    ``torch.sparse_csr_tensor``, the form its batched reads give; other sparse COO samples of
+    one shape are stacked by ``torch.stack`` (a sparse COO batch).
+
+    Args:
+        samples: Sparse tensors, one a sample.
+
+    Returns:
+        The batch.
+
+    Raises:
+        TypeError: The samples differ in layout or shape, or are sparse in another layout.
+
+    Examples:
+        >>> rows = [torch.tensor([0.0, 2.0, 0.0]).to_sparse(), torch.zeros(3).to_sparse()]
+        >>> batch = stack_sparse(rows)
+        >>> batch.layout, batch.to_dense().tolist()
+        (torch.sparse_csr, [[0.0, 2.0, 0.0], [0.0, 0.0, 0.0]])
+    """
+    first = samples[0]
+    shape = first.shape
+    if any(t.layout is not torch.sparse_coo or t.shape != shape for t in samples):
+        found = sorted({f"{t.layout} {tuple(t.shape)}" for t in samples})
+        raise TypeError(
+            "sparse samples are stacked when all are sparse COO tensors of one shape; this "
+            f"batch holds {', '.join(found)}: pass a collate_fn for them"
+        )
+    if first.dim() != 1:
+        return torch.stack(list(samples))
+    rows = [t if t.is_coalesced() else t.coalesce() for t in samples]
+    counts = torch.tensor([t.values().shape[0] for t in rows], dtype=torch.int64)
+    crow = torch.zeros(len(rows) + 1, dtype=torch.int64)
+    torch.cumsum(counts, 0, out=crow[1:])
+    return torch.sparse_csr_tensor(
+        crow,
+        torch.cat([t.indices()[0] for t in rows]),
+        torch.cat([t.values() for t in rows]),
+        (len(rows), shape[0]),
+        check_invariants=False,
+    )
+
+
 def collate(batch: Any) -> Any:
     """``default_collate``, except that a ``RowBatch`` is already its own batch.
 
     loaderkit fills this in as ``collate_fn`` when you leave it unset and the dataset reads
-    batches natively (the plan says so); for any other input it is ``default_collate``.
+    batches natively or gives sparse samples (the plan says so); for any other input it is
+    ``default_collate``, with sparse samples stacked by ``stack_sparse`` wherever they are
+    (a row of a sparse matrix, a dict sample's sparse field).
 
     Args:
         batch: What the dataset's ``__getitems__`` returned, or a list of samples.
@@ -282,4 +331,4 @@ def collate(batch: Any) -> Any:
                 "that crops or pads every sample to one length, or batch_size=None."
             )
         return batch.tensor
-    return _torch.default_collate(batch)
+    return _torch.default_collate(batch, sparse=stack_sparse)

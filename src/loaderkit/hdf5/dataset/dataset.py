@@ -822,6 +822,11 @@ class _SessionSupport(LoaderSupport):
     def __init__(self, dataset: HDF5SessionDataset) -> None:
         self.dataset = dataset
 
+    @property
+    def sparse_samples(self) -> bool:  # type: ignore[override]
+        ds = self.dataset
+        return ds.sparse == "csr" and isinstance(ds._reader, CSRReader)
+
     def read_path(self) -> tuple[str, str] | None:
         return self.dataset.handles.read_path
 
