@@ -14,7 +14,14 @@ import pytest
 
 from loaderkit import HDF5SessionDataset
 from loaderkit.hdf5.read import csrrows, uring
-from loaderkit.hdf5.read.csrplan import AROUND, CONTIGUOUS, SpanCatalog, plan_pieces, read_around
+from loaderkit.hdf5.read.csrplan import (
+    AROUND,
+    CONTIGUOUS,
+    SpanCatalog,
+    batch_sessions,
+    plan_pieces,
+    read_around,
+)
 from loaderkit.hdf5.read.csrrows import CSRReader
 from tests.hdf5.h5adfiles import matrix, write_csr
 
@@ -161,3 +168,12 @@ def test_while_another_thread_reads_a_batch_goes_through_the_ring(
             reader.reading.pop()
     batches = -(-len(truth) // 48)
     assert len(calls) == 2 * batches and max(calls) > 40  # a key's pieces: one call a batch
+
+
+@pytest.mark.parametrize("sessions", [5, 100_000])  # marks per session / np.unique
+def test_batch_sessions_are_the_distinct_sessions_and_each_rows_place(sessions: int) -> None:
+    rng = np.random.default_rng(sessions)
+    cpos = rng.integers(0, min(sessions, 50), 64)
+    distinct, slot = batch_sessions(cpos, sessions)
+    assert distinct.tolist() == sorted(set(cpos.tolist()))
+    assert np.array_equal(distinct[slot], cpos)

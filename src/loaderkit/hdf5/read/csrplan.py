@@ -31,10 +31,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-__all__ = ["AROUND", "CONTIGUOUS", "SpanCatalog", "plan_pieces", "read_around"]
+__all__ = [
+    "AROUND",
+    "CONTIGUOUS",
+    "SpanCatalog",
+    "batch_sessions",
+    "plan_pieces",
+    "raw_chunks",
+    "read_around",
+]
 
 #: Elements per "chunk" of a contiguous dataset: one chunk, at its raw offset.
 CONTIGUOUS = 1 << 62
@@ -235,3 +244,41 @@ def plan_pieces(
         nbytes = np.add.reduceat(nbytes, heads)
         where, into, run = where[heads], into[heads], run[heads]
     return where, into, nbytes, run
+
+
+def raw_chunks(chunked: Any, dtype: np.dtype) -> bool:
+    """Whether a key's elements are read raw from its chunks: 1-D, uncompressed, of ``dtype``.
+
+    ``chunked`` is the key's ``ChunkReader`` (``None``: not chunked); its chunk index is
+    built by the first ``fill_run``, so a key qualifies once that has run. Such keys' chunk
+    tables are what a ``SpanCatalog`` holds.
+
+    Example:
+        >>> raw_chunks(None, np.dtype("f4"))
+        False
+    """
+    return (
+        chunked is not None
+        and not chunked.filters
+        and chunked.offsets is not None
+        and len(chunked.shape) == 1
+        and chunked.dtype == dtype
+    )
+
+
+def batch_sessions(cpos: np.ndarray, sessions: int) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct sessions of a batch's rows (increasing) and each row's place among them.
+
+    A mark per session where the dataset has few (no sort); ``np.unique`` where marking
+    would cost more than sorting the batch's rows.
+
+    Example:
+        >>> [a.tolist() for a in batch_sessions(np.array([3, 1, 3]), 5)]
+        [[1, 3], [1, 0, 1]]
+    """
+    if sessions > 64 * cpos.size + 1024:
+        distinct, slot = np.unique(cpos, return_inverse=True)
+        return distinct, slot.reshape(-1)
+    seen = np.zeros(sessions, np.int64)
+    seen[cpos] = 1
+    return np.flatnonzero(seen), (np.cumsum(seen) - 1)[cpos]

@@ -47,7 +47,13 @@ from loaderkit.hdf5.read.csrforms import (
     row_samples,
     sorted_rows,
 )
-from loaderkit.hdf5.read.csrplan import CONTIGUOUS, SpanCatalog, plan_pieces
+from loaderkit.hdf5.read.csrplan import (
+    CONTIGUOUS,
+    SpanCatalog,
+    batch_sessions,
+    plan_pieces,
+    raw_chunks,
+)
 from loaderkit.hdf5.read.csrsessions import LabelKey
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.pieceio import read_ahead, read_pieces
@@ -336,17 +342,14 @@ class CSRReader(SessionReader):
         if not catalog.known(cpos):
             return None
         begin, end = catalog.spans(cpos, rows)
-        lengths = end - begin
-        offsets, values, cols = self._buffers(lengths)
-        seen = np.zeros(self._canon.size, np.int64)  # np.unique sorts: this counts
-        seen[cpos] = 1
-        sessions = np.flatnonzero(seen)
-        slot = (np.cumsum(seen) - 1)[cpos]  # each row's session among the leased
+        sessions, slot = batch_sessions(cpos, self._canon.size)
         leased = self.cache.lease_open(sessions.tolist())
         if leased is None:
             return None
         self.reading.append(None)  # threads reading now: ``_read_runs`` chooses its calls by it
         try:
+            lengths = end - begin
+            offsets, values, cols = self._buffers(lengths)  # after the lease: taken once
             fds = np.array([[_fd_of(h, k) for h in leased] for k in (0, 1)], np.int64)
             brk = np.flatnonzero((begin[1:] != end[:-1]) | (cpos[1:] != cpos[:-1])) + 1
             first = np.concatenate(([0], brk))
@@ -448,13 +451,7 @@ class CSRReader(SessionReader):
             raw, chunked = handle.raws[k], handle.chunked[k]
             if raw is not None:
                 parts.append((CONTIGUOUS, np.array([raw[1]], np.int64)))
-            elif (
-                chunked is not None
-                and not chunked.filters
-                and chunked.offsets is not None
-                and len(chunked.shape) == 1
-                and chunked.dtype == self.types[k].read_dtype
-            ):
+            elif raw_chunks(chunked, self.types[k].read_dtype):
                 parts.append((chunked.chunks[0], chunked.offsets))
             else:
                 return
@@ -532,13 +529,7 @@ class CSRReader(SessionReader):
         touches, straight from the chunk index; everything else through ``fill_run``.
         """
         chunked = handle.chunked[k]
-        if (
-            chunked is None
-            or chunked.filters
-            or chunked.offsets is None  # the index is built by the first fill_run
-            or len(chunked.shape) != 1
-            or out.dtype != chunked.dtype
-        ):
+        if not raw_chunks(chunked, out.dtype):
             self.fill_run(handle, k, pos, a, length, out, index)
             return
         size, item = chunked.chunks[0], chunked.dtype.itemsize
