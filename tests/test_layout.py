@@ -46,6 +46,12 @@ REVIEWED_LONG: dict[str, str] = {
         "docstring and example, the read-only constructor arguments, and its LoaderSupport, "
         "which calls the class's own seeded read; a split would cut the class, not a seam"
     ),
+    "hdf5/read/handles.py": (
+        "the per-process cache of open files and its one lock discipline (the mutex, leases, "
+        "retired handles, waiting for room, the fork hook): every method keeps the same "
+        "invariant (never more than max_open files, not even for a moment); the Handle it "
+        "holds is defined beside it"
+    ),
     "hdf5/read/sessionfiles.py": (
         "the reader's state and every check on its open files (open, record, verify, changed, "
         "read errors and their causes): one class whose methods share that state; the row "

@@ -328,3 +328,19 @@ def test_column_ids_stored_out_of_order_are_served_increasing(tmp_path: Path) ->
                 genes_of_row = ds[i]["genes"].numpy()
                 assert np.all(np.diff(genes_of_row) > 0)
                 assert np.array_equal(ds[i]["values"].numpy(), want[i][genes_of_row])
+
+
+def test_open_file_budget_counts_a_chunk_cache_only_for_compressed_matrices(
+    tmp_path: Path,
+) -> None:
+    """Uncompressed values and column ids are read raw: no chunk cache fills per open file."""
+    from loaderkit.policy.budgets import FILE_OVERHEAD_BYTES
+
+    plain = [write_current(tmp_path / f"p{i}.h5ad", matrix(i)) for i in range(3)]
+    packed = [write_current(tmp_path / f"z{i}.h5ad", matrix(i), compression="gzip") for i in (0, 1)]
+    with HDF5SessionDataset(plain, key="X") as ds:
+        assert ds.budgets.file_memory_bytes == FILE_OVERHEAD_BYTES
+    with HDF5SessionDataset(
+        [*plain, *packed], key="X", h5py_options={"rdcc_nbytes": 4 << 20}
+    ) as ds:
+        assert ds.budgets.file_memory_bytes == FILE_OVERHEAD_BYTES + (4 << 20)

@@ -177,3 +177,31 @@ def test_batch_sessions_are_the_distinct_sessions_and_each_rows_place(sessions: 
     distinct, slot = batch_sessions(cpos, sessions)
     assert distinct.tolist() == sorted(set(cpos.tolist()))
     assert np.array_equal(distinct[slot], cpos)
+
+
+def test_batches_over_more_files_than_stay_open_are_planned(tmp_path: Path) -> None:
+    """30 files, 6 kept open, batches of 5 cells: a batch's closed files are opened for it."""
+    ms = [matrix(s, cells=20) for s in range(30)]
+    paths = [write_csr(tmp_path / f"s{s}.h5ad", m, 7) for s, m in enumerate(ms)]
+    truth = np.concatenate([m.toarray() for m in ms])
+    with HDF5SessionDataset(paths, key="X", max_open_files=6) as ds:
+        reader = ds.handles.reader
+        assert isinstance(reader, CSRReader)
+        planned = []
+        original = reader._read_planned
+
+        def spy(idx: np.ndarray, keys: np.ndarray) -> object:
+            got = original(idx, keys)
+            planned.append(got is not None)
+            return got
+
+        reader._read_planned = spy  # type: ignore[method-assign]
+        for epoch in range(2):
+            order = np.random.default_rng(epoch).permutation(len(ds))
+            for start in range(0, order.size, 5):
+                picked = order[start : start + 5].tolist()
+                got = np.stack([row.to_dense().numpy() for row in ds.__getitems__(picked)])
+                assert np.array_equal(got, truth[picked])
+            assert ds.handles.cache_info().open_files <= 6
+        second = planned[len(planned) // 2 :]  # every session's tables held by then
+        assert all(second), f"{second.count(False)} of {len(second)} batches not planned"

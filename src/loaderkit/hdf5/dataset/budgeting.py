@@ -75,7 +75,8 @@ class DatasetBudgets:
     def file_memory_bytes(self) -> int:
         """Memory one open session file may hold (chunk cache and HDF5's per-file state).
 
-        The chunk cache counts for chunked data only; the per-file state is
+        The chunk cache counts where reads fill one (chunked data, but for the uncompressed
+        values and column ids of a sparse matrix, read raw); the per-file state is
         ``loaderkit.policy.budgets.FILE_OVERHEAD_BYTES``, plus ``CHUNK_INDEX_BYTES`` when rows
         span chunks shared with other rows (every read walks the whole chunk index).
 
@@ -84,7 +85,7 @@ class DatasetBudgets:
             9437184
         """
         cache = 0
-        if self.reader.chunked:
+        if self.reader.cached_chunks:
             cache = max(
                 int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in self.reader.open_kwargs
             )

@@ -113,6 +113,8 @@ class CSRReader(SessionReader):
         self._canon = np.asarray(self.canonical, np.int64)
         self.catalog = SpanCatalog(self.session_rows())
         self._indptr_lock = threading.Lock()
+        # uncompressed values and column ids are read raw (the first read of a session aside)
+        self.cached_chunks = any(lay.compression for r in self.records for lay in r.layouts[:2])
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
@@ -343,7 +345,7 @@ class CSRReader(SessionReader):
             return None
         begin, end = catalog.spans(cpos, rows)
         sessions, slot = batch_sessions(cpos, self._canon.size)
-        leased = self.cache.lease_open(sessions.tolist())
+        leased = self.cache.lease_batch(sessions.tolist())
         if leased is None:
             return None
         self.reading.append(None)  # threads reading now: ``_read_runs`` chooses its calls by it

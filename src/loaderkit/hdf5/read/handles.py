@@ -344,6 +344,27 @@ class HandleCache:
             self.hits += len(handles)
             return handles
 
+    def lease_batch(self, keys: Sequence[Hashable]) -> list[Handle] | None:
+        """``lease_open``, after opening the closed files of ``keys`` where all fit at once.
+
+        For a thread that holds no lease (it may wait). The batch's open files go last in
+        line for eviction; each closed one is leased and released in turn, then the whole
+        batch is leased with ``lease_open``: ``None`` where ``keys`` outnumber ``max_open``
+        or other threads' files took the room meanwhile.
+        """
+        leased = self.lease_open(keys)
+        if leased is not None or len(keys) > self.max_open:
+            return leased
+        with self._mutex:
+            entries = self._entries
+            closed = [key for key in keys if not isinstance(entries.get(key), Handle)]
+            for key in keys:
+                if key in entries:
+                    entries.move_to_end(key)
+        for key in closed:
+            self.release(self.lease(key))
+        return self.lease_open(keys)
+
     def release(self, handle: Handle) -> None:
         """Give back a lease; the last reader of a retired handle closes it."""
         self.release_all((handle,))

@@ -133,6 +133,8 @@ class SessionFiles:
         self.locking = all(kw.get("locking", True) is not False for kw in self.open_kwargs)
         layouts = [lay for rec in self.records for lay in rec.layouts[:1]]
         self.chunked = any(lay.chunk_rows is not None for lay in layouts)
+        #: Reads of chunked keys fill a chunk cache per open file (HDF5's, or decoded chunks).
+        self.cached_chunks = self.chunked
         number = bool(self.types) and all(rt.kind is Kind.NUMBER for rt in self.types)
         self.contiguous = (  # read with preadv (or maps): decided per file at open
             fast
