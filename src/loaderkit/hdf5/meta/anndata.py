@@ -392,8 +392,9 @@ def obs_column(f: h5py.File, path: str, session: Hashable, file: str) -> ObsColu
         ...     g = f.create_group("obs/cell_type"); g.attrs["encoding-type"] = "categorical"
         ...     _ = g.create_dataset("codes", data=np.int8([1, 0]))
         ...     _ = g.create_dataset("categories", data=["B", "T"])
-        ...     obs_column(f, "obs/cell_type", 0, path)
-        ObsColumn(path='obs/cell_type/codes', categories=('B', 'T'), encoding='categorical')
+        ...     column = obs_column(f, "obs/cell_type", 0, path)
+        >>> column.path, column.categories, column.encoding
+        ('obs/cell_type/codes', ('B', 'T'), 'categorical')
     """
     where = _where(session, file, path)
     parent, _, field = path.rpartition("/")
