@@ -126,3 +126,55 @@ def write_csr(
             names = [(name.encode(),) for name in GENE_NAMES[: m.shape[1]]]
             f.create_dataset("var", data=np.array(names, [("index", "S16")]))  # legacy table
     return path
+
+
+def write_nullable_strings(
+    group: h5py.Group, name: str, values: Sequence[str | None], **kwargs: Any
+) -> h5py.Group:
+    """``group[name]`` as anndata >= 0.13 with pandas 3 writes a string column (by hand).
+
+    A group with ``encoding-type: nullable-string-array`` (``encoding-version`` 0.1.0) holding
+    ``values`` (variable-length UTF-8 strings, ``""`` where missing; anndata's
+    ``string-array`` attributes) and ``mask`` (bool, True where missing; ``array``
+    attributes). ``None`` in ``values`` is missing; ``kwargs`` go to both datasets
+    (``compression="gzip"``...).
+    """
+    if name in group:
+        del group[name]
+    column = group.create_group(name)
+    column.attrs["encoding-type"], column.attrs["encoding-version"] = (
+        "nullable-string-array",
+        "0.1.0",
+    )
+    texts = np.array(["" if v is None else v for v in values], dtype=object)
+    stored = column.create_dataset("values", data=texts, dtype=h5py.string_dtype(), **kwargs)
+    stored.attrs["encoding-type"], stored.attrs["encoding-version"] = "string-array", "0.2.0"
+    mask = column.create_dataset("mask", data=np.array([v is None for v in values]), **kwargs)
+    mask.attrs["encoding-type"], mask.attrs["encoding-version"] = "array", "0.2.0"
+    return column
+
+
+def as_pandas3(
+    path: Path,
+    columns: dict[str, Sequence[str | None]] | None = None,
+    cells: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> Path:
+    """Rewrite a current file's string indexes as anndata >= 0.13 (pandas 3) stores them.
+
+    ``obs/_index`` (cell names; ``cells`` instead where given) and ``var/_index`` (gene names)
+    become ``nullable-string-array`` groups (``write_nullable_strings``); each ``columns``
+    entry is added as an ``obs`` string column of that layout (``None``: missing).
+    """
+    with h5py.File(path, "r+") as f:
+        for table in ("obs", "var"):
+            names = f[f"{table}/_index"].asstr()[()].tolist()
+            if table == "obs" and cells is not None:
+                names = list(cells)
+            write_nullable_strings(f[table], "_index", names, **kwargs)
+        order = list(f["obs"].attrs["column-order"])
+        for name, values in (columns or {}).items():
+            write_nullable_strings(f["obs"], name, values, **kwargs)
+            order += [] if name in order else [name]
+        f["obs"].attrs["column-order"] = np.array(order, dtype=object)
+    return path

@@ -17,7 +17,9 @@ Checked on torch 2.4.1, 2.6.0, 2.9.1, 2.12.0, 2.13.0, 2.14.1 and 2.15.0.
   for numpy bools under numpy 2.4 and later (``'numpy.bool' object cannot be interpreted as an
   integer``; under numpy 2.2-2.3 it warns that it soon will). Where a probe at import sees
   that, numpy bools are stacked through one array, which gives the bool tensor newer torch
-  gives.
+  gives. With a ``sparse`` rule (loaderkit's ``collate``), strings with missing values
+  (``None``: an ``.h5ad`` string column's missing cells) are a list whichever comes first, as
+  torch lists strings (torch refuses a batch whose first element is ``None``).
 
 Examples:
     >>> tensor_rule() is not None
@@ -91,13 +93,24 @@ def _collate_numpy_bools(batch: Sequence[Any], *, collate_fn_map: Any = None) ->
     return torch.from_numpy(np.asarray(batch, dtype=np.bool_))
 
 
+def _strings_or_none(batch: Sequence[Any], *, collate_fn_map: Any = None) -> list[Any]:
+    """A batch of ``str`` and ``None`` (missing) as a list, as torch's rule for ``str``."""
+    if all(value is None or isinstance(value, str) for value in batch):
+        return list(batch)
+    raise TypeError(
+        "default_collate: batch must contain tensors, numpy arrays, numbers, dicts or lists; "
+        f"found {type(None)} beside {type(next(v for v in batch if v is not None))}"
+    )
+
+
 def default_collate(batch: Any, sparse: TensorCollate | None = None) -> Any:
     """``default_collate`` as torch has it, numpy bool scalars included on every torch.
 
     Args:
         batch: A list of samples.
         sparse: How to stack sparse tensors wherever the structure holds them (torch's rule
-            refuses them); ``None``: as torch does.
+            refuses them), and strings with missing values (``None``) listed as strings are;
+            ``None``: as torch does.
 
     Returns:
         What ``torch.utils.data.default_collate`` returns; where this torch refuses numpy
@@ -120,6 +133,7 @@ def default_collate(batch: Any, sparse: TensorCollate | None = None) -> Any:
             return dense(batch, collate_fn_map=collate_fn_map)
 
         rules[torch.Tensor] = tensors
+        rules[type(None)] = _strings_or_none
     return _collate.collate(batch, collate_fn_map=rules)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from loaderkit import DataLoader, create_dataloader
+from loaderkit import DataLoader, SessionCache, create_dataloader
 from loaderkit.errors import ConfigError, HDF5FileError
 from loaderkit.hdf5 import HDF5SessionDataset
 
@@ -25,10 +25,12 @@ anndata = pytest.importorskip("anndata")
 pd = pytest.importorskip("pandas")
 
 from tests.hdf5.h5adfiles import (  # noqa: E402
+    as_pandas3,
     categorical_as_v07,
     matrix,
     write_current,
     write_legacy,
+    write_nullable_strings,
 )
 
 KEY = ("X", "obs/cell_type", "obs/n_counts", "obs/batch", "obsm/X_pca")
@@ -106,25 +108,18 @@ def test_values_equal_anndata_row_for_row(corpus: tuple[list[Path], dict[str, An
 def test_forms_mapping_names_and_lazy_samples(corpus: tuple[list[Path], dict[str, Any]]) -> None:
     paths, truth = corpus
     rows = [5, 400, 3, 250, 17, 402]
+    # obs/_index: a string dataset, or with anndata >= 0.13 and pandas 3 values and a mask
     key = {"x": "X", "y": "obs/cell_type", "emb": "obsm/X_pca", "cell": "obs/_index"}
-    with h5py.File(paths[0], "r") as f:  # anndata >= 0.13 with pandas 3: values and a mask
-        strings = isinstance(f["obs/_index"], h5py.Dataset)
-    if not strings:
-        with pytest.raises(ConfigError, match=r"'obs/_index'.*nullable-string-array"):
-            HDF5SessionDataset(paths, key=key)
-        del key["cell"]
     with HDF5SessionDataset(paths, key=key, sparse="dense", genes=["gene7", "gene3"]) as ds:
         assert ds.handles.categories("y") == ds.handles.categories("obs/cell_type")
         batch = next(iter(DataLoader(ds, batch_size=6, sampler=rows)))
         assert np.array_equal(batch["x"].numpy(), truth["X"][rows][:, [7, 3]])
         assert np.array_equal(batch["y"].numpy(), truth["obs/cell_type"][rows])
         assert np.array_equal(batch["emb"].numpy(), truth["obsm/X_pca"][rows])
-        if strings:
-            assert batch["cell"] == [f"c{r % 200}" for r in rows]  # strings: str per cell
+        assert batch["cell"] == [f"c{r % 200}" for r in rows]  # strings: str per cell
         samples = ds.__getitems__(rows)  # the batch's per-cell samples, built when looked at
         for j, r in enumerate(rows):
-            if strings:
-                assert samples[j]["cell"] == ds[r]["cell"] == f"c{r % 200}"
+            assert samples[j]["cell"] == ds[r]["cell"] == f"c{r % 200}"
             assert samples[j]["y"] == truth["obs/cell_type"][r]
             assert np.array_equal(samples[j]["x"], truth["X"][r][[7, 3]])
     with HDF5SessionDataset(paths, key=("X",)) as ds:  # a tuple key: dicts, as for any key
@@ -286,3 +281,236 @@ def test_damaged_code_is_an_error_never_a_wrong_label(tmp_path: Path) -> None:
             ds.__getitems__([10, 30, 31])
         with pytest.raises(HDF5FileError, match="row 30"):
             ds[30]
+
+
+# ------------------------------------------------------------------ strings with missing values
+
+
+def _donors(k: int, cells: int = 200) -> list[str | None]:
+    """File ``k``'s donor column: some missing (cell 0 of file 0), none, mostly missing."""
+    if k == 0:
+        return [None if i % 7 == 0 else f"d{i % 5}" for i in range(cells)]
+    if k == 1:
+        return [f"dönor{i % 3}" for i in range(cells)]  # nothing missing
+    return ["" if i % 10 == 1 else None if i % 4 else f"x{i}" for i in range(cells)]
+
+
+@pytest.fixture(scope="module")
+def pandas3(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], dict[str, Any]]:
+    """3 files x 200 cells whose string columns are ``nullable-string-array`` groups.
+
+    As anndata >= 0.13 with pandas 3 writes them (by hand: this anndata writes strings as
+    datasets): ``obs/_index`` (cell names unique across files), ``var/_index`` and a
+    ``donor`` column, missing in some cells of two files; the second file gzip. The truth is
+    anndata's reading (``pd.NA`` as ``None``).
+    """
+    root = tmp_path_factory.mktemp("pandas3")
+    paths = []
+    for k in range(3):
+        path = write_current(root / f"p{k}.h5ad", matrix(k))
+        gzip = {"compression": "gzip"} if k == 1 else {}
+        cells = [f"s{k}c{i}" for i in range(200)]
+        paths.append(as_pandas3(path, {"donor": _donors(k)}, cells, **gzip))
+    adatas = [anndata.read_h5ad(p) for p in paths]
+    donors = [None if pd.isna(v) else v for a in adatas for v in a.obs["donor"]]
+    truth = {
+        "donor": donors,
+        "cell": [name for a in adatas for name in a.obs_names],
+        "X": np.concatenate([a.X.toarray() for a in adatas]),
+        "y": np.concatenate([np.asarray(a.obs["cell_type"].cat.codes, np.int64) for a in adatas]),
+    }
+    assert donors == [*_donors(0), *_donors(1), *_donors(2)]  # anndata reads the hand layout
+    assert truth["cell"][:2] == ["s0c0", "s0c1"]
+    return paths, truth
+
+
+PANDAS3_KEY = {"x": "X", "donor": "obs/donor", "cell": "obs/_index", "y": "obs/cell_type"}
+
+
+def test_the_hand_layout_is_the_one_anndata_writes(tmp_path: Path) -> None:
+    """anndata writes this layout too where told to keep strings nullable (pandas 3's default)."""
+    adata = anndata.AnnData(X=matrix(0, cells=8))
+    adata.obs["donor"] = pd.array(["a", None, "b", "", "a", None, "c", "d"], dtype="string")
+    adata.obs_names = pd.Index([f"c{i}" for i in range(8)], dtype="string")
+    with anndata.settings.override(allow_write_nullable_strings=True):
+        adata.write_h5ad(tmp_path / "own.h5ad", convert_strings_to_categoricals=False)
+    with h5py.File(tmp_path / "hand.h5ad", "w") as f:
+        write_nullable_strings(
+            f,
+            "donor",
+            list(adata.obs["donor"].astype(object).where(adata.obs["donor"].notna(), None)),
+        )
+    with h5py.File(tmp_path / "own.h5ad") as own, h5py.File(tmp_path / "hand.h5ad") as hand:
+        a, b = own["obs/donor"], hand["donor"]
+        assert dict(a.attrs) == dict(b.attrs)
+        for name in ("values", "mask"):
+            assert dict(a[name].attrs) == dict(b[name].attrs), name
+            assert a[name].dtype == b[name].dtype and a[name][()].tolist() == b[name][()].tolist()
+        assert dict(own["obs/_index"].attrs) == dict(a.attrs)
+    with HDF5SessionDataset([tmp_path / "own.h5ad"], key=("X", "obs/donor", "obs/_index")) as ds:
+        batch = next(iter(DataLoader(ds, batch_size=8)))
+        assert batch["obs/donor"] == ["a", None, "b", "", "a", None, "c", "d"]
+        assert batch["obs/_index"] == [f"c{i}" for i in range(8)]
+        assert ds[1]["obs/donor"] is None and ds[3]["obs/donor"] == ""
+
+
+def test_nullable_strings_are_str_per_cell_and_none_where_missing(
+    pandas3: tuple[list[Path], dict[str, Any]],
+) -> None:
+    paths, truth = pandas3
+    with HDF5SessionDataset(paths, key=PANDAS3_KEY) as ds:
+        batch = next(iter(DataLoader(ds, batch_size=len(ds))))
+        assert batch["donor"] == truth["donor"] and batch["cell"] == truth["cell"]
+        assert np.array_equal(batch["y"].numpy(), truth["y"])
+        assert np.array_equal(batch["x"].to_dense().numpy(), truth["X"])
+        assert {type(v) for v in batch["donor"]} == {str, type(None)}
+        rows = [0, 401, 7, 205, 599, 3, 402, 400]  # missing first, "" kept, across files
+        got = next(iter(DataLoader(ds, batch_size=len(rows), sampler=rows)))
+        assert got["donor"] == [truth["donor"][r] for r in rows]
+        assert got["donor"][:3] == [None, "", None]
+        assert got["cell"] == [truth["cell"][r] for r in rows]
+        samples = ds.__getitems__(rows)  # built from the batch when looked at
+        for j, r in enumerate(rows):
+            sample = ds[r]
+            assert sample["donor"] == samples[j]["donor"] == truth["donor"][r], r
+            assert sample["cell"] == samples[j]["cell"] == truth["cell"][r]
+            assert sample["y"] == truth["y"][r]
+        assert ds[0]["donor"] is None and ds[401]["donor"] == "" and ds[200]["donor"] == "dönor0"
+
+
+class _Reads(HDF5SessionDataset):
+    """A ``read`` subclass: batches are collated from its samples."""
+
+    def read(self, session: Any, row: int) -> Any:
+        return super().read(session, row)
+
+
+def test_samples_of_a_read_subclass_batch_alike(
+    pandas3: tuple[list[Path], dict[str, Any]],
+) -> None:
+    paths, truth = pandas3
+    rows = [0, 1, 2, 7, 401]  # the first cell missing: torch alone refuses such a batch
+    with _Reads(paths, key=PANDAS3_KEY) as ds:
+        for sampler in (rows, rows[1:]):
+            batch = next(iter(DataLoader(ds, batch_size=len(sampler), sampler=sampler)))
+            assert batch["donor"] == [truth["donor"][r] for r in sampler]
+            assert batch["cell"] == [truth["cell"][r] for r in sampler]
+    from loaderkit.workers.collate import collate
+
+    with pytest.raises(TypeError, match=r"found <class 'NoneType'> beside <class 'torch\.Tensor'>"):
+        collate([{"a": None}, {"a": torch.zeros(2).to_sparse()}])  # no list of tensors and None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"num_workers": 0},
+        {"num_workers": 2, "multiprocessing_context": "fork"},
+        {"num_workers": 2, "worker_method": "thread"},
+    ],
+    ids=["main", "fork", "threads"],
+)
+def test_nullable_strings_with_workers(
+    pandas3: tuple[list[Path], dict[str, Any]], options: dict[str, Any]
+) -> None:
+    paths, truth = pandas3
+    pairs = dict(zip(truth["cell"], truth["donor"], strict=True))
+    with HDF5SessionDataset(paths, key=PANDAS3_KEY) as ds:
+        with create_dataloader(ds, batch_size=64, seed=5, shuffle=True, **options) as loader:
+            batches = list(loader)
+    cells = [c for b in batches for c in b["cell"]]
+    assert sorted(cells) == sorted(truth["cell"])  # every cell once, shuffled
+    assert cells != truth["cell"]
+    for b in batches:  # each cell's donor, None where missing: the mask follows the cell
+        assert b["donor"] == [pairs[c] for c in b["cell"]]
+
+
+def _damage(path: Path, how: str) -> None:
+    with h5py.File(path, "r+") as f:
+        group = f["obs/donor"]
+        if how == "no values":
+            del group["values"]
+        elif how == "no mask":
+            del group["mask"]
+        elif how == "short mask":
+            del group["mask"]
+            group["mask"] = np.zeros(199, bool)
+        elif how == "numbers":
+            del group["values"]
+            group["values"] = np.zeros(200, np.int64)
+        elif how == "2-D mask":
+            del group["mask"]
+            group["mask"] = np.zeros((200, 1), bool)
+        else:  # "fewer cells": values and mask one per cell of another file
+            write_nullable_strings(f["obs"], "donor", ["a", None] * 75)
+
+
+@pytest.mark.parametrize(
+    ("how", "error", "says"),
+    [
+        pytest.param(
+            "no values", HDF5FileError, r"has no 'values' dataset.*Write it again", id="no values"
+        ),
+        pytest.param(
+            "no mask", HDF5FileError, r"has no 'mask' dataset.*Write it again", id="no mask"
+        ),
+        pytest.param(
+            "short mask",
+            HDF5FileError,
+            r"has 199 mask entries for 200 values.*Write it again",
+            id="short mask",
+        ),
+        pytest.param(
+            "numbers",
+            HDF5FileError,
+            r"'values' of shape \(200,\) \(int64\), not 1-D strings",
+            id="numbers",
+        ),
+        pytest.param(
+            "2-D mask",
+            HDF5FileError,
+            r"'mask' of shape \(200, 1\) \(bool\), not 1-D booleans",
+            id="2-D mask",
+        ),
+        pytest.param(
+            "fewer cells",
+            ConfigError,
+            r"has 150 rows, but the matrix 'X' has 200 cells",
+            id="fewer cells",
+        ),
+    ],
+)
+def test_a_damaged_nullable_string_column_is_named(
+    tmp_path: Path, how: str, error: type[Exception], says: str
+) -> None:
+    good = as_pandas3(write_current(tmp_path / "good.h5ad", matrix(0)), {"donor": _donors(0)})
+    bad = tmp_path / "bad.h5ad"
+    shutil.copy(good, bad)
+    _damage(bad, how)
+    with pytest.raises(error, match=rf"'obs/donor' of session 1 \({bad}\).*{says}"):
+        HDF5SessionDataset([good, bad], key=("X", "obs/donor"))
+    with HDF5SessionDataset([good, bad], key=("X", "obs/_index")) as ds:  # other keys still read
+        assert ds[201]["obs/_index"] == "c1"
+
+
+def test_nullable_strings_refused_where_not_served(tmp_path: Path) -> None:
+    """Stored as a dataset in one file and a group in another; through the node cache."""
+    plain = write_current(tmp_path / "plain.h5ad", matrix(0))
+    with h5py.File(plain, "r+") as f:
+        f["obs/donor"] = np.array(["a"] * 200, dtype=object).astype(h5py.string_dtype())
+    nullable = as_pandas3(write_current(tmp_path / "n.h5ad", matrix(1)), {"donor": _donors(0)})
+    with pytest.raises(
+        ConfigError,
+        match=rf"'obs/donor' is a dataset of values in session 0.*but nullable-string-array in "
+        rf"session 1 \({nullable}\).*one anndata version",
+    ):
+        HDF5SessionDataset([plain, nullable], key=("X", "obs/donor"))
+    cache = SessionCache(tmp_path / "cache", room_timeout=20)
+    with pytest.raises(ConfigError, match=r"with other keys \(\['obs/donor'\]\).*local files"):
+        HDF5SessionDataset([nullable], key=("X", "obs/donor"), cache=cache)
+    booleans = tmp_path / "booleans.h5ad"
+    adata = anndata.read_h5ad(plain)
+    adata.obs["qc"] = pd.array([True, None] * 100, dtype="boolean")
+    adata.write_h5ad(booleans)
+    with pytest.raises(ConfigError, match=r"'obs/qc' of session 0 .* is a nullable-boolean"):
+        HDF5SessionDataset([booleans], key=("X", "obs/qc"))

@@ -123,3 +123,28 @@ def test_a_var_index_written_with_pandas_3_is_read(tmp_path: Path) -> None:
     with HDF5SessionDataset([path], key="X", sparse="dense", genes=["gene3", "gene1"]) as ds:
         assert ds.handles.var_names == genes
         np.testing.assert_array_equal(np.asarray(ds[5]), m.toarray()[5, [3, 1]])
+
+
+def test_obs_columns_of_strings_with_missing_values(tmp_path: Path) -> None:
+    """A ``nullable-string-array`` is its ``values`` and ``mask``; nullable numbers refused."""
+    from loaderkit.hdf5.meta.anndata import ObsColumn, obs_column
+    from tests.hdf5.h5adfiles import write_nullable_strings
+
+    path = tmp_path / "o.h5ad"
+    with h5py.File(path, "w") as f:
+        obs = f.create_group("obs")
+        write_nullable_strings(obs, "donor", ["a", None, "b"])
+        write_nullable_strings(obs, "_index", ["c0", "c1", "c2"])
+        ints = obs.create_group("umis")
+        ints.attrs["encoding-type"] = "nullable-integer"
+        ints["values"], ints["mask"] = np.arange(3), np.zeros(3, bool)
+        assert obs_column(f, "obs/donor", "s", str(path)) == ObsColumn(
+            "obs/donor/values", None, "nullable-string-array", "obs/donor/mask"
+        )
+        index = obs_column(f, "obs/_index", "s", str(path))  # the cell names: alike
+        assert index is not None and index.mask == "obs/_index/mask"
+        with pytest.raises(ConfigError, match=r"'obs/umis' of session 's'.*nullable-integer"):
+            obs_column(f, "obs/umis", "s", str(path))
+        del obs["donor/mask"]
+        with pytest.raises(HDF5FileError, match=rf"'obs/donor' of session 's' \({path}\).*'mask'"):
+            obs_column(f, "obs/donor", "s", str(path))

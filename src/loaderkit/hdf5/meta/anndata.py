@@ -14,9 +14,10 @@ attributes themselves):
   field), and how two files' indexes differ.
 * ``is_categorical``/``categories``: categorical ``obs`` columns (``codes`` + ``categories``);
 * ``obs_column``/``shared_categories``: what a per-cell key beside a matrix is (``ObsColumn``:
-  a dataset of values, or a categorical's codes and categories, current or anndata 0.7's
-  referenced categories), refused by name where it is not one value per cell; and one
-  category list for files whose lists differ (union, first seen first, as anndata's concat);
+  a dataset of values, a categorical's codes and categories, current or anndata 0.7's
+  referenced categories, or a ``nullable-string-array``'s ``values`` and ``mask``), refused
+  by name where it is not one value per cell; and one category list for files whose lists
+  differ (union, first seen first, as anndata's concat);
 * ``string_array``: strings as anndata stores them (a dataset, or with pandas 3 a
   ``nullable-string-array`` group of ``values`` and ``mask``).
 
@@ -37,11 +38,13 @@ import numpy as np
 from loaderkit.errors import ConfigError, HDF5FileError
 
 __all__ = [
+    "NULLABLE_STRINGS",
     "CSRGroup",
     "ObsColumn",
     "categories",
     "check_csr",
     "is_categorical",
+    "nullable_strings",
     "obs_column",
     "rechunk_refusal",
     "shared_categories",
@@ -332,12 +335,15 @@ def categories(obj: h5py.Group) -> list[str]:
     return string_array(obj.get("categories")) or []
 
 
-#: anndata encodings of a column stored as values and a mask, and what to store instead.
+#: anndata encodings of a column stored as values and a mask that loaderkit refuses.
 _NULLABLE = {
     "nullable-integer": "integers with missing values",
     "nullable-boolean": "booleans with missing values",
-    "nullable-string-array": "strings with missing values",
 }
+
+#: The encoding of strings with missing values (pandas 3's string columns): served as ``str``
+#: per cell, ``None`` where the mask says missing.
+NULLABLE_STRINGS = "nullable-string-array"
 
 
 @dataclass(frozen=True)
@@ -348,8 +354,10 @@ class ObsColumn:
         path: The dataset whose rows are read (a categorical's ``codes``).
         categories: A categorical's category names (its codes index them, -1 is missing);
             ``None`` for values served as stored.
-        encoding: What the key is, for messages: ``"a dataset of values"``, ``"categorical"`` or
-            ``"categorical (anndata 0.7)"``.
+        encoding: What the key is, for messages: ``"a dataset of values"``, ``"categorical"``,
+            ``"categorical (anndata 0.7)"`` or ``"nullable-string-array"``.
+        mask: A ``nullable-string-array``'s ``mask`` (True: the cell's value is missing);
+            ``None`` for other columns.
 
     Example:
         >>> ObsColumn("obs/cell_type/codes", ("B", "T"), "categorical").categories
@@ -359,6 +367,7 @@ class ObsColumn:
     path: str
     categories: tuple[str, ...] | None = None
     encoding: str = "a dataset of values"
+    mask: str | None = None
 
 
 def obs_column(f: h5py.File, path: str, session: Hashable, file: str) -> ObsColumn | None:
@@ -366,12 +375,15 @@ def obs_column(f: h5py.File, path: str, session: Hashable, file: str) -> ObsColu
 
     A dataset (numbers, strings, ``obsm/<name>`` embeddings) is read as stored; a categorical
     group as its ``codes`` with its ``categories``; anndata 0.7's categorical (an integer
-    dataset whose attribute ``categories`` references the category names) likewise.
+    dataset whose attribute ``categories`` references the category names) likewise; a
+    ``nullable-string-array`` group (anndata with pandas 3) as its ``values``, with its
+    ``mask`` (``nullable_strings``).
 
     Raises:
-        ConfigError: A group that is not one value per cell: nullable columns (values and a
-            mask), sparse matrices, tables; or a column of anndata < 0.7's compound ``obs``
-            table. Each names the key, what it is, and what to do.
+        ConfigError: A group that is not one value per cell: nullable integers and booleans
+            (values and a mask), sparse matrices, tables; or a column of anndata < 0.7's
+            compound ``obs`` table. Each names the key, what it is, and what to do.
+        HDF5FileError: A damaged categorical or ``nullable-string-array`` group.
 
     Example:
         >>> import h5py, tempfile, os
@@ -380,8 +392,9 @@ def obs_column(f: h5py.File, path: str, session: Hashable, file: str) -> ObsColu
         ...     g = f.create_group("obs/cell_type"); g.attrs["encoding-type"] = "categorical"
         ...     _ = g.create_dataset("codes", data=np.int8([1, 0]))
         ...     _ = g.create_dataset("categories", data=["B", "T"])
-        ...     obs_column(f, "obs/cell_type", 0, path)
-        ObsColumn(path='obs/cell_type/codes', categories=('B', 'T'), encoding='categorical')
+        ...     column = obs_column(f, "obs/cell_type", 0, path)
+        >>> column.path, column.categories, column.encoding
+        ('obs/cell_type/codes', ('B', 'T'), 'categorical')
     """
     where = _where(session, file, path)
     parent, _, field = path.rpartition("/")
@@ -419,19 +432,62 @@ def obs_column(f: h5py.File, path: str, session: Hashable, file: str) -> ObsColu
                 "is damaged. Write it again (anndata's write_h5ad)."
             )
         return ObsColumn(f"{path}/codes", tuple(categories(obj)), "categorical")
+    if encoding == NULLABLE_STRINGS:
+        return nullable_strings(obj, path, session, file)
     if encoding in _NULLABLE:
         raise ConfigError(
             f"{where} is a {encoding} column ({_NULLABLE[encoding]}: 'values' and a 'mask'), "
             "which loaderkit does not serve. Store it as a categorical "
             "(`adata.obs[col] = adata.obs[col].astype('category')`; missing values get code "
-            "-1) or, for numbers, as floats with NaN (`.astype('float32')`), then write the "
-            "file again."
+            "-1) or as floats with NaN (`.astype('float32')`), then write the file again."
         )
     raise ConfigError(
         f"{where} is a group ({encoding}), not one value per cell. Keys beside a sparse "
         "matrix are per-cell columns: obs/<column> (numbers, strings, categoricals) or "
         "obsm/<name> (a dense array); one sparse matrix per dataset."
     )
+
+
+def nullable_strings(obj: h5py.Group, path: str, session: Hashable, file: str) -> ObsColumn:
+    """The ``ObsColumn`` of a ``nullable-string-array`` group: its ``values`` and ``mask``.
+
+    ``values`` must be a 1-D dataset of strings and ``mask`` (True: missing) a 1-D dataset of
+    booleans as long (anndata writes both; a masked entry's value is ``""``).
+
+    Raises:
+        HDF5FileError: Either dataset missing, of another type, or of another length, naming
+            the file, the key and what to do.
+
+    Example:
+        >>> import h5py, tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "n.h5ad")
+        >>> with h5py.File(path, "w") as f:
+        ...     g = f.create_group("obs/donor"); g.attrs["encoding-type"] = "nullable-string-array"
+        ...     _ = g.create_dataset("values", data=["d1", ""], dtype=h5py.string_dtype())
+        ...     _ = g.create_dataset("mask", data=np.array([False, True]))
+        ...     nullable_strings(g, "obs/donor", 0, path).mask
+        'obs/donor/mask'
+    """
+    where = _where(session, file, path)
+    values, mask = obj.get("values"), obj.get("mask")
+    how: str | None = None
+    if not isinstance(values, h5py.Dataset):
+        how = "has no 'values' dataset"
+    elif not isinstance(mask, h5py.Dataset):
+        how = "has no 'mask' dataset"
+    elif values.ndim != 1 or h5py.check_string_dtype(values.dtype) is None:
+        how = f"has 'values' of shape {values.shape} ({values.dtype}), not 1-D strings"
+    elif mask.ndim != 1 or mask.dtype.kind not in "biu":
+        how = f"has 'mask' of shape {mask.shape} ({mask.dtype}), not 1-D booleans"
+    elif mask.shape != values.shape:
+        how = f"has {mask.shape[0]} mask entries for {values.shape[0]} values"
+    if how is not None:
+        raise HDF5FileError(
+            f"{where}: the {NULLABLE_STRINGS} column (strings with missing values: 'values' "
+            f"and a boolean 'mask', one each per cell) {how}; the file is damaged or was "
+            "written incompletely. Write it again (anndata's write_h5ad) or leave the key out."
+        )
+    return ObsColumn(f"{path}/values", None, NULLABLE_STRINGS, f"{path}/mask")
 
 
 def shared_categories(

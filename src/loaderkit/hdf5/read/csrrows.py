@@ -270,9 +270,13 @@ class CSRReader(SessionReader):
         order: np.ndarray | None,
         starts: np.ndarray,
     ) -> tuple[Samples, Any]:
-        """Label key ``k``'s samples and batch; a categorical's codes shared, as int64."""
+        """Label key ``k``'s samples and batch; a categorical's codes shared, as int64.
+
+        Strings of a ``nullable-string-array`` are ``None`` where its mask says missing.
+        """
         if label.categories is None:
-            return self._read_key(k, idx, keys, order, starts)
+            part = self._read_key(k, idx, keys, order, starts)
+            return label.with_missing(part, keys >> ROW_BITS, keys & ROW_MASK)
         stored = np.empty(idx.size, self.types[k].read_dtype)
         self._fill(k, idx, keys, order, starts, stored)
         tensor, codes = batch_buffer(idx.size, (), np.dtype(np.int64))

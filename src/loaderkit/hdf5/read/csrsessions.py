@@ -4,7 +4,8 @@
 and shape (``loaderkit.hdf5.meta.anndata.sparse_group``), its ``indptr`` checked against
 ``data``/``indices``, the ``var`` index every session must share, and every other key
 (``obs/<column>``, ``obsm/<name>``) as a ``LabelKey``: one value per cell, a categorical's
-codes mapped onto one category list shared by every file.
+codes mapped onto one category list shared by every file, a ``nullable-string-array``'s
+``values`` read as strings with its ``mask`` held (``None`` where it says missing).
 
 Example:
     >>> csr_sessions(lambda pos: None, [], [], []) is None
@@ -13,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +35,9 @@ from loaderkit.hdf5.meta.anndata import (
 )
 from loaderkit.hdf5.meta.inventory import inspect_session
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
+from loaderkit.hdf5.meta.types import Samples
 
-__all__ = ["CSRSessions", "LabelKey", "VarSide", "check_var", "csr_sessions"]
+__all__ = ["CSRSessions", "LabelKey", "VarSide", "check_var", "csr_sessions", "missing_masks"]
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,18 @@ class LabelKey:
             the files' lists, first seen first); ``None``: values served as stored.
         sizes: Per session, how many categories its own list holds (a larger code is damage).
         tables: Per session, ``table[code]`` is the shared code; ``None``: its codes stay.
+        masks: A ``nullable-string-array``'s missing cells (``missing_masks``): every
+            session's mask packed to bits, back to back, and per session where its bits
+            start (-1: nothing missing there); ``None``: no value is missing.
 
     Example:
         >>> key = LabelKey("y", "obs/y", ("B", "T", "NK"), (2, 2), (None, np.array([1, 2])))
         >>> key.shared_codes(np.array([0, 1, -1, 1]), np.array([0, 1, 1, 0]),
         ...                  np.arange(4), ["a", "b"], ["a.h5ad", "b.h5ad"]).tolist()
         [0, 2, -1, 1]
+        >>> donor = LabelKey("d", "obs/d", masks=missing_masks([None, np.array([0, 1], bool)]))
+        >>> donor.missing(np.array([0, 1, 1]), np.array([1, 0, 1])).tolist()
+        [False, False, True]
     """
 
     name: str
@@ -61,6 +70,7 @@ class LabelKey:
     categories: tuple[str, ...] | None = None
     sizes: tuple[int, ...] = ()
     tables: tuple[np.ndarray | None, ...] = ()
+    masks: tuple[np.ndarray, np.ndarray] | None = None
 
     def value(
         self,
@@ -72,11 +82,40 @@ class LabelKey:
     ) -> Any:
         """One row's ``value`` as served: a categorical's shared code (``numpy.int64``).
 
-        ``positions`` and ``rows`` hold the row's session position and row (one each).
+        ``positions`` and ``rows`` hold the row's session position and row (one each); a
+        missing value of a ``nullable-string-array`` is ``None``.
         """
         if self.categories is None:
+            if self.masks is not None and self.missing(positions, rows)[0]:
+                return None
             return value
         return self.shared_codes(np.array([value], np.int64), positions, rows, ids, paths)[0]
+
+    def missing(self, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Whether each of ``rows`` (of sessions ``positions``) is missing: a bool array."""
+        out = np.zeros(rows.size, bool)
+        if self.masks is None:
+            return out
+        bits, starts = self.masks
+        start = starts[positions]
+        has = start >= 0
+        at = rows[has]
+        out[has] = (bits[start[has] + (at >> 3)] >> (7 - (at & 7))) & 1
+        return out
+
+    def with_missing(
+        self, part: tuple[Samples, Any], positions: np.ndarray, rows: np.ndarray
+    ) -> tuple[Samples, Any]:
+        """A batch of strings (samples and list, as read) with ``None`` where missing."""
+        if self.masks is None:
+            return part
+        gone = np.flatnonzero(self.missing(positions, rows))
+        if not gone.size:
+            return part
+        texts = list(part[1])
+        for i in gone.tolist():
+            texts[i] = None
+        return functools.partial(list, texts), list(texts)
 
     def shared_codes(
         self,
@@ -199,6 +238,7 @@ def csr_sessions(
     records: list[SessionRecord] = []
     groups: list[CSRGroup] = []
     columns: list[list[ObsColumn]] = []
+    masks: list[list[np.ndarray | None]] = []  # per session, per key: True where missing
     var: list[str] | None = None
     parts: list[KeySpec] = []
     for pos, (sid, path) in enumerate(zip(ids, paths, strict=True)):
@@ -214,6 +254,7 @@ def csr_sessions(
                 c if c is not None else ObsColumn(s.path)
                 for s, c in zip(others, found_columns, strict=True)
             ]
+            masks.append([None if c.mask is None else _mask(f, c.mask) for c in here])
             parts = [KeySpec(spec.name, group.data), KeySpec(f"{spec.name}/indices", group.indices)]
             parts += [KeySpec(s.name, c.path) for s, c in zip(others, here, strict=True)]
             if columns:
@@ -231,8 +272,40 @@ def csr_sessions(
         records.append(record)
         groups.append(group)
         columns.append(here)
-    labels = [_label(s, k, columns, records, ids, paths) for k, s in enumerate(others)]
+    labels = [
+        _label(s, k, columns, records, ids, paths, [m[k] for m in masks])
+        for k, s in enumerate(others)
+    ]
     return CSRSessions(records, parts, groups, var, labels, spec.name)
+
+
+def _mask(f: Any, path: str) -> np.ndarray | None:
+    """A ``nullable-string-array``'s mask as bools (``None``: nothing missing)."""
+    mask = np.asarray(f[path][()]).astype(bool, copy=False)
+    return mask if mask.any() else None
+
+
+def missing_masks(masks: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-session masks (True: missing; ``None``: none) as ``LabelKey.masks``.
+
+    Only sessions with a missing value keep bits (one per cell); ``None`` when none has one.
+
+    Example:
+        >>> bits, starts = missing_masks([None, np.array([1, 0, 0, 0, 0, 0, 0, 0, 1], bool)])
+        >>> bits.tolist(), starts.tolist()
+        ([128, 128], [-1, 0])
+    """
+    starts = np.full(len(masks), -1, np.int64)
+    packed: list[np.ndarray] = []
+    size = 0
+    for pos, mask in enumerate(masks):
+        if mask is not None and mask.any():
+            starts[pos] = size
+            packed.append(np.packbits(mask))
+            size += packed[-1].size
+    if not packed:
+        return None
+    return np.concatenate(packed), starts
 
 
 def _group(f: Any, key: str, sid: Hashable, path: str, sid0: Hashable, path0: str) -> CSRGroup:
@@ -280,11 +353,15 @@ def _label(
     records: Sequence[SessionRecord],
     ids: Sequence[Hashable],
     paths: Sequence[str],
+    masks: Sequence[np.ndarray | None],
 ) -> LabelKey:
-    """The ``LabelKey`` of extra key ``k``: its categories shared by every session."""
+    """The ``LabelKey`` of extra key ``k``: its categories shared by every session.
+
+    ``masks``: per session, where a ``nullable-string-array`` is missing (``None``: nowhere).
+    """
     lists = [session[k].categories for session in columns]
     if lists[0] is None:
-        return LabelKey(spec.name, spec.path)
+        return LabelKey(spec.name, spec.path, masks=missing_masks(masks))
     dtypes = [rec.layouts[k + 2].dtype for rec in records]
     other = next((p for p, dtype in enumerate(dtypes) if dtype != dtypes[0]), None)
     if other is not None:
