@@ -121,3 +121,16 @@ def test_stack_sparse_rows_and_refusals() -> None:
     nested = collate([{"x": rows[0], "y": 1}, {"x": rows[1], "y": 2}])
     assert nested["x"].layout == torch.sparse_csr and nested["y"].tolist() == [1, 2]
     assert torch.equal(collate([torch.ones(2), torch.zeros(2)]), torch.tensor([[1.0, 1], [0, 0]]))
+
+
+class Fails(HDF5SessionDataset):
+    def transform(self, sample: Any, index: int) -> Any:
+        raise ValueError(f"no good: {index}")
+
+
+def test_an_error_in_a_hook_names_the_keys_as_given(files: list[Path]) -> None:
+    for key, named in (("X", "'X'"), (("X", "obs/n_counts"), "['X', 'obs/n_counts']")):
+        with Fails(files, key=key) as ds, pytest.raises(ValueError, match="no good: 7") as info:
+            ds[7]
+        note = "\n".join(getattr(info.value, "__notes__", []))
+        assert f"(key {named}, process" in note and "indices" not in note

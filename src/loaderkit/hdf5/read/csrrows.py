@@ -104,6 +104,7 @@ class CSRReader(SessionReader):
         #: The keys beside the matrix (``specs[2:]``).
         self.labels = list(labels)
         self.name = name
+        self.key_names = [name, *(label.name for label in self.labels)]  # not data/indices
         self.n_vars = self.groups[0].n_vars if self.groups else 0
         self.var = None if var is None else list(var)
         self.form = "csr"

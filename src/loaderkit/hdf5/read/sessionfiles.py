@@ -133,6 +133,8 @@ class SessionFiles:
         self.locking = all(kw.get("locking", True) is not False for kw in self.open_kwargs)
         layouts = [lay for rec in self.records for lay in rec.layouts[:1]]
         self.chunked = any(lay.chunk_rows is not None for lay in layouts)
+        #: The keys as the dataset was given them, for messages.
+        self.key_names = [spec.name for spec in self.specs]
         #: Reads of chunked keys fill a chunk cache per open file (HDF5's, or decoded chunks).
         self.cached_chunks = self.chunked
         number = bool(self.types) and all(rt.kind is Kind.NUMBER for rt in self.types)
@@ -234,7 +236,7 @@ class SessionFiles:
 
     def context(self, pos: int, row: int, index: int) -> str:
         """The note added to errors: dataset index, session, row, file, key and process."""
-        keys = self.specs[0].name if len(self.specs) == 1 else [s.name for s in self.specs]
+        keys = self.key_names[0] if len(self.key_names) == 1 else self.key_names
         return (
             f"loaderkit: dataset index {index} -> session {self.ids[pos]!r}, row {row}, "
             f"file {self.paths[pos]} (key {keys!r}, process {os.getpid()})"
