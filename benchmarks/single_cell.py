@@ -34,7 +34,8 @@ batches kept sparse (scipy CSR) and handed over as ``torch.sparse_csr_tensor``; 
 ``AnnLoader`` (``shuffle=True``, backed files); plain h5py (each batch's 64 cells sorted, one
 read of ``data`` and ``indices`` per cell, ``indptr`` held); annbatch (PyPI ``annbatch``, Python
 >= 3.12) on its own converted copy: the files converted once by ``DatasetCollection.add_adatas``
-with its defaults (pre-shuffled in runs of 1,000 cells, one sharded zarr, lz4) into
+with its defaults (sharded zarr, lz4; pre-shuffled: random 1,000-cell runs gathered into datasets
+of up to 20 GB, each dataset's cells permuted, so here one dataset, every cell anywhere) into
 ``annbatch-lz4.zarr`` next to the files (reused while ``annbatch.json`` there names the same files
 and annbatch version; the conversion's wall time from warm files, its size on disk and its peak
 RSS printed with the table), then read by its ``Loader(batch_size=64, to="torch")`` with its
@@ -840,7 +841,7 @@ def main(argv: list[str] | None = None) -> int:
             if "error" not in conversion:
                 again = "made by an earlier run, " if conversion["cached"] else ""
                 notes[""] = (
-                    f"annbatch's copy: {store} ({again}zarr datasets: {conversion["datasets"]}, "
+                    f"annbatch's copy: {store} ({again}zarr datasets: {conversion['datasets']}, "
                     f"conversion peak RSS {conversion['peak_rss_mib']:,.0f} MiB)"
                 )
         running = [lo for lo in loaders if lo.name not in here]
