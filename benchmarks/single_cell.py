@@ -32,7 +32,16 @@ files, ``BlockShuffling(block_size)`` with ``fetch_factor`` (a fetch is ``64 x f
 sorted cells, read at once and held: block 4 / fetch 1024 is the paper's headline pair), its
 batches kept sparse (scipy CSR) and handed over as ``torch.sparse_csr_tensor``; anndata's
 ``AnnLoader`` (``shuffle=True``, backed files); plain h5py (each batch's 64 cells sorted, one
-read of ``data`` and ``indices`` per cell, ``indptr`` held). Peers that are not importable are
+read of ``data`` and ``indices`` per cell, ``indptr`` held); annbatch (PyPI ``annbatch``, Python
+>= 3.12) on its own converted copy: the files converted once by ``DatasetCollection.add_adatas``
+with its defaults (sharded zarr, lz4; pre-shuffled: random 1,000-cell runs gathered into datasets
+of up to 20 GB, each dataset's cells permuted, so here one dataset, every cell anywhere) into
+``annbatch-lz4.zarr`` next to the files (reused while ``annbatch.json`` there names the same files
+and annbatch version; the conversion's wall time from warm files, its size on disk and its peak
+RSS printed with the table), then read by its ``Loader(batch_size=64, to="torch")`` with its
+defaults (512-cell chunks, 32 a load, CSR batches) and ``shuffle=True`` (chunks in random order,
+a load's cells shuffled) or without (``annbatch-seq``: the store's own pre-shuffled order, the
+same every epoch); its cold runs evict the store's files. Peers that are not importable are
 skipped with a line saying so. Install them with ``pip install -e ".[bench-single-cell]"``.
 
 Noise: this is a shared machine. ``--rounds N`` repeats every (loader, cache) cell N times in an
@@ -49,6 +58,7 @@ import json
 import mmap
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,12 +103,13 @@ class Loader:
 
     name: str
     label: str
-    kind: str  # loaderkit, scdataset, annloader, h5py
+    kind: str  # loaderkit, scdataset, annloader, h5py, annbatch
     workers: int = 0
     method: str | None = None  # loaderkit: process / thread
     form: str = "csr"  # loaderkit: csr / dense
     block: int = 0  # scDataset
     fetch: int = 0  # scDataset fetch_factor
+    shuffle: bool = True  # annbatch: its RandomSampler, else its store order
 
 
 LOADERS: tuple[Loader, ...] = (
@@ -120,9 +131,23 @@ LOADERS: tuple[Loader, ...] = (
     ),
     Loader("annloader", "anndata AnnLoader, shuffle", "annloader"),
     Loader("h5py", "h5py, sorted batch, one read per cell", "h5py"),
+    Loader("annbatch", "annbatch defaults + shuffle, on its converted copy", "annbatch"),
+    Loader(
+        "annbatch-seq",
+        "annbatch defaults (store order), on its converted copy",
+        "annbatch",
+        shuffle=False,
+    ),
 )
 #: what each kind needs beyond loaderkit
-NEEDS = {"scdataset": ("scdataset", "anndata", "scipy"), "annloader": ("anndata",)}
+NEEDS = {
+    "scdataset": ("scdataset", "anndata", "scipy"),
+    "annloader": ("anndata",),
+    "annbatch": ("annbatch", "anndata", "zarr"),
+}
+#: annbatch's converted copy of a file set, next to the files, and what it was made from
+STORE = "annbatch-lz4.zarr"
+STORE_MARK = "annbatch.json"
 
 
 # ------------------------------------------------------------------ pure helpers
@@ -178,6 +203,31 @@ def selected(only: str | None) -> list[Loader]:
             f"--only: no loader named {unknown}; the names: {[lo.name for lo in LOADERS]}"
         )
     return chosen
+
+
+def tree_files(root: Path) -> list[Path]:
+    """Every regular file under ``root`` (a zarr store is a directory of them), sorted; none
+    where ``root`` does not exist."""
+    return sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+
+
+def conversion_note(conversion: dict[str, Any]) -> str:
+    """What a conversion cost, as the table says it: wall time, compressor, size on disk.
+
+    >>> conversion_note(
+    ...     {"annbatch": "0.3.1", "seconds": 27.6, "compressor": "lz4", "bytes": 161_234_567}
+    ... )
+    '(annbatch 0.3.1, converted in 28 s, lz4: 161 MB)'
+    >>> conversion_note({"error": "MemoryError"})
+    '(conversion failed: MemoryError)'
+    """
+    if "error" in conversion:
+        return f"(conversion failed: {conversion['error']})"
+    seconds, mb = conversion["seconds"], conversion["bytes"] / 1e6
+    return (
+        f"(annbatch {conversion['annbatch']}, converted in {seconds:,.0f} s, "
+        f"{conversion['compressor']}: {mb:,.0f} MB)"
+    )
 
 
 # ------------------------------------------------------------------ the files
@@ -427,22 +477,53 @@ def _h5py(lo: Loader, paths: list[str]) -> tuple[Iterable[Any], Callable[[], Non
     return rows, rows.close
 
 
+def _annbatch(lo: Loader, paths: list[str]) -> tuple[Iterable[Any], Callable[[], None]]:
+    """``paths``: annbatch's converted store. Its batches are dicts; ``X`` a torch sparse CSR."""
+    import annbatch
+
+    collection = annbatch.DatasetCollection(paths[0], mode="r")
+    options = {"shuffle": True, "rng": np.random.default_rng(0)} if lo.shuffle else {}
+    loader = annbatch.Loader(batch_size=BATCH, to="torch", **options).use_collection(collection)
+    return loader, lambda: None
+
+
+def convert_annbatch(store: str, paths: list[str]) -> dict[str, Any]:
+    """The files into annbatch's pre-shuffled sharded zarr at ``store``, with its defaults (in a
+    child: its peak RSS is the conversion's)."""
+    import zarr
+    from annbatch import DatasetCollection
+
+    started = time.perf_counter()
+    DatasetCollection(store).add_adatas(paths, rng=np.random.default_rng(0))
+    seconds = time.perf_counter() - started
+    data = zarr.open_group(store, mode="r")["dataset_0/X/data"]
+    names = [getattr(c, "cname", None) for c in data.compressors]
+    return {
+        "seconds": seconds,
+        "compressor": ",".join(getattr(n, "value", str(n)) for n in names) or "none",
+        "datasets": sum(1 for k in zarr.open_group(store, mode="r") if k.startswith("dataset_")),
+        "peak_rss_mib": _peak_rss_mib(),
+    }
+
+
 BUILDERS = {
     "loaderkit": _loaderkit,
     "scdataset": _scdataset,
     "annloader": _annloader,
     "h5py": _h5py,
+    "annbatch": _annbatch,
 }
 
 
 def _first_column(batch: Any) -> np.ndarray:
-    """Column 0 of each cell of a batch (torch sparse CSR or dense, or an AnnLoader batch).
+    """Column 0 of each cell of a batch (torch sparse CSR or dense, an AnnLoader batch, or
+    annbatch's dict).
 
     A copy: a view would keep the whole batch alive, and the peak RSS with it.
     """
     import torch
 
-    x = batch.X if hasattr(batch, "X") else batch
+    x = batch["X"] if isinstance(batch, dict) else batch.X if hasattr(batch, "X") else batch
     if isinstance(x, torch.Tensor) and x.layout == torch.sparse_csr:
         return x.values()[x.crow_indices()[:-1]].numpy()  # column 0 is stored first: a gather
     if isinstance(x, torch.Tensor):
@@ -513,18 +594,8 @@ def _missing(lo: Loader) -> str | None:
     return None
 
 
-def _run_child(lo: Loader, paths: list[Path], sizes: Sizes, batches: int, cache: str) -> dict:
-    if cache == "cold":
-        evict(paths)
-    else:
-        warm(paths)
-    resident = resident_fraction(paths)
-    spec = {
-        "loader": lo.name,
-        "paths": [str(p) for p in paths],
-        "batches": batches,
-        "cells_per_file": sizes.cells,
-    }
+def _in_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` run by this script in a fresh process: its JSON answer, or ``{"error": ...}``."""
     done = subprocess.run(
         [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
         capture_output=True,
@@ -533,8 +604,62 @@ def _run_child(lo: Loader, paths: list[Path], sizes: Sizes, batches: int, cache:
     )
     if done.returncode:
         tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
-        return {"error": tail[0][:300], "resident_before": resident}
-    return {**json.loads(done.stdout.strip().splitlines()[-1]), "resident_before": resident}
+        return {"error": tail[0][:300]}
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _run_child(
+    lo: Loader,
+    paths: list[Path],
+    sizes: Sizes,
+    batches: int,
+    cache: str,
+    pages: list[Path] | None = None,
+) -> dict:
+    """One timed run of ``lo`` over ``paths``; ``pages`` (default: ``paths``) are the files
+    evicted or warmed before it (a directory store's files)."""
+    pages = list(paths) if pages is None else pages
+    if cache == "cold":
+        evict(pages)
+    else:
+        warm(pages)
+    resident = resident_fraction(pages)
+    spec = {
+        "loader": lo.name,
+        "paths": [str(p) for p in paths],
+        "batches": batches,
+        "cells_per_file": sizes.cells,
+    }
+    return {**_in_child(spec), "resident_before": resident}
+
+
+def annbatch_store(root: Path, paths: list[Path]) -> tuple[Path, dict[str, Any]]:
+    """annbatch's converted copy of the files of ``root``: its path and what the conversion cost.
+
+    Converted (in a child, from warm files) unless ``annbatch.json`` in ``root`` says the store
+    there was made from the same files (their ``done.json``) by the same annbatch version.
+    """
+    from importlib.metadata import version
+
+    store, mark = root / STORE, root / STORE_MARK
+    made_from = {
+        "files": json.loads((root / "done.json").read_text()),
+        "annbatch": version("annbatch"),
+    }
+    with contextlib.suppress(OSError, ValueError, KeyError):
+        stored = json.loads(mark.read_text())
+        if stored["made_from"] == made_from and tree_files(store):
+            return store, {**stored["conversion"], "cached": True}
+    mark.unlink(missing_ok=True)
+    shutil.rmtree(store, ignore_errors=True)
+    warm(paths)
+    conversion = _in_child({"convert": str(store), "paths": [str(p) for p in paths]})
+    if "error" not in conversion:
+        size = sum(f.stat().st_size for f in tree_files(store))
+        conversion.update(bytes=size, annbatch=made_from["annbatch"], cached=False)
+        mark.write_text(json.dumps({"made_from": made_from, "conversion": conversion}))
+    return store, conversion
 
 
 def _fmt(value: float | None, digits: int = 0) -> str:
@@ -559,7 +684,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def ratios(results: dict[str, dict[str, dict]]) -> dict[str, float | None]:
-    """loaderkit (no workers, CSR) against scDataset block 4 / fetch 1024; 2 workers against 0."""
+    """loaderkit (no workers, CSR) against scDataset block 4 / fetch 1024 and annbatch (shuffled,
+    on its converted copy); 2 workers against 0."""
 
     def get(name: str, cache: str, what: str = "cells_per_s") -> float | None:
         return results.get(name, {}).get(cache, {}).get(what)
@@ -569,6 +695,7 @@ def ratios(results: dict[str, dict[str, dict]]) -> dict[str, float | None]:
         out[f"loaderkit/scDataset 4-1024 {cache}"] = _ratio(
             get("lk-csr", cache), get("scd-4-1024", cache)
         )
+        out[f"loaderkit/annbatch {cache}"] = _ratio(get("lk-csr", cache), get("annbatch", cache))
         for two, one in (
             ("lk-csr-2p", "lk-csr"),
             ("lk-csr-2t", "lk-csr"),
@@ -585,14 +712,25 @@ TARGETS = {
     "loaderkit/scDataset 4-1024 warm": ">= 8",
     "loaderkit/scDataset 4-1024 cold": ">= 4",
     "loaderkit/scDataset 4-1024 peak RSS": "<= 0.5",
+    "loaderkit/annbatch warm": "> 1",
+    "loaderkit/annbatch cold": "> 1",
     "lk-csr-2p/lk-csr warm": ">= 1.5 (either method)",
     "lk-csr-2t/lk-csr warm": ">= 1.5 (either method)",
     "lk-dense-2p/lk-dense warm": ">= 1.5 (either method)",
 }
 
 
-def table(sizes: Sizes, writer: str, results: dict, skipped: dict, caches: list[str]) -> str:
-    """The markdown table and the ratios of one file set."""
+def table(
+    sizes: Sizes,
+    writer: str,
+    results: dict,
+    skipped: dict,
+    caches: list[str],
+    notes: dict[str, str] | None = None,
+) -> str:
+    """The markdown table and the ratios of one file set; ``notes`` follow loaders' labels, and a
+    note on ``""`` is a line under the table."""
+    notes = notes or {}
     lines = [
         f"{sizes.files} files x {sizes.cells:,} cells x {sizes.genes:,} genes, {sizes.nnz} "
         f"nonzeros a cell, compression {sizes.compression}, written by {writer}; batch {BATCH}, "
@@ -603,20 +741,21 @@ def table(sizes: Sizes, writer: str, results: dict, skipped: dict, caches: list[
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for lo in LOADERS:
+        label = f"{lo.label} {notes[lo.name]}" if lo.name in notes else lo.label
         if lo.name in skipped:
-            lines.append(f"| {lo.label} | skipped: {skipped[lo.name]} | | | | | |")
+            lines.append(f"| {label} | skipped: {skipped[lo.name]} | | | | | |")
             continue
         if lo.name not in results:
             continue
         cell = results[lo.name]
         first = cell.get("warm") or cell.get("cold") or {}
         if "error" in first:
-            lines.append(f"| {lo.label} | error: {first['error']} | | | | | |")
+            lines.append(f"| {label} | error: {first['error']} | | | | | |")
             continue
         rate = {c: cell.get(c, {}).get("cells_per_s") for c in ("warm", "cold")}
         setup = statistics.median(r["setup_s"] for r in first["runs"])
         lines.append(
-            f"| {lo.label} | {_fmt(rate['warm'])} | {_fmt(rate['cold'])} | "
+            f"| {label} | {_fmt(rate['warm'])} | {_fmt(rate['cold'])} | "
             f"{_fmt(first['batch_mix'], 1)} | {_fmt(first['peak_rss_mib'])} | "
             f"{_fmt(first['worker_peak_rss_mib'] if lo.workers else None)} | {_fmt(setup, 2)} |"
         )
@@ -627,6 +766,8 @@ def table(sizes: Sizes, writer: str, results: dict, skipped: dict, caches: list[
     if "cold" in caches:
         said = f"at most {max(known):.1%}" if known else "an unknown share (no mincore)"
         lines += ["", f"cold: {said} of the files' pages resident at each cold start"]
+    if "" in notes:
+        lines += ["", notes[""]]
     lines.append("")
     for name, value in ratios(results).items():
         if value is not None:
@@ -652,7 +793,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", help=argparse_hidden())
     args = p.parse_args(argv)
     if args.child:
-        print(json.dumps(child(json.loads(args.child))))
+        spec = json.loads(args.child)
+        if "convert" in spec:
+            print(json.dumps(convert_annbatch(spec["convert"], spec["paths"])))
+        else:
+            print(json.dumps(child(spec)))
         return 0
     if args.list:
         print("\n".join(f"{lo.name}: {lo.label}" for lo in LOADERS))
@@ -681,27 +826,47 @@ def main(argv: list[str] | None = None) -> int:
             else Path(tempfile.gettempdir()) / (f"loaderkit-single-cell-{tag}")
         )
         paths, writer = write_files(root, sizes)
-        running = [lo for lo in loaders if lo.name not in skipped]
+        here = dict(skipped)  # and the annbatch loaders where its conversion failed
+        opens: dict[str, tuple[list[Path], list[Path]]] = {}  # annbatch: its store, its files
+        notes: dict[str, str] = {}
+        conversion: dict[str, Any] | None = None
+        if any(lo.kind == "annbatch" and lo.name not in here for lo in loaders):
+            store, conversion = annbatch_store(root, paths)
+            for lo in loaders:
+                if lo.kind == "annbatch" and lo.name not in here:
+                    notes[lo.name] = conversion_note(conversion)
+                    if "error" in conversion:
+                        here[lo.name] = f"conversion failed: {conversion['error']}"
+                    opens[lo.name] = ([store], tree_files(store))
+            if "error" not in conversion:
+                again = "made by an earlier run, " if conversion["cached"] else ""
+                notes[""] = (
+                    f"annbatch's copy: {store} ({again}zarr datasets: {conversion['datasets']}, "
+                    f"conversion peak RSS {conversion['peak_rss_mib']:,.0f} MiB)"
+                )
+        running = [lo for lo in loaders if lo.name not in here]
         cells = [(lo, cache) for lo in running for cache in caches]
         runs: dict[tuple[str, str], list[dict]] = {}
         for r in range(args.rounds):
             shift = r * len(cells) // max(args.rounds, 1)
             for lo, cache in cells[shift:] + cells[:shift]:
+                reads, pages = opens.get(lo.name, (paths, paths))
                 runs.setdefault((lo.name, cache), []).append(
-                    _run_child(lo, paths, sizes, batches, cache)
+                    _run_child(lo, reads, sizes, batches, cache, pages)
                 )
         results: dict[str, dict[str, dict]] = {}
         for (name, cache), got in runs.items():
             results.setdefault(name, {})[cache] = _summary(got)
-        tables.append(table(sizes, writer, results, skipped, caches))
+        tables.append(table(sizes, writer, results, here, caches, notes))
         data["sets"].append(
             {
                 "sizes": asdict(sizes),
                 "files": [str(p) for p in paths],
                 "writer": writer,
                 "results": results,
-                "skipped": skipped,
+                "skipped": here,
                 "ratios": ratios(results),
+                "annbatch_conversion": conversion,
             }
         )
     _cli.emit(data, "\n\n".join(tables), args.json)

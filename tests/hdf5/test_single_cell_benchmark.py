@@ -52,6 +52,64 @@ def test_only_picks_by_name_then_by_prefix(sc: ModuleType) -> None:
     assert len(sc.selected(None)) == len(sc.LOADERS)
     with pytest.raises(SystemExit, match="no loader named"):
         sc.selected("lk-csr,zarr")
+    assert [lo.name for lo in sc.selected("annbatch")] == ["annbatch"]  # a name: that one only
+    assert [lo.name for lo in sc.selected("annb")] == ["annbatch", "annbatch-seq"]
+
+
+def test_tree_files_are_a_stores_regular_files_sorted(sc: ModuleType, tmp_path: Path) -> None:
+    store = tmp_path / "copy.zarr"
+    for name in ("zarr.json", "dataset_0/X/data/c/0", "dataset_0/X/zarr.json", "dataset_1/obs/a"):
+        (store / name).parent.mkdir(parents=True, exist_ok=True)
+        (store / name).write_bytes(b"x")
+    (store / "empty_group").mkdir()
+    assert [p.relative_to(store).as_posix() for p in sc.tree_files(store)] == [
+        "dataset_0/X/data/c/0", "dataset_0/X/zarr.json", "dataset_1/obs/a", "zarr.json",
+    ]  # fmt: skip
+    assert sc.tree_files(tmp_path / "not_there") == []
+
+
+def test_conversion_note_says_version_time_compressor_and_size(sc: ModuleType) -> None:
+    made = {"annbatch": "0.3.1", "seconds": 1234.4, "compressor": "zstd", "bytes": 2_500_000_000}
+    assert sc.conversion_note(made) == "(annbatch 0.3.1, converted in 1,234 s, zstd: 2,500 MB)"
+    assert sc.conversion_note({"error": "no space"}) == "(conversion failed: no space)"
+
+
+def test_annbatch_rows_ratios_and_its_copy_in_the_table(sc: ModuleType) -> None:
+    def summary(rate: float) -> dict:
+        run = {"cells_per_s": rate, "batch_mix": 44.0, "peak_rss_mib": 900.0, "setup_s": 1.5}
+        return sc._summary([{**run, "worker_peak_rss_mib": 0.0, "resident_before": 0.0}])
+
+    results = {
+        "lk-csr": {"warm": summary(60_000.0), "cold": summary(30_000.0)},
+        "annbatch": {"warm": summary(20_000.0), "cold": summary(40_000.0)},
+    }
+    ratios = sc.ratios(results)
+    assert ratios["loaderkit/annbatch warm"] == 3.0 and ratios["loaderkit/annbatch cold"] == 0.75
+    sizes = sc.Sizes(files=4, cells=20_000, genes=20_000, nnz=800, compression="none")
+    note = "(annbatch 0.3.1, converted in 28 s, lz4: 161 MB)"
+    notes = {"annbatch": note, "": "annbatch's copy: /x/annbatch-lz4.zarr"}
+    text = sc.table(sizes, "anndata", results, {}, ["warm", "cold"], notes)
+    row = f"| annbatch defaults + shuffle, on its converted copy {note} | 20,000 | 40,000 | 44.0 |"
+    assert row in text
+    assert "\nannbatch's copy: /x/annbatch-lz4.zarr\n" in text
+    assert "- loaderkit/annbatch warm: 3.00x (target > 1)" in text
+    assert "- loaderkit/annbatch cold: 0.75x (target > 1)" in text
+    failed = {"annbatch-seq": "conversion failed: disk full"}
+    text = sc.table(sizes, "anndata", {}, failed, ["warm"], {"annbatch-seq": "(conversion failed)"})
+    assert "| annbatch defaults (store order), on its converted copy (conversion failed) | " in text
+
+
+def test_first_column_reads_annbatchs_dict_batches(sc: ModuleType) -> None:
+    torch = pytest.importorskip("torch")
+    x = torch.sparse_csr_tensor(  # two cells, numbers 7 and 3, column 0 stored first
+        torch.tensor([0, 2, 3]),
+        torch.tensor([0, 5, 0]),
+        torch.tensor([8.0, 1.0, 4.0]),
+        (2, 9),
+        check_invariants=True,
+    )
+    batch = {"X": x, "obs": None, "var": None, "index": None}
+    assert sc.cell_ids(sc._first_column(batch)).tolist() == [7, 3]
 
 
 @pytest.mark.parametrize("writer", ["anndata", "h5py"])
