@@ -21,6 +21,7 @@ from loaderkit.machine.distributed import local_world_size
 from loaderkit.plan import UNSET, PlanEntry
 from loaderkit.policy.budgets import (
     CHUNK_INDEX_BYTES,
+    FILE_MEMORY_SHARE,
     FILE_OVERHEAD_BYTES,
     FileBudget,
     SessionBudget,
@@ -63,6 +64,10 @@ class DatasetBudgets:
         self.open_files_requested = open_files_requested
         #: ``max_session_bytes`` as passed to the dataset (``None``: fitted to the loader).
         self.session_bytes_requested = session_bytes_requested
+        # each file's chunk cache as the dataset was built (``fit_chunk_cache`` may enlarge it)
+        self._rdcc_built = [
+            int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in reader.open_kwargs
+        ]
 
     # ------------------------------------------------------------------ open files
 
@@ -162,6 +167,74 @@ class DatasetBudgets:
             return PlanEntry("max_open_files", UNSET, cached, reason)
         self.set_open_files(budget.files)
         return PlanEntry("max_open_files", UNSET, budget.files, f"fits: {budget.reason}")
+
+    def fit_chunk_cache(self, shape: LoaderShape, given: bool) -> PlanEntry | None:
+        """Room for every decoded chunk of a compressed sparse matrix, for a shuffled epoch.
+
+        A uniformly shuffled epoch reads each cell of a compressed matrix from a chunk it
+        shares with the cells around it, in random order: with HDF5's 8 MiB a file, nearly
+        every cell decodes two whole chunks (of values and of column ids). Where every file,
+        open in every reading process with room for its whole decoded matrix, fits the
+        open files' share of memory (``fit_open_files``), each file's chunk cache is made
+        that size: each chunk is decoded once per process. Any other loader of the dataset
+        gets the size the dataset was built with. A changed size applies to files opened
+        from then on (this process's open files are closed).
+
+        Args:
+            shape: The loader's processes, order and the machine.
+            given: ``rdcc_nbytes`` was passed in ``h5py_options`` (kept as given).
+
+        Returns:
+            The plan row; ``None`` where it does not apply (no compressed sparse matrix, or
+            no uniform shuffle).
+        """
+        sizes = getattr(self.reader, "matrix_nbytes", None)
+        if not sizes or not self.reader.cached_chunks:
+            return None
+        built = self._rdcc_built
+        now = max(built)
+        if given:
+            return PlanEntry("chunk_cache", now, now, "rdcc_nbytes as given in h5py_options")
+        entry: PlanEntry | None = None
+        wanted = built
+        largest = max(sizes)
+        if shape.uniform_shuffle and largest > now:
+            budget = fit_open_files(
+                len(self.reader.ids),
+                shape.processes,
+                shape.open_files_soft,
+                largest + FILE_OVERHEAD_BYTES,
+                shape.memory_bytes,
+                self.fds_per_file,
+                main_fds=shape.open_fds,
+                start_method=shape.start_method or "fork",
+            )
+            need = (shape.processes + 1) * len(sizes) * (largest + FILE_OVERHEAD_BYTES)
+            memory = shape.memory_bytes  # unknown: nothing enlarged
+            if budget.files >= len(sizes) and memory and need <= memory * FILE_MEMORY_SHARE:
+                wanted = [max(largest, size) for size in built]
+                reason = (
+                    f"{_mib(largest)} a file: a shuffled epoch decodes each chunk of the "
+                    f"compressed matrix once (every file open with its decoded matrix fits: "
+                    f"{budget.reason})"
+                )
+                entry = PlanEntry("chunk_cache", UNSET, largest, reason)
+            else:
+                reason = (
+                    f"{_mib(now)} a file: {shape.processes + 1} processes x {len(sizes)} files x "
+                    f"{_mib(largest + FILE_OVERHEAD_BYTES)} (each with its decoded matrix) "
+                    f"exceed {FILE_MEMORY_SHARE:.3g} of memory or the descriptors; shuffled "
+                    "cells of a compressed matrix decode whole chunks (shuffle='block' reads "
+                    "neighbours from one)"
+                )
+                entry = PlanEntry("chunk_cache", UNSET, now, reason)
+        pairs = list(zip(self.reader.open_kwargs, wanted, strict=True))
+        if any(int(kw.get("rdcc_nbytes", -1)) != size for kw, size in pairs):
+            for kw, size in pairs:
+                kw["rdcc_nbytes"] = size
+            for pos in range(len(self.reader.ids)):  # reopened with the new size when next read
+                self.reader.cache.discard(pos)
+        return entry
 
     def set_open_files(self, files: int) -> None:
         """Keep at most ``files`` files open per process from now on.
@@ -280,3 +353,7 @@ class DatasetBudgets:
             4
         """
         return self.reader.held.info()
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 20):.1f} MiB"

@@ -848,10 +848,12 @@ class _SessionSupport(LoaderSupport):
     def fit(self, shape: LoaderShape) -> Fitted:
         ds = self.dataset
         cached = ds.cached_sessions
+        decoded = ds.budgets.fit_chunk_cache(shape, "rdcc_nbytes" in ds.h5py_options)
         entries = [
             ds.budgets.fit_open_files(
                 shape, cached.open_files(shape.processes, threads=shape.threads)
-            )
+            ),
+            *([] if decoded is None else [decoded]),
         ]
         held = ds.budgets.fit_session_bytes(shape)
         if held is not None:

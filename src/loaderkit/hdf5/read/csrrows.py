@@ -116,6 +116,10 @@ class CSRReader(SessionReader):
         self._indptr_lock = threading.Lock()
         # uncompressed values and column ids are read raw (the first read of a session aside)
         self.cached_chunks = any(lay.compression for r in self.records for lay in r.layouts[:2])
+        #: Per session, bytes of its values and column ids decoded (what a chunk cache holds).
+        self.matrix_nbytes = [
+            sum(lay.rows * lay.dtype.itemsize for lay in r.layouts[:2]) for r in self.records
+        ]
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
