@@ -107,6 +107,22 @@ def test_reading_around_is_chosen_by_whether_the_files_fit_in_memory() -> None:
     assert around == 0 and "memory unknown" in why
 
 
+def _planned(ds: HDF5SessionDataset) -> list[bool]:
+    """Whether each batch ``ds`` reads from now on was planned (``_read_planned``)."""
+    reader = ds.handles.reader
+    assert isinstance(reader, CSRReader)
+    planned: list[bool] = []
+    original = reader._read_planned
+
+    def spy(idx: np.ndarray, keys: np.ndarray) -> object:
+        got = original(idx, keys)
+        planned.append(got is not None)
+        return got
+
+    reader._read_planned = spy  # type: ignore[method-assign]
+    return planned
+
+
 @pytest.mark.parametrize("chunks", [7, None])  # 7: spans cross chunk bounds; None: contiguous
 def test_batches_after_the_first_are_planned_from_the_catalog(
     tmp_path: Path, chunks: int | None
@@ -117,17 +133,7 @@ def test_batches_after_the_first_are_planned_from_the_catalog(
         paths.append(write_csr(tmp_path / f"s{s}.h5ad", m, chunks))
     truth = np.concatenate([m.toarray()] * 2)
     with HDF5SessionDataset(paths, key="X") as ds:
-        reader = ds.handles.reader
-        assert isinstance(reader, CSRReader)
-        planned = []
-        original = reader._read_planned
-
-        def spy(idx: np.ndarray, keys: np.ndarray) -> object:
-            got = original(idx, keys)
-            planned.append(got is not None)
-            return got
-
-        reader._read_planned = spy  # type: ignore[method-assign]
+        planned = _planned(ds)
         order = np.random.default_rng(1).permutation(len(ds))
         for start in range(0, order.size, 48):
             picked = order[start : start + 48].tolist()
@@ -185,17 +191,7 @@ def test_batches_over_more_files_than_stay_open_are_planned(tmp_path: Path) -> N
     paths = [write_csr(tmp_path / f"s{s}.h5ad", m, 7) for s, m in enumerate(ms)]
     truth = np.concatenate([m.toarray() for m in ms])
     with HDF5SessionDataset(paths, key="X", max_open_files=6) as ds:
-        reader = ds.handles.reader
-        assert isinstance(reader, CSRReader)
-        planned = []
-        original = reader._read_planned
-
-        def spy(idx: np.ndarray, keys: np.ndarray) -> object:
-            got = original(idx, keys)
-            planned.append(got is not None)
-            return got
-
-        reader._read_planned = spy  # type: ignore[method-assign]
+        planned = _planned(ds)
         for epoch in range(2):
             order = np.random.default_rng(epoch).permutation(len(ds))
             for start in range(0, order.size, 5):
