@@ -133,7 +133,8 @@ def write_nullable_strings(
 ) -> h5py.Group:
     """``group[name]`` as anndata >= 0.13 with pandas 3 writes a string column (by hand).
 
-    A group with ``encoding-type: nullable-string-array`` (``encoding-version`` 0.1.0) holding
+    A group with ``encoding-type: nullable-string-array`` (``encoding-version`` 0.1.0,
+    ``na-value`` "NA") holding
     ``values`` (variable-length UTF-8 strings, ``""`` where missing; anndata's
     ``string-array`` attributes) and ``mask`` (bool, True where missing; ``array``
     attributes). ``None`` in ``values`` is missing; ``kwargs`` go to both datasets
@@ -146,6 +147,7 @@ def write_nullable_strings(
         "nullable-string-array",
         "0.1.0",
     )
+    column.attrs["na-value"] = "NA"  # anndata 0.13 (pandas 3's missing value); 0.12 has none
     texts = np.array(["" if v is None else v for v in values], dtype=object)
     stored = column.create_dataset("values", data=texts, dtype=h5py.string_dtype(), **kwargs)
     stored.attrs["encoding-type"], stored.attrs["encoding-version"] = "string-array", "0.2.0"
@@ -168,7 +170,9 @@ def as_pandas3(
     """
     with h5py.File(path, "r+") as f:
         for table in ("obs", "var"):
-            names = f[f"{table}/_index"].asstr()[()].tolist()
+            index = f[f"{table}/_index"]  # a nullable-string-array group where anndata >= 0.13
+            stored = index["values"] if isinstance(index, h5py.Group) else index
+            names = stored.asstr()[()].tolist()
             if table == "obs" and cells is not None:
                 names = list(cells)
             write_nullable_strings(f[table], "_index", names, **kwargs)

@@ -342,7 +342,10 @@ def test_the_hand_layout_is_the_one_anndata_writes(tmp_path: Path) -> None:
         )
     with h5py.File(tmp_path / "own.h5ad") as own, h5py.File(tmp_path / "hand.h5ad") as hand:
         a, b = own["obs/donor"], hand["donor"]
-        assert dict(a.attrs) == dict(b.attrs)
+        written = dict(b.attrs)
+        if "na-value" not in a.attrs:  # anndata < 0.13 writes no na-value
+            del written["na-value"]
+        assert dict(a.attrs) == written
         for name in ("values", "mask"):
             assert dict(a[name].attrs) == dict(b[name].attrs), name
             assert a[name].dtype == b[name].dtype and a[name][()].tolist() == b[name][()].tolist()
