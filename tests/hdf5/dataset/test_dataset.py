@@ -582,6 +582,7 @@ ARGUMENTS = {
     "storage_options",
     "sparse",
     "genes",
+    "join",
 }
 #: Released in 0.1.0 and moved to a part: each warns for one release.
 MOVED = {"cache_info", "open_files", "sample_nbytes", "index_arrays"}

@@ -182,16 +182,36 @@ class SessionHandles:
 
     @property
     def var_names(self) -> list[str] | None:
-        """The var index a sparse key's files share (column names and order), before ``genes``.
+        """A sparse key's var index, before ``genes=``: the files' shared one, or the joined one.
 
-        ``None`` for a dense key, or files without one.
+        Under ``join=`` the joined genes (``"outer"``: every gene of any file; ``"inner"``:
+        those every file has). ``None`` for a dense key, files without a var index, or files
+        whose indexes differ read with ``genes=`` names alone (``columns`` names the served
+        ones).
 
         Example:
             >>> ds.handles.var_names[:2]  # doctest: +SKIP
             ['MIR1302-2HG', 'FAM138A']
         """
-        var = getattr(self.reader, "var", None)
-        return list(var) if var else None
+        genes = getattr(self.reader, "genes", None)
+        names = None if genes is None else genes.var_names
+        return list(names) if names else None
+
+    @property
+    def columns(self) -> list[str] | None:
+        """The names of a sparse key's served columns, after ``genes=`` and ``join=``.
+
+        Column ``j`` of every batch (``sparse="csr"``/``"dense"``) and gene id ``j`` of
+        ``sparse="tokens"`` is ``columns[j]``: ``genes=["B", "A", "B"]`` gives ``["B", "A",
+        "B"]``. ``None`` for a dense key or files without a var index.
+
+        Example:
+            >>> ds.handles.columns[:2]  # doctest: +SKIP
+            ['CD3E', 'MS4A1']
+        """
+        genes = getattr(self.reader, "genes", None)
+        names = None if genes is None else genes.columns
+        return list(names) if names is not None else None
 
     def categories(self, key: str) -> list[str]:
         """The category names a categorical key's codes index (``codes[i]`` names row i's).

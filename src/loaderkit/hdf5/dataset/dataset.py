@@ -184,8 +184,20 @@ class HDF5SessionDataset(Dataset):
             n_vars)`` in the file's value dtype (a sample a 1-D sparse tensor); ``"dense"``
             dense rows filled straight from the sparse values; ``"tokens"`` ``{"genes",
             "values"}`` per row, padded as ``pad_collate`` pads. Dense keys leave it unset.
-        genes: Only these columns of a sparse key, renumbered ``0..len-1``: var names (in the
-            order given) or a boolean mask over the var index; applied in the read.
+        genes: Only these columns of a sparse key, renumbered ``0..len-1``: exactly
+            ``adata[:, genes]`` -- var names in the order given (a name twice gives two
+            columns; a name a file's var index holds twice is refused, as anndata does),
+            integer positions (negative from the end) or a boolean mask over the var index
+            (the joined one under ``join=``). Across files whose var indexes differ, names
+            work without ``join=`` too: a name a file lacks reads 0 there. Applied in the
+            read; the served columns' names are ``ds.handles.columns``.
+        join: For a sparse key over files whose var indexes differ (a corpus from many
+            studies), anndata's ``concat(join=...)``: ``"outer"`` serves every gene of any
+            file (in the order anndata gives: the names sorted, unless every file holds the
+            same index), a gene a file lacks reading 0 there; ``"inner"`` the genes every file
+            has, in the first file's order. ``None`` (default): the files must share one var
+            index (names and order), else a ``ConfigError`` says how they differ.
+            ``ds.handles.var_names`` is the joined index.
 
     Raises:
         ConfigError: ``max_open_files < 1``, ``max_session_bytes < 0``, a ``mode`` other
@@ -230,7 +242,8 @@ class HDF5SessionDataset(Dataset):
         storage_options: Mapping[str, Any] | None = None,
         cache: SessionCache | None = None,
         sparse: str = "csr",
-        genes: Sequence[str] | np.ndarray | None = None,
+        genes: Sequence[str] | Sequence[int] | np.ndarray | None = None,
+        join: str | None = None,
     ) -> None:
         if sparse not in FORMS:
             raise ConfigError(f"sparse={sparse!r}: expected one of {list(FORMS)}.")
@@ -275,12 +288,12 @@ class HDF5SessionDataset(Dataset):
             max_open_files or _STANDALONE_FILES, self._memory_map, max_session_bytes or 0
         )
         self._key = inspection.key
-        self._sparse, self._genes = sparse, genes
+        self._sparse, self._genes, self._join = sparse, genes, join
         if isinstance(reader, CSRReader):  # rows of a sparse matrix: their form, their columns
-            reader.configure(sparse, genes)
-        elif sparse != "csr" or genes is not None:
+            reader.configure(sparse, genes, join)
+        elif sparse != "csr" or genes is not None or join is not None:
             raise ConfigError(
-                f"sparse={sparse!r} and genes= apply to a sparse (CSR) matrix; key "
+                f"sparse={sparse!r}, genes= and join= apply to a sparse (CSR) matrix; key "
                 f"{inspection.key!r} is dense: leave them unset (dense rows are read as stored)."
             )
         reader.sources = sources
@@ -567,9 +580,14 @@ class HDF5SessionDataset(Dataset):
         return self._sparse
 
     @property
-    def genes(self) -> Sequence[str] | np.ndarray | None:
+    def genes(self) -> Sequence[str] | Sequence[int] | np.ndarray | None:
         """The columns of a sparse key that are read, as given (``None``: all)."""
         return self._genes
+
+    @property
+    def join(self) -> str | None:
+        """How files whose var indexes differ are aligned: ``"outer"``, ``"inner"``, ``None``."""
+        return self._join
 
     # ------------------------------------------------------------------ sessions
 

@@ -39,7 +39,8 @@ from loaderkit.hdf5.meta.layout import (
 from loaderkit.hdf5.meta.types import RowType
 from loaderkit.hdf5.read.csrplan import read_around
 from loaderkit.hdf5.read.csrrows import CSRReader
-from loaderkit.hdf5.read.csrsessions import CSRSessions, check_var, csr_sessions
+from loaderkit.hdf5.read.csrsessions import CSRSessions, csr_sessions
+from loaderkit.hdf5.read.genemap import VarTableBuilder
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.remote.remotemeta import (
     CSRRecord,
@@ -235,7 +236,7 @@ class DatasetInspection:
         sizes = [rec.identity.size for rec in records if rec.identity is not None]
         return CSRReader(
             groups=found.groups,
-            var=found.var,
+            table=found.vars,
             labels=found.labels,
             name=found.name,
             around=read_around(sum(sizes), memory_bytes()),
@@ -267,12 +268,13 @@ class DatasetInspection:
 
         A URL's part is its ``CSRRecord`` (``remotemeta``: range reads, kept; its row types go
         to ``known``), a local file's is ``csr_sessions`` over it alone (without identity
-        when cached: the cache keys the copy); then the same checks across files: every file
-        CSR, one var index. ``None`` when the first file's key is not a CSR group.
+        when cached: the cache keys the copy); then every file must be CSR (the reader's
+        ``configure`` checks or aligns their var indexes). ``None`` when the first file's key
+        is not a CSR group.
 
         Raises:
             ConfigError: Keys beside the matrix (read from local files only, for now), a
-                file whose key is not CSR where the first file's is, another var index.
+                file whose key is not CSR where the first file's is.
         """
         sessions: list[_CSRSession] = []
         for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
@@ -301,19 +303,16 @@ class DatasetInspection:
                     "read beside it from local files only, for now. Pass key="
                     f"{one[2].path!r} alone, or local files without cache=."
                 )
-            first = sessions[0] if sessions else one
-            check_var(
-                one[2].path,
-                (self._ids[0], self._paths[0], first[3], first[2]),
-                (sid, path, one[3], one[2]),
-            )
             sessions.append(one)
         parts = sessions[0][1]
+        table = VarTableBuilder()
+        for one in sessions:
+            table.add(one[3], one[2].n_vars)
         return CSRSessions(
             [one[0] for one in sessions],
             parts,
             [one[2] for one in sessions],
-            sessions[0][3],
+            table.table(),
             [],
             specs[0].name,
         )

@@ -55,6 +55,7 @@ from loaderkit.hdf5.read.csrplan import (
     raw_chunks,
 )
 from loaderkit.hdf5.read.csrsessions import LabelKey
+from loaderkit.hdf5.read.genemap import GeneMap, VarTable, gene_map
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.pieceio import read_ahead, read_pieces
 from loaderkit.hdf5.read.rawio import pread, ring_reads
@@ -73,7 +74,8 @@ class CSRReader(SessionReader):
 
     Args:
         groups: Per session, its ``CSRGroup`` (rows, columns, path).
-        var: The column names every session shares (``None``: the files have no ``var``).
+        table: Each session's var index (``genemap.VarTable``); ``configure`` decides which
+            of each file's columns are served, and where.
         labels: The per-cell keys beside the matrix, read as keys 2.. (``specs[2:]``) by the
             base's reads. Unless ``single`` (the key was one path), samples and batches are
             dicts ``{name: value}``.
@@ -91,7 +93,7 @@ class CSRReader(SessionReader):
         self,
         *,
         groups: Sequence[CSRGroup],
-        var: Sequence[str] | None,
+        table: VarTable,
         labels: Sequence[LabelKey] = (),
         name: str = "X",
         around: tuple[int, str] = (0, "not decided: a missed row's bytes alone are read"),
@@ -105,13 +107,14 @@ class CSRReader(SessionReader):
         self.labels = list(labels)
         self.name = name
         self.key_names = [name, *(label.name for label in self.labels)]  # not data/indices
-        self.n_vars = self.groups[0].n_vars if self.groups else 0
-        self.var = None if var is None else list(var)
+        self.table = table
         self.form = "csr"
-        #: Per column, its new number (-1: left out); ``None``: every column, as stored.
-        self.remap: np.ndarray | None = None
-        self.n_out = self.n_vars
+        #: Which of each file's columns are served, and where (``configure``).
+        self.genes = GeneMap.plain(table)
+        self.n_out = self.genes.n_out
         self._canon = np.asarray(self.canonical, np.int64)
+        widths = [group.n_vars for group in self.groups] or [0]
+        self._n_vars_min, self._n_vars_max = min(widths), max(widths)
         self.catalog = SpanCatalog(self.session_rows())
         self._indptr_lock = threading.Lock()
         # uncompressed values and column ids are read raw (the first read of a session aside)
@@ -153,47 +156,29 @@ class CSRReader(SessionReader):
         """
         return [1] * len(self.groups)
 
-    def configure(self, form: str, genes: Any = None) -> None:
-        """Serve rows as ``form`` (one of ``FORMS``), only the columns ``genes`` selects.
+    def configure(self, form: str, genes: Any = None, join: str | None = None) -> None:
+        """Serve rows as ``form`` (one of ``FORMS``), the columns ``join`` and ``genes`` give.
 
         Args:
             form: ``"csr"``, ``"dense"`` or ``"tokens"``.
-            genes: ``None`` (every column), a boolean mask over the columns, or var names
-                (columns renumbered in the order given).
+            genes: ``None`` (every column), var names (a name twice: two columns), integer
+                positions or a boolean mask (``genemap.gene_map``).
+            join: ``None`` (the files share one var index), ``"outer"`` or ``"inner"``.
 
         Raises:
-            ConfigError: An unknown form, a mask of the wrong length, names not in ``var``.
+            ConfigError: An unknown form or join, files whose var indexes differ without
+                ``join=`` or ``genes=`` names, or a ``genes=`` that selects no column of the
+                files (each named by ``gene_map``).
         """
         if form not in FORMS:
             raise ConfigError(f"sparse={form!r}: expected one of {list(FORMS)}.")
         self.form = form
-        if genes is None:
-            self.remap, self.n_out = None, self.n_vars
-            return
-        chosen = np.asarray(genes)
-        if chosen.dtype == bool:
-            if chosen.shape != (self.n_vars,):
-                raise ConfigError(
-                    f"genes= is a boolean mask of shape {chosen.shape}; the matrix has "
-                    f"{self.n_vars} columns: pass a mask of shape ({self.n_vars},)."
-                )
-            keep = np.flatnonzero(chosen)
-        else:
-            if self.var is None:
-                raise ConfigError(
-                    "genes= names genes but the files have no var index; pass a boolean mask."
-                )
-            where = {name: i for i, name in enumerate(self.var)}
-            missing = [str(g) for g in chosen.tolist() if str(g) not in where]
-            if missing:
-                raise ConfigError(
-                    f"genes= names {len(missing)} genes not in the files' var index, first "
-                    f"{missing[:5]}; pass names from var (or a boolean mask)."
-                )
-            keep = np.array([where[str(g)] for g in chosen.tolist()], np.int64)
-        remap = np.full(self.n_vars, -1, np.int64)
-        remap[keep] = np.arange(keep.size)
-        self.remap, self.n_out = remap, int(keep.size)
+        self.genes = gene_map(self.table, join, genes, key=self.name, where=self._where())
+        self.n_out = self.genes.n_out
+
+    def _where(self) -> list[str]:
+        """Per session, how a message names it."""
+        return [f"session {sid!r} ({path})" for sid, path in zip(self.ids, self.paths, strict=True)]
 
     # ------------------------------------------------------------------ indptr
 
@@ -302,9 +287,9 @@ class CSRReader(SessionReader):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Read rows ``keys``: ``(lengths, values, column ids)`` in request order.
 
-        Column ids are renumbered by the gene subset (``configure``), increasing within a row
-        but for the ``"dense"`` form (which scatters them), and are ``int32`` or ``int64`` (as
-        the file stores them, int64 for other integer types).
+        Column ids are renumbered to the served columns (``configure``: ``join=``, ``genes=``),
+        increasing within a row but for the ``"dense"`` form (which scatters them), and are
+        ``int32`` or ``int64`` (as the file stores them, int64 for other integer types).
         """
         got = self._read_planned(idx, keys)
         lengths, values, cols = got if got is not None else self._read_sorted(idx, keys)
@@ -313,15 +298,7 @@ class CSRReader(SessionReader):
             values = values.astype(self.types[0].mem_dtype)
         if cols.dtype not in (np.dtype(np.int32), np.dtype(np.int64)) or total >= 2**31:
             cols = cols.astype(np.int64)
-        if self.remap is not None:
-            renumbered = self.remap[cols]
-            keep = renumbered >= 0
-            kept = np.zeros(total + 1, np.int64)
-            np.cumsum(keep, out=kept[1:])
-            crow = np.zeros(lengths.size + 1, np.int64)
-            np.cumsum(lengths, out=crow[1:])
-            lengths = kept[crow[1:]] - kept[crow[:-1]]
-            values, cols = values[keep], renumbered[keep].astype(cols.dtype)
+        lengths, values, cols = self.genes.apply(keys >> ROW_BITS, lengths, values, cols)
         if self.form != "dense":  # sparse tensors and tokens: column ids increasing in a row
             values, cols = sorted_rows(lengths, values, cols)
         return lengths, values, cols
@@ -571,16 +548,23 @@ class CSRReader(SessionReader):
     ) -> None:
         """``HDF5FileError`` naming the first row of ``s0:s1`` with a column id out of range."""
         part = cols[int(offsets[s0]) : int(offsets[s1])]
-        if not part.size or (int(part.min()) >= 0 and int(part.max()) < self.n_vars):
+        limit: Any = self._n_vars_max
+        if not part.size or (int(part.min()) >= 0 and int(part.max()) < self._n_vars_min):
             return
-        bad = int(np.flatnonzero((part < 0) | (part >= self.n_vars))[0]) + int(offsets[s0])
+        if self._n_vars_min != self._n_vars_max:  # each file's own width
+            limit = np.repeat(self.genes.n_vars[spos[s0:s1]], np.diff(offsets[s0 : s1 + 1]))
+        outside = (part < 0) | (part >= limit)
+        if not outside.any():
+            return
+        bad = int(np.flatnonzero(outside)[0]) + int(offsets[s0])
         at = int(np.searchsorted(offsets, bad, side="right")) - 1
         pos = int(spos[at])
+        n_vars = self.groups[pos].n_vars
         self.cache.discard(self.canonical[pos])
         error = HDF5FileError(
             f"session {self.ids[pos]!r} ({self.paths[pos]}), key {self.groups[pos].path!r}: row "
-            f"{int(srows[at])} holds column id {int(cols[bad])}, outside 0..{self.n_vars - 1} "
-            f"(shape {(self.groups[pos].n_obs, self.n_vars)}); the CSR group's 'indices' are "
+            f"{int(srows[at])} holds column id {int(cols[bad])}, outside 0..{n_vars - 1} "
+            f"(shape {(self.groups[pos].n_obs, n_vars)}); the CSR group's 'indices' are "
             "damaged, so the row was not returned. Write the file again (anndata's "
             "write_h5ad) or leave the session out."
         )

@@ -2,7 +2,7 @@
 
 ``csr_sessions`` opens each file once where the dataset is constructed: the group's encoding
 and shape (``loaderkit.hdf5.meta.anndata.sparse_group``), its ``indptr`` checked against
-``data``/``indices``, the ``var`` index every session must share, and every other key
+``data``/``indices``, each session's ``var`` index (a ``genemap.VarTable``), and every other key
 (``obs/<column>``, ``obsm/<name>``) as a ``LabelKey``: one value per cell, a categorical's
 codes mapped onto one category list shared by every file, a ``nullable-string-array``'s
 ``values`` read as strings with its ``mask`` held (``None`` where it says missing).
@@ -29,15 +29,15 @@ from loaderkit.hdf5.meta.anndata import (
     obs_column,
     shared_categories,
     sparse_group,
-    var_difference,
     var_names,
     var_path,
 )
 from loaderkit.hdf5.meta.inventory import inspect_session
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
 from loaderkit.hdf5.meta.types import Samples
+from loaderkit.hdf5.read.genemap import VarTable, VarTableBuilder
 
-__all__ = ["CSRSessions", "LabelKey", "VarSide", "check_var", "csr_sessions", "missing_masks"]
+__all__ = ["CSRSessions", "LabelKey", "csr_sessions", "missing_masks"]
 
 
 @dataclass(frozen=True)
@@ -166,21 +166,27 @@ class CSRSessions:
         records: Per session, the ``SessionRecord`` of every key in ``specs``.
         specs: The group's ``data`` and ``indices``, then the dataset of each label key.
         groups: Per session, its ``CSRGroup``.
-        var: The var names every session shares (``None``: the files have no var index).
+        vars: Each session's var index (``genemap.VarTable``): whether the files share one,
+            or how ``join=``/``genes=`` align them, is the reader's ``configure``'s to say.
         labels: The keys beside the matrix, in the order given (``specs[2:]``).
         name: The matrix's name in a sample's dict.
 
     Example:
-        >>> CSRSessions([], [], [], None, [], "X").labels
+        >>> CSRSessions([], [], [], VarTable(None, [], []), [], "X").labels
         []
     """
 
     records: list[SessionRecord]
     specs: list[KeySpec]
     groups: list[CSRGroup]
-    var: list[str] | None
+    vars: VarTable
     labels: list[LabelKey]
     name: str
+
+    @property
+    def var(self) -> list[str] | None:
+        """The first session's var names (``None``: it has no var index)."""
+        return self.vars.var(0) if self.vars.ids else None
 
 
 def csr_sessions(
@@ -194,14 +200,14 @@ def csr_sessions(
     """What every session holds of keys naming a CSR group (and others); ``None`` without one.
 
     Opens each file once (``open_file(pos)``): the group's encoding and shape, its ``indptr``
-    checked against ``data``/``indices`` (``check_csr``), the ``var`` index, which every
-    session must share (names and order), and each other key as a per-cell column
-    (``obs_column``) with one row per cell. ``identity=False``: records without the local
+    checked against ``data``/``indices`` (``check_csr``), the ``var`` index (a ``VarTable``:
+    the reader's ``configure`` checks or aligns the files'), and each other key as a per-cell
+    column (``obs_column``) with one row per cell. ``identity=False``: records without the local
     file's identity (``inventory.inspect_session``; files read through a cache).
 
     Raises:
         ConfigError: CSC or unknown encodings (``sparse_group``), two sparse keys, a
-            ``sample_axis``, sessions whose key is not CSR or whose var index differs; a
+            ``sample_axis``, sessions whose key is not CSR; a
             key beside the matrix that is not one value per cell (named), has another row
             count than the matrix, or is categorical in one file and not in another.
         HDF5FileError: A damaged CSR group or categorical column (named file, row, what).
@@ -239,16 +245,12 @@ def csr_sessions(
     groups: list[CSRGroup] = []
     columns: list[list[ObsColumn]] = []
     masks: list[list[np.ndarray | None]] = []  # per session, per key: True where missing
-    var: list[str] | None = None
+    var_table = VarTableBuilder()
     parts: list[KeySpec] = []
     for pos, (sid, path) in enumerate(zip(ids, paths, strict=True)):
         with open_file(pos) as f:
             group = _group(f, key, sid, path, ids[0], paths[0])
-            names = var_names(f, var_path(key))
-            if pos == 0:
-                var = names
-            first = (ids[0], paths[0], var, groups[0] if groups else group)
-            check_var(key, first, (sid, path, names, group))
+            var_table.add(var_names(f, var_path(key)), group.n_vars)
             found_columns = [obs_column(f, s.path, sid, path) for s in others]
             here = [
                 c if c is not None else ObsColumn(s.path)
@@ -276,7 +278,7 @@ def csr_sessions(
         _label(s, k, columns, records, ids, paths, [m[k] for m in masks])
         for k, s in enumerate(others)
     ]
-    return CSRSessions(records, parts, groups, var, labels, spec.name)
+    return CSRSessions(records, parts, groups, var_table.table(), labels, spec.name)
 
 
 def _mask(f: Any, path: str) -> np.ndarray | None:
@@ -377,31 +379,3 @@ def _label(
     return LabelKey(
         spec.name, spec.path, tuple(shared), tuple(len(names) for names in full), tuple(tables)
     )
-
-
-#: A session's part in the var check: ``(session id, path, var names, CSRGroup)``.
-VarSide = tuple[Hashable, str, "list[str] | None", CSRGroup]
-
-
-def check_var(key: str, first: VarSide, other: VarSide) -> None:
-    """Raise ``ConfigError`` where ``other``'s columns are not ``first``'s (names and order).
-
-    Example:
-        >>> g = CSRGroup("X", 2, 3)
-        >>> check_var("X", ("a", "a.h5ad", ["x", "y", "z"], g), ("b", "b.h5ad", ["x", "y", "z"], g))
-    """
-    names, theirs = first[2], other[2]
-    how: str | None = None
-    if names is not None and theirs is not None:
-        how = var_difference(names, theirs)
-    elif first[3].n_vars != other[3].n_vars:
-        how = f"it has {other[3].n_vars} columns where the first file has {first[3].n_vars}"
-    elif (names is None) != (theirs is None):
-        how = "one of the two files has no var index"
-    if how is not None:
-        raise ConfigError(
-            f"session {other[0]!r} ({other[1]}): its var index ({var_path(key)!r}) differs from "
-            f"session {first[0]!r}'s ({first[1]}): {how}. Every file's columns must be the "
-            "same genes in the same order: subset or reorder them when writing "
-            "(adata[:, genes].write_h5ad), or pass files of one var index."
-        )
