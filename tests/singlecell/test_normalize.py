@@ -129,6 +129,10 @@ def test_cells_with_no_counts_and_other_target_sums() -> None:
             np.testing.assert_allclose(got.sum(axis=1), [0, target, 0, target], rtol=1e-6)
     empty = torch.zeros(0, 4)
     assert normalize_total(empty).shape == (0, 4) and log1p(empty.to_sparse_csr()).shape == (0, 4)
+    nothing = csr_tensor(sp.csr_matrix((3, 4), dtype=np.int32), torch.int32)  # no stored value
+    got = normalize_total(nothing)
+    assert got.layout == torch.sparse_csr and got.dtype == torch.float32 and got.shape == (3, 4)
+    assert got.values().numel() == 0 and torch.equal(got.crow_indices(), nothing.crow_indices())
 
 
 def test_a_dict_batch_with_key() -> None:

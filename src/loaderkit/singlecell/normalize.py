@@ -178,8 +178,11 @@ def _normalized(matrix: torch.Tensor, target_sum: float) -> torch.Tensor:
         values = matrix.to(dtype)
         return values / _divisors(values.sum(dim=1, keepdim=True), target_sum)
     values = matrix.values().to(dtype)
+    if values.numel() == 0:  # no stored values: nothing to scale (and older torch refuses)
+        return _with_values(matrix, values.clone())
     offsets = matrix.crow_indices().to(torch.int64)
-    totals = torch.segment_reduce(values, "sum", offsets=offsets)
+    # unsafe: a CSR tensor's offsets are valid; the checks would wait for a GPU (.item())
+    totals = torch.segment_reduce(values, "sum", offsets=offsets, unsafe=True)
     per_value = torch.repeat_interleave(
         _divisors(totals, target_sum), offsets.diff(), output_size=values.numel()
     )
