@@ -73,6 +73,7 @@ LAYERS: tuple[str, ...] = (
     "order",  # which samples, in what order
     "policy",  # decisions and checks before a start
     "device",  # to the GPU
+    "singlecell",  # a batch of single-cell counts normalised: imports errors only
     "storage",  # where session files live
     "hdf5",  # reading session files
     "passes",  # one pass of a loader (the front door from here on)

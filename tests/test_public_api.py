@@ -130,6 +130,7 @@ DOCUMENTED_MODULES = (
     "loaderkit.policy",
     "loaderkit.policy.budgets",
     "loaderkit.policy.memory",
+    "loaderkit.singlecell",
     "loaderkit.storage",
     "loaderkit.workers.collate",
     "loaderkit.workers.queues",

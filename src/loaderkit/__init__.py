@@ -11,11 +11,12 @@ the rest lives in a folder per stage of the data's way, lowest
 first: ``machine`` (what this machine and torch are), ``workers`` (what runs in worker
 processes and threads, and the hand-off), ``memory`` (what processes hold), ``order`` (which
 samples, in what order), ``policy`` (decisions and checks before a start), ``device`` (to the
-GPU), ``storage`` (where files live), ``hdf5`` (reading sessions); ``integrations`` and
-``cli`` sit on top. ``_torch`` holds every use of torch's private API.
-``docs/architecture.md`` draws the flow.
+GPU), ``singlecell`` (a batch of counts normalised), ``storage`` (where files live), ``hdf5``
+(reading sessions); ``integrations`` and ``cli`` sit on top. ``_torch`` holds every use of
+torch's private API. ``docs/architecture.md`` draws the flow.
 """
 
+from loaderkit import singlecell as singlecell
 from loaderkit.device.prefetch import DevicePrefetcher
 from loaderkit.device.transfer import to_device
 from loaderkit.errors import (
