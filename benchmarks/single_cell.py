@@ -65,7 +65,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +84,8 @@ BATCH = 64
 #: cells per run in the batch-mix figure (file, cell // RUN)
 RUN = 1000
 VERSION = 1  # of the generated files' content; a cache with another is rewritten
+#: the corpus case: the share of genes its files have in common
+CORPUS_SHARED = 0.8
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,9 @@ class Sizes:
     genes: int
     nnz: int
     compression: str  # "none" or "gzip"
+    #: share of the genes every file holds; below 1, a corpus: each file's own genes besides
+    #: them and its own order (``gene_names``)
+    shared: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +115,8 @@ class Loader:
     block: int = 0  # scDataset
     fetch: int = 0  # scDataset fetch_factor
     shuffle: bool = True  # annbatch: its RandomSampler, else its store order
+    join: str | None = None  # loaderkit: the corpus files (``Sizes.shared``) under this join
+    cells: int = 1  # loaderkit: every ``cells``-th cell of each file (``cells=``)
 
 
 LOADERS: tuple[Loader, ...] = (
@@ -117,6 +124,19 @@ LOADERS: tuple[Loader, ...] = (
     Loader("lk-dense", "loaderkit, dense batches", "loaderkit", form="dense"),
     Loader("lk-csr-2p", "loaderkit, CSR, 2 processes", "loaderkit", 2, "process"),
     Loader("lk-csr-2t", "loaderkit, CSR, 2 threads", "loaderkit", 2, "thread"),
+    Loader(
+        "lk-corpus-outer",
+        "loaderkit, CSR, a corpus (80 % shared genes, other orders), join='outer'",
+        "loaderkit",
+        join="outer",
+    ),
+    Loader(
+        "lk-corpus-outer-dense",
+        "loaderkit, dense, a corpus (80 % shared genes, other orders), join='outer'",
+        "loaderkit",
+        form="dense",
+        join="outer",
+    ),
     Loader("lk-dense-2p", "loaderkit, dense, 2 processes", "loaderkit", 2, "process", "dense"),
     Loader("scd-4-1024", "scDataset block 4 / fetch 1024", "scdataset", block=4, fetch=1024),
     Loader("scd-16-1024", "scDataset block 16 / fetch 1024", "scdataset", block=16, fetch=1024),
@@ -251,6 +271,27 @@ def _cell_arrays(sizes: Sizes, file: int) -> tuple[np.ndarray, np.ndarray, np.nd
     return data.reshape(-1), indices.astype(np.int32).reshape(-1), indptr
 
 
+def gene_names(sizes: Sizes, file: int) -> list[str]:
+    """File ``file``'s var index: ``gene0..`` alike in every file, or a corpus's.
+
+    With ``sizes.shared < 1`` the file holds the shared genes ``gene0..gene{S-1}`` (S =
+    ``shared x genes``) and its own ``x{file}gene{j}``, in an order of its own but for
+    ``gene0`` first (column 0 names the cell; under ``join="outer"`` it stays column 0, the
+    smallest name).
+
+    Example:
+        >>> gene_names(Sizes(2, 5, 5, 2, "none", 0.6), 1)[:1], len(gene_names(Sizes(2, 5, 5, 2, "none"), 0))
+        (['gene0'], 5)
+    """
+    if sizes.shared >= 1:
+        return [f"gene{i}" for i in range(sizes.genes)]
+    common = max(1, round(sizes.shared * sizes.genes))
+    names = [f"gene{i}" for i in range(common)]
+    names += [f"x{file}gene{j}" for j in range(sizes.genes - common)]
+    rng = np.random.default_rng([VERSION, file, sizes.genes])
+    return [names[0], *(names[1 + i] for i in rng.permutation(sizes.genes - 1))]
+
+
 def _write_anndata(path: Path, sizes: Sizes, file: int) -> None:
     import anndata
     import pandas as pd
@@ -259,7 +300,7 @@ def _write_anndata(path: Path, sizes: Sizes, file: int) -> None:
     data, indices, indptr = _cell_arrays(sizes, file)
     matrix = scipy.sparse.csr_matrix((data, indices, indptr), shape=(sizes.cells, sizes.genes))
     obs = pd.DataFrame(index=[f"f{file}c{i}" for i in range(sizes.cells)])
-    var = pd.DataFrame(index=[f"gene{i}" for i in range(sizes.genes)])
+    var = pd.DataFrame(index=gene_names(sizes, file))
     compression = None if sizes.compression == "none" else sizes.compression
     anndata.AnnData(X=matrix, obs=obs, var=var).write_h5ad(path, compression=compression)
 
@@ -276,14 +317,12 @@ def _write_h5py(path: Path, sizes: Sizes, file: int) -> None:
         x.create_dataset("data", data=data, chunks=True, **gzip)
         x.create_dataset("indices", data=indices, chunks=True, **gzip)
         x.create_dataset("indptr", data=indptr, chunks=True, **gzip)
-        for name, count, prefix in (
-            ("obs", sizes.cells, f"f{file}c"),
-            ("var", sizes.genes, "gene"),
-        ):
+        obs = [f"f{file}c{i}" for i in range(sizes.cells)]
+        for name, index in (("obs", obs), ("var", gene_names(sizes, file))):
             group = f.create_group(name)
             group.attrs.update({"encoding-type": "dataframe", "encoding-version": "0.2.0"})
             group.attrs.update({"_index": "_index", "column-order": np.array([], dtype="S1")})
-            names = np.array([f"{prefix}{i}" for i in range(count)], dtype=object)
+            names = np.array(index, dtype=object)
             index = group.create_dataset("_index", data=names, dtype=h5py.string_dtype())
             index.attrs.update({"encoding-type": "string-array", "encoding-version": "0.2.0"})
 
@@ -384,7 +423,7 @@ def resident_fraction(paths: Sequence[Path]) -> float | None:
 def _loaderkit(lo: Loader, paths: list[str]) -> tuple[Iterable[Any], Callable[[], None]]:
     from loaderkit import HDF5SessionDataset, create_dataloader
 
-    dataset = HDF5SessionDataset(paths, key="X", sparse=lo.form)
+    dataset = HDF5SessionDataset(paths, key="X", sparse=lo.form, join=lo.join)
     extra = {"worker_method": lo.method} if lo.workers else {}
     loader = create_dataloader(
         dataset, batch_size=BATCH, shuffle=True, seed=0, num_workers=lo.workers, **extra
@@ -700,6 +739,8 @@ def ratios(results: dict[str, dict[str, dict]]) -> dict[str, float | None]:
             ("lk-csr-2p", "lk-csr"),
             ("lk-csr-2t", "lk-csr"),
             ("lk-dense-2p", "lk-dense"),
+            ("lk-corpus-outer", "lk-csr"),
+            ("lk-corpus-outer-dense", "lk-dense"),
         ):
             out[f"{two}/{one} {cache}"] = _ratio(get(two, cache), get(one, cache))
     out["loaderkit/scDataset 4-1024 peak RSS"] = _ratio(
@@ -717,6 +758,8 @@ TARGETS = {
     "lk-csr-2p/lk-csr warm": ">= 1.5 (either method)",
     "lk-csr-2t/lk-csr warm": ">= 1.5 (either method)",
     "lk-dense-2p/lk-dense warm": ">= 1.5 (either method)",
+    "lk-corpus-outer/lk-csr warm": ">= 0.8",
+    "lk-corpus-outer-dense/lk-dense warm": ">= 0.8",
 }
 
 
@@ -844,6 +887,12 @@ def main(argv: list[str] | None = None) -> int:
                     f"annbatch's copy: {store} ({again}zarr datasets: {conversion['datasets']}, "
                     f"conversion peak RSS {conversion['peak_rss_mib']:,.0f} MiB)"
                 )
+        if any(lo.join for lo in loaders):
+            corpus_sizes = Sizes(*astuple(sizes)[:5], shared=CORPUS_SHARED)
+            corpus, _ = write_files(root.with_name(f"{root.name}-corpus"), corpus_sizes)
+            for lo in loaders:
+                if lo.join:
+                    opens[lo.name] = (corpus, corpus)
         running = [lo for lo in loaders if lo.name not in here]
         cells = [(lo, cache) for lo in running for cache in caches]
         runs: dict[tuple[str, str], list[dict]] = {}
