@@ -879,6 +879,9 @@ class _SessionSupport(LoaderSupport):
     def read_seeded(self, indices: Sequence[int], seed_sample: Any) -> list[Any]:
         return self.dataset._read_seeded(indices, seed_sample)
 
+    def samples_key(self) -> str | None:
+        return self.dataset.handles.samples_key()
+
     def prefetch_watcher(self) -> Any | None:
         return self.dataset.cached_sessions.prefetch_watcher()
 
