@@ -93,13 +93,15 @@ def _obs(path: Path) -> dict[str, np.ndarray]:
 def test_positions_choose_rows_of_a_dense_x_with_labels_beside_it(tmp_path: Path) -> None:
     files = []
     for i in range(2):
-        obs = pd.DataFrame({"n": np.arange(200) * i}, index=[f"f{i}c{j}" for j in range(200)])
+        names = pd.Index([f"f{i}c{j}" for j in range(200)], name="barcode")  # a named index
+        obs = pd.DataFrame({"n": np.arange(200) * i}, index=names)
         adata = anndata.AnnData(X=matrix(i).toarray(), obs=obs)
         files.append(tmp_path / f"d{i}.h5ad")
         adata.write_h5ad(files[-1])
     chosen = {0: np.array([3, 4, 150]), 1: np.array([], np.int64)}
 
     def pick(obs: Any) -> Any:
+        assert obs["_index"] is obs["barcode"] and list(obs) == ["_index", "n"]
         return chosen[int(obs["_index"][0][1])]  # "f0c0" -> file 0
 
     with HDF5SessionDataset(files, key=("X", "obs/n"), cells=pick) as ds:
@@ -112,6 +114,10 @@ def test_positions_choose_rows_of_a_dense_x_with_labels_beside_it(tmp_path: Path
 
 def test_obs_columns_read_as_pandas_shows_them(tmp_path: Path) -> None:
     path = write_current(tmp_path / "o.h5ad", matrix(0, cells=6), cell_types=("B", None))
+    adata = anndata.read_h5ad(path)
+    adata.obs["passed"] = pd.array([True, None, False, True, True, None], dtype="boolean")
+    adata.obs["genes"] = pd.array([5, 6, None, 8, 9, 10], dtype="Int64")
+    adata.write_h5ad(path)  # nullable booleans and integers, as anndata stores them
     with h5py.File(path, "r+") as f:  # a string column with missing values (pandas 3)
         write_nullable_strings(f["obs"], "donor", ["d1", None, "d2", "d1", None, "d3"])
     seen: dict[str, Any] = {}
@@ -130,6 +136,8 @@ def test_obs_columns_read_as_pandas_shows_them(tmp_path: Path) -> None:
     assert np.array_equal(seen["n_counts"], adata.obs["n_counts"].to_numpy())
     assert seen["batch"].dtype == np.int64
     assert seen["donor"].tolist() == ["d1", None, "d2", "d1", None, "d3"]
+    assert seen["passed"].tolist() == [True, None, False, True, True, None]
+    assert seen["genes"].tolist() == [5, 6, None, 8, 9, 10]
     assert not seen["n_counts"].flags.writeable  # read-only: shared by every ask
 
 

@@ -9,6 +9,8 @@ numpy array with one value per cell, as pandas shows it in ``adata.obs``:
 * numbers and booleans: as stored;
 * strings: an object array of ``str``; a ``nullable-string-array`` (anndata with pandas 3):
   ``str``, ``None`` where missing;
+* nullable integers and booleans (pandas' ``Int64``, ``boolean``): an object array of the
+  values, ``None`` where missing (compare them: ``obs["flag"] == True`` is a mask);
 * ``"_index"``: the index (the cell names), whatever name anndata stored it under (the
   index's own name, where it has one, reads the same);
 * anndata < 0.7's compound ``obs`` table: its fields, strings decoded, a field whose
@@ -149,6 +151,12 @@ class ObsTable(Mapping[str, np.ndarray]):
                 )
             return _strings(names)
         f = self._f
+        group = obs.get(name)
+        if isinstance(group, h5py.Group) and _text(group.attrs.get("encoding-type", "")) in (
+            "nullable-integer",
+            "nullable-boolean",
+        ):
+            return self._nullable(group, name)
         column = obs_column(f, f"obs/{name}", self._session, self._path)
         if column is None:  # pragma: no cover - listed, so present
             raise self._missing(name)
@@ -164,6 +172,18 @@ class ObsTable(Mapping[str, np.ndarray]):
         if h5py.check_string_dtype(f[column.path].dtype) is not None:
             return _strings(values)
         return values
+
+    def _nullable(self, group: h5py.Group, name: str) -> np.ndarray:
+        values, mask = group.get("values"), group.get("mask")
+        if not isinstance(values, h5py.Dataset) or not isinstance(mask, h5py.Dataset):
+            raise ConfigError(
+                f"cells=: session {self._session!r} ({self._path}): obs column {name!r} "
+                f"({_text(group.attrs['encoding-type'])}) has no 'values' and 'mask' datasets; "
+                "the file is damaged. Write it again (anndata's write_h5ad)."
+            )
+        out = np.asarray(values[()]).reshape(-1).astype(object)
+        out[np.asarray(mask[()], bool).reshape(-1)] = None
+        return out
 
     def _legacy(self, obs: h5py.Dataset, name: str) -> np.ndarray:
         field = self._index if name == INDEX else name
