@@ -229,8 +229,9 @@ def test_a_node_cache_and_a_function_that_is_not_one_are_refused(
 def test_no_chosen_cell_is_an_empty_dataset(paths: list[Path]) -> None:
     with HDF5SessionDataset(paths, key="X", cells=lambda obs: np.zeros(0, np.int64)) as ds:
         assert len(ds) == 0 and ds.cells is not None and ds.cells.chosen == (0, 0, 0)
-        with pytest.raises(ConfigError, match="has no samples"):
+        with pytest.raises(ConfigError, match="has no samples: cells= chose no cell") as info:
             DataLoader(ds, batch_size=4, shuffle=True)
+        assert "0 of 600 cells in 3 files" in str(info.value)
         assert list(DataLoader(ds, batch_size=4)) == []
 
 
