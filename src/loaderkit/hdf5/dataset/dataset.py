@@ -201,7 +201,9 @@ class HDF5SessionDataset(Dataset):
             than ``"r"``, ``key=None`` with
             several datasets, row shapes/dtypes that differ between sessions, keys whose rows
             do not align, or a type no torch dtype holds (long double, 128-bit float, time,
-            reference, opaque).
+            reference, opaque); ``cells=`` with URLs, ``cache=`` or an overridden
+            ``build_index``, or returning anything but a mask of the file's cells or sorted
+            unique positions in range (the message names the session and path).
         FileNotFoundError: A file, object or bucket is missing (the message names the
             session and path, or the URL).
         StorageAccessError: The store refused the credentials (a ``PermissionError``).
