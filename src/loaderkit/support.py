@@ -222,6 +222,15 @@ class LoaderSupport:
         """Counters of a node cache the dataset reads through (``None``: none)."""
         return None
 
+    def samples_key(self) -> str | None:
+        """What defines the dataset's samples: a short string (a digest; ``None``: unknown).
+
+        A loader's ``state_dict()`` records it and ``load_state_dict`` refuses a state whose
+        key differs (other chosen cells, genes or files of the same length). Compute it once
+        and keep it: the loader asks at every ``state_dict()``.
+        """
+        return None
+
     @classmethod
     def of(cls, dataset: Any) -> LoaderSupport:
         """The support a dataset without ``loader_support()`` has: its plain attributes.

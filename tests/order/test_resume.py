@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DistributedSampler, RandomSampler, SequentialSampler
 
-from loaderkit import ConfigError, DataLoader, HDF5SessionDataset
+from loaderkit import ConfigError, DataLoader, HDF5SessionDataset, LoaderSupport
 from loaderkit.hdf5 import BlockShuffleSampler
 from loaderkit.order.samplers import ShardSampler
 from tests.dist_utils import run_distributed
@@ -472,6 +472,45 @@ def test_a_state_that_does_not_fit_is_refused(change: dict[str, Any], message: s
     with pytest.raises(ConfigError, match=message) as raised:
         other.load_state_dict(state)
     assert "num_workers may differ" in str(raised.value)
+
+
+class _Keyed(torch.utils.data.Dataset):
+    """Ten samples whose ``LoaderSupport.samples_key()`` is ``key`` (which samples they are)."""
+
+    def __init__(self, key: str | None) -> None:
+        self.key = key
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    def loader_support(self) -> LoaderSupport:
+        key = self.key
+
+        class Support(LoaderSupport):
+            def samples_key(self) -> str | None:
+                return key
+
+        return Support()
+
+
+def test_a_state_of_other_samples_of_the_same_length_is_refused_by_its_samples_key() -> None:
+    def state(key: str | None) -> dict[str, Any]:
+        loader = DataLoader(_Keyed(key), batch_size=2, shuffle=True, seed=1)
+        next(iter(loader))
+        return roundtrip(loader.state_dict())
+
+    saved = state("a1")
+    assert saved["loader"]["samples_key"] == "a1"
+    with pytest.raises(ConfigError, match="the dataset's chosen samples differ") as raised:
+        DataLoader(_Keyed("b2"), batch_size=2, shuffle=True, seed=1).load_state_dict(saved)
+    assert "'a1' in the state, 'b2' here" in str(raised.value)
+    for key in ("a1", None):  # the same key; a dataset that says nothing
+        DataLoader(_Keyed(key), batch_size=2, shuffle=True, seed=1).load_state_dict(saved)
+    del saved["loader"]["samples_key"]  # a state saved before the key existed
+    DataLoader(_Keyed("b2"), batch_size=2, shuffle=True, seed=1).load_state_dict(saved)
 
 
 def test_another_batch_size_resumes_where_the_samples_fill_whole_batches() -> None:

@@ -38,6 +38,7 @@ from torch.utils.data import DistributedSampler, IterableDataset, RandomSampler,
 from loaderkit import _torch
 from loaderkit.errors import ConfigError
 from loaderkit.order.lookahead import look_ahead
+from loaderkit.support import support_of
 
 __all__ = [
     "STATE_FORMAT",
@@ -418,10 +419,10 @@ def fingerprint(loader: Any) -> dict[str, Any]:
         loader: A ``loaderkit.DataLoader``.
 
     Returns:
-        Plain data: dataset length, batch size, ``drop_last``, seed, ``sample_seeding``, the
-        sampler classes, the world size and rank of a distributed sampler, the batches per
-        pass, ``in_order``, and for an elastic order its key and global batch size
-        (``order``, ``global_batch_size``; ``None`` otherwise).
+        Plain data: dataset length and ``samples_key`` (``LoaderSupport.samples_key()``),
+        batch size, ``drop_last``, seed, ``sample_seeding``, the sampler classes, the world
+        size and rank of a distributed sampler, the batches per pass, ``in_order``, and for an
+        elastic order its key and global batch size (``None`` otherwise).
 
     Examples:
         >>> from loaderkit import DataLoader
@@ -429,11 +430,13 @@ def fingerprint(loader: Any) -> dict[str, Any]:
         3
     """
     dataset_length: int | None = None
+    samples_key: str | None = None
     if not isinstance(loader.dataset, IterableDataset):
         try:
             dataset_length = len(loader.dataset)
         except TypeError:
             dataset_length = None
+        samples_key = support_of(loader.dataset).samples_key()
     sharding = next(
         (
             obj
@@ -446,6 +449,7 @@ def fingerprint(loader: Any) -> dict[str, Any]:
     elastic = elastic_order(loader)
     return {
         "dataset_length": dataset_length,
+        "samples_key": samples_key,
         "batch_size": loader.batch_size,
         "drop_last": loader.drop_last,
         "seed": loader.seed,
@@ -523,6 +527,13 @@ def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
         if key in saved and key in fingerprint and saved[key] != fingerprint[key]
         if not (elastic and key in _ELASTIC_MAY_DIFFER)
     ]
+    before, now = saved.get("samples_key"), fingerprint.get("samples_key")
+    if before is not None and now is not None and before != now:  # a state without: loads
+        problems.insert(
+            0,
+            f"the dataset's chosen samples differ (samples_key {before!r} in the state, "
+            f"{now!r} here: other cells=, genes=, join=, build_index() or files)",
+        )
     if problems:
         raise ConfigError(
             "the loader state does not fit this loader: "

@@ -277,3 +277,21 @@ def test_two_gloo_ranks_read_the_joined_corpus_as_one_process(
     ranks = run_distributed(_rank, 2, tmp_path, paths)
     merged = [a + b for a, b in zip(ranks[0], ranks[1], strict=True)]
     assert merged == one
+
+
+def test_resume_refuses_a_state_saved_with_other_columns(corpus: list[Path]) -> None:
+    def make(**kwargs: Any) -> DataLoader:
+        ds = HDF5SessionDataset(corpus, key="X", **kwargs)
+        return create_dataloader(ds, batch_size=8, shuffle=True, seed=1)
+
+    with make(join="outer") as loader:
+        iterator = iter(loader)
+        next(iterator)
+        state = loader.state_dict()
+        del iterator
+    for other in ({"join": "inner"}, {"join": "outer", "genes": ["g0", "g1"]}):
+        with make(**other) as loader, pytest.raises(ConfigError, match="chosen samples differ"):
+            loader.load_state_dict(state)
+    with make(join="outer") as loader:  # the same columns: resumed after the first batch
+        loader.load_state_dict(state)
+        assert len(list(loader)) == len(loader) - 1

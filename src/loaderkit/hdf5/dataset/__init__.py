@@ -11,6 +11,7 @@ The top stage: imports go down only, to ``loaderkit.hdf5.remote``, ``convert``, 
 - ``readmode``: which hooks a dataset class overrides, and so how it reads batches (``ReadMode``);
 - ``arguments``: its constructor arguments, checked and normalised once;
 - ``inspection``: what every file holds, read once at construction, and the reader over it;
+- ``cells``: ``cells=``: the cells of each file chosen by a function of its obs, packed;
 - ``accessors``: ``SessionHandles`` (``ds.handles``): open files, read paths, types;
 - ``budgeting``: ``DatasetBudgets`` (``ds.budgets``): open-file and held-session budgets.
 """

@@ -3,11 +3,13 @@
 ``SessionHandles`` is the part the dataset shows as ``ds.handles``, over its reader: this
 process's handle cache (the open files and their counters), how each key's rows are read and
 why (``io_paths``, the plan's ``hdf5_reads`` row, ``read_path``), and the sample's type and
-size. The reader owns every fact it reports (session ids, the index, the open files).
+size, and what defines the samples (``samples_key``: a digest resume compares). The reader
+owns every fact it reports (session ids, the index, the open files).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Hashable
 from typing import Any
 
@@ -53,6 +55,40 @@ class SessionHandles:
         self.mode = mode
         self.transforms = transforms
         self.label = label
+        self._samples_key: str | None = None
+
+    def sample_parts(self) -> list[bytes | memoryview]:
+        """What defines the dataset's samples, as byte blobs: the packed index first.
+
+        The index says which row (cell) of which session every sample is (``cells=`` and
+        ``build_index`` choose it); then what decides a sample's content (a sparse key's
+        served columns: ``join=``, ``genes=``). ``samples_key`` digests the parts in this
+        order: a part added here changes the digest.
+
+        Example:
+            >>> ds.handles.sample_parts()[0]  # doctest: +SKIP
+            b'index'
+        """
+        index = np.ascontiguousarray(self.reader.index, np.int64)
+        return [b"index", memoryview(index.data).cast("B"), *self.reader.content_parts]
+
+    def samples_key(self) -> str:
+        """A short hex digest of ``sample_parts``, computed once (``LoaderSupport.samples_key``).
+
+        A loader's state records it and resumes only a dataset with the same one.
+
+        Example:
+            >>> len(ds.handles.samples_key())  # doctest: +SKIP
+            32
+        """
+        key = self._samples_key
+        if key is None:
+            digest = hashlib.blake2b(digest_size=16)
+            for part in self.sample_parts():
+                digest.update(len(part).to_bytes(8, "little"))
+                digest.update(part)
+            key = self._samples_key = digest.hexdigest()
+        return key
 
     def io_paths(self, session: Hashable | None = None) -> dict[str, ReadPath]:
         """How each key's rows are read from ``session``'s file, and why (``ReadPath``).

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from loaderkit.hdf5.dataset.arguments import (
     normalize_files,
 )
 from loaderkit.hdf5.dataset.budgeting import DatasetBudgets
+from loaderkit.hdf5.dataset.cells import CellChoice
 from loaderkit.hdf5.dataset.inspection import DatasetInspection
 from loaderkit.hdf5.dataset.readmode import ReadMode, overrides, read_mode, uses_default_read
 from loaderkit.hdf5.meta.index import (
@@ -198,13 +199,23 @@ class HDF5SessionDataset(Dataset):
             has, in the first file's order. ``None`` (default): the files must share one var
             index (names and order), else a ``ConfigError`` says how they differ.
             ``ds.handles.var_names`` is the joined index.
+        cells: Only the cells (rows of ``key``) this function chooses, for ``.h5ad`` files:
+            called once per file, here, as ``cells(obs)`` with the file's obs as a read-only
+            mapping column name -> numpy array (``loaderkit.hdf5.meta.obs.ObsTable``: a
+            column is read when asked for; categoricals as their names, missing ``None``;
+            the index as ``"_index"``), it returns a boolean mask of the file's cells or
+            sorted unique positions. Sample ``i`` is the ``i``-th chosen cell in file order;
+            the function is not kept (``self.cells`` counts what each file gave). Local
+            files without ``cache=`` only; not with an overridden ``build_index``.
 
     Raises:
         ConfigError: ``max_open_files < 1``, ``max_session_bytes < 0``, a ``mode`` other
             than ``"r"``, ``key=None`` with
             several datasets, row shapes/dtypes that differ between sessions, keys whose rows
             do not align, or a type no torch dtype holds (long double, 128-bit float, time,
-            reference, opaque).
+            reference, opaque); ``cells=`` with URLs, ``cache=`` or an overridden
+            ``build_index``, or returning anything but a mask of the file's cells or sorted
+            unique positions in range (the message names the session and path).
         FileNotFoundError: A file, object or bucket is missing (the message names the
             session and path, or the URL).
         StorageAccessError: The store refused the credentials (a ``PermissionError``).
@@ -244,9 +255,16 @@ class HDF5SessionDataset(Dataset):
         sparse: str = "csr",
         genes: Sequence[str] | Sequence[int] | np.ndarray | None = None,
         join: str | None = None,
+        cells: Callable[[Mapping[str, np.ndarray]], Any] | None = None,
     ) -> None:
         if sparse not in FORMS:
             raise ConfigError(f"sparse={sparse!r}: expected one of {list(FORMS)}.")
+        if cells is not None and _overrides(type(self), "build_index"):
+            raise ConfigError(
+                f"{type(self).__name__} overrides build_index() and was given cells=: both "
+                "choose the samples. Choose the cells in build_index() (read obs there with "
+                "self.file(session)), or drop the override and pass cells=."
+            )
         if max_open_files is not None:
             check_max_open_files(max_open_files)
         if max_session_bytes is not None:
@@ -254,6 +272,15 @@ class HDF5SessionDataset(Dataset):
         self._files: dict[Hashable, Path | str] = normalize_files(
             session_names(files, storage_options)
         )
+        if cells is not None and (
+            cache is not None or any(isinstance(p, str) for p in self._files.values())
+        ):
+            raise ConfigError(
+                "cells= reads each file's obs where the dataset is built, from local files "
+                "without cache= only, for now (as keys beside the matrix are): with URLs or a "
+                "node cache it is refused. Pass local paths without cache=, or choose the "
+                "cells before (write the chosen cells to new files)."
+            )
         self._storage_options = None if storage_options is None else dict(storage_options)
         self._fields = None if fields is None else tuple(fields)
         self._sample_axis = sample_axis
@@ -308,17 +335,23 @@ class HDF5SessionDataset(Dataset):
         )
         self._budgets = DatasetBudgets(reader, self._memory_map, max_open_files, max_session_bytes)
         self._cached = CachedSessions(sources, reader)
+        self._cells: CellChoice | None = None
         try:
-            try:
-                index = self.build_index()
-            except Exception as exc:
-                add_note(
-                    exc,
-                    f"loaderkit: in {type(self).__name__}.build_index() (process "
-                    f"{os.getpid()}, {len(ids)} sessions)",
-                )
-                raise
-            reader.index = inspection.pack(index, reader)
+            if cells is not None:  # the chosen cells: the index, packed as they are chosen
+                if not reader.specs:
+                    raise ConfigError("cells= needs key=: it chooses rows (cells) of that key.")
+                reader.index, self._cells = inspection.choose_cells(cells, reader)
+            else:
+                try:
+                    index = self.build_index()
+                except Exception as exc:
+                    add_note(
+                        exc,
+                        f"loaderkit: in {type(self).__name__}.build_index() (process "
+                        f"{os.getpid()}, {len(ids)} sessions)",
+                    )
+                    raise
+                reader.index = inspection.pack(index, reader)
             reader.index.setflags(write=False)
         finally:
             reader.cache.close()  # never leave a file open in the constructing process
@@ -588,6 +621,16 @@ class HDF5SessionDataset(Dataset):
     def join(self) -> str | None:
         """How files whose var indexes differ are aligned: ``"outer"``, ``"inner"``, ``None``."""
         return self._join
+
+    @property
+    def cells(self) -> CellChoice | None:
+        """How many cells each file gave to ``cells=`` (``None``: every cell; no function).
+
+        Example:
+            >>> ds.cells.chosen  # doctest: +SKIP
+            (120, 0, 88)
+        """
+        return self._cells
 
     # ------------------------------------------------------------------ sessions
 
@@ -876,6 +919,9 @@ class _SessionSupport(LoaderSupport):
         held = ds.budgets.fit_session_bytes(shape)
         if held is not None:
             entries.append(held)
+        if ds.cells is not None:
+            choice = ds.cells
+            entries.append(PlanEntry("cells", "cells=", sum(choice.chosen), choice.summary()))
         rows = [*ds.handles.io_plan(), *cached.plan_rows(shape.processes, threads=shape.threads)]
         entries.extend(
             PlanEntry(name, value if given else UNSET, value, reason)
@@ -896,6 +942,9 @@ class _SessionSupport(LoaderSupport):
 
     def read_seeded(self, indices: Sequence[int], seed_sample: Any) -> list[Any]:
         return self.dataset._read_seeded(indices, seed_sample)
+
+    def samples_key(self) -> str | None:
+        return self.dataset.handles.samples_key()
 
     def prefetch_watcher(self) -> Any | None:
         return self.dataset.cached_sessions.prefetch_watcher()

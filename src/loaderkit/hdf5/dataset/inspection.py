@@ -18,6 +18,7 @@ import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError, warn
 from loaderkit.hdf5.convert.rowcache import cached_record
+from loaderkit.hdf5.dataset.cells import CellChoice, choose_cells
 from loaderkit.hdf5.meta.anndata import CSRGroup
 from loaderkit.hdf5.meta.diagnose import metadata_errors, open_diagnosis
 from loaderkit.hdf5.meta.index import (
@@ -412,6 +413,15 @@ class DatasetInspection:
             f"key=None but session {self._ids[0]!r} ({self._paths[0]}) holds "
             f"{len(names)} datasets {names[:25]}; pass key='<name of the per-sample dataset>', "
             "several as key=('a', 'b'), or a group whose datasets are the samples."
+        )
+
+    def choose_cells(self, fn: Any, reader: SessionReader) -> tuple[np.ndarray, CellChoice]:
+        """The packed, read-only index of the cells ``cells=fn`` chose in every file.
+
+        Each file is opened once more, here, for its obs (``cells.choose_cells``).
+        """
+        return choose_cells(
+            fn, self._ids, self._paths, reader.session_rows(), self._open_for_inspection
         )
 
     def pack(self, index: Any, reader: SessionReader) -> np.ndarray:

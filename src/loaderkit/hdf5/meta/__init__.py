@@ -14,5 +14,6 @@ other stage imports it.
 - ``keyspecs``: ``KeySpec`` (where a key's rows lie), ``SessionRecord`` (what a file held);
 - ``inventory``: ``parse_keys`` and ``inspect_session``: what each file holds of the keys;
 - ``anndata``: AnnData's encodings (CSR/CSC groups, legacy ``h5sparse``, categorical
-  columns, the var index): what a group is and where a row's bytes are.
+  columns, the var index): what a group is and where a row's bytes are;
+- ``obs``: a file's ``obs`` table as ``cells=`` sees it (``ObsTable``: columns read on demand).
 """

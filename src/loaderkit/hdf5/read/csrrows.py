@@ -175,6 +175,7 @@ class CSRReader(SessionReader):
         self.form = form
         self.genes = gene_map(self.table, join, genes, key=self.name, where=self._where())
         self.n_out = self.genes.n_out
+        self.content_parts = [b"columns", *self.genes.digest_parts()]
 
     def _where(self) -> list[str]:
         """Per session, how a message names it."""

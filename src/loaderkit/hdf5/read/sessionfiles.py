@@ -137,6 +137,9 @@ class SessionFiles:
         self.key_names = [spec.name for spec in self.specs]
         #: Reads of chunked keys fill a chunk cache per open file (HDF5's, or decoded chunks).
         self.cached_chunks = self.chunked
+        #: What decides a sample's content besides the index, as bytes a resumed state must
+        #: share (a sparse key's column map: ``csrrows.CSRReader.configure``).
+        self.content_parts: list[bytes] = []
         number = bool(self.types) and all(rt.kind is Kind.NUMBER for rt in self.types)
         self.contiguous = (  # read with preadv (or maps): decided per file at open
             fast
