@@ -48,6 +48,7 @@ from loaderkit.order.seeding import (
     seed_worker,
     worker_rng,
 )
+from loaderkit.order.weighted import WeightedSampler
 from loaderkit.plan import Plan, PlanEntry
 from loaderkit.policy import recommended_num_workers
 from loaderkit.storage import CacheStats, SessionCache
@@ -86,6 +87,7 @@ __all__ = [
     "SharedSequence",
     "StorageAccessError",
     "StorageError",
+    "WeightedSampler",
     "__version__",
     "check_determinism",
     "create_dataloader",
