@@ -36,6 +36,7 @@ from loaderkit.errors import (
 )
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
+from loaderkit.hdf5.dataset.weights import balanced_weights
 from loaderkit.loader import DataLoader
 from loaderkit.machine.platform import PlatformInfo, detect_platform
 from loaderkit.memory.leakcheck import LeakCheck
@@ -89,6 +90,7 @@ __all__ = [
     "StorageError",
     "WeightedSampler",
     "__version__",
+    "balanced_weights",
     "check_determinism",
     "create_dataloader",
     "detect_platform",

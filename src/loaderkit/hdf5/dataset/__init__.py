@@ -12,5 +12,7 @@ The top stage: imports go down only, to ``loaderkit.hdf5.remote``, ``convert``, 
 - ``arguments``: its constructor arguments, checked and normalised once;
 - ``inspection``: what every file holds, read once at construction, and the reader over it;
 - ``accessors``: ``SessionHandles`` (``ds.handles``): open files, read paths, types;
-- ``budgeting``: ``DatasetBudgets`` (``ds.budgets``): open-file and held-session budgets.
+- ``budgeting``: ``DatasetBudgets`` (``ds.budgets``): open-file and held-session budgets;
+- ``weights``: ``balanced_weights``: per-sample weights, equal per category of an obs column
+  (over the dataset's public accessors).
 """
