@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset, WeightedRandomSampler
+from torch.utils.data import Dataset, DistributedSampler, WeightedRandomSampler
 
 from loaderkit import ArgumentTypeError, ConfigError, DataLoader, WeightedSampler
 from loaderkit.order.weighted import weighted_draws
@@ -242,7 +242,9 @@ def merge(per_rank: list[Batches]) -> Batches:
 def _rank(rank: int, world: int, earlier: dict[str, Any] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with make(world) as loader:
-        out["place"] = (loader.sampler.num_replicas, loader.sampler.rank)
+        sampler = loader.sampler
+        kept = isinstance(sampler, DistributedSampler)
+        out["place"] = (sampler.num_replicas, sampler.rank, len(sampler), kept)
         out["batches"] = passes(loader)
     with make(world) as loader:
         out["state"] = interrupted(loader)
@@ -260,7 +262,8 @@ def test_two_ranks_read_the_global_batches_of_one_and_resume_across(
     with make() as loader:
         single_state = interrupted(loader)
     ranks = run_distributed(_rank, 2, tmp_path, single_state)
-    assert [r["place"] for r in ranks] == [(2, 0), (2, 1)]
+    # (num_replicas, rank, len): a DistributedSampler that Lightning keeps, not wraps again
+    assert [r["place"] for r in ranks] == [(2, 0, 25, True), (2, 1, 25, True)]
     for epoch in range(EPOCHS):
         assert merge([r["batches"][epoch] for r in ranks]) == reference[epoch], epoch
     rest = [reference[0][STOP:], reference[1]]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DistributedSampler
 
 from loaderkit import _torch
 from loaderkit.errors import ArgumentTypeError, ConfigError, check_int
@@ -116,7 +116,7 @@ def _digest(weights: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(weights).tobytes()).hexdigest()[:16]
 
 
-class WeightedSampler(Sampler[int]):
+class WeightedSampler(DistributedSampler[int]):
     """Indices drawn in proportion to their weights: new every epoch, rank-aware, resumable.
 
     torch's ``WeightedRandomSampler(weights, num_samples, replacement=True)`` with what it
@@ -126,6 +126,11 @@ class WeightedSampler(Sampler[int]):
     draws, so the global batches are the same on any number of ranks), and exact mid-epoch
     resume through ``loader.state_dict()``/``load_state_dict()``, on another number of
     workers or ranks too. The same draws for 0 workers, worker processes and threads.
+
+    A ``torch.utils.data.DistributedSampler`` subclass, as loaderkit's other rank-aware
+    samplers, so Lightning and Fabric keep it instead of sharding its draws again; its
+    ``num_samples`` keeps ``WeightedRandomSampler``'s meaning (draws over all ranks), and
+    ``len(sampler)`` is this rank's share.
 
     Args:
         weights: One weight per dataset index (a sequence, numpy array or tensor), finite and
@@ -207,6 +212,7 @@ class WeightedSampler(Sampler[int]):
             rank = info.rank if rank is None else rank
         self._place(batch_size, num_replicas, rank, bool(drop_last))
         self.epoch = 0
+        self.shuffle = True  # DistributedSampler's attribute: the order is random
         self.digest = _digest(self.weights)
 
     def _place(self, batch_size: int | None, num_replicas: int, rank: int, drop_last: bool) -> None:
@@ -279,7 +285,7 @@ class WeightedSampler(Sampler[int]):
         return text
 
     @property
-    def seed(self) -> int:
+    def seed(self) -> int:  # type: ignore[override]
         """The seed of the draws (resolved when first asked for; see ``seed`` above)."""
         if self._seed is None:
             if self.num_replicas > 1:
@@ -291,6 +297,16 @@ class WeightedSampler(Sampler[int]):
     def set_epoch(self, epoch: int) -> None:
         """Draw ``epoch``'s sequence at the next pass (the loader calls it every pass)."""
         self.epoch = check_int("epoch", epoch, minimum=0)
+
+    @property
+    def total_size(self) -> int:  # type: ignore[override]
+        """Draws all ranks yield per epoch, padding included (``DistributedSampler``'s)."""
+        return sum(
+            global_batch_count(
+                self.num_samples, self.batch_size or 1, self.num_replicas, r, self.drop_last
+            )
+            for r in range(self.num_replicas)
+        )
 
     @property
     def global_batch_size(self) -> int | None:
