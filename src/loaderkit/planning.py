@@ -252,11 +252,14 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> dic
     return {}
 
 
-def _bind_sampler(request: LoaderRequest, res: Resolution, seed: int | None) -> PlanEntry | None:
+def _bind_sampler(
+    dataset: Any, request: LoaderRequest, res: Resolution, seed: int | None
+) -> PlanEntry | None:
     """Give a caller's sampler with ``bind_loader`` (``WeightedSampler``) what it left unset.
 
-    The loader's ``seed``, ``batch_size`` and ``drop_last``, and its place among the ranks
-    where loaderkit shards (else one replica). Returns the plan row that says so, or ``None``.
+    The loader's ``seed``, ``batch_size`` and ``drop_last``, its place among the ranks where
+    loaderkit shards (else one replica) and the dataset's length. Returns the plan row that
+    says so, or ``None``.
     """
     sampler = request.sampler
     bind = getattr(sampler, "bind_loader", None)
@@ -270,6 +273,7 @@ def _bind_sampler(request: LoaderRequest, res: Resolution, seed: int | None) -> 
         drop_last=request.drop_last,
         num_replicas=dist.world_size if shards else 1,
         rank=dist.rank if shards else 0,
+        dataset_length=_dataset_size(dataset),
     )
     return PlanEntry("sampler", sampler, sampler, f"your {type(sampler).__name__}: {reason}")
 
@@ -448,7 +452,7 @@ def plan_loader(
         warn(message, PerformanceHint)
 
     built = _build_sampler(dataset, request, res)
-    bound = _bind_sampler(request, res, seed)
+    bound = _bind_sampler(dataset, request, res, seed)
     if bound is not None:
         found.entries.append(bound)
     if res.make_generator:

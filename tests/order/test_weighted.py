@@ -223,6 +223,21 @@ def test_invalid_arguments_are_named(
         WeightedSampler(weights, num_samples, replacement=replacement)
 
 
+@pytest.mark.parametrize("size", [N - 1, N + 1])
+def test_weights_of_another_length_than_the_dataset_are_refused(size: int) -> None:
+    sampler = WeightedSampler(np.ones(size), DRAWS)
+    with pytest.raises(ConfigError, match=f"weights has {size} weights, .* has {N} samples"):
+        DataLoader(Indices(), batch_size=4, sampler=sampler)
+
+
+def test_what_the_caller_set_wins_over_the_loader() -> None:
+    sampler = WeightedSampler(WEIGHTS, DRAWS, seed=1, batch_size=3, drop_last=True)
+    with DataLoader(Indices(), batch_size=4, sampler=sampler, seed=9) as loader:
+        assert (sampler.seed, sampler.batch_size, sampler.drop_last) == (1, 3, True)
+        assert len(sampler) == 48  # 16 global batches of 3, the partial one dropped
+        assert loader.plan["sampler"].reason.count("seed 1 (as given)") == 1
+
+
 def test_weights_from_a_tensor_or_array_and_torch_argument_names() -> None:
     assert list(WeightedSampler(torch.tensor([0.0, 1.0]), 3, seed=0)) == [1, 1, 1]
     ours = list(inspect.signature(WeightedSampler).parameters)

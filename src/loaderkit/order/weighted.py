@@ -234,10 +234,15 @@ class WeightedSampler(DistributedSampler[int]):
         drop_last: bool,
         num_replicas: int,
         rank: int,
+        dataset_length: int | None = None,
     ) -> str:
         """Take what the caller left unset from the loader this sampler is given to.
 
         ``loaderkit.DataLoader`` calls it once, while it plans. Returns the plan's reason.
+
+        Raises:
+            ConfigError: ``dataset_length`` (the loader's dataset) is not the number of
+                weights.
 
         Examples:
             >>> s = WeightedSampler([1.0, 1.0], 4)
@@ -253,10 +258,16 @@ class WeightedSampler(DistributedSampler[int]):
             self.rank if "rank" in given else rank,
             self.drop_last if "drop_last" in given else bool(drop_last),
         )
+        if dataset_length is not None and dataset_length != self.weights.shape[0]:
+            raise ConfigError(
+                f"WeightedSampler: weights has {self.weights.shape[0]} weights, but the "
+                f"loader's dataset has {dataset_length} samples: give one weight per sample "
+                "(weight 0 for a sample never to be drawn)."
+            )
         if self._seed_given is None and seed is not None:
             self._seed, self._seed_source = validate_seed(seed), "the loader's seed"
-        elif self._seed_given is None:
-            self._seed, self._seed_source = None, ""
+        elif self._seed_given is None and self._seed_source == "the loader's seed":
+            self._seed, self._seed_source = None, ""  # a seed drawn or loaded is kept
         return self.describe()
 
     def describe(self) -> str:
