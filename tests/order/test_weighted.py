@@ -20,6 +20,7 @@ from torch.utils.data import Dataset, DistributedSampler, WeightedRandomSampler
 from loaderkit import ArgumentTypeError, ConfigError, DataLoader, WeightedSampler
 from loaderkit.order.weighted import weighted_draws
 from tests.dist_utils import run_distributed
+from tests.helpers import tiered
 
 #: 60 samples, 50 draws an epoch, global batches of 8 (the last global batch has 2 draws).
 N, DRAWS, GLOBAL, SEED, EPOCHS, STOP = 60, 50, 8, 11, 2, 3
@@ -142,13 +143,19 @@ def test_the_plan_shows_the_sampler() -> None:
 # ---------------------------------------------------------------- workers and resume
 
 
-# 0 workers: the caller's thread; fork: worker processes; thread: worker threads
-@pytest.mark.parametrize(("workers", "method"), [(2, "process"), (2, "thread")])
+# against 0 workers (the caller's thread): fork workers, worker threads; spawn (slow tier)
+# sends the dataset pickled, the sampler stays in the main process all the same
+@pytest.mark.parametrize(
+    ("method", "context"),
+    tiered(
+        [("process", "fork"), ("thread", None), ("process", "spawn")],
+        {("process", "fork"), ("thread", None)},
+    ),
+)
 def test_the_same_batches_for_every_worker_method(
-    reference: list[Batches], workers: int, method: str
+    reference: list[Batches], method: str, context: str | None
 ) -> None:
-    context = "fork" if method == "process" else None
-    with make(num_workers=workers, worker_method=method, multiprocessing_context=context) as loader:
+    with make(num_workers=2, worker_method=method, multiprocessing_context=context) as loader:
         assert passes(loader) == reference
 
 
