@@ -37,6 +37,7 @@ from loaderkit.errors import (
 )
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
+from loaderkit.hdf5.dataset.weights import balanced_weights
 from loaderkit.loader import DataLoader
 from loaderkit.machine.platform import PlatformInfo, detect_platform
 from loaderkit.memory.leakcheck import LeakCheck
@@ -49,6 +50,7 @@ from loaderkit.order.seeding import (
     seed_worker,
     worker_rng,
 )
+from loaderkit.order.weighted import WeightedSampler
 from loaderkit.plan import Plan, PlanEntry
 from loaderkit.policy import recommended_num_workers
 from loaderkit.storage import CacheStats, SessionCache
@@ -87,7 +89,9 @@ __all__ = [
     "SharedSequence",
     "StorageAccessError",
     "StorageError",
+    "WeightedSampler",
     "__version__",
+    "balanced_weights",
     "check_determinism",
     "create_dataloader",
     "detect_platform",

@@ -255,6 +255,32 @@ def _build_sampler(dataset: Any, request: LoaderRequest, res: Resolution) -> dic
     return {}
 
 
+def _bind_sampler(
+    dataset: Any, request: LoaderRequest, res: Resolution, seed: int | None
+) -> PlanEntry | None:
+    """Give a caller's sampler with ``bind_loader`` (``WeightedSampler``) what it left unset.
+
+    The loader's ``seed``, ``batch_size`` and ``drop_last``, its place among the ranks where
+    loaderkit shards (else one replica) and the dataset's length. Returns the plan row that
+    says so, or ``None``.
+    """
+    sampler = request.sampler
+    bind = getattr(sampler, "bind_loader", None)
+    if res.sampler_choice != SamplerChoice.USER or not callable(bind):
+        return None
+    dist = res.dist
+    shards = not res.defers_sharding and request.distributed is not False and dist.is_distributed
+    reason = bind(
+        seed=seed,
+        batch_size=res.values.get("batch_size"),
+        drop_last=request.drop_last,
+        num_replicas=dist.world_size if shards else 1,
+        rank=dist.rank if shards else 0,
+        dataset_length=_dataset_size(dataset),
+    )
+    return PlanEntry("sampler", sampler, sampler, f"your {type(sampler).__name__}: {reason}")
+
+
 def _check_copy_on_read(dataset: Any, res: Resolution, found: Findings) -> None:
     """Name the dataset's large Python containers that forked workers would each copy."""
     num_workers = worker_processes(res)
@@ -429,6 +455,9 @@ def plan_loader(
         warn(message, PerformanceHint)
 
     built = _build_sampler(dataset, request, res)
+    bound = _bind_sampler(dataset, request, res, seed)
+    if bound is not None:
+        found.entries.append(bound)
     if res.make_generator:
         assert seed is not None
         built["generator"] = make_generator(seed)

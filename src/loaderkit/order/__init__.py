@@ -11,6 +11,8 @@ Modules:
   one by one *in the workers*.
 - ``samplers``: the samplers loaderkit builds for ``torch.distributed`` (``ElasticSampler``,
   ``ShardSampler``) and the global-batch arithmetic.
+- ``weighted``: ``WeightedSampler``: draws in proportion to per-sample weights, from
+  ``(seed, epoch)``, one global sequence cut into the ranks' global batches, resumable.
 - ``resume``: a loader's state, the check that it fits, the index-level fast-forward.
 - ``lookahead``: a pass's indices drawn a little ahead, for datasets that fetch what comes next.
 - ``hooks``: ``call_hook``: the optional duck-typed ``set_epoch``/``close`` hooks of samplers

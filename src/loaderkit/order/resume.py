@@ -475,13 +475,17 @@ def _qualname(obj: Any) -> str | None:
 # --------------------------------------------------------------------------- the state
 
 
-def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
+def check_state(
+    state: Any, fingerprint: Mapping[str, Any], sources: OrderSources | None = None
+) -> ResumePoint:
     """Validate a saved loader state against a loader's fingerprint; return where to resume.
 
     Args:
         state: What ``DataLoader.state_dict()`` returned (possibly through ``torch.save`` /
             ``torch.load``).
         fingerprint: The loader's own fingerprint (``DataLoader.state_dict()["loader"]``).
+        sources: The loader's ``OrderSources``: a stateful sampler with
+            ``check_state_dict`` (``WeightedSampler``) checks its part of ``start`` first.
 
     Both sides elastic with the same order (``fingerprint``'s ``order``): the world size,
     ``batch_size`` and sampler class may differ. With the same global batch the position is
@@ -494,7 +498,8 @@ def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
 
     Raises:
         ConfigError: Not a loaderkit loader state, a newer version, or one taken from a loader
-            that differs (each mismatch named, with the saved and current values); a mid-pass
+            that differs (each mismatch named, with the saved and current values; a sampler's
+            own check, e.g. a ``WeightedSampler`` with other weights); a mid-pass
             state of a loader with ``in_order=False`` (its caller received batches out of order).
 
     Examples:
@@ -519,6 +524,10 @@ def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
             f"this loader state has version {version!r}; this loaderkit reads versions 1 to "
             f"{STATE_VERSION}: upgrade loaderkit to resume from it"
         )
+    start = state.get("start") or {}
+    for name, obj in () if sources is None else sources.stateful:
+        if callable(getattr(obj, "check_state_dict", None)) and name in start:
+            obj.check_state_dict(start[name])
     saved = state.get("loader", {})
     elastic = saved.get("order") is not None and saved.get("order") == fingerprint.get("order")
     problems = [
@@ -563,7 +572,6 @@ def check_state(state: Any, fingerprint: Mapping[str, Any]) -> ResumePoint:
             "not the first ones of the pass. Resume from a state taken between epochs, or "
             "train with in_order=True (torch's default) where resuming mid-epoch matters."
         )
-    start = state.get("start") or {}
     return ResumePoint(epoch=epoch, skip=position, start=dict(start))
 
 

@@ -13,5 +13,7 @@ The top stage: imports go down only, to ``loaderkit.hdf5.remote``, ``convert``, 
 - ``inspection``: what every file holds, read once at construction, and the reader over it;
 - ``cells``: ``cells=``: the cells of each file chosen by a function of its obs, packed;
 - ``accessors``: ``SessionHandles`` (``ds.handles``): open files, read paths, types;
-- ``budgeting``: ``DatasetBudgets`` (``ds.budgets``): open-file and held-session budgets.
+- ``budgeting``: ``DatasetBudgets`` (``ds.budgets``): open-file and held-session budgets;
+- ``weights``: ``balanced_weights``: per-sample weights, equal per category of an obs column
+  (over the dataset's public accessors).
 """
