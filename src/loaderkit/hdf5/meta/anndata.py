@@ -13,6 +13,8 @@ attributes themselves):
   columns follow, current (``var/_index``) or legacy (a compound ``var`` table, ``index``
   field), and how two files' indexes differ.
 * ``is_categorical``/``categories``: categorical ``obs`` columns (``codes`` + ``categories``);
+* ``anndata_column``: whether a key is stored with an anndata column encoding (read through
+  ``obs_column`` beside any matrix, or alone);
 * ``obs_column``/``shared_categories``: what a per-cell key beside a matrix is (``ObsColumn``:
   a dataset of values, a categorical's codes and categories, current or anndata 0.7's
   referenced categories, or a ``nullable-string-array``'s ``values`` and ``mask``), refused
@@ -41,6 +43,7 @@ __all__ = [
     "NULLABLE_STRINGS",
     "CSRGroup",
     "ObsColumn",
+    "anndata_column",
     "categories",
     "check_csr",
     "is_categorical",
@@ -368,6 +371,26 @@ class ObsColumn:
     categories: tuple[str, ...] | None = None
     encoding: str = "a dataset of values"
     mask: str | None = None
+
+
+def anndata_column(obj: Any) -> bool:
+    """Whether ``obj`` is stored with an anndata per-cell column encoding.
+
+    A categorical group, anndata 0.7's categorical (an integer dataset whose attribute
+    ``categories`` references the names), or a group of values and a mask
+    (``nullable-string-array``, ``nullable-integer``, ``nullable-boolean``): ``obs_column``
+    says what each is. Plain datasets and groups are not (they are read as any HDF5 key).
+
+    Example:
+        >>> anndata_column(None)
+        False
+    """
+    if isinstance(obj, h5py.Dataset):
+        return isinstance(obj.attrs.get("categories"), h5py.Reference)
+    if not isinstance(obj, h5py.Group):
+        return False
+    encoding = _text(obj.attrs.get("encoding-type", ""))
+    return encoding in ("categorical", NULLABLE_STRINGS) or encoding in _NULLABLE
 
 
 def obs_column(f: h5py.File, path: str, session: Hashable, file: str) -> ObsColumn | None:
