@@ -213,7 +213,7 @@ class SessionHandles:
         found = [label for label in served if label is not None and label.categories is not None]
         for label in found:
             if key in (label.name, label.path):
-                return list(label.categories)
+                return list(label.categories or ())
         raise KeyError(
             f"{key!r} is not a categorical key of {self.label}; categorical keys: "
             f"{[label.path for label in found]} (categorical obs columns: key=('X', "
