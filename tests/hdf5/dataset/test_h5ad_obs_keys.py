@@ -26,7 +26,12 @@ from loaderkit.hdf5 import HDF5SessionDataset
 anndata = pytest.importorskip("anndata")
 pd = pytest.importorskip("pandas")
 
-from tests.hdf5.h5adfiles import as_pandas3, categorical_as_v07, matrix  # noqa: E402
+from tests.hdf5.h5adfiles import (  # noqa: E402
+    as_pandas3,
+    categorical_as_v07,
+    matrix,
+    write_legacy,
+)
 
 CELLS = 120
 LABELS = ("obs/cell_type", "obs/n_counts", "obs/batch", "obs/_index", "obs/donor")
@@ -267,6 +272,15 @@ def test_refused_by_name(tmp_path: Path) -> None:
     adata.write_h5ad(nullable)
     with pytest.raises(ConfigError, match=rf"'obs/umis' of session 0 \({nullable}\) is a nullable"):
         HDF5SessionDataset([nullable], key=("obsm/X_pca", "obs/umis"))
+    legacy = write_legacy(tmp_path / "legacy.h5ad", matrix(0))  # obs: one compound table
+    with h5py.File(legacy, "r+") as f:  # a dense X, as scanpy's pbmc68k_reduced stores it
+        del f["X"]
+        f["X"] = matrix(0).toarray()
+    for key in ("obs/index", ("X", "obs/index")):
+        with pytest.raises(
+            ConfigError, match=r"'obs/index'.*compound table 'obs'.*anndata < 0.7.*write_h5ad"
+        ):
+            HDF5SessionDataset([legacy], key=key)
     cache = SessionCache(tmp_path / "cache", room_timeout=20)
     with pytest.raises(
         ConfigError, match=r"keys \['obs/cell_type'\] of session 0 .* node cache.*local files"

@@ -373,18 +373,31 @@ class ObsColumn:
     mask: str | None = None
 
 
-def anndata_column(obj: Any) -> bool:
-    """Whether ``obj`` is stored with an anndata per-cell column encoding.
+def anndata_column(f: h5py.File, path: str) -> bool:
+    """Whether key ``path`` of ``f`` is stored with an anndata per-cell column encoding.
 
     A categorical group, anndata 0.7's categorical (an integer dataset whose attribute
-    ``categories`` references the names), or a group of values and a mask
-    (``nullable-string-array``, ``nullable-integer``, ``nullable-boolean``): ``obs_column``
-    says what each is. Plain datasets and groups are not (they are read as any HDF5 key).
+    ``categories`` references the names), a group of values and a mask
+    (``nullable-string-array``, ``nullable-integer``, ``nullable-boolean``), or a field of
+    anndata < 0.7's compound ``obs`` table: ``obs_column`` says what each is (and refuses
+    what is not served, by name). Plain datasets and groups are not: they are read as any
+    HDF5 key.
 
     Example:
-        >>> anndata_column(None)
-        False
+        >>> import h5py, tempfile, os
+        >>> with h5py.File(os.path.join(tempfile.mkdtemp(), "a.h5ad"), "w") as f:
+        ...     f.create_group("obs/cell_type").attrs["encoding-type"] = "categorical"
+        ...     anndata_column(f, "obs/cell_type"), anndata_column(f, "obs/missing")
+        (True, False)
     """
+    parent, _, field = path.rpartition("/")
+    try:
+        obj = f.get(path)
+        table = f.get(parent) if parent else None
+    except (KeyError, ValueError, TypeError):  # a path through a dataset
+        obj = table = None
+    if isinstance(table, h5py.Dataset) and table.dtype.names and field in table.dtype.names:
+        return True  # a column of anndata < 0.7's compound table: refused by name
     if isinstance(obj, h5py.Dataset):
         return isinstance(obj.attrs.get("categories"), h5py.Reference)
     if not isinstance(obj, h5py.Group):

@@ -90,12 +90,12 @@ def csr_sessions(
         return None
     found: list[CSRGroup | None] = []
     refused: list[ConfigError] = []
+    at = (ids[0], paths[0])
     with open_file(0) as f:
         for s in specs:
             try:
-                obj = f.get(s.path)
-                column = anndata_column(obj)  # a per-cell column: served beside any matrix
-                found.append(None if column else sparse_group(obj, s.path, ids[0], paths[0]))
+                column = anndata_column(f, s.path)  # a per-cell column: served beside any key
+                found.append(None if column else sparse_group(f.get(s.path), s.path, *at))
             except ConfigError as exc:  # a key beside a matrix says what it is below
                 found.append(None)
                 refused.append(exc)

@@ -251,7 +251,8 @@ class LabelColumns:
         every: Every key is a per-cell column (the keys beside a CSR matrix: a group that is
             not one value per cell is refused by name). ``False``: only keys stored with an
             anndata column encoding (``meta.anndata.anndata_column``: categoricals, anndata
-            0.7's categoricals, nullable columns) are; others are read as any HDF5 key.
+            0.7's categoricals, nullable columns, fields of anndata < 0.7's compound ``obs``)
+            are; others are read as any HDF5 key.
 
     Example:
         >>> found = LabelColumns([KeySpec("x", "X")], every=False)
@@ -282,7 +283,7 @@ class LabelColumns:
         """
         here: list[ObsColumn | None] = []
         for s in self.specs:
-            if not self.every and not anndata_column(f.get(s.path)):
+            if not self.every and not anndata_column(f, s.path):
                 here.append(None)
                 continue
             found = obs_column(f, s.path, sid, path)
