@@ -80,7 +80,7 @@ def _truth(paths: list[Path]) -> dict[str, Any]:
         "obs/n_counts": np.concatenate([a.obs["n_counts"].to_numpy() for a in adatas]),
         "obs/batch": np.concatenate([a.obs["batch"].to_numpy() for a in adatas]),
         "obs/_index": [name for a in adatas for name in a.obs_names],
-        "obs/donor": [v for a in adatas for v in a.obs["donor"]],
+        "obs/donor": [None if pd.isna(v) else v for a in adatas for v in a.obs["donor"]],
     }
 
 
@@ -185,6 +185,11 @@ def _epoch(ds: Any, **options: Any) -> list[dict[str, Any]]:
             id="spawn",
             marks=pytest.mark.slow,
         ),
+        pytest.param(
+            {"num_workers": 2, "multiprocessing_context": "forkserver"},
+            id="forkserver",
+            marks=pytest.mark.slow,
+        ),
         pytest.param({"num_workers": 2, "worker_method": "thread"}, id="threads"),
     ],
 )
@@ -239,6 +244,33 @@ def test_anndata_07_categoricals_and_pandas3_strings_beside_a_dense_x(tmp_path: 
     with HDF5SessionDataset(p3, key="obs/donor") as ds:
         assert ds[5] is None and ds[6] == "x6"
         assert ds.__getitems__([5, 6, 10]) == [None, "x6", None]
+
+
+class _Reads(HDF5SessionDataset):
+    """A ``read`` subclass: batches are collated from its samples (the base's, as served)."""
+
+    def read(self, session: Any, row: int) -> Any:
+        return super().read(session, row)
+
+
+def test_samples_of_a_read_subclass_beside_a_dense_x(tmp_path: Path) -> None:
+    donors = [None if i % 3 == 0 else f"x{i}" for i in range(CELLS)]
+    paths = [as_pandas3(write_dense(tmp_path / f"r{k}.h5ad", k), {"donor": donors}) for k in (0, 1)]
+    truth = _truth(paths)
+    rows = [0, 1, 2, 125, 124, 3]  # the first cell's donor missing, across files
+    key = ("X", "obs/cell_type", "obs/donor", "obs/_index")
+    with _Reads(paths, key=key) as ds:
+        samples = ds.__getitems__(rows)  # the subclass's samples, read one by one
+        assert [sample["obs/donor"] for sample in samples][:2] == [None, "x1"]
+        for j, r in enumerate(rows):
+            for name in key:
+                assert _equal(samples[j][name], truth[name][r]), (name, r)
+        full = [r for r in rows if truth["obs/donor"][r] is not None]  # default_collate: no None
+        batch = next(iter(DataLoader(ds, batch_size=len(full), sampler=full)))
+    assert batch["obs/donor"] == [truth["obs/donor"][r] for r in full]
+    assert batch["obs/_index"] == [truth["obs/_index"][r] for r in full]
+    assert np.array_equal(batch["obs/cell_type"].numpy(), truth["obs/cell_type"][full])
+    assert np.array_equal(batch["X"].numpy(), truth["X"][full])
 
 
 # ------------------------------------------------------------------ refused and damaged

@@ -224,23 +224,23 @@ def served_parts(
 def served_values(
     served: Sequence[LabelKey | None],
     keys: Iterable[int],
-    values: Sequence[Any],
+    values: list[Any],
     position: tuple[int, int],
     ids: Sequence[Hashable],
     paths: Sequence[str],
 ) -> list[Any]:
-    """One row's ``values`` of keys ``keys`` as served; ``position`` is (session, row).
+    """One row's ``values`` of keys ``keys`` as served, in place; ``position``: (session, row).
 
     Example:
         >>> served_values([None], [0], [3.5], (0, 7), ["a"], ["a.h5ad"])
         [3.5]
     """
-    where = (np.array(position[:1], np.int64), np.array(position[1:], np.int64))
-    out = []
-    for k, value in zip(keys, values, strict=True):
+    for i, k in enumerate(keys):
         label = served[k]
-        out.append(value if label is None else label.value(value, *where, ids, paths))
-    return out
+        if label is not None:
+            where = (np.array(position[:1], np.int64), np.array(position[1:], np.int64))
+            values[i] = label.value(values[i], *where, ids, paths)
+    return values
 
 
 class LabelColumns:
