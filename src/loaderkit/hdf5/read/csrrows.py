@@ -16,9 +16,8 @@ damaged file is an ``HDF5FileError`` naming the row, never a wrong row.
 
 Keys beside the matrix (``labels``: ``obs`` columns, ``obsm`` embeddings) are keys 2.. read and
 served by the base's reads (``labelkeys.LabelKey``, as beside any matrix); samples and batches
-are then dicts. What the matrix's batch becomes
-(``form``: sparse CSR tensor, dense rows, tokens) is ``csrforms``'. A gene subset
-(``configure``) keeps some columns, renumbered.
+are then dicts. What the matrix's batch becomes (``form``: sparse CSR tensor, dense rows,
+tokens) is ``csrforms``'. A gene subset (``configure``) keeps some columns, renumbered.
 
 Example:
     >>> from loaderkit.hdf5.meta.anndata import CSRGroup
