@@ -477,7 +477,7 @@ class DataLoader(_torch.TorchLoader[_T_co]):
             >>> [b.tolist() for b in loader], loader.epoch
             ([[2, 3], [4, 5]], 3)
         """
-        point = check_state(state, fingerprint(self), order_sources(self))
+        point = check_state(state, fingerprint(self), order_sources(self).stateful)
         if point.skip > 0 and "loader hooks" in self._torch_fallbacks:
             raise ConfigError(
                 f"cannot resume at batch {point.skip} of epoch {point.epoch}: torch "

@@ -13,12 +13,14 @@ Modules:
   ``ShardSampler``) and the global-batch arithmetic.
 - ``weighted``: ``WeightedSampler``: draws in proportion to per-sample weights, from
   ``(seed, epoch)``, one global sequence cut into the ranks' global batches, resumable.
-- ``resume``: a loader's state, the check that it fits, the index-level fast-forward.
+- ``resume``: a loader's state and the index-level fast-forward;
+- ``statecheck``: ``check_state``, whether a saved state fits a loader (re-exported by
+  ``resume``).
 - ``lookahead``: a pass's indices drawn a little ahead, for datasets that fetch what comes next.
 - ``hooks``: ``call_hook``: the optional duck-typed ``set_epoch``/``close`` hooks of samplers
   and datasets.
 
 Imports go down only: to ``loaderkit.machine`` (ranks), ``loaderkit.workers`` (whether a
-worker shares its batches, the current worker thread), ``loaderkit._torch`` and
-``loaderkit.errors``.
+worker shares its batches, the current worker thread), ``loaderkit.support`` (what a dataset
+says of its samples), ``loaderkit._torch`` and ``loaderkit.errors``.
 """

@@ -252,9 +252,10 @@ class SessionHandles:
     def categories(self, key: str) -> list[str]:
         """The category names a categorical key's codes index (``codes[i]`` names row i's).
 
-        For a key beside a sparse matrix (``key=("X", "obs/cell_type")``): the shared list of
-        every file (the union of the files' lists, first seen first; each file's codes are
-        mapped onto it). ``key`` is the key's path or its name in the sample dict.
+        For a categorical ``obs`` column, beside any matrix or alone (``key=("X",
+        "obs/cell_type")``, ``key="obs/cell_type"``): the shared list of every file (the union
+        of the files' lists, first seen first; each file's codes are mapped onto it). ``key``
+        is the key's path or its name in the sample dict.
 
         Raises:
             KeyError: ``key`` is not a categorical key of this dataset (the message lists
@@ -264,15 +265,15 @@ class SessionHandles:
             >>> ds.handles.categories("obs/cell_type")  # doctest: +SKIP
             ['B', 'T', 'NK']
         """
-        labels = getattr(self.reader, "labels", ())
-        found = [label for label in labels if label.categories is not None]
+        served = self.reader.served
+        found = [label for label in served if label is not None and label.categories is not None]
         for label in found:
             if key in (label.name, label.path):
-                return list(label.categories)
+                return list(label.categories or ())
         raise KeyError(
             f"{key!r} is not a categorical key of {self.label}; categorical keys: "
-            f"{[label.path for label in found]} (categorical obs columns read beside a sparse "
-            "matrix: key=('X', 'obs/<column>'))."
+            f"{[label.path for label in found]} (categorical obs columns: key=('X', "
+            "'obs/<column>') beside a matrix, or key='obs/<column>' alone)."
         )
 
     @property

@@ -42,6 +42,7 @@ from loaderkit.hdf5.read.csrplan import read_around
 from loaderkit.hdf5.read.csrrows import CSRReader
 from loaderkit.hdf5.read.csrsessions import CSRSessions, csr_sessions
 from loaderkit.hdf5.read.genemap import VarTableBuilder
+from loaderkit.hdf5.read.labelkeys import LabelColumns
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.remote.remotemeta import (
     CSRRecord,
@@ -158,17 +159,20 @@ class DatasetInspection:
         resolved: list[KeySpec] = list(specs)
         uneven = [False] * len(specs)
         remote, known = self._dense_remote(kept)
+        columns = None if remote else LabelColumns(specs, every=False)  # anndata's obs columns
         for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
             if pos in remote:
                 record, resolved, odd = remote[pos]
             else:
                 with self._open_for_inspection(pos) as f:
-                    record, resolved, odd = inspect_session(f, specs, sid, path)
+                    here = specs if columns is None else self._columns(columns, f, pos)
+                    record, resolved, odd = inspect_session(f, here, sid, path)
                     if self._sources is not None and self._sources.cached(pos):
                         layout = self._sources.cache.layout  # read from the cache's copy
                         record = cached_record(record, f, resolved, layout)
             records.append(record)
             uneven = [a or b for a, b in zip(uneven, odd, strict=True)]
+        served = [] if columns is None else columns.labels(records, self._ids, self._paths)
         files = list(zip(self._ids, self._paths, strict=True))
         check_aligned(records, resolved, files)
         types: list[RowType] = []
@@ -208,7 +212,26 @@ class DatasetInspection:
             label=f"{self.label} over {len(self._ids)} session(s)",
             uneven=[k for k, odd in enumerate(uneven) if odd],
             max_session_bytes=max_session_bytes,
+            served=served,
         )
+
+    def _columns(self, columns: LabelColumns, f: h5py.File, pos: int) -> list[KeySpec]:
+        """Session ``pos``'s keys, anndata's per-cell columns as their rows' datasets.
+
+        Raises:
+            ConfigError: Such a column in a file read through the node cache (local files
+                only, for now), or stored otherwise than in the first file (``LabelColumns``).
+        """
+        here = columns.resolve(f, self._ids[pos], self._paths[pos])
+        found = [s.path for s, c in zip(columns.specs, columns.columns[-1], strict=True) if c]
+        if found and self._sources is not None:
+            raise ConfigError(
+                f"keys {found} of session {self._ids[pos]!r} ({self._paths[pos]}) are anndata "
+                "columns (categoricals, strings with missing values) of files read through "
+                "URLs or a node cache: those are read from local files only, for now. Pass "
+                "local files without cache=, or leave the keys out."
+            )
+        return here
 
     def _csr_reader(
         self,

@@ -13,6 +13,8 @@ attributes themselves):
   columns follow, current (``var/_index``) or legacy (a compound ``var`` table, ``index``
   field), and how two files' indexes differ.
 * ``is_categorical``/``categories``: categorical ``obs`` columns (``codes`` + ``categories``);
+* ``anndata_column``: whether a key is stored with an anndata column encoding (read through
+  ``obs_column`` beside any matrix, or alone);
 * ``obs_column``/``shared_categories``: what a per-cell key beside a matrix is (``ObsColumn``:
   a dataset of values, a categorical's codes and categories, current or anndata 0.7's
   referenced categories, or a ``nullable-string-array``'s ``values`` and ``mask``), refused
@@ -41,6 +43,7 @@ __all__ = [
     "NULLABLE_STRINGS",
     "CSRGroup",
     "ObsColumn",
+    "anndata_column",
     "categories",
     "check_csr",
     "is_categorical",
@@ -368,6 +371,39 @@ class ObsColumn:
     categories: tuple[str, ...] | None = None
     encoding: str = "a dataset of values"
     mask: str | None = None
+
+
+def anndata_column(f: h5py.File, path: str) -> bool:
+    """Whether key ``path`` of ``f`` is stored with an anndata per-cell column encoding.
+
+    A categorical group, anndata 0.7's categorical (an integer dataset whose attribute
+    ``categories`` references the names), a group of values and a mask
+    (``nullable-string-array``, ``nullable-integer``, ``nullable-boolean``), or a field of
+    anndata < 0.7's compound ``obs`` table: ``obs_column`` says what each is (and refuses
+    what is not served, by name). Plain datasets and groups are not: they are read as any
+    HDF5 key.
+
+    Example:
+        >>> import h5py, tempfile, os
+        >>> with h5py.File(os.path.join(tempfile.mkdtemp(), "a.h5ad"), "w") as f:
+        ...     f.create_group("obs/cell_type").attrs["encoding-type"] = "categorical"
+        ...     anndata_column(f, "obs/cell_type"), anndata_column(f, "obs/missing")
+        (True, False)
+    """
+    parent, _, field = path.rpartition("/")
+    try:
+        obj = f.get(path)
+        table = f.get(parent) if parent else None
+    except (KeyError, ValueError, TypeError):  # a path through a dataset
+        obj = table = None
+    if isinstance(table, h5py.Dataset) and table.dtype.names and field in table.dtype.names:
+        return True  # a column of anndata < 0.7's compound table: refused by name
+    if isinstance(obj, h5py.Dataset):
+        return isinstance(obj.attrs.get("categories"), h5py.Reference)
+    if not isinstance(obj, h5py.Group):
+        return False
+    encoding = _text(obj.attrs.get("encoding-type", ""))
+    return encoding in ("categorical", NULLABLE_STRINGS) or encoding in _NULLABLE
 
 
 def obs_column(f: h5py.File, path: str, session: Hashable, file: str) -> ObsColumn | None:

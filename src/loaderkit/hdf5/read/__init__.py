@@ -16,13 +16,18 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``widerows``: rows that span many chunks, each chunk read once;
 - ``heldsessions``: whole sessions held in memory (``HeldSessions``, ``HeldInfo``);
 - ``copies``: ``SessionCopies``, what a reader needs of sessions read from a local copy;
+- ``labelkeys``: ``LabelKey``, per-cell anndata columns as every reader serves them (a
+  categorical's codes on one shared list, ``None`` where a value is missing), and
+  ``LabelColumns``, which finds them file by file;
 - ``sessionfiles``: ``SessionFiles``, the reader's base: its state, open files and their checks;
 - ``widekeys``: keys whose rows span many chunks, read apart (functions over that state);
 - ``reader``: ``SessionReader``, the default reads of one or several keys;
 - ``csrforms``: what a batch of CSR rows becomes (sparse CSR tensor, dense rows, tokens);
 - ``csrplan``: where a batch of CSR rows lies (``SpanCatalog``: indptr and chunk tables);
+- ``genemap``: which column of each file a batch column is (``join=``, ``genes=``): one lookup
+  array per distinct var index, applied per batch;
 - ``csrrows``: ``CSRReader``, rows of CSR matrices (AnnData) read as runs of their spans.
 - ``csrsessions``: ``csr_sessions``, what every file holds of a CSR key (shape, ``indptr``,
-  ``var``) and of the per-cell keys beside it (``LabelKey``: categorical codes on one shared
-  list), inspected once where the dataset is constructed.
+  ``var``) and of the per-cell keys beside it (``labelkeys``), inspected once where the
+  dataset is constructed.
 """

@@ -14,10 +14,10 @@ base's chunk index and codecs (decoded in the reading thread, outside every lock
 error names its file and rows. Column ids are checked per batch (one vectorised pass): a
 damaged file is an ``HDF5FileError`` naming the row, never a wrong row.
 
-Keys beside the matrix (``labels``: ``obs`` columns, ``obsm`` embeddings) are keys 2.. read by
-the base's reads; samples and batches are then dicts. What the matrix's batch becomes
-(``form``: sparse CSR tensor, dense rows, tokens) is ``csrforms``'. A gene subset
-(``configure``) keeps some columns, renumbered.
+Keys beside the matrix (``labels``: ``obs`` columns, ``obsm`` embeddings) are keys 2.. read and
+served by the base's reads (``labelkeys.LabelKey``, as beside any matrix); samples and batches
+are then dicts. What the matrix's batch becomes (``form``: sparse CSR tensor, dense rows,
+tokens) is ``csrforms``'. A gene subset (``configure``) keeps some columns, renumbered.
 
 Example:
     >>> from loaderkit.hdf5.meta.anndata import CSRGroup
@@ -37,7 +37,7 @@ import numpy as np
 from loaderkit.errors import ConfigError, HDF5FileError
 from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
-from loaderkit.hdf5.meta.types import Samples, dict_rows
+from loaderkit.hdf5.meta.types import dict_rows
 from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.chunkio import ReadPath
 from loaderkit.hdf5.read.csrforms import (
@@ -54,14 +54,14 @@ from loaderkit.hdf5.read.csrplan import (
     plan_pieces,
     raw_chunks,
 )
-from loaderkit.hdf5.read.csrsessions import LabelKey
 from loaderkit.hdf5.read.genemap import GeneMap, VarTable, gene_map
 from loaderkit.hdf5.read.handles import Handle
+from loaderkit.hdf5.read.labelkeys import LabelKey, served_parts
 from loaderkit.hdf5.read.pieceio import read_ahead, read_pieces
 from loaderkit.hdf5.read.rawio import pread, ring_reads
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.read.runs import plan_runs
-from loaderkit.workers.collate import RowBatch, batch_buffer
+from loaderkit.workers.collate import RowBatch
 
 __all__ = ["FORMS", "CSRReader"]
 
@@ -99,7 +99,7 @@ class CSRReader(SessionReader):
         around: tuple[int, str] = (0, "not decided: a missed row's bytes alone are read"),
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(served=(None, None, *labels), **kwargs)
         #: Bytes read around a row the page cache misses, and why (``csrplan.read_around``).
         self.around = around
         self.groups = list(groups)
@@ -216,15 +216,13 @@ class CSRReader(SessionReader):
         if self.single:
             return sample
         got = self.read_keys(index, pos, row, range(2, len(self.specs)))
-        labels = zip(self.labels, got, strict=True)
-        where = (np.array([pos], np.int64), np.array([row], np.int64), self.ids, self.paths)
-        return {self.name: sample, **{key.name: key.value(v, *where) for key, v in labels}}
+        return {self.name: sample, **dict(zip(self.key_names[1:], got, strict=True))}
 
     def read_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
         """The rows of ``keys`` (dataset indices ``idx``) as one batch in this reader's form.
 
         Unless ``single``, a dict batch ``{name: matrix batch, label: batch...}`` (the labels
-        read by the base's ``_read_key``, a categorical's codes as shared int64 codes).
+        read and served by the base's, a categorical's codes as shared int64 codes).
 
         Returns:
             A ``RowBatch`` whose ``tensor`` is the batch (``collate`` returns it) and whose
@@ -238,12 +236,10 @@ class CSRReader(SessionReader):
             starts = np.arange(idx.size)
         self.reading.append(None)  # threads reading now: ``_fill`` chooses its calls by it
         try:
-            parts = [
-                self._label_key(k, label, idx, keys, order, starts)
-                for k, label in enumerate(self.labels, start=2)
-            ]
+            parts = [self._read_key(k, idx, keys, order, starts) for k in range(2, len(self.specs))]
         finally:
             self.reading.pop()
+        parts = served_parts(self.served[2:], parts, keys, self.ids, self.paths)
         names = [self.name, *(label.name for label in self.labels)]
         batch = dict(zip(names, [matrix.tensor, *(part[1] for part in parts)], strict=True))
         ragged = next(
@@ -251,29 +247,6 @@ class CSRReader(SessionReader):
         )
         rows = functools.partial(dict_rows, names, [matrix.copy, *(part[0] for part in parts)])
         return RowBatch(None if ragged else batch, rows, ragged=ragged)
-
-    def _label_key(
-        self,
-        k: int,
-        label: LabelKey,
-        idx: np.ndarray,
-        keys: np.ndarray,
-        order: np.ndarray | None,
-        starts: np.ndarray,
-    ) -> tuple[Samples, Any]:
-        """Label key ``k``'s samples and batch; a categorical's codes shared, as int64.
-
-        Strings of a ``nullable-string-array`` are ``None`` where its mask says missing.
-        """
-        if label.categories is None:
-            part = self._read_key(k, idx, keys, order, starts)
-            return label.with_missing(part, keys >> ROW_BITS, keys & ROW_MASK)
-        stored = np.empty(idx.size, self.types[k].read_dtype)
-        self._fill(k, idx, keys, order, starts, stored)
-        tensor, codes = batch_buffer(idx.size, (), np.dtype(np.int64))
-        np.copyto(codes, stored)
-        label.shared_codes(codes, keys >> ROW_BITS, keys & ROW_MASK, self.ids, self.paths)
-        return functools.partial(list, codes), tensor
 
     def _matrix_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
         """The matrix's rows of ``keys`` as one batch in this reader's form."""

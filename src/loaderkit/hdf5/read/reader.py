@@ -29,7 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection,
 from loaderkit.hdf5.meta.types import Kind, RowType, Samples, dict_rows
 from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.handles import Handle
+from loaderkit.hdf5.read.labelkeys import served_parts, served_values
 from loaderkit.hdf5.read.rawio import pread, pread_many, ring_reads, ring_worth
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
@@ -93,8 +94,8 @@ class SessionReader(SessionFiles):
             return values[0]
         return {spec.name: value for spec, value in zip(self.specs, values, strict=True)}
 
-    def read_keys(self, index: int, pos: int, row: int, keys: Iterable[int]) -> list[Any]:
-        """Row ``row`` of session ``pos`` of each key in ``keys``; errors name the row.
+    def read_keys(self, index: int, pos: int, row: int, keys: Sequence[int]) -> list[Any]:
+        """Row ``row`` of session ``pos`` of each key in ``keys`` as served; errors name the row.
 
         The handle is leased for the read, unless this thread holds the hook lock (a subclass's
         ``read`` calling ``super().read()``): no handle is closed under it.
@@ -112,7 +113,7 @@ class SessionReader(SessionFiles):
         finally:
             if not locked:
                 self.cache.release(handle)
-        return values
+        return served_values(self.served, keys, values, (pos, row), self.ids, self.paths)
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
         rt = self.types[k]
@@ -167,13 +168,12 @@ class SessionReader(SessionFiles):
         reading = self.reading
         reading.append(None)  # threads reading now: ``_fill`` chooses its system calls by it
         try:
-            if self.single:
-                samples, collated = self._read_key(0, idx, keys, order, starts)
-                # the rows (views of the batch, or dicts) only when something asks for them
-                return RowBatch(collated, samples, ragged=self._ragged_names[0])
             parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
         finally:
             reading.pop()
+        parts = served_parts(self.served, parts, keys, self.ids, self.paths)  # anndata columns
+        if self.single:  # the rows (views of the batch, or dicts) only when something asks
+            return RowBatch(parts[0][1], parts[0][0], ragged=self._ragged_names[0])
         names = [spec.name for spec in self.specs]
         batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
         ragged = next((self._ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None)

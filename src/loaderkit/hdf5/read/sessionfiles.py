@@ -42,6 +42,7 @@ from loaderkit.hdf5.read.chunkio import ChunkReader, ReadPath, choose_path
 from loaderkit.hdf5.read.copies import SessionCopies
 from loaderkit.hdf5.read.handles import Handle, HandleCache
 from loaderkit.hdf5.read.heldsessions import HeldSessions
+from loaderkit.hdf5.read.labelkeys import LabelKey
 from loaderkit.hdf5.read.rawio import (
     map_rows,
     pread,
@@ -84,6 +85,9 @@ class SessionFiles:
         uneven: Group keys whose per-sample datasets differ in shape (never stacked).
         max_session_bytes: Most bytes of whole sessions held in memory in each process
             (keys whose rows span many chunks; 0: none).
+        served: Per key, the ``labelkeys.LabelKey`` of a per-cell anndata column (a
+            categorical's codes shared across files, ``None`` where a value is missing);
+            ``None`` (or empty: every key) where rows are served as stored.
 
     Example:
         >>> SessionFiles.verify.__name__
@@ -111,6 +115,7 @@ class SessionFiles:
         label: str,
         uneven: Sequence[int] = (),
         max_session_bytes: int = 0,
+        served: Sequence[LabelKey | None] = (),
     ) -> None:
         self.ids = list(ids)
         self._position = {sid: i for i, sid in enumerate(self.ids)}
@@ -120,6 +125,8 @@ class SessionFiles:
         #: ROW_MASK)``, (session position, row); read-only once the dataset set it.
         self.index: np.ndarray = np.empty(0, np.int64)
         self.specs = tuple(specs)
+        #: Per key, how an anndata column's rows are served (``LabelKey``; ``None``: as stored).
+        self.served = tuple(served) or (None,) * len(self.specs)
         self.types = tuple(types)
         self.type_error = type_error
         self.records = list(records)
