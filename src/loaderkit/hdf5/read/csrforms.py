@@ -78,44 +78,56 @@ def sorted_rows(
     down[bounds[(bounds > 0) & (bounds < total)] - 1] = False  # a new row may start lower
     if not down.any():
         return values, cols
-    order = _row_major_order(lengths, cols)
-    return values[order], cols[order]
+    order, cols = _row_major_order(lengths, cols)
+    return values[order], cols
 
 
-def _row_major_order(lengths: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """The stable order that sorts each row's values by column: ``lexsort((cols, rows))``.
+def _row_major_order(lengths: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The stable order that sorts each row's values by column, and the sorted column ids.
 
-    Rows are taken in blocks of about ``_SORT_BLOCK`` values (a block's keys stay in the CPU's
-    cache), each sorted one 16-bit digit at a time, least significant first (numpy's stable
-    sort of 16-bit keys is a radix sort): 6-12x faster than ``lexsort`` on batches of 64 to
-    4,096 rows whose columns a join or a ``genes=`` order renumbered.
+    The order is ``lexsort((cols, rows))``'s. Rows are taken in blocks of at most
+    ``_SORT_BLOCK`` values. Each value's key is its column shifted left past its place in
+    the block, so sorting the keys sorts by column and says where each value came from; a
+    block's keys are laid out a row per line, padded with the largest key, and sorted along
+    the lines: numpy sorts short lines of integers with its vectorised sort (64 rows of 800
+    values: ~0.4 ms, against ~5 ms for ``lexsort``).
 
     Example:
-        >>> _row_major_order(np.array([2, 2]), np.array([70000, 3, 2, 1])).tolist()
-        [1, 0, 3, 2]
+        >>> order, cols = _row_major_order(np.array([2, 2]), np.array([70000, 3, 2, 1]))
+        >>> order.tolist(), cols.tolist()
+        ([1, 0, 3, 2], [3, 70000, 1, 2])
     """
     crow = np.zeros(lengths.size + 1, np.int64)
     np.cumsum(lengths, out=crow[1:])
     order = np.empty(cols.size, np.int64)
-    cuts = np.searchsorted(crow, np.arange(0, cols.size, _SORT_BLOCK), side="right") - 1
-    cuts = np.unique(np.concatenate((cuts, [lengths.size])))
-    for r0, r1 in itertools.pairwise(cuts.tolist()):
+    out = np.empty_like(cols)
+    top = int(cols.max()) + 1 if cols.size else 1
+    r0 = 0
+    while r0 < lengths.size:
+        r1 = max(int(np.searchsorted(crow, crow[r0] + _SORT_BLOCK, "right")) - 1, r0 + 1)
+        r1 = min(r1, lengths.size)
         a, b = int(crow[r0]), int(crow[r1])
-        part = np.arange(b - a)
-        rows = np.repeat(np.arange(r1 - r0), lengths[r0:r1])
-        for key in (cols[a:b], rows):
-            top, shift = (int(key.max()) if key.size else 0), 0
-            while True:
-                digit = ((key[part] >> shift) & 0xFFFF).astype(np.uint16)
-                part = part[np.argsort(digit, kind="stable")]
-                shift += 16
-                if top >> shift == 0:
-                    break
-        order[a:b] = part + a
-    return order
+        part, line = lengths[r0:r1], int(lengths[r0:r1].max())
+        if not line:  # empty rows only
+            r0 = r1
+            continue
+        shift = max(b - a - 1, 0).bit_length()
+        dtype = np.dtype(np.int32) if top << shift < 2**31 else np.dtype(np.int64)
+        keys: np.ndarray = np.left_shift(cols[a:b].astype(dtype), shift)
+        keys |= np.arange(b - a, dtype=dtype)
+        flat = np.full((r1 - r0) * line, np.iinfo(dtype).max, dtype)
+        lines = np.arange(0, (r1 - r0) * line, line) - (crow[r0:r1] - a)
+        flat[np.repeat(lines, part) + np.arange(b - a)] = keys
+        grid = flat.reshape(r1 - r0, line)
+        grid.sort(axis=1)
+        used = grid[np.arange(line) < part[:, None]]
+        order[a:b] = (used & ((1 << shift) - 1)) + a
+        out[a:b] = used >> shift
+        r0 = r1
+    return order, out
 
 
-#: Values a block of rows holds while ``_row_major_order`` sorts it (fits a core's L2 cache).
+#: Values a block of rows holds while ``_row_major_order`` sorts them (a core's L2 cache).
 _SORT_BLOCK = 1 << 15
 
 

@@ -139,6 +139,8 @@ class GeneMap:
         copies: Where a gene is served more than once: ``(first, count, order)`` alongside
             ``lut`` (a file column's first place in ``order`` and how many served columns it
             gives; ``order``: the served columns sorted by what they serve); else ``None``.
+        drops: Whether some file column is left out (-1 in ``lut``): without, a batch keeps
+            every value and is only renumbered.
 
     Example:
         >>> GeneMap(None, None, 3, np.array([3]), None, np.zeros(1, np.int64), None).identity
@@ -152,6 +154,7 @@ class GeneMap:
     lut: np.ndarray | None
     offsets: np.ndarray
     copies: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    drops: bool = True
 
     @classmethod
     def plain(cls, table: VarTable) -> GeneMap:
@@ -191,11 +194,14 @@ class GeneMap:
         """
         if self.lut is None:
             return lengths, values, cols
-        at = cols.astype(np.int64)
+        narrow = self.lut.size < 2**31  # int32 ids: half the bytes to move
+        at = cols.astype(np.int32 if narrow else np.int64)
         if self.offsets.any():
-            at += np.repeat(self.offsets[pos], lengths)
+            at += np.repeat(self.offsets[pos].astype(at.dtype), lengths)
         if self.copies is None:
             served = self.lut[at]
+            if not self.drops:  # every value kept (an outer join): renumbered in place
+                return lengths, values, served.astype(cols.dtype)
             keep = served >= 0
             return _row_counts(lengths, keep), values[keep], served[keep].astype(cols.dtype)
         first, count, order = self.copies
@@ -291,7 +297,7 @@ def gene_map(
     if copies:
         assert order is not None
         extra = (np.concatenate(firsts), np.concatenate(counts), order.astype(np.int64))
-    return GeneMap(base_names, names, n_out, n_vars, lut, offsets, extra)
+    return GeneMap(base_names, names, n_out, n_vars, lut, offsets, extra, bool((lut < 0).any()))
 
 
 def _lookup(
