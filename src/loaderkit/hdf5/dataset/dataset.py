@@ -53,6 +53,7 @@ from loaderkit.hdf5.meta.index import (
 )
 from loaderkit.hdf5.meta.layout import SessionLayout
 from loaderkit.hdf5.read.csrrows import FORMS, CSRReader
+from loaderkit.hdf5.read.densejoin import DenseJoinReader
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.remote.cachedsessions import CachedSessions
 from loaderkit.hdf5.remote.sources import SessionSources, session_names
@@ -309,6 +310,7 @@ class HDF5SessionDataset(Dataset):
             item_fast=self._item_fast,
             custom_index=_overrides(type(self), "build_index"),
             label=type(self).__name__,
+            columns=genes is not None or join is not None,
         )
         # the reader owns the index, the open files and the held sessions; the parts read it
         self._reader = reader = inspection.reader(
@@ -316,12 +318,14 @@ class HDF5SessionDataset(Dataset):
         )
         self._key = inspection.key
         self._sparse, self._genes, self._join = sparse, genes, join
-        if isinstance(reader, CSRReader):  # rows of a sparse matrix: their form, their columns
+        if isinstance(reader, (CSRReader, DenseJoinReader)):  # a matrix: its served columns
             reader.configure(sparse, genes, join)
         elif sparse != "csr" or genes is not None or join is not None:
             raise ConfigError(
-                f"sparse={sparse!r}, genes= and join= apply to a sparse (CSR) matrix; key "
-                f"{inspection.key!r} is dense: leave them unset (dense rows are read as stored)."
+                f"sparse={sparse!r}, genes= and join= apply to an anndata matrix (sparse= to a "
+                f"CSR one; genes= and join= to X, layers/<name> or raw/X, dense too, as the "
+                f"first key); key {inspection.key!r} is none: leave them unset (its rows are "
+                "read as stored)."
             )
         reader.sources = sources
         if sources is not None:
