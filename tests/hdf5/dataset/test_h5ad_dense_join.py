@@ -196,3 +196,27 @@ def test_join_without_a_var_index_is_refused_by_name(corpus: list[Path], tmp_pat
     with HDF5SessionDataset([bare], key="X", genes=[3, 1]) as ds:  # positions need no names
         np.testing.assert_array_equal(_read_all(ds), np.ones((4, 2), np.float32))
         assert ds.handles.columns is None
+
+
+def test_a_batch_naming_a_cell_twice_gets_it_twice(corpus: list[Path]) -> None:
+    want = _concat(corpus, "outer")[:, ["g13", "g0", "g13"]]
+    picks = [75, 5, 40, 5, 75, 31]
+    with HDF5SessionDataset(corpus, key="X", genes=["g13", "g0", "g13"]) as ds:
+        got = np.asarray(ds.__getitems__(picks))
+        np.testing.assert_array_equal(got, want.X[picks])
+
+
+def test_raw_x_is_aligned_by_raw_var(tmp_path: Path) -> None:
+    raws = []
+    for k, names in enumerate(STUDIES[1:]):
+        path = _write(tmp_path / f"r{k}.h5ad", names, 40 + k)
+        adata = anndata.read_h5ad(path)
+        adata.raw = adata  # raw/X over raw/var: these names
+        anndata.AnnData(X=np.zeros((CELLS, 2), np.float32), raw=adata.raw).write_h5ad(path)
+        raws.append(adata)
+    want = anndata.concat(raws, join="inner")
+    with HDF5SessionDataset(
+        [tmp_path / "r0.h5ad", tmp_path / "r1.h5ad"], key="raw/X", join="inner"
+    ) as ds:
+        assert ds.handles.var_names == list(want.var_names)
+        np.testing.assert_array_equal(_read_all(ds), want.X)

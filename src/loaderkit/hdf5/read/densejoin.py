@@ -7,11 +7,11 @@ collected from many studies hold other genes, in other orders, so their widths d
 or ``genes=``: the served columns are ``genemap.gene_map``'s, exactly as for a CSR key (the same
 meaning, order and refusals). A batch's rows of each file are read at that file's own width
 (contiguous rows: one ``os.preadv`` a run; else memory maps, raw chunks or HDF5, as any key),
-then scattered into a zeroed ``(batch, n_out)`` buffer with that file's lookup arrays: one
-numpy assignment per file and batch, no per-cell Python. A gene a file lacks reads 0; a gene
-served twice is given twice. Keys beside the matrix (``obs`` columns, ``obsm`` embeddings)
-are read by the base reads. Without ``join=``/``genes=`` dense keys keep the plain
-``SessionReader``.
+then their served columns taken with that file's lookup array (one ``np.take`` and one row
+scatter into the ``(batch, n_out)`` batch per file and batch, no per-cell Python). A gene a
+file lacks reads 0; a gene served twice is given twice. Keys beside the matrix (``obs``
+columns, ``obsm`` embeddings) are read by the base reads. Without ``join=``/``genes=`` dense
+keys keep the plain ``SessionReader``.
 
 Example:
     >>> is_dense_matrix("layers/counts"), is_dense_matrix("obsm/X_pca")
@@ -177,8 +177,6 @@ class DenseJoinReader(SessionReader):
         if k:
             return super()._read_key(k, idx, keys, order, starts)
         tensor, out = batch_buffer(idx.size, (self.n_out,), self.stored.mem_dtype)
-        if not self.genes.identity:
-            out[...] = 0  # a gene a file lacks reads 0
         sessions = keys >> ROW_BITS
         by = np.argsort(sessions, kind="stable")
         cuts = np.flatnonzero(sessions[by][1:] != sessions[by][:-1]) + 1
@@ -196,16 +194,19 @@ class DenseJoinReader(SessionReader):
                 self.cache.release(handle)
                 raise
             self._done(handle, pos, index)
-            self._scatter(out, slots, buf, inverse.reshape(-1), pos)
+            if rows.size == slots.size:  # no row twice: row i of ``buf`` is one sample's
+                slots[inverse.reshape(-1)] = slots.copy()
+                self._scatter(out, slots, buf, pos)
+            else:
+                self._scatter(out, slots, buf[inverse.reshape(-1)], pos)
         return functools.partial(list, out), tensor
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
         if k:
             return super()._one(handle, k, pos, row, index)
         buf = self._rows(handle, pos, np.array([row], np.int64), index, wrap=False)
-        out = np.zeros((1, self.n_out), self.stored.mem_dtype)
-        first = np.zeros(1, np.intp)
-        self._scatter(out, first, buf, first, pos)
+        out = np.empty((1, self.n_out), self.stored.mem_dtype)
+        self._scatter(out, np.zeros(1, np.intp), buf, pos)
         return out[0]
 
     def _rows(
@@ -237,40 +238,63 @@ class DenseJoinReader(SessionReader):
                 raise self.read_error(exc, pos, range(a, a + k1 - k0), index, 0) from exc
         return buf
 
-    def _scatter(
-        self, out: np.ndarray, slots: np.ndarray, buf: np.ndarray, inverse: np.ndarray, pos: int
-    ) -> None:
-        """``out[slots]`` = the served columns of ``buf[inverse]`` (session ``pos``'s rows)."""
+    def _scatter(self, out: np.ndarray, slots: np.ndarray, buf: np.ndarray, pos: int) -> None:
+        """``out[slots]`` = the served columns of ``buf``'s rows (session ``pos``'s).
+
+        One ``np.take`` along the columns (a gene served twice is taken twice), the columns
+        the file lacks set to 0, one row scatter; straight into ``out`` where the rows are
+        the whole batch in order.
+        """
         lookup = self._lookups[pos] if self._lookups else None
         if lookup is None:  # the files' own columns, as stored
-            out[slots] = buf[inverse]
+            out[slots] = buf
             return
-        sources, targets = lookup
-        out[slots[:, None], targets] = buf[inverse[:, None], sources]
+        sources, missing = lookup
+        if not buf.shape[1]:  # a file without columns: every served one reads 0
+            out[slots] = 0
+            return
+        whole = slots.size == out.shape[0] and bool((slots == np.arange(slots.size)).all())
+        if whole and out.dtype == buf.dtype:
+            np.take(buf, sources, axis=1, out=out)
+            out[:, missing] = 0
+            return
+        rows = np.take(buf, sources, axis=1)
+        rows[:, missing] = 0
+        out[slots] = rows
 
 
 def _lookups(genes: GeneMap) -> list[tuple[np.ndarray, np.ndarray] | None]:
-    """Per file, ``(sources, targets)``: its columns read and the served columns they fill.
+    """Per file, ``(sources, missing)``: each served column's source column, and those it lacks.
 
-    A gene served twice appears twice in ``sources``; files that share a var index share the
-    arrays (sized by its width and by ``genes=``). ``None`` per file served as stored.
+    A column the file lacks has the placeholder source 0 and reads 0. Files that share a var
+    index share the arrays (sized by the served columns). ``None`` per file served as stored
+    (every column, in order).
     """
     if genes.lut is None:
         return [None] * len(genes.n_vars)
-    done: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    done: dict[int, tuple[np.ndarray, np.ndarray] | None] = {}
     found: list[tuple[np.ndarray, np.ndarray] | None] = []
     for start, width in zip(genes.offsets.tolist(), genes.n_vars.tolist(), strict=True):
         if start not in done:
             lut = genes.lut[start : start + width]
             if genes.copies is None:
-                sources = np.flatnonzero(lut >= 0)
-                targets = lut[sources].astype(np.intp)
-            else:
+                columns = np.flatnonzero(lut >= 0)
+                targets = lut[columns].astype(np.intp)
+            else:  # a gene served k times: its column fills k served columns
                 first, count, order = genes.copies
                 times = count[start : start + width].astype(np.int64)
-                sources = np.repeat(np.arange(width), times)
-                within = np.arange(sources.size) - np.repeat(np.cumsum(times) - times, times)
-                targets = order[first[start : start + width][sources] + within].astype(np.intp)
-            done[start] = (sources, targets)
+                columns = np.repeat(np.arange(width), times)
+                within = np.arange(columns.size) - np.repeat(np.cumsum(times) - times, times)
+                targets = order[first[start : start + width][columns] + within].astype(np.intp)
+            sources = np.full(genes.n_out, -1, np.intp)
+            sources[targets] = columns
+            missing = np.flatnonzero(sources < 0)
+            sources[missing] = 0
+            plain = width == sources.size and not missing.size and _ordered(sources)
+            done[start] = None if plain else (sources, missing)
         found.append(done[start])
     return found
+
+
+def _ordered(sources: np.ndarray) -> bool:
+    return bool((sources == np.arange(sources.size)).all())
