@@ -186,19 +186,22 @@ class HDF5SessionDataset(Dataset):
             n_vars)`` in the file's value dtype (a sample a 1-D sparse tensor); ``"dense"``
             dense rows filled straight from the sparse values; ``"tokens"`` ``{"genes",
             "values"}`` per row, padded as ``pad_collate`` pads. Dense keys leave it unset.
-        genes: Only these columns of a sparse key, renumbered ``0..len-1``: exactly
+        genes: Only these columns of an anndata matrix key (a sparse one, or a dense ``X``,
+            ``layers/<name>``, ``raw/X``), renumbered ``0..len-1``: exactly
             ``adata[:, genes]`` -- var names in the order given (a name twice gives two
             columns; a name a file's var index holds twice is refused, as anndata does),
             integer positions (negative from the end) or a boolean mask over the var index
             (the joined one under ``join=``). Across files whose var indexes differ, names
             work without ``join=`` too: a name a file lacks reads 0 there. Applied in the
             read; the served columns' names are ``ds.handles.columns``.
-        join: For a sparse key over files whose var indexes differ (a corpus from many
-            studies), anndata's ``concat(join=...)``: ``"outer"`` serves every gene of any
-            file (in the order anndata gives: the names sorted, unless every file holds the
-            same index), a gene a file lacks reading 0 there; ``"inner"`` the genes every file
-            has, in the first file's order. ``None`` (default): the files must share one var
-            index (names and order), else a ``ConfigError`` says how they differ.
+        join: For an anndata matrix key (sparse, or a dense ``X``, ``layers/<name>``,
+            ``raw/X``, whose files' widths may then differ) over files whose var indexes
+            differ (a corpus from many studies), anndata's ``concat(join=...)``:
+            ``"outer"`` serves every gene of any file (in the order anndata gives: the names
+            sorted, unless every file holds the same index), a gene a file lacks reading 0
+            there; ``"inner"`` the genes every file has, in the first file's order.
+            ``None`` (default): the files must share one var index (names and order), else
+            a ``ConfigError`` says how they differ (a dense matrix: its widths).
             ``ds.handles.var_names`` is the joined index.
         cells: Only the cells (rows of ``key``) this function chooses, for ``.h5ad`` files:
             called once per file, here, as ``cells(obs)`` with the file's obs as a read-only
