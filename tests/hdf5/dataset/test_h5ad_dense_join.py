@@ -17,7 +17,7 @@ import h5py
 import numpy as np
 import pytest
 
-from loaderkit import create_dataloader
+from loaderkit import SessionCache, create_dataloader
 from loaderkit.errors import ConfigError
 from loaderkit.hdf5 import HDF5SessionDataset
 
@@ -220,3 +220,10 @@ def test_raw_x_is_aligned_by_raw_var(tmp_path: Path) -> None:
     ) as ds:
         assert ds.handles.var_names == list(want.var_names)
         np.testing.assert_array_equal(_read_all(ds), want.X)
+
+
+def test_a_dense_join_through_a_node_cache_is_refused_by_name(
+    corpus: list[Path], tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match=r"'X' read each file's var index.*without cache="):
+        HDF5SessionDataset(corpus, key="X", join="outer", cache=SessionCache(tmp_path / "c"))
