@@ -180,7 +180,7 @@ class DenseJoinReader(SessionReader):
         sessions = keys >> ROW_BITS
         by = np.argsort(sessions, kind="stable")
         cuts = np.flatnonzero(sessions[by][1:] != sessions[by][:-1]) + 1
-        for slots in np.split(by, cuts):
+        for slots in np.split(by, cuts) if by.size else ():
             pos, index = int(sessions[slots[0]]), int(idx[slots[0]])
             rows, inverse = np.unique(keys[slots] & ROW_MASK, return_inverse=True)
             try:
