@@ -219,8 +219,8 @@ def test_files_that_differ_are_refused_without_join_and_joins_are_named(
         HDF5SessionDataset([corpus[0], twice], key="X", join="outer")
     dense = tmp_path / "dense.h5ad"
     anndata.AnnData(X=np.ones((3, 2), np.float32)).write_h5ad(dense)
-    with pytest.raises(ConfigError, match="join= apply to a sparse"):
-        HDF5SessionDataset([dense], key="X", join="outer")
+    with pytest.raises(ConfigError, match="sparse='dense' applies to a sparse"):
+        HDF5SessionDataset([dense], key="X", join="outer", sparse="dense")  # join: dense too
 
 
 def test_column_ids_are_checked_against_each_files_own_width(

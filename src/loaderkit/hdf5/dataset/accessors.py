@@ -218,12 +218,12 @@ class SessionHandles:
 
     @property
     def var_names(self) -> list[str] | None:
-        """A sparse key's var index, before ``genes=``: the files' shared one, or the joined one.
+        """A matrix key's var index, before ``genes=``: the files' shared one, or the joined one.
 
         Under ``join=`` the joined genes (``"outer"``: every gene of any file; ``"inner"``:
-        those every file has). ``None`` for a dense key, files without a var index, or files
-        whose indexes differ read with ``genes=`` names alone (``columns`` names the served
-        ones).
+        those every file has). ``None`` for a dense key read without ``join=``/``genes=``,
+        files without a var index, or files whose indexes differ read with ``genes=`` names
+        alone (``columns`` names the served ones).
 
         Example:
             >>> ds.handles.var_names[:2]  # doctest: +SKIP
@@ -235,11 +235,12 @@ class SessionHandles:
 
     @property
     def columns(self) -> list[str] | None:
-        """The names of a sparse key's served columns, after ``genes=`` and ``join=``.
+        """The names of a matrix key's served columns, after ``genes=`` and ``join=``.
 
         Column ``j`` of every batch (``sparse="csr"``/``"dense"``) and gene id ``j`` of
         ``sparse="tokens"`` is ``columns[j]``: ``genes=["B", "A", "B"]`` gives ``["B", "A",
-        "B"]``. ``None`` for a dense key or files without a var index.
+        "B"]``. ``None`` for a dense key read without ``join=``/``genes=``, or files without a
+        var index.
 
         Example:
             >>> ds.handles.columns[:2]  # doctest: +SKIP
@@ -278,7 +279,7 @@ class SessionHandles:
 
     @property
     def n_vars(self) -> int:
-        """Columns of a sample: of a sparse key after ``genes``, else a row's element count."""
+        """Columns of a sample: of a matrix key after ``genes``/``join``, else a row's elements."""
         out = getattr(self.reader, "n_out", None)
         if isinstance(out, int):
             return out

@@ -53,6 +53,7 @@ from loaderkit.hdf5.meta.index import (
 )
 from loaderkit.hdf5.meta.layout import SessionLayout
 from loaderkit.hdf5.read.csrrows import FORMS, CSRReader
+from loaderkit.hdf5.read.densejoin import DenseJoinReader
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.remote.cachedsessions import CachedSessions
 from loaderkit.hdf5.remote.sources import SessionSources, session_names
@@ -185,19 +186,22 @@ class HDF5SessionDataset(Dataset):
             n_vars)`` in the file's value dtype (a sample a 1-D sparse tensor); ``"dense"``
             dense rows filled straight from the sparse values; ``"tokens"`` ``{"genes",
             "values"}`` per row, padded as ``pad_collate`` pads. Dense keys leave it unset.
-        genes: Only these columns of a sparse key, renumbered ``0..len-1``: exactly
+        genes: Only these columns of an anndata matrix key (a sparse one, or a dense ``X``,
+            ``layers/<name>``, ``raw/X``), renumbered ``0..len-1``: exactly
             ``adata[:, genes]`` -- var names in the order given (a name twice gives two
             columns; a name a file's var index holds twice is refused, as anndata does),
             integer positions (negative from the end) or a boolean mask over the var index
             (the joined one under ``join=``). Across files whose var indexes differ, names
             work without ``join=`` too: a name a file lacks reads 0 there. Applied in the
             read; the served columns' names are ``ds.handles.columns``.
-        join: For a sparse key over files whose var indexes differ (a corpus from many
-            studies), anndata's ``concat(join=...)``: ``"outer"`` serves every gene of any
-            file (in the order anndata gives: the names sorted, unless every file holds the
-            same index), a gene a file lacks reading 0 there; ``"inner"`` the genes every file
-            has, in the first file's order. ``None`` (default): the files must share one var
-            index (names and order), else a ``ConfigError`` says how they differ.
+        join: For an anndata matrix key (sparse, or a dense ``X``, ``layers/<name>``,
+            ``raw/X``, whose files' widths may then differ) over files whose var indexes
+            differ (a corpus from many studies), anndata's ``concat(join=...)``:
+            ``"outer"`` serves every gene of any file (in the order anndata gives: the names
+            sorted, unless every file holds the same index), a gene a file lacks reading 0
+            there; ``"inner"`` the genes every file has, in the first file's order.
+            ``None`` (default): the files must share one var index (names and order), else
+            a ``ConfigError`` says how they differ (a dense matrix: its widths).
             ``ds.handles.var_names`` is the joined index.
         cells: Only the cells (rows of ``key``) this function chooses, for ``.h5ad`` files:
             called once per file, here, as ``cells(obs)`` with the file's obs as a read-only
@@ -309,6 +313,7 @@ class HDF5SessionDataset(Dataset):
             item_fast=self._item_fast,
             custom_index=_overrides(type(self), "build_index"),
             label=type(self).__name__,
+            columns=genes is not None or join is not None,
         )
         # the reader owns the index, the open files and the held sessions; the parts read it
         self._reader = reader = inspection.reader(
@@ -316,12 +321,14 @@ class HDF5SessionDataset(Dataset):
         )
         self._key = inspection.key
         self._sparse, self._genes, self._join = sparse, genes, join
-        if isinstance(reader, CSRReader):  # rows of a sparse matrix: their form, their columns
+        if isinstance(reader, (CSRReader, DenseJoinReader)):  # a matrix: its served columns
             reader.configure(sparse, genes, join)
         elif sparse != "csr" or genes is not None or join is not None:
             raise ConfigError(
-                f"sparse={sparse!r}, genes= and join= apply to a sparse (CSR) matrix; key "
-                f"{inspection.key!r} is dense: leave them unset (dense rows are read as stored)."
+                f"sparse={sparse!r}, genes= and join= apply to an anndata matrix (sparse= to a "
+                f"CSR one; genes= and join= to X, layers/<name> or raw/X, dense too, as the "
+                f"first key); key {inspection.key!r} is none: leave them unset (its rows are "
+                "read as stored)."
             )
         reader.sources = sources
         if sources is not None:

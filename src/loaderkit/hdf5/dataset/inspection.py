@@ -19,7 +19,7 @@ import numpy as np
 from loaderkit.errors import ConfigError, HDF5FileError, warn
 from loaderkit.hdf5.convert.rowcache import cached_record
 from loaderkit.hdf5.dataset.cells import CellChoice, choose_cells
-from loaderkit.hdf5.meta.anndata import CSRGroup
+from loaderkit.hdf5.meta.anndata import CSRGroup, var_names, var_path
 from loaderkit.hdf5.meta.diagnose import metadata_errors, open_diagnosis
 from loaderkit.hdf5.meta.index import (
     pack_index,
@@ -41,6 +41,7 @@ from loaderkit.hdf5.meta.types import RowType
 from loaderkit.hdf5.read.csrplan import read_around
 from loaderkit.hdf5.read.csrrows import CSRReader
 from loaderkit.hdf5.read.csrsessions import CSRSessions, csr_sessions
+from loaderkit.hdf5.read.densejoin import DenseJoinReader, check_matrix, is_dense_matrix
 from loaderkit.hdf5.read.genemap import VarTableBuilder
 from loaderkit.hdf5.read.labelkeys import LabelColumns
 from loaderkit.hdf5.read.reader import SessionReader
@@ -77,6 +78,8 @@ class DatasetInspection:
         item_fast: The dataset reads with the default ``read``.
         custom_index: The dataset's class overrides ``build_index``.
         label: The dataset's class name, for messages.
+        columns: ``join=`` or ``genes=`` was given: a dense anndata matrix's files are aligned
+            by their var indexes (``read.densejoin``), so their widths may differ.
 
     Example:
         >>> DatasetInspection.reader.__name__
@@ -96,6 +99,7 @@ class DatasetInspection:
         item_fast: bool,
         custom_index: bool,
         label: str,
+        columns: bool = False,
     ) -> None:
         self._ids = list(ids)
         self._paths = list(paths)
@@ -107,6 +111,7 @@ class DatasetInspection:
         self._item_fast = item_fast
         self._custom_index = custom_index
         self.label = label
+        self.columns = columns
 
     def _remote_info(self, pos: int) -> ObjectInfo | None:
         """The object session ``pos`` is, when it is a URL (its metadata is read remotely)."""
@@ -160,6 +165,8 @@ class DatasetInspection:
         uneven = [False] * len(specs)
         remote, known = self._dense_remote(kept)
         columns = None if remote else LabelColumns(specs, every=False)  # anndata's obs columns
+        matrix = bool(specs) and is_dense_matrix(specs[0].path)  # X, layers/<name>, raw/X
+        var_table = self._var_table(specs) if matrix and self.columns else None
         for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
             if pos in remote:
                 record, resolved, odd = remote[pos]
@@ -167,6 +174,10 @@ class DatasetInspection:
                 with self._open_for_inspection(pos) as f:
                     here = specs if columns is None else self._columns(columns, f, pos)
                     record, resolved, odd = inspect_session(f, here, sid, path)
+                    if var_table is not None:  # the genes of its columns
+                        width = record.layouts[0].row_shape
+                        var = var_names(f, var_path(specs[0].path))
+                        var_table.add(var, width[0] if len(width) == 1 else 0)
                     if self._sources is not None and self._sources.cached(pos):
                         layout = self._sources.cache.layout  # read from the cache's copy
                         record = cached_record(record, f, resolved, layout)
@@ -178,7 +189,10 @@ class DatasetInspection:
         types: list[RowType] = []
         type_error: ConfigError | None = None
         try:
-            check_rows(records, resolved, files)
+            if matrix:  # widths differ only under join=/genes=
+                check_matrix(records, resolved, files, columns=var_table is not None)
+            else:
+                check_rows(records, resolved, files)
             types = row_types(
                 records, resolved, self.fields, files, self._open_for_inspection, known
             )
@@ -194,7 +208,11 @@ class DatasetInspection:
             if not spec.members:
                 advise([rec.layouts[k] for rec in records], self._ids, self._paths, spec.path)
         first = [rec.layouts[0] if rec.layouts else None for rec in records]
-        return SessionReader(
+        kwargs: dict[str, Any] = {}
+        if var_table is not None:  # a dense matrix aligned by its genes (read.densejoin)
+            kwargs = {"table": var_table.table(), "name": resolved[0].name}
+        return (DenseJoinReader if kwargs else SessionReader)(
+            **kwargs,
             ids=self._ids,
             paths=self._paths,
             canonical=self._canonical(records),
@@ -214,6 +232,20 @@ class DatasetInspection:
             max_session_bytes=max_session_bytes,
             served=served,
         )
+
+    def _var_table(self, specs: Sequence[KeySpec]) -> VarTableBuilder:
+        """An empty table of var indexes: a dense matrix under ``join=``/``genes=``.
+
+        Raises:
+            ConfigError: Files read through URLs or a node cache (local files only, for now).
+        """
+        if self._sources is not None:
+            raise ConfigError(
+                f"join= and genes= on the dense matrix {specs[0].path!r} read each file's var "
+                "index where the dataset is built, from local files without cache= only, for "
+                "now. Pass local paths without cache=, or files that share their genes."
+            )
+        return VarTableBuilder()
 
     def _columns(self, columns: LabelColumns, f: h5py.File, pos: int) -> list[KeySpec]:
         """Session ``pos``'s keys, anndata's per-cell columns as their rows' datasets.

@@ -30,4 +30,7 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``csrsessions``: ``csr_sessions``, what every file holds of a CSR key (shape, ``indptr``,
   ``var``) and of the per-cell keys beside it (``labelkeys``), inspected once where the
   dataset is constructed.
+- ``densejoin``: ``DenseJoinReader``, a dense anndata matrix (``X``, ``layers/<name>``,
+  ``raw/X``) under ``join=``/``genes=``: each file's rows at its own width, scattered into the
+  served columns with ``genemap``'s lookup arrays.
 """
