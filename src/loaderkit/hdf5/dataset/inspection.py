@@ -42,7 +42,7 @@ from loaderkit.hdf5.read.csrplan import read_around
 from loaderkit.hdf5.read.csrrows import CSRReader
 from loaderkit.hdf5.read.csrsessions import CSRSessions, csr_sessions
 from loaderkit.hdf5.read.densejoin import DenseJoinReader, check_matrix, is_dense_matrix
-from loaderkit.hdf5.read.genemap import VarTableBuilder
+from loaderkit.hdf5.read.genemap import VarTableBuilder, gene_map
 from loaderkit.hdf5.read.labelkeys import LabelColumns
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.remote.remotemeta import (
@@ -166,7 +166,9 @@ class DatasetInspection:
         remote, known = self._dense_remote(kept)
         columns = None if remote else LabelColumns(specs, every=False)  # anndata's obs columns
         matrix = bool(specs) and is_dense_matrix(specs[0].path)  # X, layers/<name>, raw/X
-        var_table = self._var_table(specs) if matrix and self.columns else None
+        # its files' genes: aligned under join=/genes=, else checked alike (local files)
+        aligned = matrix and (self.columns or self._sources is None)
+        var_table = self._var_table(specs) if aligned else None
         for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
             if pos in remote:
                 record, resolved, odd = remote[pos]
@@ -188,6 +190,10 @@ class DatasetInspection:
         check_aligned(records, resolved, files)
         types: list[RowType] = []
         type_error: ConfigError | None = None
+        if var_table is not None and not self.columns:  # one var index, or refused by name
+            where = [f"session {sid!r} ({path})" for sid, path in files]
+            gene_map(var_table.table(), None, None, key=specs[0].path, where=where)
+            var_table = None
         try:
             if matrix:  # widths differ only under join=/genes=
                 check_matrix(records, resolved, files, columns=var_table is not None)
