@@ -173,9 +173,9 @@ def _check_not_empty(dataset: Any, request: LoaderRequest, res: Resolution) -> N
         return
     name = type(dataset).__name__
     files = getattr(dataset, "files", None)
-    chosen = getattr(getattr(dataset, "cells", None), "summary", None)  # cells= of .h5ad files
-    if callable(chosen):
-        why = f"cells= chose no cell ({chosen()})"
+    said = support_of(dataset).empty_reason()
+    if said is not None:
+        why = said
     elif isinstance(files, Mapping) and files:
         paths = [str(path) for path in list(files.values())[:3]]
         more = f" and {len(files) - 3} more" if len(files) > 3 else ""

@@ -17,6 +17,7 @@ planning, the block sampler and sample seeding ask a dataset, each with an answe
   where the caller left them unset, with the plan rows and hints that say so;
 * ``resources()``: the files and memory each reading process holds (the descriptor and
   memory checks);
+* ``empty_reason()``: why it has no sample, when it has none;
 * ``read_seeded(indices, seed_sample)``: a batch read at once with each sample's random step
   seeded (``sample_seeding=True``);
 * ``prefetch_watcher()`` and ``cache_stats()``: a node cache fetched ahead in the loader's
@@ -220,6 +221,13 @@ class LoaderSupport:
 
     def cache_stats(self) -> Any | None:
         """Counters of a node cache the dataset reads through (``None``: none)."""
+        return None
+
+    def empty_reason(self) -> str | None:
+        """Why the dataset has no sample, when it has none (``None``: nothing to add).
+
+        The loader names it where a sampler it builds would yield 0 batches.
+        """
         return None
 
     def samples_key(self) -> str | None:

@@ -953,6 +953,10 @@ class _SessionSupport(LoaderSupport):
     def samples_key(self) -> str | None:
         return self.dataset.handles.samples_key()
 
+    def empty_reason(self) -> str | None:
+        chosen = self.dataset.cells
+        return None if chosen is None else f"cells= chose no cell ({chosen.summary()})"
+
     def prefetch_watcher(self) -> Any | None:
         return self.dataset.cached_sessions.prefetch_watcher()
 
