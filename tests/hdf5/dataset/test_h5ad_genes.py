@@ -295,3 +295,17 @@ def test_resume_refuses_a_state_saved_with_other_columns(corpus: list[Path]) -> 
     with make(join="outer") as loader:  # the same columns: resumed after the first batch
         loader.load_state_dict(state)
         assert len(list(loader)) == len(loader) - 1
+
+
+def test_normalised_totals_are_over_the_joined_columns(corpus: list[Path]) -> None:
+    """normalize_total + log1p on a joined batch: scanpy's formula over the served genes."""
+    from loaderkit.singlecell import log1p, normalize_total
+
+    want = _want(_concat(corpus, "outer")[:, ["g12", "g0", "g4", "g9"]])
+    totals = want.sum(axis=1, keepdims=True)
+    scale = np.divide(1e4, totals, out=np.zeros_like(totals), where=totals > 0)
+    want = np.log1p(want * scale)
+    ds = HDF5SessionDataset(corpus, key="X", join="outer", genes=["g12", "g0", "g4", "g9"])
+    with create_dataloader(ds, batch_size=16) as loader:
+        got = np.concatenate([log1p(normalize_total(b)).to_dense().numpy() for b in loader])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
