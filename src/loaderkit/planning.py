@@ -121,6 +121,7 @@ def dataset_facts(dataset: Any, support: LoaderSupport | None = None) -> Dataset
         read_path=support.read_path(),
         thread_safe=support.thread_safe,
         sparse_samples=support.sparse_samples,
+        missing_values=support.missing_values,
     )
 
 

@@ -9,6 +9,8 @@ planning, the block sampler and sample seeding ask a dataset, each with an answe
 * ``thread_safe``: its reads may run in several threads at once (``worker_method="auto"``);
 * ``sparse_samples``: its samples hold sparse tensors, which torch's ``default_collate``
   refuses (an unset ``collate_fn`` becomes one that stacks them);
+* ``missing_values``: its samples may hold ``None``, which ``default_collate`` refuses too (an
+  unset ``collate_fn`` becomes one that lists them);
 * ``read_path()``: how batches are read and why (a plan row);
 * ``sample_nbytes()``: bytes of one sample, known without reading (the ``/dev/shm`` check);
 * ``session_index()``: which session and row every sample is (``shuffle="block"``,
@@ -167,6 +169,8 @@ class LoaderSupport:
     Attributes:
         thread_safe: The dataset's reads may run in several threads at once.
         sparse_samples: The dataset's samples hold sparse tensors (rows of a sparse matrix).
+        missing_values: The dataset's samples may hold ``None`` (a string column's missing
+            values), which torch's ``default_collate`` refuses too.
 
     Example:
         >>> class Rows(LoaderSupport):
@@ -178,6 +182,7 @@ class LoaderSupport:
 
     thread_safe: bool = False
     sparse_samples: bool = False
+    missing_values: bool = False
 
     def read_path(self) -> tuple[str, str] | None:
         """How batches are read and why, for the plan (``None``: nothing to say)."""

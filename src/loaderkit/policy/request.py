@@ -79,6 +79,7 @@ class DatasetFacts:
             ``None`` when it does not say.
         thread_safe: The dataset says it can be read by several threads at once.
         sparse_samples: The dataset's samples hold sparse tensors.
+        missing_values: The dataset's samples may hold ``None`` (missing strings).
     """
 
     iterable: bool = False
@@ -89,6 +90,7 @@ class DatasetFacts:
     read_path: tuple[str, str] | None = None
     thread_safe: bool = False
     sparse_samples: bool = False
+    missing_values: bool = False
 
 
 class SamplerChoice:

@@ -197,7 +197,8 @@ def _resolve_collate(
 ) -> None:
     """Record the dataset's read path; keep a batch read natively as it is (no re-stack).
 
-    Sparse samples (``DatasetFacts.sparse_samples``) need loaderkit's ``collate`` too.
+    Sparse samples (``DatasetFacts.sparse_samples``) and samples that may hold ``None``
+    (``DatasetFacts.missing_values``) need loaderkit's ``collate`` too.
     loaderkit's HDF5 datasets give numpy scalars for scalar rows and record fields; where
     this torch's ``default_collate`` refuses numpy bools (``PlatformInfo.numpy_bools_collate``),
     their batches go through ``loaderkit.workers.collate``, which stacks them as newer torch does.
@@ -221,6 +222,11 @@ def _resolve_collate(
             "samples hold sparse tensors (rows of a sparse matrix), which default_collate "
             "refuses: loaderkit.workers.collate.collate stacks 1-D sparse rows into one "
             "sparse CSR batch"
+        )
+    elif facts.missing_values:
+        why = (
+            "samples may hold None (a string column's missing values), which default_collate "
+            "refuses: loaderkit.workers.collate.collate lists strings and None as they come"
         )
     elif not platform.numpy_bools_collate:
         why = (

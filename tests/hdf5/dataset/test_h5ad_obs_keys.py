@@ -269,12 +269,18 @@ def test_samples_of_a_read_subclass_beside_a_dense_x(tmp_path: Path) -> None:
         for j, r in enumerate(rows):
             for name in key:
                 assert _equal(samples[j][name], truth[name][r]), (name, r)
-        full = [r for r in rows if truth["obs/donor"][r] is not None]  # default_collate: no None
-        batch = next(iter(DataLoader(ds, batch_size=len(full), sampler=full)))
-    assert batch["obs/donor"] == [truth["obs/donor"][r] for r in full]
-    assert batch["obs/_index"] == [truth["obs/_index"][r] for r in full]
-    assert np.array_equal(batch["obs/cell_type"].numpy(), truth["obs/cell_type"][full])
-    assert np.array_equal(batch["X"].numpy(), truth["X"][full])
+        # samples that may hold None: loaderkit's collate fills the unset collate_fn, since
+        # torch's default_collate refuses None (a batch whose first donor is missing too)
+        loader = DataLoader(ds, batch_size=len(rows), sampler=rows)
+        assert "None" in loader.plan["collate_fn"].reason
+        batch = next(iter(loader))
+    assert batch["obs/donor"] == [truth["obs/donor"][r] for r in rows]
+    assert batch["obs/donor"][0] is None
+    assert batch["obs/_index"] == [truth["obs/_index"][r] for r in rows]
+    assert np.array_equal(batch["obs/cell_type"].numpy(), truth["obs/cell_type"][rows])
+    assert np.array_equal(batch["X"].numpy(), truth["X"][rows])
+    with _Reads(paths, key=("X", "obs/cell_type")) as ds:  # no missing value: torch's collate
+        assert "collate_fn" not in DataLoader(ds, batch_size=4).plan
 
 
 # ------------------------------------------------------------------ refused and damaged

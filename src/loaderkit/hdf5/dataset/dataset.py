@@ -895,6 +895,11 @@ class _SessionSupport(LoaderSupport):
         ds = self.dataset
         return ds.sparse == "csr" and isinstance(ds._reader, CSRReader)
 
+    @property
+    def missing_values(self) -> bool:  # type: ignore[override]
+        served = self.dataset._reader.served
+        return any(label is not None and label.masks is not None for label in served)
+
     def read_path(self) -> tuple[str, str] | None:
         return self.dataset.handles.read_path
 
