@@ -90,7 +90,7 @@ def test_metadata_is_read_with_range_requests_once_and_kept(
     records = sorted((cache.dir / "meta").glob("*.json"))
     assert len(records) == len(s3.urls) and cache.ls() == []  # nothing fetched whole yet
     kept = [json.loads(r.read_text()) for r in records]
-    assert all("CSRRecord" in json.dumps(k) for k in kept)
+    assert all("CSRGroup" in json.dumps(k) for k in kept)
     s3.server.requests.clear()
     again = _remote(s3, cache, sparse="dense")  # kept records: one listing, no object read
     assert [(r.method, r.path) for r in s3.server.log()] == [("GET", f"/{files.BUCKET}")]

@@ -46,7 +46,6 @@ from loaderkit.hdf5.read.genemap import VarTableBuilder, gene_map
 from loaderkit.hdf5.read.labelkeys import LabelColumns
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.remote.remotemeta import (
-    CSRRecord,
     MetaStore,
     RemoteRecord,
     inspect_remote,
@@ -274,7 +273,7 @@ class DatasetInspection:
     def _csr_reader(
         self,
         specs: Sequence[KeySpec],
-        remote: Mapping[int, RemoteRecord | CSRRecord],
+        remote: Mapping[int, RemoteRecord],
         max_open: int,
         memory_map: bool,
         max_session_bytes: int,
@@ -282,7 +281,7 @@ class DatasetInspection:
         """The reader of a key naming a CSR group (``read.csrrows``); ``None`` for other keys.
 
         Files read in place are inspected by ``csr_sessions``; files read through the node
-        cache one by one (``_cached_csr``: URLs from their kept ``CSRRecord``).
+        cache one by one (``_cached_csr``: URLs from their kept ``RemoteRecord``).
         """
         known: dict[tuple[int, int], RowType | Exception] = {}
         if self._sources is None:
@@ -323,16 +322,16 @@ class DatasetInspection:
     def _cached_csr(
         self,
         specs: Sequence[KeySpec],
-        remote: Mapping[int, RemoteRecord | CSRRecord],
+        remote: Mapping[int, RemoteRecord],
         known: dict[tuple[int, int], RowType | Exception],
     ) -> CSRSessions | None:
         """``csr_sessions``'s result for a dataset read through the node cache, file by file.
 
-        A URL's part is its ``CSRRecord`` (``remotemeta``: range reads, kept; its row types go
-        to ``known``), a local file's is ``csr_sessions`` over it alone (without identity
-        when cached: the cache keys the copy); then every file must be CSR (the reader's
-        ``configure`` checks or aligns their var indexes). ``None`` when the first file's key
-        is not a CSR group.
+        A URL's part is its ``RemoteRecord`` of the group (``remotemeta``: range reads, kept;
+        its row types go to ``known``), a local file's is ``csr_sessions`` over it alone
+        (without identity when cached: the cache keys the copy); then every file must be CSR
+        (the reader's ``configure`` checks or aligns their var indexes). ``None`` when the
+        first file's key is not a CSR group.
 
         Raises:
             ConfigError: Keys beside the matrix (read from local files only, for now), a
@@ -341,13 +340,12 @@ class DatasetInspection:
         sessions: list[_CSRSession] = []
         for pos, (sid, path) in enumerate(zip(self._ids, self._paths, strict=True)):
             rec = remote.get(pos)
-            if rec is None and pos not in remote:
+            if rec is None:
                 one = self._local_csr(pos, specs[:1])
-            elif isinstance(rec, CSRRecord):
-                kept = rec.remote
-                known.update({(pos, k): rt for k, rt in enumerate(kept.types)})
+            elif rec.group is not None:  # a CSR group: its data and indices, as two keys
+                known.update({(pos, k): rt for k, rt in enumerate(rec.types)})
                 var = None if rec.var is None else list(rec.var)
-                one = (kept.record, list(kept.resolved), rec.group, var)
+                one = (rec.record, list(rec.resolved), rec.group, var)
             else:
                 one = None
             if one is None:
@@ -399,7 +397,7 @@ class DatasetInspection:
                 record = cached_record(record, f, parts, sources.cache.layout)
         return record, parts, group, found.var
 
-    def _remote_records(self, specs: Sequence[KeySpec]) -> dict[int, RemoteRecord | CSRRecord]:
+    def _remote_records(self, specs: Sequence[KeySpec]) -> dict[int, RemoteRecord]:
         """Remote sessions' records (``remotemeta``: range reads, kept in the cache)."""
         sources = self._sources
         infos = {} if sources is None else sources.remote
@@ -417,7 +415,7 @@ class DatasetInspection:
         )
 
     def _dense_remote(
-        self, found: Mapping[int, RemoteRecord | CSRRecord]
+        self, found: Mapping[int, RemoteRecord]
     ) -> tuple[
         dict[int, tuple[SessionRecord, list[KeySpec], list[bool]]],
         dict[tuple[int, int], RowType | Exception],
@@ -426,7 +424,7 @@ class DatasetInspection:
         records: dict[int, tuple[SessionRecord, list[KeySpec], list[bool]]] = {}
         known: dict[tuple[int, int], RowType | Exception] = {}
         for pos, rec in found.items():
-            if isinstance(rec, CSRRecord):
+            if rec.group is not None:
                 raise ConfigError(
                     f"key {rec.group.path!r} of session {self._ids[pos]!r} "
                     f"({self._paths[pos]}) is a CSR matrix, but not in session "

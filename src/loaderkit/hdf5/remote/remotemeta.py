@@ -7,7 +7,8 @@ Runs in the process that constructs the dataset (the main process), once per obj
   rows), runs the same inspection as for a local file (``inventory.inspect_session``) and the row
   types (``types.row_type``), several objects at once in a small thread pool;
 - a key naming a CSR group (AnnData ``.h5ad``) is inspected as ``read.csrsessions.csr_sessions``
-  inspects a local file (its ``indptr`` checked, its ``var`` index read): a ``CSRRecord``;
+  inspects a local file (its ``indptr`` checked, its ``var`` index read): a ``RemoteRecord``
+  whose ``group`` is that group;
 - the result is kept in ``<cache dir>/meta/<key>.json``, ``<key>`` a hash of the URL, the
   object's identity (ETag, or size and mtime) and what was asked (keys, axis, fields), written
   under a temporary name and renamed, under a per-record file lock: ranks constructing at once
@@ -24,6 +25,7 @@ is found when the cached file is opened by a reading process, never here.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import logging
@@ -55,7 +57,6 @@ from loaderkit.storage.locks import mutex
 
 __all__ = [
     "META_BLOCK",
-    "CSRRecord",
     "MetaStore",
     "RemoteRecord",
     "inspect_remote",
@@ -76,6 +77,10 @@ _FORMAT = 3  # 2: the filters each key needs; 3: JSON records
 class RemoteRecord:
     """What one remote session file holds of the keys (``inventory.inspect_session``'s result).
 
+    A key naming a CSR group (``.h5ad``) is held as the group's ``data`` and ``indices``, two
+    keys (``resolved``), with the group itself (``group``) and its var names (``var``); for
+    other keys ``group`` is ``None``.
+
     Attributes:
         record: The ``SessionRecord`` (its identity is ``None``: the store's keys the copy).
         resolved: The keys as resolved for this file.
@@ -83,6 +88,12 @@ class RemoteRecord:
         types: Per key, the ``RowType`` of its rows, or the error finding it raised.
         filters: Per key, its dataset's name and the filters its rows need: checked again in
             every construction that uses the record (a plugin may be missing there).
+        group: The ``CSRGroup`` (path, rows, columns) the key names; ``None``: not a CSR group.
+        var: A CSR group's var names (``None``: the file has no var index, or no CSR group).
+
+    Example:
+        >>> RemoteRecord.__dataclass_fields__["group"].default is None
+        True
     """
 
     record: SessionRecord
@@ -90,31 +101,13 @@ class RemoteRecord:
     uneven: tuple[bool, ...]
     types: tuple[RowType | Exception, ...]
     filters: tuple[tuple[str, tuple[Filter, ...]], ...] = ()
+    group: CSRGroup | None = None
+    var: tuple[str, ...] | None = None
 
     def check_filters(self, session: Hashable, url: str) -> None:
         """``HDF5FileError`` when a filter some key needs is not available in this process."""
         for key, needed in self.filters:
             check_available(needed, key=key, session=session, path=url)
-
-
-@dataclass(frozen=True)
-class CSRRecord:
-    """What one remote session file holds of a key naming a CSR group (``.h5ad``).
-
-    Attributes:
-        remote: The group's ``data`` and ``indices`` as two keys (``resolved``), as a
-            ``RemoteRecord`` holds them: record, row types, filters.
-        group: The ``CSRGroup`` (path, rows, columns).
-        var: The var names (``None``: the file has no var index).
-    """
-
-    remote: RemoteRecord
-    group: CSRGroup
-    var: tuple[str, ...] | None
-
-    def check_filters(self, session: Hashable, url: str) -> None:
-        """``HDF5FileError`` when a filter ``data`` or ``indices`` needs is not available."""
-        self.remote.check_filters(session, url)
 
 
 def _torch_dtype(name: str) -> torch.dtype:
@@ -130,7 +123,6 @@ CODEC = RecordCodec(
     _FORMAT,
     classes=(
         RemoteRecord,
-        CSRRecord,
         CSRGroup,
         SessionRecord,
         SessionLayout,
@@ -286,10 +278,10 @@ def inspect_remote(
     storage_options: Mapping[str, Any] | None,
     store: MetaStore,
     layout: str = "stored",
-) -> dict[int, RemoteRecord | CSRRecord]:
+) -> dict[int, RemoteRecord]:
     """Each object's record: from ``store``, else read through fsspec and kept.
 
-    A ``CSRRecord`` where the key names a CSR group (``read.csrrows``), else a ``RemoteRecord``.
+    Where the key names a CSR group (``read.csrrows``), the record's ``group`` is that group.
 
     Args:
         infos: Position -> the object as listed.
@@ -308,11 +300,11 @@ def inspect_remote(
             damaged CSR group: the row and what is wrong).
     """
     what = repr((tuple(specs), None if fields is None else tuple(fields), layout))
-    found: dict[int, RemoteRecord | CSRRecord] = {}
+    found: dict[int, RemoteRecord] = {}
     todo: list[int] = []
     for pos, info in infos.items():
         record = store.get(store.key(info, what))
-        if isinstance(record, RemoteRecord | CSRRecord):
+        if isinstance(record, RemoteRecord):
             record.check_filters(ids[pos], info.url)  # no file read: the kept filter ids
             found[pos] = record
         else:
@@ -320,10 +312,10 @@ def inspect_remote(
     if not todo:
         return found
 
-    def one(pos: int) -> RemoteRecord | CSRRecord:
+    def one(pos: int) -> RemoteRecord:
         info = infos[pos]
 
-        def read() -> RemoteRecord | CSRRecord:
+        def read() -> RemoteRecord:
             with open_remote(info, ids[pos], storage_options) as f:
                 csr = _inspect_csr(f, specs, ids[pos], info.url, layout)
                 if csr is not None:
@@ -331,7 +323,7 @@ def inspect_remote(
                 return _inspect(f, specs, fields, ids[pos], info.url, layout)
 
         record = store.get_or_make(
-            store.key(info, what), read, lambda v: isinstance(v, RemoteRecord | CSRRecord)
+            store.key(info, what), read, lambda v: isinstance(v, RemoteRecord)
         )
         record.check_filters(ids[pos], info.url)  # kept by another process: checked here
         return record
@@ -380,8 +372,8 @@ def _inspect(
 
 def _inspect_csr(
     f: h5py.File, specs: Sequence[KeySpec], session: Hashable, url: str, layout: str
-) -> CSRRecord | None:
-    """The ``CSRRecord`` of ``f`` when the key names a CSR group, else ``None``."""
+) -> RemoteRecord | None:
+    """The record of ``f`` when the key names a CSR group (its ``group`` set), else ``None``."""
     found = csr_sessions(
         lambda _: contextlib.nullcontext(f), [session], [url], specs, identity=False
     )
@@ -389,7 +381,7 @@ def _inspect_csr(
         return None
     parts, (group,), var = found.specs, found.groups, found.var
     remote = _inspect(f, parts, None, session, url, layout)
-    return CSRRecord(remote, group, None if var is None else tuple(var))
+    return dataclasses.replace(remote, group=group, var=None if var is None else tuple(var))
 
 
 @contextlib.contextmanager
