@@ -53,9 +53,9 @@ REVIEWED_LONG: dict[str, str] = {
         "holds is defined beside it"
     ),
     "hdf5/read/sessionfiles.py": (
-        "the reader's state and every check on its open files (open, record, verify, changed, "
-        "read errors and their causes): one class whose methods share that state; the row "
-        "reads over it are the subclass SessionReader"
+        "the reader's files part and every check on its open files (open, record, verify, "
+        "changed, read errors and their causes): one class whose methods share that state; "
+        "the row reads over it are SessionReader's, which holds it"
     ),
 }
 

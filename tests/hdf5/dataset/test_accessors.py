@@ -154,9 +154,9 @@ def test_the_handles_part_answers_from_the_reader(paths: list[Path]) -> None:
     with HDF5SessionDataset(paths, key="betas") as ds:
         handles = ds.handles
         assert handles.reader is ds._reader and ds.session_ids == (0, 1)
-        assert ds._reader.position(1) == 1
+        assert ds._reader.files.position(1) == 1
         with pytest.raises(KeyError, match=r"unknown session 'x'; sessions: \[0, 1\]"):
-            ds._reader.position("x")
+            ds._reader.files.position("x")
         assert handles.io_paths(0).keys() == {"betas"}
         pos, rows = handles.index_arrays()
         assert pos.tolist() == [0] * ROWS[0] + [1] * ROWS[1] and not rows.flags.writeable

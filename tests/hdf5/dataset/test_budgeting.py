@@ -156,7 +156,7 @@ def test_the_budgets_part_reads_its_reader(tmp_path: Path) -> None:
         assert budgets.fds_per_file == 1  # chunked rows: nothing memory-mapped
         assert budgets.file_memory_bytes > 0
         budgets.set_open_files(2)  # the part applies the bound to the reader's handle cache
-        assert ds._reader.cache.max_open == 2 == ds.max_open_files  # the attribute reads it
+        assert ds._reader.files.cache.max_open == 2 == ds.max_open_files  # the attribute reads it
         assert budgets.open_files_requested == 1  # what was given stays what was given
         with pytest.raises(ConfigError, match="max_open_files"):
             budgets.set_open_files(0)

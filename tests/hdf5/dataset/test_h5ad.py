@@ -361,18 +361,18 @@ def test_a_shuffled_loader_gives_a_compressed_matrix_room_for_all_its_decoded_ch
     plain = write_current(tmp_path / "plain.h5ad", matrix(0))
     size = big.nnz * 8  # float32 values and int32 column ids, decoded
     with HDF5SessionDataset([path], key="X") as ds:
-        built = ds.handles.reader.open_kwargs[0]["rdcc_nbytes"]
+        built = ds.handles.reader.files.open_kwargs[0]["rdcc_nbytes"]
         assert built < size
         with create_dataloader(ds, batch_size=500, shuffle=True, seed=1) as loader:
             plan = loader.describe()
             rows = np.concatenate([dense(b) for b in loader])
         assert f"chunk_cache         unset      {size}" in plan
         assert "decodes each chunk of the compressed matrix once" in plan
-        assert ds.handles.reader.open_kwargs[0]["rdcc_nbytes"] == size
+        assert ds.handles.reader.files.open_kwargs[0]["rdcc_nbytes"] == size
         assert np.array_equal(np.sort(rows, axis=0), np.sort(big.toarray(), axis=0))
         with create_dataloader(ds, batch_size=500, shuffle="block", seed=1) as loader:
             assert "chunk_cache" not in loader.describe()
-        assert ds.handles.reader.open_kwargs[0]["rdcc_nbytes"] == built  # as it was built
+        assert ds.handles.reader.files.open_kwargs[0]["rdcc_nbytes"] == built  # as it was built
         tight = LoaderShape(2, memory_bytes=64 << 20, uniform_shuffle=True)
         refused = ds.budgets.fit_chunk_cache(tight, given=False)
         assert (
@@ -383,7 +383,7 @@ def test_a_shuffled_loader_gives_a_compressed_matrix_room_for_all_its_decoded_ch
     with HDF5SessionDataset([path], key="X", h5py_options={"rdcc_nbytes": 1 << 20}) as ds:
         with create_dataloader(ds, batch_size=500, shuffle=True, seed=1) as loader:
             assert "rdcc_nbytes as given in h5py_options" in loader.describe()
-        assert ds.handles.reader.open_kwargs[0]["rdcc_nbytes"] == 1 << 20
+        assert ds.handles.reader.files.open_kwargs[0]["rdcc_nbytes"] == 1 << 20
     with HDF5SessionDataset([plain], key="X") as ds:  # uncompressed: read raw, no cache
         with create_dataloader(ds, batch_size=50, shuffle=True, seed=1) as loader:
             assert "chunk_cache" not in loader.describe()

@@ -256,7 +256,7 @@ def _count_decodes(ds: HDF5SessionDataset, monkeypatch: pytest.MonkeyPatch) -> l
     calls: list[int] = []
     for pos in range(2):
         ds.__getitems__([pos * 64])  # the file open, its chunk reader built
-        reader = ds._reader.cache.peek(pos).chunked[0]
+        reader = ds._reader.files.cache.peek(pos).chunked[0]
         wrapped = []
         for code, decode in reader.filters:
             wrapped.append((code, lambda data, decode=decode: (calls.append(1), decode(data))[1]))
@@ -278,7 +278,7 @@ def test_decoded_chunks_are_kept_within_the_chunk_cache(
             want = np.stack([data[i % 64] + i // 64 for i in order])
             np.testing.assert_array_equal(got, want)
         assert len(calls) == 6  # each chunk decoded once, then served from the cache
-        kept = ds._reader.cache.peek(0).chunked[0].decoded
+        kept = ds._reader.files.cache.peek(0).chunked[0].decoded
         assert len(kept) == 3 and not next(iter(kept.values())).flags.writeable
 
 
@@ -293,7 +293,7 @@ def test_the_cache_is_bounded_by_rdcc_nbytes(
         for _ in range(2):
             for row in (0, 8, 16, 0):  # 3 chunks cycling through a cache of 2
                 np.testing.assert_array_equal(np.asarray(ds[row]), data[row])
-        reader = ds._reader.cache.peek(0).chunked[0]
+        reader = ds._reader.files.cache.peek(0).chunked[0]
         assert len(reader.decoded) == 2 and reader.cache_bytes == 2 * chunk
         # pass 1: 4 decodes (0 was evicted by 16); pass 2: 0 is the thread's last chunk, then
         # 8, 16 and 0 again, each evicted before its turn (least recently used first)
@@ -302,4 +302,4 @@ def test_the_cache_is_bounded_by_rdcc_nbytes(
         calls = _count_decodes(ds, monkeypatch)
         for row in (0, 8, 0, 8):
             np.testing.assert_array_equal(np.asarray(ds[row]), data[row])
-        assert len(calls) == 4 and not ds._reader.cache.peek(0).chunked[0].decoded
+        assert len(calls) == 4 and not ds._reader.files.cache.peek(0).chunked[0].decoded

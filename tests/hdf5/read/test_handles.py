@@ -233,7 +233,7 @@ def test_a_batch_reads_its_other_sessions_while_another_thread_reads_one_whole(
     paths, arrays = write_wide(tmp_path, 2, 60, (40,), chunk_rows=60)
     with pytest.warns(PerformanceHint, match="spans 40 chunks"):
         ds = HDF5SessionDataset(paths, key="betas", max_session_bytes=1 << 20)
-    held = ds._reader.held
+    held = ds._reader.files.held
     batch = [0, 1, 60, 61]  # rows of session 0 and session 1
     pool = ThreadPoolExecutor(1)
     other = held.building(0)

@@ -132,7 +132,7 @@ def test_block_order_reads_each_session_once_per_pass(tmp_path: Path) -> None:
         ds.__getitems__(list(range(0, 160, 40)))  # open and index every file
         for epoch in range(3):
             sampler.set_epoch(epoch)
-            ds._reader.held.clear()  # what the last pass held is not this pass's
+            ds._reader.files.held.clear()  # what the last pass held is not this pass's
             before, loads = _read_chars(), ds.budgets.held_info().loads
             order = sampler.indices().tolist()
             for k in range(0, len(order), 8):

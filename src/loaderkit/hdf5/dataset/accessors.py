@@ -109,17 +109,17 @@ class SessionHandles:
             >>> ds.handles.io_paths()["betas"].kind  # doctest: +SKIP
             'decoded chunks'
         """
-        pos = 0 if session is None else self.reader.position(session)
+        pos = 0 if session is None else self.reader.files.position(session)
         reader = self.reader
-        key = reader.canonical[pos]
-        was_open = reader.cache.peek(key) is not None
-        handle = reader.leased(pos, 0, -1)
+        key = reader.files.canonical[pos]
+        was_open = reader.files.cache.peek(key) is not None
+        handle = reader.files.leased(pos, 0, -1)
         try:
             return reader.read_paths(handle)
         finally:
-            reader.cache.release(handle)
+            reader.files.cache.release(handle)
             if not was_open:
-                reader.cache.discard(key)
+                reader.files.cache.discard(key)
 
     def io_plan(self) -> list[tuple[str, bool, Any, str]]:
         """The plan row saying how rows are read (``hdf5_reads``), from the first session.
@@ -128,7 +128,7 @@ class SessionHandles:
             ``[(name, given, value, reason)]`` (empty for a dataset without keys).
         """
         reader = self.reader
-        if not reader.specs or not reader.ids:
+        if not reader.files.specs or not reader.files.ids:
             return []
         if not self.item_fast:
             return [
@@ -140,7 +140,7 @@ class SessionHandles:
                     "lock, serially",
                 )
             ]
-        sources = reader.sources
+        sources = reader.files.sources
         if sources is not None and sources.cached(0):
             return [
                 (
@@ -159,12 +159,12 @@ class SessionHandles:
             f"{name!r}: {path.reason}" + ("" if path.parallel else " (serial under h5py's lock)")
             for name, path in paths.items()
         )
-        return [("hdf5_reads", False, value, f"session {reader.ids[0]!r}: {reasons}")]
+        return [("hdf5_reads", False, value, f"session {reader.files.ids[0]!r}: {reasons}")]
 
     @property
     def open_files(self) -> int:
         """Number of files this dataset holds open in the current process."""
-        return len(self.reader.cache)
+        return len(self.reader.files.cache)
 
     def cache_info(self) -> HandleCacheInfo:
         """Statistics of this process's cache of open files (the handle cache).
@@ -177,7 +177,7 @@ class SessionHandles:
             >>> ds.handles.cache_info().opens  # doctest: +SKIP
             8
         """
-        return self.reader.cache.info()
+        return self.reader.files.cache.info()
 
     @property
     def sample_type(self) -> RowType | None:
@@ -188,9 +188,9 @@ class SessionHandles:
             <Kind.NUMBER: 'number'>
         """
         reader = self.reader
-        if not self.item_fast or not reader.types:
+        if not self.item_fast or not reader.files.types:
             return None
-        return sample_type(reader.types, reader.specs)
+        return sample_type(reader.files.types, reader.files.specs)
 
     @property
     def sample_nbytes(self) -> int | None:
@@ -205,16 +205,16 @@ class SessionHandles:
         reader = self.reader
         if (
             not self.item_fast
-            or not reader.types
+            or not reader.files.types
             or any(
                 rt.kind in (Kind.TEXT, Kind.RAGGED)
                 or rt.ragged_field() is not None
                 or rt.mem_dtype.hasobject
-                for rt in reader.types
+                for rt in reader.files.types
             )
         ):
             return None
-        return sum(reader.row_bytes)
+        return sum(reader.files.row_bytes)
 
     @property
     def var_names(self) -> list[str] | None:
@@ -229,7 +229,7 @@ class SessionHandles:
             >>> ds.handles.var_names[:2]  # doctest: +SKIP
             ['MIR1302-2HG', 'FAM138A']
         """
-        genes = getattr(self.reader, "genes", None)
+        genes = self.reader.genes
         names = None if genes is None else genes.var_names
         return list(names) if names else None
 
@@ -246,7 +246,7 @@ class SessionHandles:
             >>> ds.handles.columns[:2]  # doctest: +SKIP
             ['CD3E', 'MS4A1']
         """
-        genes = getattr(self.reader, "genes", None)
+        genes = self.reader.genes
         names = None if genes is None else genes.columns
         return list(names) if names is not None else None
 
@@ -280,10 +280,10 @@ class SessionHandles:
     @property
     def n_vars(self) -> int:
         """Columns of a sample: of a matrix key after ``genes``/``join``, else a row's elements."""
-        out = getattr(self.reader, "n_out", None)
-        if isinstance(out, int):
+        out = self.reader.n_out
+        if out is not None:
             return out
-        shape = self.reader.types[0].row_shape if self.reader.types else ()
+        shape = self.reader.files.types[0].row_shape if self.reader.files.types else ()
         return int(np.prod(shape)) if shape else 1
 
     def index_arrays(self) -> tuple[np.ndarray, np.ndarray]:

@@ -66,7 +66,7 @@ class DatasetBudgets:
         self.session_bytes_requested = session_bytes_requested
         # each file's chunk cache as the dataset was built (``fit_chunk_cache`` may enlarge it)
         self._rdcc_built = [
-            int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in reader.open_kwargs
+            int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in reader.files.open_kwargs
         ]
 
     # ------------------------------------------------------------------ open files
@@ -74,7 +74,7 @@ class DatasetBudgets:
     @property
     def max_open_files(self) -> int:
         """Files open at once per process, as used now."""
-        return self.reader.cache.max_open
+        return self.reader.files.cache.max_open
 
     @property
     def file_memory_bytes(self) -> int:
@@ -92,9 +92,10 @@ class DatasetBudgets:
         cache = 0
         if self.reader.cached_chunks:
             cache = max(
-                int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in self.reader.open_kwargs
+                int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE))
+                for kw in self.reader.files.open_kwargs
             )
-        index = CHUNK_INDEX_BYTES if any(self.reader.any_wide) else 0
+        index = CHUNK_INDEX_BYTES if any(self.reader.files.any_wide) else 0
         return cache + FILE_OVERHEAD_BYTES + index
 
     @property
@@ -103,7 +104,7 @@ class DatasetBudgets:
 
         Python's ``mmap`` keeps a duplicate of the file's descriptor while the map is open.
         """
-        return 2 if self.memory_map and self.reader.contiguous else 1
+        return 2 if self.memory_map and self.reader.files.contiguous else 1
 
     def file_budget(self, shape: LoaderShape) -> FileBudget:
         """The ``max_open_files`` that fits a loader of ``shape`` (``fit_open_files``).
@@ -125,7 +126,7 @@ class DatasetBudgets:
             16
         """
         return fit_open_files(
-            len(self.reader.ids),
+            len(self.reader.files.ids),
             shape.processes,
             shape.open_files_soft,
             self.file_memory_bytes,
@@ -188,7 +189,7 @@ class DatasetBudgets:
             The plan row; ``None`` where it does not apply (no compressed sparse matrix, or
             no uniform shuffle).
         """
-        sizes = getattr(self.reader, "matrix_nbytes", None)
+        sizes = self.reader.matrix_nbytes
         if not sizes or not self.reader.cached_chunks:
             return None
         built = self._rdcc_built
@@ -200,7 +201,7 @@ class DatasetBudgets:
         largest = max(sizes)
         if shape.uniform_shuffle and largest > now:
             budget = fit_open_files(
-                len(self.reader.ids),
+                len(self.reader.files.ids),
                 shape.processes,
                 shape.open_files_soft,
                 largest + FILE_OVERHEAD_BYTES,
@@ -228,12 +229,14 @@ class DatasetBudgets:
                     "neighbours from one)"
                 )
                 entry = PlanEntry("chunk_cache", UNSET, now, reason)
-        pairs = list(zip(self.reader.open_kwargs, wanted, strict=True))
+        pairs = list(zip(self.reader.files.open_kwargs, wanted, strict=True))
         if any(int(kw.get("rdcc_nbytes", -1)) != size for kw, size in pairs):
             for kw, size in pairs:
                 kw["rdcc_nbytes"] = size
-            for pos in range(len(self.reader.ids)):  # reopened with the new size when next read
-                self.reader.cache.discard(pos)
+            for pos in range(
+                len(self.reader.files.ids)
+            ):  # reopened with the new size when next read
+                self.reader.files.cache.discard(pos)
         return entry
 
     def set_open_files(self, files: int) -> None:
@@ -249,14 +252,14 @@ class DatasetBudgets:
             ConfigError: ``files`` is not an int >= 1.
         """
         check_max_open_files(files)
-        self.reader.cache.max_open = files
+        self.reader.files.cache.max_open = files
 
     # ------------------------------------------------------------------ held sessions
 
     @property
     def max_session_bytes(self) -> int:
         """Bytes of whole sessions held in memory per process, as used now."""
-        return self.reader.held.max_bytes
+        return self.reader.files.held.max_bytes
 
     @property
     def session_memory_bytes(self) -> int:
@@ -269,7 +272,7 @@ class DatasetBudgets:
             >>> ds.budgets.session_memory_bytes  # doctest: +SKIP
             30000000
         """
-        return max(self.reader.session_nbytes, default=0)
+        return max(self.reader.files.session_nbytes, default=0)
 
     def session_budget(self, shape: LoaderShape) -> SessionBudget:
         """The ``max_session_bytes`` that fits a loader of ``shape`` (``fit_session_bytes``).
@@ -282,7 +285,7 @@ class DatasetBudgets:
             >>> ds.budgets.session_budget(shape).sessions  # doctest: +SKIP
             4
         """
-        held = [n for n in self.reader.session_nbytes if n]
+        held = [n for n in self.reader.files.session_nbytes if n]
         return fit_session_bytes(
             max(held, default=0), len(held), shape.processes, shape.memory_bytes
         )
@@ -320,7 +323,7 @@ class DatasetBudgets:
             >>> ds.budgets.set_session_bytes(2 << 30)  # doctest: +SKIP
         """
         check_max_session_bytes(nbytes)
-        self.reader.held.set_max_bytes(nbytes)
+        self.reader.files.held.set_max_bytes(nbytes)
 
     @property
     def held_capacity(self) -> int | None:
@@ -338,8 +341,8 @@ class DatasetBudgets:
         size = self.session_memory_bytes
         if size == 0:
             return None
-        held = sum(1 for n in self.reader.session_nbytes if n)
-        return min(held, self.reader.held.max_bytes // size)
+        held = sum(1 for n in self.reader.files.session_nbytes if n)
+        return min(held, self.reader.files.held.max_bytes // size)
 
     def held_info(self) -> HeldInfo:
         """Statistics of the sessions held in memory by the current process.
@@ -352,7 +355,7 @@ class DatasetBudgets:
             >>> ds.budgets.held_info().loads  # doctest: +SKIP
             4
         """
-        return self.reader.held.info()
+        return self.reader.files.held.info()
 
 
 def _mib(nbytes: int) -> str:

@@ -52,9 +52,8 @@ from loaderkit.hdf5.meta.index import (
     unpack_index,
 )
 from loaderkit.hdf5.meta.layout import SessionLayout
-from loaderkit.hdf5.read.csrrows import FORMS, CSRReader
-from loaderkit.hdf5.read.densejoin import DenseJoinReader
-from loaderkit.hdf5.read.runs import plan_runs
+from loaderkit.hdf5.read.csrrows import FORMS
+from loaderkit.hdf5.read.runs import plan_runs, read_runs
 from loaderkit.hdf5.remote.cachedsessions import CachedSessions
 from loaderkit.hdf5.remote.sources import SessionSources, session_names
 from loaderkit.machine.platform import memory_bytes, open_file_limits
@@ -321,18 +320,10 @@ class HDF5SessionDataset(Dataset):
         )
         self._key = inspection.key
         self._sparse, self._genes, self._join = sparse, genes, join
-        if isinstance(reader, (CSRReader, DenseJoinReader)):  # a matrix: its served columns
-            reader.configure(sparse, genes, join)
-        elif sparse != "csr" or genes is not None or join is not None:
-            raise ConfigError(
-                f"sparse={sparse!r}, genes= and join= apply to an anndata matrix (sparse= to a "
-                f"CSR one; genes= and join= to X, layers/<name> or raw/X, dense too, as the "
-                f"first key); key {inspection.key!r} is none: leave them unset (its rows are "
-                "read as stored)."
-            )
-        reader.sources = sources
+        reader.configure(sparse, genes, join)  # a matrix's served columns; else refused
+        reader.files.sources = sources
         if sources is not None:
-            sources.use_keys(reader.specs)
+            sources.use_keys(reader.files.specs)
         self._handles = SessionHandles(
             reader,
             item_fast=self._item_fast,
@@ -345,7 +336,7 @@ class HDF5SessionDataset(Dataset):
         self._cells: CellChoice | None = None
         try:
             if cells is not None:  # the chosen cells: the index, packed as they are chosen
-                if not reader.specs:
+                if not reader.files.specs:
                     raise ConfigError("cells= needs key=: it chooses rows (cells) of that key.")
                 reader.index, self._cells = inspection.choose_cells(cells, reader)
             else:
@@ -361,7 +352,7 @@ class HDF5SessionDataset(Dataset):
                 reader.index = inspection.pack(index, reader)
             reader.index.setflags(write=False)
         finally:
-            reader.cache.close()  # never leave a file open in the constructing process
+            reader.files.cache.close()  # never leave a file open in the constructing process
         # on its own: the budgets left unset fitted to this process and the machine
         soft, _ = open_file_limits()
         alone = LoaderShape(open_files_soft=soft, memory_bytes=memory_bytes())
@@ -390,7 +381,7 @@ class HDF5SessionDataset(Dataset):
             ...     def read(self, session, row):
             ...         return self.h5dataset(session)[row].astype("float32") / 300
         """
-        return self._reader.read_one(-1, self._reader.position(session), row)
+        return self._reader.read_one(-1, self._reader.files.position(session), row)
 
     def read_rows(self, session: Hashable, start: int, stop: int) -> Sequence[Any]:
         """Return samples for rows ``start..stop-1`` of ``session`` (batched-read opt-in).
@@ -437,7 +428,7 @@ class HDF5SessionDataset(Dataset):
                 "the default build_index() needs key=: it counts the rows of that dataset."
             )
         counts = np.array(self._reader.session_rows(), np.int64)
-        return default_index(self._reader.ids, counts)
+        return default_index(self._reader.files.ids, counts)
 
     def transform(self, sample: Any, index: int) -> Any:
         """Per-sample hook applied after reading (default: none). Override it for augmentation.
@@ -482,9 +473,9 @@ class HDF5SessionDataset(Dataset):
             >>> ds.file(0).filename  # doctest: +SKIP
             '/data/betas_session01.hdf5'
         """
-        pos = self._reader.position(session)
+        pos = self._reader.files.position(session)
         with self.lock:
-            return self._reader.handle(pos, 0, -1).file
+            return self._reader.files.handle(pos, 0, -1).file
 
     def h5dataset(self, session: Hashable, key: str | None = None) -> h5py.Dataset:
         """Return this process's cached ``h5py.Dataset`` of ``key`` in ``session``'s file.
@@ -518,8 +509,8 @@ class HDF5SessionDataset(Dataset):
             ...         betas = super().read(session, row)
             ...         return betas, int(self.h5dataset(session, "stim_ids")[row])
         """
-        pos = self._reader.position(session)
-        specs = self._reader.specs
+        pos = self._reader.files.position(session)
+        specs = self._reader.files.specs
         if key is None and not specs:
             raise ConfigError(
                 "h5dataset(session) without a name needs key=; pass the dataset's path: "
@@ -535,11 +526,11 @@ class HDF5SessionDataset(Dataset):
             next((k for k, spec in enumerate(specs) if key == spec.path), None),
         )
         with self.lock:
-            handle = self._reader.handle(pos, 0, -1)
+            handle = self._reader.files.handle(pos, 0, -1)
             if k is not None:
                 return handle.datasets[k]
             assert key is not None
-            return self._reader.other_dataset(handle, pos, key)
+            return self._reader.files.other_dataset(handle, pos, key)
 
     def layout(self, session: Hashable) -> SessionLayout | None:
         """Return the layout of (the first) ``key`` in ``session`` (``None`` without a key).
@@ -548,7 +539,7 @@ class HDF5SessionDataset(Dataset):
             >>> ds.layout(0).chunk_rows  # doctest: +SKIP
             8
         """
-        layouts = self._reader.records[self._reader.position(session)].layouts
+        layouts = self._reader.files.records[self._reader.files.position(session)].layouts
         return layouts[0] if layouts else None
 
     @property
@@ -559,7 +550,7 @@ class HDF5SessionDataset(Dataset):
         overridden ``read`` / ``read_rows`` / ``__getitem__`` run under it. The default reads
         never take it (they lease their handle).
         """
-        return self._reader.cache.lock
+        return self._reader.files.cache.lock
 
     # ------------------------------------------------------------------ constructor arguments
 
@@ -652,12 +643,12 @@ class HDF5SessionDataset(Dataset):
             (1, 0)
         """
         key = int(self._reader.index[self._check_index(index)])
-        return self._reader.ids[key >> ROW_BITS], key & ROW_MASK
+        return self._reader.files.ids[key >> ROW_BITS], key & ROW_MASK
 
     @property
     def session_ids(self) -> tuple[Hashable, ...]:
         """Session ids in the order of ``files`` (the positions ``loader_support()`` uses)."""
-        return tuple(self._reader.ids)
+        return tuple(self._reader.files.ids)
 
     # ------------------------------------------------------------------ parts
 
@@ -755,8 +746,8 @@ class HDF5SessionDataset(Dataset):
         sessions = len(self.session_ids)
         return (
             f"<{type(self).__name__} {sessions} session{'s' * (sessions != 1)}, {len(self)} "
-            f"samples, key {self.key!r}, {len(self._reader.cache)}/{self.max_open_files} files "
-            "open>"
+            f"samples, key {self.key!r}, {len(self._reader.files.cache)}/{self.max_open_files} "
+            "files open>"
         )
 
     def __len__(self) -> int:
@@ -777,12 +768,12 @@ class HDF5SessionDataset(Dataset):
         if self._item_fast:  # no lock: the handle is leased for the read
             sample = reader.read_one(i, pos, row)
         else:
-            with reader.cache.lock:  # user code and h5py objects handed out: serial
+            with reader.files.cache.lock:  # user code and h5py objects handed out: serial
                 try:
-                    sample = self.read(reader.ids[pos], row)
+                    sample = self.read(reader.files.ids[pos], row)
                 except Exception as exc:
-                    reader.cache.discard(reader.canonical[pos])
-                    reader.note(exc, pos, row, i)
+                    reader.files.cache.discard(reader.files.canonical[pos])
+                    reader.files.note(exc, pos, row, i)
                     raise
         return self._transform(sample, i, pos, row) if self._transforms else sample
 
@@ -792,7 +783,9 @@ class HDF5SessionDataset(Dataset):
             return self.transform(sample, index)
         except Exception as exc:
             add_note(
-                exc, f"in {type(self).__name__}.transform: " + self._reader.context(pos, row, index)
+                exc,
+                f"in {type(self).__name__}.transform: "
+                + self._reader.files.context(pos, row, index),
             )
             raise
 
@@ -835,8 +828,8 @@ class HDF5SessionDataset(Dataset):
             return []
         if mode is ReadMode.ROWS:
             with self.lock:
-                order, starts = plan_runs(keys, sort=self._reader.chunked, always=True)
-                batch = self._reader.read_runs(self.read_rows, idx, keys, order, starts)
+                order, starts = plan_runs(keys, sort=self._reader.files.chunked, always=True)
+                batch = read_runs(self._reader.files, self.read_rows, idx, keys, order, starts)
         else:
             batch = self._reader.read_batch(idx, keys)
         if self._transforms:
@@ -893,7 +886,7 @@ class _SessionSupport(LoaderSupport):
     @property
     def sparse_samples(self) -> bool:  # type: ignore[override]
         ds = self.dataset
-        return ds.sparse == "csr" and isinstance(ds._reader, CSRReader)
+        return ds._reader.sparse_samples
 
     @property
     def missing_values(self) -> bool:  # type: ignore[override]

@@ -42,7 +42,7 @@ from loaderkit.hdf5.read.csrplan import read_around
 from loaderkit.hdf5.read.csrrows import CSRReader
 from loaderkit.hdf5.read.csrsessions import CSRSessions, csr_sessions
 from loaderkit.hdf5.read.densejoin import DenseJoinReader, check_matrix, is_dense_matrix
-from loaderkit.hdf5.read.genemap import VarTableBuilder, gene_map
+from loaderkit.hdf5.read.genemap import VarTableBuilder, gene_map, where_sessions
 from loaderkit.hdf5.read.labelkeys import LabelColumns
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.remote.remotemeta import (
@@ -190,7 +190,7 @@ class DatasetInspection:
         types: list[RowType] = []
         type_error: ConfigError | None = None
         if var_table is not None and not self.columns:  # one var index, or refused by name
-            where = [f"session {sid!r} ({path})" for sid, path in files]
+            where = where_sessions(self._ids, self._paths)
             gene_map(var_table.table(), None, None, key=specs[0].path, where=where)
             var_table = None
         try:
@@ -485,7 +485,7 @@ class DatasetInspection:
 
     def pack(self, index: Any, reader: SessionReader) -> np.ndarray:
         """The packed, read-only index of what ``build_index`` returned (checked)."""
-        records = reader.records
+        records = reader.files.records
         check_rows = self._item_fast and all(rec.layouts for rec in records)
         return pack_index(
             index,
@@ -496,5 +496,5 @@ class DatasetInspection:
         )
 
     def _key_name(self, reader: SessionReader) -> str | None:
-        specs = reader.specs
+        specs = reader.files.specs
         return specs[0].path if len(specs) == 1 else None if not specs else str(self.key)

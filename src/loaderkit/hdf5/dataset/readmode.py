@@ -3,7 +3,7 @@
 A dataset reads in one of three ``ReadMode``s, fixed by what its class overrides
 (``read_mode``): ``FAST`` (the default ``read``: ``loaderkit.hdf5.read.reader.SessionReader`` reads
 coalesced slabs straight into the batch buffers; ``transform`` may follow per sample), ``ROWS``
-(``read_rows`` overridden: coalesced runs through that hook, ``SessionReader.read_runs``) or
+(``read_rows`` overridden: coalesced runs through that hook, ``runs.read_runs``) or
 ``ITEM`` (``read`` or ``__getitem__`` overridden: one ``self[i]`` per item). How a batch is cut
 into runs of consecutive rows is ``loaderkit.hdf5.read.runs.plan_runs``.
 """

@@ -12,16 +12,20 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``rawio``: ``os.preadv`` and ring reads, memory maps, chunk maps, direct ``H5Dread``;
 - ``codecs``: HDF5 filters decoded in the reading thread;
 - ``chunkio``: chunked rows read raw outside h5py (``ReadPath``);
-- ``runs``: a batch cut into runs of consecutive rows;
+- ``runs``: a batch cut into runs of consecutive rows, and read through a ``read_rows`` hook;
 - ``widerows``: rows that span many chunks, each chunk read once;
 - ``heldsessions``: whole sessions held in memory (``HeldSessions``, ``HeldInfo``);
 - ``copies``: ``SessionCopies``, what a reader needs of sessions read from a local copy;
 - ``labelkeys``: ``LabelKey``, per-cell anndata columns as every reader serves them (a
   categorical's codes on one shared list, ``None`` where a value is missing), and
   ``LabelColumns``, which finds them file by file;
-- ``sessionfiles``: ``SessionFiles``, the reader's base: its state, open files and their checks;
-- ``widekeys``: keys whose rows span many chunks, read apart (functions over that state);
-- ``reader``: ``SessionReader``, the default reads of one or several keys;
+- ``sessionfiles``: ``SessionFiles``, the part a reader holds: its files, what they hold, the
+  open handles and their checks;
+- ``widekeys``: keys whose rows span many chunks, read apart (functions over that part);
+- ``scratch``: ``ScratchRows``, a reused per-thread buffer of rows converted after reading;
+- ``mappedrows``: a batch's rows gathered from memory maps;
+- ``reader``: ``SessionReader``, the default reads of one or several keys, and the base every
+  reader class derives from directly: what the dataset asks of a reader, declared;
 - ``csrforms``: what a batch of CSR rows becomes (sparse CSR tensor, dense rows, tokens);
 - ``csrplan``: where a batch of CSR rows lies (``SpanCatalog``: indptr and chunk tables);
 - ``genemap``: which column of each file a batch column is (``join=``, ``genes=``): one lookup

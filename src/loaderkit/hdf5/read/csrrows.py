@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from loaderkit.errors import ConfigError, HDF5FileError
+from loaderkit.errors import HDF5FileError
 from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.types import dict_rows
@@ -54,7 +54,7 @@ from loaderkit.hdf5.read.csrplan import (
     plan_pieces,
     raw_chunks,
 )
-from loaderkit.hdf5.read.genemap import GeneMap, VarTable, gene_map
+from loaderkit.hdf5.read.genemap import GeneMap, VarTable
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.labelkeys import LabelKey, served_parts
 from loaderkit.hdf5.read.pieceio import read_ahead, read_pieces
@@ -89,6 +89,13 @@ class CSRReader(SessionReader):
         'session_rows'
     """
 
+    forms = FORMS
+    #: A CSR matrix's columns are always mapped (``configure``), its samples always sized.
+    table: VarTable
+    genes: GeneMap
+    n_out: int
+    matrix_nbytes: list[int]
+
     def __init__(
         self,
         *,
@@ -99,29 +106,25 @@ class CSRReader(SessionReader):
         around: tuple[int, str] = (0, "not decided: a missed row's bytes alone are read"),
         **kwargs: Any,
     ) -> None:
-        super().__init__(served=(None, None, *labels), **kwargs)
+        super().__init__(served=(None, None, *labels), table=table, name=name, **kwargs)
         #: Bytes read around a row the page cache misses, and why (``csrplan.read_around``).
         self.around = around
         self.groups = list(groups)
         #: The keys beside the matrix (``specs[2:]``).
         self.labels = list(labels)
-        self.name = name
-        self.key_names = [name, *(label.name for label in self.labels)]  # not data/indices
-        self.table = table
-        self.form = "csr"
-        #: Which of each file's columns are served, and where (``configure``).
-        self.genes = GeneMap.plain(table)
-        self.n_out = self.genes.n_out
-        self._canon = np.asarray(self.canonical, np.int64)
+        self.files.key_names = [name, *(label.name for label in self.labels)]  # not data/indices
+        self._canon = np.asarray(self.files.canonical, np.int64)
         widths = [group.n_vars for group in self.groups] or [0]
         self._n_vars_min, self._n_vars_max = min(widths), max(widths)
         self.catalog = SpanCatalog(self.session_rows())
         self._indptr_lock = threading.Lock()
         # uncompressed values and column ids are read raw (the first read of a session aside)
-        self.cached_chunks = any(lay.compression for r in self.records for lay in r.layouts[:2])
+        self.cached_chunks = any(
+            lay.compression for r in self.files.records for lay in r.layouts[:2]
+        )
         #: Per session, bytes of its values and column ids decoded (what a chunk cache holds).
         self.matrix_nbytes = [
-            sum(lay.rows * lay.dtype.itemsize for lay in r.layouts[:2]) for r in self.records
+            sum(lay.rows * lay.dtype.itemsize for lay in r.layouts[:2]) for r in self.files.records
         ]
 
     def __getstate__(self) -> dict[str, Any]:
@@ -156,36 +159,16 @@ class CSRReader(SessionReader):
         """
         return [1] * len(self.groups)
 
-    def configure(self, form: str, genes: Any = None, join: str | None = None) -> None:
-        """Serve rows as ``form`` (one of ``FORMS``), the columns ``join`` and ``genes`` give.
-
-        Args:
-            form: ``"csr"``, ``"dense"`` or ``"tokens"``.
-            genes: ``None`` (every column), var names (a name twice: two columns), integer
-                positions or a boolean mask (``genemap.gene_map``).
-            join: ``None`` (the files share one var index), ``"outer"`` or ``"inner"``.
-
-        Raises:
-            ConfigError: An unknown form or join, files whose var indexes differ without
-                ``join=`` or ``genes=`` names, or a ``genes=`` that selects no column of the
-                files (each named by ``gene_map``).
-        """
-        if form not in FORMS:
-            raise ConfigError(f"sparse={form!r}: expected one of {list(FORMS)}.")
-        self.form = form
-        self.genes = gene_map(self.table, join, genes, key=self.name, where=self._where())
-        self.n_out = self.genes.n_out
-        self.content_parts = [b"columns", *self.genes.digest_parts()]
-
-    def _where(self) -> list[str]:
-        """Per session, how a message names it."""
-        return [f"session {sid!r} ({path})" for sid, path in zip(self.ids, self.paths, strict=True)]
+    @property
+    def sparse_samples(self) -> bool:
+        """Whether samples are sparse rows: the ``"csr"`` form (``configure``)."""
+        return self.form == "csr"
 
     # ------------------------------------------------------------------ indptr
 
     def indptr(self, handle: Handle, pos: int) -> np.ndarray:
         """Session ``pos``'s ``indptr`` (int64), read once per process and held; checked."""
-        key = self.canonical[pos]
+        key = self.files.canonical[pos]
         held = self.catalog.indptr(key)
         if held is not None:
             return held
@@ -195,7 +178,7 @@ class CSRReader(SessionReader):
             if held is None:
                 indptr = np.asarray(handle.file[group.indptr][()], dtype=np.int64)
                 nnz = [int(d.shape[0]) for d in handle.datasets[:2]]
-                check_csr(group, indptr, nnz[0], nnz[1], self.ids[pos], self.paths[pos])
+                check_csr(group, indptr, nnz[0], nnz[1], self.files.ids[pos], self.files.paths[pos])
                 held = self.catalog.hold_indptr(key, indptr)
                 if self.around[0] and handle.fd is not None:  # the files fit in memory
                     read_ahead(handle.fd)
@@ -215,8 +198,8 @@ class CSRReader(SessionReader):
         sample = self._samples(lengths, values, cols)[0]
         if self.single:
             return sample
-        got = self.read_keys(index, pos, row, range(2, len(self.specs)))
-        return {self.name: sample, **dict(zip(self.key_names[1:], got, strict=True))}
+        got = self.read_keys(index, pos, row, range(2, len(self.files.specs)))
+        return {self.name: sample, **dict(zip(self.files.key_names[1:], got, strict=True))}
 
     def read_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
         """The rows of ``keys`` (dataset indices ``idx``) as one batch in this reader's form.
@@ -231,19 +214,21 @@ class CSRReader(SessionReader):
         matrix = self._matrix_batch(idx, keys)
         if self.single:
             return matrix
-        order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
+        order, starts = plan_runs(keys, sort=self.files.chunked, always=self.files.contiguous)
         if starts is None:
             starts = np.arange(idx.size)
         self.reading.append(None)  # threads reading now: ``_fill`` chooses its calls by it
         try:
-            parts = [self._read_key(k, idx, keys, order, starts) for k in range(2, len(self.specs))]
+            parts = [
+                self._read_key(k, idx, keys, order, starts) for k in range(2, len(self.files.specs))
+            ]
         finally:
             self.reading.pop()
-        parts = served_parts(self.served[2:], parts, keys, self.ids, self.paths)
+        parts = served_parts(self.served[2:], parts, keys, self.files.ids, self.files.paths)
         names = [self.name, *(label.name for label in self.labels)]
         batch = dict(zip(names, [matrix.tensor, *(part[1] for part in parts)], strict=True))
         ragged = next(
-            (self._ragged_names[k + 2] for k, p in enumerate(parts) if p[1] is None), None
+            (self.files.ragged_names[k + 2] for k, p in enumerate(parts) if p[1] is None), None
         )
         rows = functools.partial(dict_rows, names, [matrix.copy, *(part[0] for part in parts)])
         return RowBatch(None if ragged else batch, rows, ragged=ragged)
@@ -268,8 +253,8 @@ class CSRReader(SessionReader):
         got = self._read_planned(idx, keys)
         lengths, values, cols = got if got is not None else self._read_sorted(idx, keys)
         total = values.size
-        if self.types[0].swap:
-            values = values.astype(self.types[0].mem_dtype)
+        if self.files.types[0].swap:
+            values = values.astype(self.files.types[0].mem_dtype)
         if cols.dtype not in (np.dtype(np.int32), np.dtype(np.int64)) or total >= 2**31:
             cols = cols.astype(np.int64)
         lengths, values, cols = self.genes.apply(keys >> ROW_BITS, lengths, values, cols)
@@ -282,8 +267,8 @@ class CSRReader(SessionReader):
         offsets = np.zeros(lengths.size + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
-        values = part_buffer(total, self.types[0].read_dtype)  # a worker's slot
-        return offsets, values, part_buffer(total, self.types[1].read_dtype)
+        values = part_buffer(total, self.files.types[0].read_dtype)  # a worker's slot
+        return offsets, values, part_buffer(total, self.files.types[1].read_dtype)
 
     def _read_planned(
         self, idx: np.ndarray, keys: np.ndarray
@@ -305,7 +290,7 @@ class CSRReader(SessionReader):
             return None
         begin, end = catalog.spans(cpos, rows)
         sessions, slot = batch_sessions(cpos, self._canon.size)
-        leased = self.cache.lease_batch(sessions.tolist())
+        leased = self.files.cache.lease_batch(sessions.tolist())
         if leased is None:
             return None
         self.reading.append(None)  # threads reading now: ``_read_runs`` chooses its calls by it
@@ -323,7 +308,7 @@ class CSRReader(SessionReader):
                     return None
         finally:
             self.reading.pop()
-            self.cache.release_all(leased)
+            self.files.cache.release_all(leased)
         self._check_columns(cols, offsets, 0, idx.size, pos, rows, idx, np.arange(idx.size))
         return lengths, values, cols
 
@@ -394,17 +379,17 @@ class CSRReader(SessionReader):
         return lengths, values, cols
 
     def _held_indptr(self, pos: int, row: int, index: int) -> np.ndarray:
-        held = self.catalog.indptr(self.canonical[pos])
+        held = self.catalog.indptr(self.files.canonical[pos])
         if held is not None:
             return held
-        handle = self.leased(pos, row, index)
+        handle = self.files.leased(pos, row, index)
         try:
             return self.indptr(handle, pos)
         except Exception as exc:
-            self.note(exc, pos, row, index)
+            self.files.note(exc, pos, row, index)
             raise
         finally:
-            self.cache.release(handle)
+            self.files.cache.release(handle)
 
     def _hold_tables(self, handle: Handle, pos: int) -> None:
         """Keep where session ``pos``'s ``data`` and ``indices`` lie, if read raw uncompressed."""
@@ -413,11 +398,11 @@ class CSRReader(SessionReader):
             raw, chunked = handle.raws[k], handle.chunked[k]
             if raw is not None:
                 parts.append((CONTIGUOUS, np.array([raw[1]], np.int64)))
-            elif raw_chunks(chunked, self.types[k].read_dtype):
+            elif raw_chunks(chunked, self.files.types[k].read_dtype):
                 parts.append((chunked.chunks[0], chunked.offsets))
             else:
                 return
-        self.catalog.hold_tables(self.canonical[pos], parts)
+        self.catalog.hold_tables(self.files.canonical[pos], parts)
 
     def _read_session(
         self,
@@ -439,11 +424,11 @@ class CSRReader(SessionReader):
         firsts = [s0, *breaks.tolist()]
         lasts = [*breaks.tolist(), s1]
         index = int(idx[order[s0]])
-        handle = self.leased(pos, int(srows[s0]), index)
+        handle = self.files.leased(pos, int(srows[s0]), index)
         try:
             if any(m is not None for m in handle.maps):  # never fault on a truncated map
-                self.verify(handle, pos, "rows", index)
-            canonical = self.canonical[pos]
+                self.files.verify(handle, pos, "rows", index)
+            canonical = self.files.canonical[pos]
             if self.catalog.table_base[1, canonical] < 0:
                 self._hold_tables(handle, pos)
             done = [False, False]
@@ -473,13 +458,13 @@ class CSRReader(SessionReader):
                         raise
                     except Exception as exc:
                         rows = range(int(srows[r0]), int(srows[r1 - 1]) + 1)
-                        raise self.read_error(exc, pos, rows, int(idx[order[r0]]), k) from exc
+                        raise self.files.read_error(exc, pos, rows, int(idx[order[r0]]), k) from exc
         except BaseException:
-            self.cache.release(handle)
+            self.files.cache.release(handle)
             raise
         if not all(done):  # the spans read built the chunk index: later batches are planned
             self._hold_tables(handle, pos)
-        self._done(handle, pos, index)
+        self.files.done(handle, pos, index)
         self._check_columns(cols, offsets, s0, s1, spos, srows, idx, order)
 
     def _span(
@@ -492,7 +477,7 @@ class CSRReader(SessionReader):
         """
         chunked = handle.chunked[k]
         if not raw_chunks(chunked, out.dtype):
-            self.fill_run(handle, k, pos, a, length, out, index)
+            self.files.fill_run(handle, k, pos, a, length, out, index)
             return
         size, item = chunked.chunks[0], chunked.dtype.itemsize
         offsets = chunked.offsets
@@ -534,15 +519,15 @@ class CSRReader(SessionReader):
         at = int(np.searchsorted(offsets, bad, side="right")) - 1
         pos = int(spos[at])
         n_vars = self.groups[pos].n_vars
-        self.cache.discard(self.canonical[pos])
+        self.files.cache.discard(self.files.canonical[pos])
         error = HDF5FileError(
-            f"session {self.ids[pos]!r} ({self.paths[pos]}), key {self.groups[pos].path!r}: row "
+            f"{self.files.named(pos)}, key {self.groups[pos].path!r}: row "
             f"{int(srows[at])} holds column id {int(cols[bad])}, outside 0..{n_vars - 1} "
             f"(shape {(self.groups[pos].n_obs, n_vars)}); the CSR group's 'indices' are "
             "damaged, so the row was not returned. Write the file again (anndata's "
             "write_h5ad) or leave the session out."
         )
-        self.note(error, pos, int(srows[at]), int(idx[order[at]]))
+        self.files.note(error, pos, int(srows[at]), int(idx[order[at]]))
         raise error
 
 

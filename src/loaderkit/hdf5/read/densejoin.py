@@ -32,7 +32,7 @@ from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
 from loaderkit.hdf5.meta.layout import check_same_rows
 from loaderkit.hdf5.meta.types import Samples
-from loaderkit.hdf5.read.genemap import GeneMap, VarTable, gene_map
+from loaderkit.hdf5.read.genemap import GeneMap, VarTable
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.rawio import pread
 from loaderkit.hdf5.read.reader import SessionReader
@@ -107,62 +107,33 @@ def check_matrix(
 class DenseJoinReader(SessionReader):
     """Reads a dense anndata matrix (key 0) whose served columns ``configure`` decides.
 
-    Built with the arguments of ``SessionReader`` and:
-
-    Args:
-        table: Each session's var index (``genemap.VarTable``) and width.
-        name: The matrix's name (for messages).
-        **kwargs: ``SessionReader``'s arguments.
+    Built with the arguments of ``SessionReader``, ``table`` (each session's var index and
+    width) and ``name`` (the matrix's) among them. ``configure`` (the base's) accepts only the
+    form ``"csr"``, its default: a dense key is served dense.
 
     Example:
-        >>> DenseJoinReader.configure.__name__
-        'configure'
+        >>> DenseJoinReader.forms
+        ('csr',)
     """
 
+    table: VarTable  # a matrix: its columns always mapped (``configure``), samples sized
+    genes: GeneMap
+    n_out: int
+
     def __init__(self, *, table: VarTable, name: str, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.table = table
-        self.name = name
+        super().__init__(table=table, name=name, **kwargs)
         #: The matrix's rows as the first file stores them (its width, its dtype).
-        self.stored = self.types[0]
-        #: Which of each file's columns are served, and where (``configure``).
-        self.genes = GeneMap.plain(table)
-        self.n_out = self.genes.n_out
+        self.stored = self.files.types[0]
         self._lookups: list[tuple[np.ndarray, np.ndarray] | None] = []
-        # the matrix is read here, file by file at its own width: never held whole
-        self.wide = [(False, *w[1:]) for w in self.wide]
-        self.any_wide[0] = False
-        self._some_wide = any(self.any_wide)
-        self.session_nbytes = [
-            sum(rec.layouts[k].rows * self.row_bytes[k] for k, wide in enumerate(w) if wide)
-            for rec, w in zip(self.records, self.wide, strict=True)
-        ]
+        self.files.keep_in_runs(0)  # read here, file by file at its own width: never held
 
-    def configure(self, form: str, genes: Any = None, join: str | None = None) -> None:
-        """Serve the columns ``join`` and ``genes`` give (``genemap.gene_map``'s meaning).
-
-        Args:
-            form: ``sparse=``: only its default, ``"csr"`` (a dense key is served dense).
-            genes: ``None``, var names (a name twice: two columns), positions or a mask.
-            join: ``None`` (the files share their columns), ``"outer"`` or ``"inner"``.
-
-        Raises:
-            ConfigError: ``sparse=`` given, or what ``gene_map`` refuses (named).
-        """
-        if form != "csr":
-            raise ConfigError(
-                f"sparse={form!r} applies to a sparse (CSR) matrix; key {self.name!r} is a "
-                "dense matrix, served as dense rows: leave sparse= unset."
-            )
-        where = [f"session {s!r} ({p})" for s, p in zip(self.ids, self.paths, strict=True)]
-        self.genes = gene_map(self.table, join, genes, key=self.name, where=where)
-        self.n_out = self.genes.n_out
-        self.content_parts = [b"columns", *self.genes.digest_parts()]
-        types = list(self.types)  # a sample is the served columns
-        types[0] = dataclasses.replace(self.stored, row_shape=(self.n_out,))
-        self.types = tuple(types)
-        self.row_bytes[0] = self.n_out * self.stored.read_dtype.itemsize
-        self._lookups = _lookups(self.genes)
+    def _serve_columns(self, genes: GeneMap) -> None:
+        """A sample is the served columns: key 0's row type and size, each file's lookup."""
+        types = list(self.files.types)
+        types[0] = dataclasses.replace(self.stored, row_shape=(genes.n_out,))
+        self.files.types = tuple(types)
+        self.files.row_bytes[0] = genes.n_out * self.stored.read_dtype.itemsize
+        self._lookups = _lookups(genes)
 
     # ------------------------------------------------------------------ reads
 
@@ -184,16 +155,16 @@ class DenseJoinReader(SessionReader):
             pos, index = int(sessions[slots[0]]), int(idx[slots[0]])
             rows, inverse = np.unique(keys[slots] & ROW_MASK, return_inverse=True)
             try:
-                handle = self.cache.lease(self.canonical[pos])
+                handle = self.files.cache.lease(self.files.canonical[pos])
             except Exception as exc:
-                self.note(exc, pos, int(rows[0]), index)
+                self.files.note(exc, pos, int(rows[0]), index)
                 raise
             try:
                 buf = self._rows(handle, pos, rows, index, wrap=True)
             except BaseException:
-                self.cache.release(handle)
+                self.files.cache.release(handle)
                 raise
-            self._done(handle, pos, index)
+            self.files.done(handle, pos, index)
             if rows.size == slots.size:  # no row twice: row i of ``buf`` is one sample's
                 slots[inverse.reshape(-1)] = slots.copy()
                 self._scatter(out, slots, buf, pos)
@@ -220,7 +191,7 @@ class DenseJoinReader(SessionReader):
         cuts = (np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1).tolist()
         mapped, raw = handle.maps[0], handle.raws[0]
         if mapped is not None:
-            self.verify(handle, pos, "rows", index)  # never fault on a truncated map
+            self.files.verify(handle, pos, "rows", index)  # never fault on a truncated map
         for k0, k1 in zip([0, *cuts], [*cuts, rows.size], strict=True):
             a = int(rows[k0])
             try:
@@ -229,13 +200,13 @@ class DenseJoinReader(SessionReader):
                 elif raw is not None:
                     pread(raw, a * row_bytes, buf[k0:k1], (k1 - k0) * row_bytes)
                 else:  # raw chunks or HDF5: the dataset's own shape
-                    self.fill_run(handle, 0, pos, a, k1 - k0, buf[k0:k1], index)
+                    self.files.fill_run(handle, 0, pos, a, k1 - k0, buf[k0:k1], index)
             except MemoryError:
                 raise
             except Exception as exc:
                 if not wrap:
                     raise
-                raise self.read_error(exc, pos, range(a, a + k1 - k0), index, 0) from exc
+                raise self.files.read_error(exc, pos, range(a, a + k1 - k0), index, 0) from exc
         return buf
 
     def _scatter(self, out: np.ndarray, slots: np.ndarray, buf: np.ndarray, pos: int) -> None:

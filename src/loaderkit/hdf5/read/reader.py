@@ -1,9 +1,9 @@
-"""``SessionReader``: reads rows of one or several keys from session files, and checks them.
+"""``SessionReader``: reads rows of one or several keys from session files; every reader's base.
 
-The reader owns what reading needs: the per-process handle cache, how each key is stored
-(``KeySpec``) and typed (``RowType``), what every session file held when the index was built
-(``SessionRecord``), and the error context. ``HDF5SessionDataset`` keeps its hooks, accessors
-and pickling, and hands its default reads here:
+The reader holds its files as a part (``sessionfiles.SessionFiles``: how each key is stored
+and typed, what every file held when the index was built, the per-process handle cache, the
+checks that make a changed file an ``HDF5FileError`` naming what changed, the error context).
+``HDF5SessionDataset`` keeps its hooks, accessors and pickling, and hands its default reads here:
 
 * ``read_one`` — one sample (per-item reads);
 * ``read_batch`` — a batch grouped into runs of consecutive rows (``runs.plan_runs``),
@@ -12,37 +12,34 @@ and pickling, and hands its default reads here:
   converts byte order, enums and compounds itself), then split into samples and the collated
   batch (``loaderkit.workers.collate.RowBatch``).
 
-Keys whose rows span many chunks that other rows share (``SessionLayout.shares_chunks``:
-NSD's ``(750, V)`` betas with chunks ``(750, 1)``) are read apart (``widekeys``, with
-``widerows``): a batch's rows of one session in one pass over that session's chunks, and whole
-sessions held in memory within ``max_session_bytes`` (``heldsessions``), so that block order
-reads each session once.
-
-Never silently wrong: a file is compared with its ``SessionRecord`` when it is (re)opened, and
-with its identity at open (one ``fstat``) after every read and before every copy out of a
-memory map, so a file rewritten, shrunk or truncated under the dataset is an
-``HDF5FileError`` naming what changed, never another dataset's bytes or zero rows.
+Keys whose rows span many chunks that other rows share are read apart (``widekeys``). What
+the dataset asks of any reader (``configure``, ``genes``, ``n_out``, ``matrix_nbytes``,
+``sparse_samples``...) is declared here, answered as for rows served as stored;
+``csrrows.CSRReader`` and ``densejoin.DenseJoinReader`` are its direct subclasses.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from loaderkit.errors import ConfigError
-from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
+from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK, decode_index, encode_index
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection, read_slab
-from loaderkit.hdf5.meta.types import Kind, RowType, Samples, dict_rows
+from loaderkit.hdf5.meta.types import Kind, Samples, dict_rows
 from loaderkit.hdf5.read import uring
+from loaderkit.hdf5.read.chunkio import ReadPath
+from loaderkit.hdf5.read.genemap import GeneMap, VarTable, gene_map
 from loaderkit.hdf5.read.handles import Handle
-from loaderkit.hdf5.read.labelkeys import served_parts, served_values
+from loaderkit.hdf5.read.labelkeys import LabelKey, served_parts, served_values
+from loaderkit.hdf5.read.mappedrows import take_mapped
 from loaderkit.hdf5.read.rawio import pread, pread_many, ring_reads, ring_worth
 from loaderkit.hdf5.read.runs import plan_runs
+from loaderkit.hdf5.read.scratch import ScratchRows
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
 from loaderkit.workers.collate import RowBatch, batch_buffer
@@ -50,32 +47,149 @@ from loaderkit.workers.collate import RowBatch, batch_buffer
 __all__ = ["KeySpec", "SessionReader", "SessionRecord"]
 
 
-class SessionReader(SessionFiles):
-    """Default reads of ``HDF5SessionDataset``: one sample, a batch, runs through a hook.
+class SessionReader:
+    """Default reads of ``HDF5SessionDataset``, and the contract every reader answers.
 
-    Built with the arguments of its base, ``loaderkit.hdf5.read.sessionfiles.SessionFiles``
-    (keys, types, records, handles and checks); keys whose rows span many chunks are read by
-    the functions of ``loaderkit.hdf5.read.widekeys`` over that state.
+    Its files, their handles and checks are a part it holds (``files``).
+
+    Args:
+        served: Per key, the ``labelkeys.LabelKey`` of a per-cell anndata column (a
+            categorical's codes shared across files, ``None`` where a value is missing);
+            ``None`` (or empty: every key) where rows are served as stored.
+        single: A sample is one key's row, not a dict of keys.
+        type_error: Why the keys' rows cannot be typed (a type no torch dtype holds, rows that
+            differ between sessions), kept for a subclass that overrides ``read``: the base
+            ``read`` raises it when called, an override that converts the rows itself works.
+        table: A matrix key's var indexes, one per file (``genemap.VarTable``): its columns
+            are genes, served as ``configure`` decides; ``None``: rows served as stored.
+        name: The matrix's name (messages, dict samples); ``None``: the first key's.
+        **kwargs: The arguments of ``sessionfiles.SessionFiles`` (the files part).
 
     Example:
-        >>> SessionReader.read_one.__name__
-        'read_one'
+        >>> SessionReader.read_one.__name__, SessionReader.forms
+        ('read_one', ('csr',))
     """
+
+    #: The forms a matrix's rows are served in (``configure``'s ``form``; ``sparse=``).
+    forms: tuple[str, ...] = ("csr",)
+
+    def __init__(
+        self,
+        *,
+        served: Sequence[LabelKey | None] = (),
+        single: bool,
+        type_error: Exception | None = None,
+        table: VarTable | None = None,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.files = files = SessionFiles(**kwargs)
+        #: The dataset's packed index: sample ``i`` is ``(index[i] >> ROW_BITS, index[i] &
+        #: ROW_MASK)``, (session position, row); read-only once the dataset set it.
+        self.index: np.ndarray = np.empty(0, np.int64)
+        #: Per key, how an anndata column's rows are served (``LabelKey``; ``None``: as stored).
+        self.served = tuple(served) or (None,) * len(files.specs)
+        self.single = single
+        self.type_error = type_error
+        #: Reads fill a chunk cache per open file (HDF5's, or decoded chunks).
+        self.cached_chunks = files.chunked
+        #: What decides a sample's content besides the index, as bytes a resumed state must
+        #: share (a matrix's column map: ``configure``).
+        self.content_parts: list[bytes] = []
+        #: Per thread: the reused buffer of rows that need converting.
+        self.scratch = ScratchRows()
+        #: One entry per thread inside a batch read now (``list.append``/``pop`` are atomic).
+        self.reading: list[None] = []
+        self.table = table
+        self.name = name if name is not None else (files.key_names or [""])[0]
+        #: How a matrix's rows are served (one of ``forms``).
+        self.form = "csr"
+        #: A matrix's served columns, and where each file's go (``configure``); ``None``:
+        #: rows served as stored.
+        self.genes: GeneMap | None = None if table is None else GeneMap.plain(table)
+        #: Columns of a matrix's sample (``None``: rows served as stored, ``files.types``).
+        self.n_out: int | None = None if self.genes is None else self.genes.n_out
+        #: Per session, bytes of a sparse matrix's values and column ids decoded (what a
+        #: chunk cache holds of it); ``None``: no sparse matrix.
+        self.matrix_nbytes: list[int] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["index"] = encode_index(self.index)  # a million samples in a few kilobytes
+        state["reading"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.index = decode_index(state["index"])
+        self.reading = []
+
+    @property
+    def sparse_samples(self) -> bool:
+        """Whether samples are rows of a sparse matrix (CSR tensors, not dense rows)."""
+        return False
+
+    def configure(self, form: str = "csr", genes: Any = None, join: str | None = None) -> None:
+        """Serve a matrix's rows as ``form``, the columns ``join`` and ``genes`` give.
+
+        Args:
+            form: One of ``forms`` (``sparse=``): a sparse matrix's ``"csr"``, ``"dense"`` or
+                ``"tokens"``; a dense matrix is served dense (only the default, ``"csr"``).
+            genes: ``None`` (every column), var names (a name twice: two columns), integer
+                positions or a boolean mask (``genemap.gene_map``).
+            join: ``None`` (the files share one var index), ``"outer"`` or ``"inner"``.
+
+        Raises:
+            ConfigError: Any of them given where rows are served as stored (no matrix), a
+                form this matrix has not, an unknown join, files whose var indexes differ
+                without ``join=`` or ``genes=`` names, or a ``genes=`` that selects no column
+                of the files (each named by ``gene_map``).
+        """
+        if self.table is None:
+            if form != "csr" or genes is not None or join is not None:
+                names = self.files.key_names
+                raise ConfigError(
+                    f"sparse={form!r}, genes= and join= apply to an anndata matrix (sparse= to "
+                    "a CSR one; genes= and join= to X, layers/<name> or raw/X, dense too, as "
+                    f"the first key); key {names[0] if len(names) == 1 else names!r} is none: "
+                    "leave them unset (its rows are read as stored)."
+                )
+            return
+        if form not in self.forms:
+            if len(self.forms) > 1:
+                raise ConfigError(f"sparse={form!r}: expected one of {list(self.forms)}.")
+            raise ConfigError(
+                f"sparse={form!r} applies to a sparse (CSR) matrix; key {self.name!r} is a "
+                "dense matrix, served as dense rows: leave sparse= unset."
+            )
+        self.form = form
+        self.genes = gene_map(self.table, join, genes, key=self.name, where=self.files.where())
+        self.n_out = self.genes.n_out
+        self.content_parts = [b"columns", *self.genes.digest_parts()]
+        self._serve_columns(self.genes)
+
+    def _serve_columns(self, genes: GeneMap) -> None:
+        """After ``configure``: what a reader needs to serve ``genes`` (nothing here)."""
+
+    def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
+        """Per key name, how its rows are read from ``handle``'s file (``ReadPath``)."""
+        return self.files.read_paths(handle)
 
     def close(self) -> None:
         """Close this process's open files and drop the sessions held in memory."""
-        if self.__dict__.get("cache") is not None:
-            self.cache.close()
-        if self.__dict__.get("held") is not None:
-            self.held.clear()
+        files = self.__dict__.get("files")  # absent where construction failed
+        if files is not None:
+            files.close()
 
     def session_rows(self) -> list[int]:
         """Samples per session the default ``build_index`` counts: rows of the first key."""
-        return [rec.layouts[0].rows if rec.layouts else 0 for rec in self.records]
+        return [rec.layouts[0].rows if rec.layouts else 0 for rec in self.files.records]
 
     def chunk_rows(self) -> list[int]:
         """Rows per storage chunk of each session (1: contiguous): where blocks are cut."""
-        return [(rec.layouts[0].chunk_rows or 1) if rec.layouts else 1 for rec in self.records]
+        return [
+            (rec.layouts[0].chunk_rows or 1) if rec.layouts else 1 for rec in self.files.records
+        ]
 
     def threads_reading(self) -> int:
         """How many threads are inside a batch read of this reader now (this one included)."""
@@ -89,10 +203,10 @@ class SessionReader(SessionFiles):
         """
         if self.type_error is not None:
             raise ConfigError(str(self.type_error))
-        values = self.read_keys(index, pos, row, range(len(self.specs)))
+        values = self.read_keys(index, pos, row, range(len(self.files.specs)))
         if self.single:
             return values[0]
-        return {spec.name: value for spec, value in zip(self.specs, values, strict=True)}
+        return {spec.name: value for spec, value in zip(self.files.specs, values, strict=True)}
 
     def read_keys(self, index: int, pos: int, row: int, keys: Sequence[int]) -> list[Any]:
         """Row ``row`` of session ``pos`` of each key in ``keys`` as served; errors name the row.
@@ -100,35 +214,43 @@ class SessionReader(SessionFiles):
         The handle is leased for the read, unless this thread holds the hook lock (a subclass's
         ``read`` calling ``super().read()``): no handle is closed under it.
         """
-        locked = self.cache.lock.held()
-        handle = self.handle(pos, row, index) if locked else self.leased(pos, row, index)
+        locked = self.files.cache.lock.held()
+        handle = (
+            self.files.handle(pos, row, index) if locked else self.files.leased(pos, row, index)
+        )
         try:
             values = [self._one(handle, k, pos, row, index) for k in keys]
             if handle.watch:
-                self.verify(handle, pos, f"row {row}", index)
+                self.files.verify(handle, pos, f"row {row}", index)
         except MemoryError:
             raise
         except Exception as exc:
-            raise self.read_error(exc, pos, range(row, row + 1), index) from exc
+            raise self.files.read_error(exc, pos, range(row, row + 1), index) from exc
         finally:
             if not locked:
-                self.cache.release(handle)
-        return served_values(self.served, keys, values, (pos, row), self.ids, self.paths)
+                self.files.cache.release(handle)
+        return served_values(
+            self.served, keys, values, (pos, row), self.files.ids, self.files.paths
+        )
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
-        rt = self.types[k]
-        if self._some_wide and self.wide[pos][k]:  # a row touches every chunk: held, or a pass
+        rt = self.files.types[k]
+        if (
+            self.files.some_wide and self.files.wide[pos][k]
+        ):  # a row touches every chunk: held, or a pass
             sample = np.empty((1, *rt.row_shape), rt.mem_dtype)
-            read_wide(self, k, pos, np.array([row], np.int64), sample, index)
+            read_wide(self.files, k, pos, np.array([row], np.int64), sample, index)
             return sample[0] if rt.row_shape else sample[0][()]
         raw, mapped = handle.raws[k], handle.maps[k]
         if raw is not None:
             sample = np.empty(rt.row_shape, rt.read_dtype)
             if mapped is not None:
-                self.verify(handle, pos, f"row {row}", index)  # never fault on a truncated map
+                self.files.verify(
+                    handle, pos, f"row {row}", index
+                )  # never fault on a truncated map
                 sample[...] = mapped[row]  # a copy, never a view of the map
             else:
-                pread(raw, row * self.row_bytes[k], sample, self.row_bytes[k])
+                pread(raw, row * self.files.row_bytes[k], sample, self.files.row_bytes[k])
             if rt.kind is Kind.STRUCT:
                 return rt.sample(sample[()] if not rt.row_shape else sample)
             if rt.swap:
@@ -136,13 +258,13 @@ class SessionReader(SessionFiles):
             return sample if rt.row_shape else sample[()]
         if handle.chunked[k] is not None and rt.kind is Kind.NUMBER:  # raw chunks, no lock
             rows = np.empty((1, *rt.row_shape), rt.read_dtype)
-            self.fill_run(handle, k, pos, row, 1, rows, index)
+            self.files.fill_run(handle, k, pos, row, 1, rows, index)
             if rt.swap:
                 rows = rows.astype(rt.mem_dtype)
             return rows[0] if rt.row_shape else rows[0][()]
-        spec = self.specs[k]
+        spec = self.files.specs[k]
         if spec.members:
-            return rt.sample(self._member(handle, k, pos, row))
+            return rt.sample(self.files.member(handle, k, pos, row))
         dset = handle.datasets[k]
         if rt.kind is Kind.NUMBER:
             value = dset[axis_selection(spec.axis, row, None)] if spec.axis else dset[row]
@@ -162,50 +284,29 @@ class SessionReader(SessionFiles):
             A ``RowBatch``: the samples in request order, and the collated batch.
         """
         n = idx.size
-        order, starts = plan_runs(keys, sort=self.chunked, always=self.contiguous)
+        order, starts = plan_runs(keys, sort=self.files.chunked, always=self.files.contiguous)
         if starts is None:
             starts = np.arange(n)
         reading = self.reading
         reading.append(None)  # threads reading now: ``_fill`` chooses its system calls by it
         try:
-            parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(self.specs))]
+            parts = [
+                self._read_key(k, idx, keys, order, starts) for k in range(len(self.files.specs))
+            ]
         finally:
             reading.pop()
-        parts = served_parts(self.served, parts, keys, self.ids, self.paths)  # anndata columns
+        parts = served_parts(
+            self.served, parts, keys, self.files.ids, self.files.paths
+        )  # anndata columns
         if self.single:  # the rows (views of the batch, or dicts) only when something asks
-            return RowBatch(parts[0][1], parts[0][0], ragged=self._ragged_names[0])
-        names = [spec.name for spec in self.specs]
+            return RowBatch(parts[0][1], parts[0][0], ragged=self.files.ragged_names[0])
+        names = [spec.name for spec in self.files.specs]
         batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
-        ragged = next((self._ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None)
+        ragged = next(
+            (self.files.ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None
+        )
         rows = functools.partial(dict_rows, names, [part[0] for part in parts])
         return RowBatch(None if ragged else batch, rows, ragged=ragged)
-
-    def _scratch(self, n: int, rt: RowType) -> np.ndarray:
-        """A reused buffer of ``n`` rows as stored (``read_dtype``); never handed out.
-
-        Rows that need converting (another byte order, records split into fields) are read
-        here and copied out, so the batch costs no fresh allocation and page faults twice.
-        """
-        local = self.scratch  # one buffer per thread: threads read batches at once
-        views: dict[tuple[int, np.dtype, tuple[int, ...]], np.ndarray] | None = getattr(
-            local, "views", None
-        )
-        if views is None:
-            views = local.views = {}
-            local.spare = None
-        view = views.get((n, rt.read_dtype, rt.row_shape))
-        if view is not None:
-            return view
-        shape = (n, *rt.row_shape)
-        nbytes = math.prod(shape) * rt.read_dtype.itemsize
-        if local.spare is None or local.spare.nbytes < nbytes:
-            local.spare = np.empty(max(nbytes, 1 << 16), np.uint8)
-            views.clear()  # views of the buffer replaced
-        if len(views) >= 16:  # batches of many sizes: keep the views bounded
-            views.clear()
-        view = local.spare[:nbytes].view(rt.read_dtype).reshape(shape)
-        views[n, rt.read_dtype, rt.row_shape] = view
-        return view
 
     def _read_key(
         self,
@@ -215,73 +316,28 @@ class SessionReader(SessionFiles):
         order: np.ndarray | None,
         starts: np.ndarray,
     ) -> tuple[Samples, Any]:
-        rt = self.types[k]
+        rt = self.files.types[k]
         n = idx.size
-        if rt.kind is Kind.NUMBER and not self.specs[k].members:
+        if rt.kind is Kind.NUMBER and not self.files.specs[k].members:
             tensor, out = batch_buffer(n, rt.row_shape, rt.mem_dtype)
-            stored = self._scratch(n, rt) if rt.swap else out
-            if not (self.memory_map and self.contiguous and self._mapped(k, idx, keys, stored)):
+            stored = self.scratch.rows(n, rt.read_dtype, rt.row_shape) if rt.swap else out
+            files = self.files
+            mapped = files.memory_map and files.contiguous
+            if not (mapped and take_mapped(files, k, idx, keys, stored, self.scratch)):
                 self._fill(k, idx, keys, order, starts, stored)
             if stored is not out:
                 np.copyto(out, stored)  # to native byte order while copying
             return functools.partial(list, out), tensor
-        if k in self.uneven:
+        if k in self.files.uneven:
             out = np.empty(n, object)
         elif rt.record is not None:  # split into fresh per-field batches: the records are scratch
-            out = self._scratch(n, rt)
+            out = self.scratch.rows(n, rt.read_dtype, rt.row_shape)
         else:
             out = np.empty((n, *rt.row_shape), rt.read_dtype)
         self._fill(k, idx, keys, order, starts, out)
-        if k in self.uneven:  # per-sample datasets of differing shapes: never stacked
+        if k in self.files.uneven:  # per-sample datasets of differing shapes: never stacked
             return functools.partial(list, [rt.sample(v) for v in out]), None
         return rt.batch(out, batch_buffer)
-
-    def _mapped(self, k: int, idx: np.ndarray, keys: np.ndarray, out: np.ndarray) -> bool:
-        """Gather a batch from memory maps with one ``np.take`` per session.
-
-        Block-shuffled batches come in a few stretches of one session each: each stretch is
-        taken straight into ``out``. Where sessions interleave (uniform shuffling), the rows are
-        taken session by session into a scratch batch and put in request order with one
-        scatter. Either way the batch is copied at memory speed by a handful of C calls that
-        release the GIL (threads copy in parallel). Returns ``False`` (nothing read) when a
-        session is not mapped. The file is checked (``verify``) before every copy: a truncated
-        file is an error, not ``SIGBUS``.
-        """
-        n = keys.shape[0]
-        pos = keys >> ROW_BITS
-        cuts = np.flatnonzero(pos[1:] != pos[:-1]) + 1
-        order: np.ndarray | None = None
-        target = out
-        if (cuts.size + 1) * 4 > n:  # interleaved sessions: gather by session, then scatter
-            order = np.argsort(pos, kind="stable")
-            keys, idx, pos = keys[order], idx[order], pos[order]
-            cuts = np.flatnonzero(pos[1:] != pos[:-1]) + 1
-            rt = self.types[k]  # the thread's scratch, unless ``out`` is that scratch already
-            target = np.empty_like(out) if rt.swap else self._scratch(n, rt)
-        rows = keys & ROW_MASK
-        starts = np.concatenate(([0], cuts))
-        bounds = [*starts.tolist(), n]
-        checked: set[int] = set()
-        for s, p in enumerate(pos[starts].tolist()):
-            k0, k1 = bounds[s], bounds[s + 1]
-            handle = self.leased(p, int(rows[k0]), int(idx[k0]))
-            try:
-                mapped = handle.maps[k]
-                if mapped is None:
-                    return False  # not mapped (any more): _fill reads the whole batch again
-                if p not in checked:  # never fault on a truncated map: once per file and batch
-                    self.verify(handle, p, "rows", int(idx[k0]))
-                    checked.add(p)
-                segment = target[k0:k1]
-                # rows were checked against the file when it was opened (its record);
-                # mode="clip" because numpy buffers ``out`` for mode="raise"
-                np.take(mapped, rows[k0:k1], axis=0, out=segment, mode="clip")
-            finally:
-                mapped = None  # no view left: a retired handle's map closes at release
-                self.cache.release(handle)
-        if order is not None:
-            out[order] = target
-        return True
 
     def _fill(
         self,
@@ -293,8 +349,8 @@ class SessionReader(SessionFiles):
         out: np.ndarray,
     ) -> None:
         """Read the runs of ``keys`` for key ``k`` into ``out`` (request order)."""
-        if self.any_wide[k]:
-            fill_wide(self, k, idx, keys, out)
+        if self.files.any_wide[k]:
+            fill_wide(self.files, k, idx, keys, out)
             return
         n = idx.size
         buf = out if order is None else np.empty_like(out)
@@ -308,12 +364,12 @@ class SessionReader(SessionFiles):
         # a ring, as page-cache copies that take turns (``pread_many``); a few long runs
         # (block order) are still a ``preadv`` each.
         direct, ring = self.threads_reading() < 2, None
-        if not direct and self.contiguous:
+        if not direct and self.files.contiguous:
             ring = uring.thread_ring()
-            if ring is not None and not ring_worth(starts, n, self.row_bytes[k]):
+            if ring is not None and not ring_worth(starts, n, self.files.row_bytes[k]):
                 direct, ring = True, None
         if (
-            self.contiguous
+            self.files.contiguous
             and order is None
             and (direct or ring is not None)
             and self._fill_at_once(k, idx, keys, starts, rows, ring)
@@ -332,11 +388,11 @@ class SessionReader(SessionFiles):
             return int(idx[slot] if order is None else idx[order[slot]])
 
         mapped_checked: set[int] = set()
-        get, canonical = self.cache.lease, self.canonical
+        get, canonical = self.files.cache.lease, self.files.canonical
         last = -1
         handle: Handle | None = None
         raw: tuple[int, int] | None = None
-        row_bytes = self.row_bytes[k]
+        row_bytes = self.files.row_bytes[k]
         # contiguous runs of the session being read: (first row, first slot, end slot)
         pending: list[tuple[int, int, int]] = []
 
@@ -368,19 +424,19 @@ class SessionReader(SessionFiles):
                     if pending:
                         read_pending()
                     if handle is not None:
-                        self._done(handle, last, index_at(k0))
+                        self.files.done(handle, last, index_at(k0))
                         handle = None
                     try:
                         handle = get(canonical[pos])
                     except Exception as exc:
-                        self.note(exc, pos, a, index_at(k0))
+                        self.files.note(exc, pos, a, index_at(k0))
                         raise
                     if handle.maps[k] is None:
                         raw = handle.raws[k]
                     else:
                         raw = None
                         if pos not in mapped_checked:  # never fault on a truncated map
-                            self.verify(handle, pos, "rows", index_at(k0))
+                            self.files.verify(handle, pos, "rows", index_at(k0))
                             mapped_checked.add(pos)
                     last = pos
                 assert handle is not None
@@ -389,19 +445,21 @@ class SessionReader(SessionFiles):
                     pending.append((a, k0, k1))
                     continue
                 try:
-                    self.fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
+                    self.files.fill_run(handle, k, pos, a, length, buf[k0:k1], index_at(k0))
                 except MemoryError:
                     raise
                 except Exception as exc:
-                    raise self.read_error(exc, pos, range(a, a + length), index_at(k0), k) from exc
+                    raise self.files.read_error(
+                        exc, pos, range(a, a + length), index_at(k0), k
+                    ) from exc
             if pending:
                 read_pending()
             if handle is not None:
-                self._done(handle, last, index_at(0))
+                self.files.done(handle, last, index_at(0))
                 handle = None
         finally:
             if handle is not None:
-                self.cache.release(handle)
+                self.files.cache.release(handle)
         if order is not None:
             out[order] = buf
 
@@ -429,8 +487,8 @@ class SessionReader(SessionFiles):
         slots: dict[int, int] = {}  # session: its place in order of first appearance
         places = [slots.setdefault(p, len(slots)) for p in (run_keys >> ROW_BITS).tolist()]
         sessions = list(slots)
-        canonical = self.canonical
-        leased = self.cache.lease_open([canonical[pos] for pos in sessions])
+        canonical = self.files.canonical
+        leased = self.files.cache.lease_open([canonical[pos] for pos in sessions])
         if leased is None:
             return False
         try:
@@ -443,10 +501,12 @@ class SessionReader(SessionFiles):
                 self._ring_runs(k, idx, run_keys, starts, rows, raws, places, ring)
             for s, handle in enumerate(leased):
                 if handle.watch:  # HDF5 read chunks of it: the rows are real rows
-                    self.verify(handle, sessions[s], "rows", int(idx[starts[places.index(s)]]))
+                    self.files.verify(
+                        handle, sessions[s], "rows", int(idx[starts[places.index(s)]])
+                    )
             return True
         finally:
-            self.cache.release_all(leased)
+            self.files.cache.release_all(leased)
 
     def _pread_runs(
         self,
@@ -459,7 +519,7 @@ class SessionReader(SessionFiles):
         places: list[int],
     ) -> None:
         """One ``os.preadv`` per run into its rows; a short read is finished by ``_read_rest``."""
-        row_bytes = self.row_bytes[k]
+        row_bytes = self.files.row_bytes[k]
         bounds = starts.tolist()
         bounds.append(idx.size)
         with rows.reshape(-1).view(np.uint8).data as flat:
@@ -490,7 +550,7 @@ class SessionReader(SessionFiles):
         """Every run in one ring call (a table of reads); what it leaves, ``_read_rest`` reads."""
         fds, bases = np.array(raws, dtype=np.int64).T  # one row per session
         which = np.array(places)
-        row_bytes = self.row_bytes[k]
+        row_bytes = self.files.row_bytes[k]
         lengths = np.empty(starts.size, np.int64)  # rows per run (np.diff costs more)
         np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
         lengths[-1] = idx.size - starts[-1]
@@ -528,7 +588,7 @@ class SessionReader(SessionFiles):
         index: int,
     ) -> None:
         """Read what a first read left of rows ``a..`` into slots ``k0:k1``; errors name them."""
-        row_bytes = self.row_bytes[k]
+        row_bytes = self.files.row_bytes[k]
         try:
             assert raw is not None
             rest = rows.reshape(-1).view(np.uint8)[k0 * row_bytes + got : k1 * row_bytes]
@@ -536,65 +596,4 @@ class SessionReader(SessionFiles):
         except MemoryError:
             raise
         except Exception as exc:
-            raise self.read_error(exc, pos, range(a, a + k1 - k0), index, k) from exc
-
-    def _done(self, handle: Handle, pos: int, index: int) -> None:
-        """Release a handle read through; first check the file when HDF5 read chunks of it.
-
-        The rows read are real rows, not zeros past a new end of the file.
-        """
-        try:
-            if handle.watch:
-                self.verify(handle, pos, "rows", index)
-        finally:
-            self.cache.release(handle)
-
-    def read_runs(
-        self,
-        read_rows: Callable[[Hashable, int, int], Sequence[Any]],
-        idx: np.ndarray,
-        keys: np.ndarray,
-        order: np.ndarray | None,
-        starts: np.ndarray | None,
-    ) -> list[Any]:
-        """Coalesced reads through a subclass's ``read_rows``; caller holds the handle lock.
-
-        Args:
-            read_rows: The subclass's hook.
-            idx: Dataset indices of the batch (for messages).
-            keys: Their packed keys.
-            order: Read order from ``plan_runs``.
-            starts: Run starts from ``plan_runs`` (``None``: one run per sample).
-
-        Returns:
-            One sample per key, in request order.
-
-        Raises:
-            ConfigError: ``read_rows`` returned the wrong number of samples.
-        """
-        n = idx.size
-        if starts is None:
-            starts = np.arange(n)
-        run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
-        bounds = starts.tolist()
-        bounds.append(n)
-        result: list[Any] = [None] * n
-        targets = list(range(n)) if order is None else order.tolist()
-        ids = self.ids
-        for r, key in enumerate(run_keys):
-            pos, a = key >> ROW_BITS, key & ROW_MASK
-            k, k2 = bounds[r], bounds[r + 1]
-            try:
-                samples = read_rows(ids[pos], a, a + (k2 - k))
-                if len(samples) != k2 - k:
-                    raise ConfigError(
-                        f"read_rows({ids[pos]!r}, {a}, {a + k2 - k}) returned {len(samples)} "
-                        f"samples, expected {k2 - k}."
-                    )
-            except Exception as exc:
-                self.cache.discard(self.canonical[pos])
-                self.note(exc, pos, a, int(idx[targets[k]]))
-                raise
-            for t, sample in zip(targets[k:k2], samples, strict=True):
-                result[t] = sample
-        return result
+            raise self.files.read_error(exc, pos, range(a, a + k1 - k0), index, k) from exc

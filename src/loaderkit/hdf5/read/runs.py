@@ -1,14 +1,22 @@
 """How a batch of packed (session, row) keys is cut into runs of consecutive rows.
 
-Pure: ``plan_runs`` decides the read order and where each run starts; the readers
-(``loaderkit.hdf5.read.reader``) do the reading.
+``plan_runs`` (pure) decides the read order and where each run starts; the readers
+(``loaderkit.hdf5.read.reader``) read the runs, or ``read_runs`` reads them through a
+dataset's ``read_rows`` hook.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
 import numpy as np
 
-__all__ = ["plan_runs"]
+from loaderkit.errors import ConfigError
+from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
+from loaderkit.hdf5.read.sessionfiles import SessionFiles
+
+__all__ = ["plan_runs", "read_runs"]
 
 
 def plan_runs(
@@ -60,3 +68,55 @@ def _starts(brk: np.ndarray) -> np.ndarray:
     starts = np.zeros(brk.size + 1, np.intp)
     np.add(brk, 1, out=starts[1:])
     return starts
+
+
+def read_runs(
+    files: SessionFiles,
+    read_rows: Callable[[Hashable, int, int], Sequence[Any]],
+    idx: np.ndarray,
+    keys: np.ndarray,
+    order: np.ndarray | None,
+    starts: np.ndarray | None,
+) -> list[Any]:
+    """Coalesced reads through a subclass's ``read_rows``; caller holds the handle lock.
+
+    Args:
+        files: The reader's files (ids for the hook, handles discarded and errors noted).
+        read_rows: The subclass's hook.
+        idx: Dataset indices of the batch (for messages).
+        keys: Their packed keys.
+        order: Read order from ``plan_runs``.
+        starts: Run starts from ``plan_runs`` (``None``: one run per sample).
+
+    Returns:
+        One sample per key, in request order.
+
+    Raises:
+        ConfigError: ``read_rows`` returned the wrong number of samples.
+    """
+    n = idx.size
+    if starts is None:
+        starts = np.arange(n)
+    run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
+    bounds = starts.tolist()
+    bounds.append(n)
+    result: list[Any] = [None] * n
+    targets = list(range(n)) if order is None else order.tolist()
+    ids = files.ids
+    for r, key in enumerate(run_keys):
+        pos, a = key >> ROW_BITS, key & ROW_MASK
+        k, k2 = bounds[r], bounds[r + 1]
+        try:
+            samples = read_rows(ids[pos], a, a + (k2 - k))
+            if len(samples) != k2 - k:
+                raise ConfigError(
+                    f"read_rows({ids[pos]!r}, {a}, {a + k2 - k}) returned {len(samples)} "
+                    f"samples, expected {k2 - k}."
+                )
+        except Exception as exc:
+            files.cache.discard(files.canonical[pos])
+            files.note(exc, pos, a, int(idx[targets[k]]))
+            raise
+        for t, sample in zip(targets[k:k2], samples, strict=True):
+            result[t] = sample
+    return result

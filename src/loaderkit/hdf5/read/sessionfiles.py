@@ -1,9 +1,10 @@
-"""``SessionFiles``: a session reader's state, its open files and the checks on them.
+"""``SessionFiles``: a session reader's files, what they hold and the checks on them.
 
-The base of ``loaderkit.hdf5.read.reader.SessionReader`` (``loaderkit.hdf5.read.widekeys``
-reads over its state too): what the reader knows (keys, types, records), the
-per-process handle cache and how a file is (re)opened and compared with its ``SessionRecord``,
-the error context every read failure gets, and the read of one run of rows from an open file.
+The part a ``loaderkit.hdf5.read.reader.SessionReader`` holds as ``files`` (the functions of
+``loaderkit.hdf5.read.widekeys`` read over it too): what the files hold (keys, types,
+records), the per-process handle cache and how a file is (re)opened and compared with its
+``SessionRecord``, the sessions held in memory, the error context every read failure gets,
+and the read of one run of rows from an open file.
 
 Never silently wrong: a file is compared with its ``SessionRecord`` when it is (re)opened, and
 with its identity at open (one ``fstat``) after every read and before every copy out of a
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -34,15 +34,14 @@ from loaderkit.hdf5.meta.diagnose import (
     repair_advice,
 )
 from loaderkit.hdf5.meta.filters import fletcher_damage
-from loaderkit.hdf5.meta.index import decode_index, encode_index
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, read_slab
 from loaderkit.hdf5.meta.layout import SessionLayout, dataset_at, open_object
 from loaderkit.hdf5.meta.types import Kind, RowType
 from loaderkit.hdf5.read.chunkio import ChunkReader, ReadPath, choose_path
 from loaderkit.hdf5.read.copies import SessionCopies
+from loaderkit.hdf5.read.genemap import where_sessions
 from loaderkit.hdf5.read.handles import Handle, HandleCache
 from loaderkit.hdf5.read.heldsessions import HeldSessions
-from loaderkit.hdf5.read.labelkeys import LabelKey
 from loaderkit.hdf5.read.rawio import (
     map_rows,
     pread,
@@ -63,31 +62,25 @@ _DIRECT_READ_BYTES = 256 * 1024
 
 
 class SessionFiles:
-    """What a session reader holds: keys, types, records, handles, checks and error context.
+    """A session reader's files: keys, types, records, handles, checks and error context.
 
     Args:
         ids: Session ids, in position order.
         paths: Their file paths.
         canonical: Per position, the position whose handle it uses (the same file listed
             twice shares one handle).
-        specs: The keys read (empty: the subclass reads on its own).
-        types: Per key, the ``RowType`` (empty when ``type_error`` is set).
-        type_error: Why the keys' rows cannot be typed (a type no torch dtype holds, rows that
-            differ between sessions), kept for a subclass that overrides ``read``: the base
-            ``read`` raises it when called, an override that converts the rows itself works.
+        specs: The keys read (empty: the dataset's subclass reads on its own).
+        types: Per key, the ``RowType`` (empty where the rows cannot be typed: the reader's
+            ``type_error``).
         records: Per position, the ``SessionRecord``.
         open_kwargs: Per position, the ``h5py.File`` keyword arguments.
         max_open: Most files open at once in each process.
         memory_map: Read contiguous numbers out of memory maps.
         fast: Default reads are used (raw access allowed, types known).
-        single: A sample is one key's row, not a dict of keys.
         label: What to call the dataset in messages (its class name).
         uneven: Group keys whose per-sample datasets differ in shape (never stacked).
         max_session_bytes: Most bytes of whole sessions held in memory in each process
             (keys whose rows span many chunks; 0: none).
-        served: Per key, the ``labelkeys.LabelKey`` of a per-cell anndata column (a
-            categorical's codes shared across files, ``None`` where a value is missing);
-            ``None`` (or empty: every key) where rows are served as stored.
 
     Example:
         >>> SessionFiles.verify.__name__
@@ -105,35 +98,25 @@ class SessionFiles:
         canonical: Sequence[int],
         specs: Sequence[KeySpec],
         types: Sequence[RowType],
-        type_error: Exception | None = None,
         records: Sequence[SessionRecord],
         open_kwargs: Sequence[dict[str, Any]],
         max_open: int,
         memory_map: bool,
         fast: bool,
-        single: bool,
         label: str,
         uneven: Sequence[int] = (),
         max_session_bytes: int = 0,
-        served: Sequence[LabelKey | None] = (),
     ) -> None:
         self.ids = list(ids)
         self._position = {sid: i for i, sid in enumerate(self.ids)}
         self.paths = list(paths)
         self.canonical = list(canonical)
-        #: The dataset's packed index: sample ``i`` is ``(index[i] >> ROW_BITS, index[i] &
-        #: ROW_MASK)``, (session position, row); read-only once the dataset set it.
-        self.index: np.ndarray = np.empty(0, np.int64)
         self.specs = tuple(specs)
-        #: Per key, how an anndata column's rows are served (``LabelKey``; ``None``: as stored).
-        self.served = tuple(served) or (None,) * len(self.specs)
         self.types = tuple(types)
-        self.type_error = type_error
         self.records = list(records)
         self.open_kwargs = list(open_kwargs)
         self.memory_map = memory_map
         self.fast = fast
-        self.single = single
         self.label = label
         self.uneven = frozenset(uneven)
         self.swmr = any(bool(kw.get("swmr")) for kw in self.open_kwargs)
@@ -142,11 +125,6 @@ class SessionFiles:
         self.chunked = any(lay.chunk_rows is not None for lay in layouts)
         #: The keys as the dataset was given them, for messages.
         self.key_names = [spec.name for spec in self.specs]
-        #: Reads of chunked keys fill a chunk cache per open file (HDF5's, or decoded chunks).
-        self.cached_chunks = self.chunked
-        #: What decides a sample's content besides the index, as bytes a resumed state must
-        #: share (a sparse key's column map: ``csrrows.CSRReader.configure``).
-        self.content_parts: list[bytes] = []
         number = bool(self.types) and all(rt.kind is Kind.NUMBER for rt in self.types)
         self.contiguous = (  # read with preadv (or maps): decided per file at open
             fast
@@ -163,11 +141,8 @@ class SessionFiles:
         self.cache = HandleCache(
             self._open, max_open, self.paths.__getitem__, on_evict=self._evicted
         )
-        #: Per thread: the reused scratch buffer of rows that need converting (``_scratch``).
-        self.scratch = threading.local()
-        #: One entry per thread inside a batch read now (``list.append``/``pop`` are atomic).
-        self.reading: list[None] = []
-        self._ragged_names = [self._ragged(k) for k in range(len(self.types))]
+        #: Per key, how a message names its rows when they are ragged (``None``: not ragged).
+        self.ragged_names = [self._ragged(k) for k in range(len(self.types))]
         #: Per session, per key: its rows span many chunks and are read apart (``widerows``).
         self.wide = [
             tuple(
@@ -176,14 +151,42 @@ class SessionFiles:
             )
             for rec in self.records
         ]
-        self.any_wide = [any(w[k] for w in self.wide) for k in range(len(self.types))]
-        self._some_wide = any(self.any_wide)  # one attribute test on the per-item path
+        self.any_wide: list[bool] = []
+        self.some_wide = False  # one attribute test on the per-item path
         #: Per session: bytes of its wide keys' rows, as held in memory.
+        self.session_nbytes: list[int] = []
+        self._count_wide()
+        self.held = HeldSessions(max_session_bytes)
+
+    def _count_wide(self) -> None:
+        """``any_wide``, ``some_wide`` and ``session_nbytes`` from ``wide``."""
+        self.any_wide = [any(w[k] for w in self.wide) for k in range(len(self.types))]
+        self.some_wide = any(self.any_wide)
         self.session_nbytes = [
             sum(rec.layouts[k].rows * self.row_bytes[k] for k, wide in enumerate(w) if wide)
             for rec, w in zip(self.records, self.wide, strict=True)
         ]
-        self.held = HeldSessions(max_session_bytes)
+
+    def keep_in_runs(self, k: int) -> None:
+        """Read key ``k`` in runs like any key, never apart nor held whole (``widekeys``).
+
+        For a reader that reads key ``k`` its own way, file by file (``densejoin``).
+        """
+        self.wide = [(*w[:k], False, *w[k + 1 :]) for w in self.wide]
+        self._count_wide()
+
+    def where(self) -> list[str]:
+        """Per session, how a message names it: ``session 's1' (path)`` (``where_sessions``)."""
+        return where_sessions(self.ids, self.paths)
+
+    def named(self, pos: int) -> str:
+        """How a message names session ``pos``: ``session 's1' (path)``."""
+        return where_sessions(self.ids[pos : pos + 1], self.paths[pos : pos + 1])[0]
+
+    def close(self) -> None:
+        """Close this process's open files and drop the sessions held in memory."""
+        self.cache.close()
+        self.held.clear()
 
     def position(self, session: Hashable) -> int:
         """The position of session id ``session`` (its place in ``ids``).
@@ -201,18 +204,12 @@ class SessionFiles:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["index"] = encode_index(self.index)  # a million samples in a few kilobytes
         state["cache"] = self.cache.max_open  # handles never travel: only the bound
         state["held"] = self.held.max_bytes  # nor held rows
-        state["scratch"] = None
-        state["reading"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.index = decode_index(state["index"])
-        self.scratch = threading.local()
-        self.reading = []
         self.cache = HandleCache(
             self._open, int(state["cache"]), self.paths.__getitem__, on_evict=self._evicted
         )
@@ -538,6 +535,17 @@ class SessionFiles:
         lost = f"{what} for dataset index {index} may hold other data or zeros and"
         raise self.changed(pos, "while it was being read", now_text, lost, index)
 
+    def done(self, handle: Handle, pos: int, index: int) -> None:
+        """Release a handle read through; first check the file when HDF5 read chunks of it.
+
+        The rows read are real rows, not zeros past a new end of the file.
+        """
+        try:
+            if handle.watch:
+                self.verify(handle, pos, "rows", index)
+        finally:
+            self.cache.release(handle)
+
     def changed(self, pos: int, when: str, now_text: str, lost: str, index: int) -> HDF5FileError:
         """The ``HDF5FileError`` to raise: session ``pos``'s file changed ``when``.
 
@@ -577,7 +585,7 @@ class SessionFiles:
             handle.others[path] = dset
         return dset
 
-    def _member(self, handle: Handle, k: int, pos: int, row: int) -> Any:
+    def member(self, handle: Handle, k: int, pos: int, row: int) -> Any:
         """The whole dataset that is sample ``row`` of a group key, read into its mem dtype."""
         names = self.records[pos].members[k]
         assert names is not None
@@ -608,7 +616,7 @@ class SessionFiles:
         rt, spec = self.types[k], self.specs[k]
         if spec.members:
             for j in range(length):
-                target[j] = self._member(handle, k, pos, a + j)
+                target[j] = self.member(handle, k, pos, a + j)
             return
         mapped, raw = handle.maps[k], handle.raws[k]
         if mapped is not None:  # checked by _fill before the first copy from this file

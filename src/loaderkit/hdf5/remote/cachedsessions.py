@@ -81,8 +81,10 @@ class CachedSessions:
         sources = self.sources
         if sources is None or sources.cache.prefetch <= 0:
             return None
-        rows = max((rec.layouts[0].rows for rec in self.reader.records if rec.layouts), default=1)
-        horizon = (self.reader.cache.max_open + sources.cache.prefetch + 1) * max(rows, 1)
+        rows = max(
+            (rec.layouts[0].rows for rec in self.reader.files.records if rec.layouts), default=1
+        )
+        horizon = (self.reader.files.cache.max_open + sources.cache.prefetch + 1) * max(rows, 1)
         return OrderWatcher(
             sources, functools.partial(session_positions, self.reader.index), horizon
         )
@@ -195,7 +197,7 @@ class CachedSessions:
         )
         where = (
             "in the main process, in the loader's order (each worker's reads find the files "
-            f"there); at most {self.reader.cache.max_open} open per process"
+            f"there); at most {self.reader.files.cache.max_open} open per process"
             if num_workers > 0
             else "in this process, in the loader's order"
         )
