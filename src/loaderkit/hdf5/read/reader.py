@@ -283,28 +283,22 @@ class SessionReader:
         Returns:
             A ``RowBatch``: the samples in request order, and the collated batch.
         """
-        n = idx.size
-        order, starts = plan_runs(keys, sort=self.files.chunked, always=self.files.contiguous)
+        n, files = idx.size, self.files
+        order, starts = plan_runs(keys, sort=files.chunked, always=files.contiguous)
         if starts is None:
             starts = np.arange(n)
         reading = self.reading
         reading.append(None)  # threads reading now: ``_fill`` chooses its system calls by it
         try:
-            parts = [
-                self._read_key(k, idx, keys, order, starts) for k in range(len(self.files.specs))
-            ]
+            parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(files.specs))]
         finally:
             reading.pop()
-        parts = served_parts(
-            self.served, parts, keys, self.files.ids, self.files.paths
-        )  # anndata columns
+        parts = served_parts(self.served, parts, keys, files.ids, files.paths)  # anndata columns
         if self.single:  # the rows (views of the batch, or dicts) only when something asks
-            return RowBatch(parts[0][1], parts[0][0], ragged=self.files.ragged_names[0])
-        names = [spec.name for spec in self.files.specs]
+            return RowBatch(parts[0][1], parts[0][0], ragged=files.ragged_names[0])
+        names = [spec.name for spec in files.specs]
         batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
-        ragged = next(
-            (self.files.ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None
-        )
+        ragged = next((files.ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None)
         rows = functools.partial(dict_rows, names, [part[0] for part in parts])
         return RowBatch(None if ragged else batch, rows, ragged=ragged)
 
@@ -316,26 +310,25 @@ class SessionReader:
         order: np.ndarray | None,
         starts: np.ndarray,
     ) -> tuple[Samples, Any]:
-        rt = self.files.types[k]
-        n = idx.size
-        if rt.kind is Kind.NUMBER and not self.files.specs[k].members:
+        files = self.files
+        rt, n = files.types[k], idx.size
+        if rt.kind is Kind.NUMBER and not files.specs[k].members:
             tensor, out = batch_buffer(n, rt.row_shape, rt.mem_dtype)
             stored = self.scratch.rows(n, rt.read_dtype, rt.row_shape) if rt.swap else out
-            files = self.files
             mapped = files.memory_map and files.contiguous
             if not (mapped and take_mapped(files, k, idx, keys, stored, self.scratch)):
                 self._fill(k, idx, keys, order, starts, stored)
             if stored is not out:
                 np.copyto(out, stored)  # to native byte order while copying
             return functools.partial(list, out), tensor
-        if k in self.files.uneven:
+        if k in files.uneven:
             out = np.empty(n, object)
         elif rt.record is not None:  # split into fresh per-field batches: the records are scratch
             out = self.scratch.rows(n, rt.read_dtype, rt.row_shape)
         else:
             out = np.empty((n, *rt.row_shape), rt.read_dtype)
         self._fill(k, idx, keys, order, starts, out)
-        if k in self.files.uneven:  # per-sample datasets of differing shapes: never stacked
+        if k in files.uneven:  # per-sample datasets of differing shapes: never stacked
             return functools.partial(list, [rt.sample(v) for v in out]), None
         return rt.batch(out, batch_buffer)
 
