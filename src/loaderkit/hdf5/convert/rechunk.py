@@ -9,6 +9,11 @@ writes, for each source file, a copy with the same name under an output director
   a fixed shape: loaderkit then reads rows with one ``os.preadv`` per run, no HDF5 call, and
   a random row reads only its own bytes), or in *chunks of whole rows* of about
   ``chunk_bytes`` (1 MiB; the source's filters kept: compression needs chunks);
+* a key that is an ``.h5ad`` CSR matrix group (``X``, ``layers/<name>``, ``raw/X``: public
+  files often store them gzip-compressed) with its ``data`` and ``indices`` uncompressed,
+  contiguous (``layout="chunked"``: uncompressed chunks), ``indptr`` and its attributes as
+  they are, so that anndata reads the same matrix and loaderkit reads rows raw
+  (``loaderkit.hdf5.convert.csrcopy``);
 * every other object and attribute copied as it is (HDF5's own object copy), links kept as
   links;
 * read in blocks of whole source chunks (blocks of columns for column-chunked sources, of
@@ -81,10 +86,11 @@ class RechunkResult:
     Attributes:
         source: The file read.
         target: The copy written (same name, in the output directory).
-        key: The dataset stored row by row.
-        shape: Its shape.
-        layout: ``"contiguous"`` or ``"chunks (R, ...)"``.
-        nbytes: Bytes of the key's values.
+        key: The dataset stored row by row, or the CSR matrix group.
+        shape: Its shape (a CSR group's: the matrix's, cells x genes).
+        layout: ``"contiguous"`` or ``"chunks (R, ...)"``; for a CSR group
+            ``"CSR values contiguous"`` or ``"CSR values chunks (N,)"``.
+        nbytes: Bytes of the key's values (a CSR group's ``data`` and ``indices``).
         seconds: Time taken, verification included.
 
     Example:
@@ -384,6 +390,10 @@ def _verify(src_file: h5py.File, out: h5py.File, key: str, block_bytes: int, rep
             continue
         if a.shape is None or a.size == 0:
             continue
+        if a.ndim == 0:  # a scalar (anndata's uns values, strings)
+            if not same_bits(np.asarray(a[()]), np.asarray(b[()])):
+                problems.append(f"values of {name!r}")
+            continue
         for box in _source_blocks(a, block_bytes):
             x, y = (read_key(box) if read_key and name == key_name else a[box]), b[box]
             if not same_bits(np.asarray(x), np.asarray(y)):
@@ -479,11 +489,14 @@ def rechunk(
 
     Args:
         files: The session files to rewrite (any number; never written to).
-        key: The dataset to store row by row (a path inside the files, e.g. ``"betas"``).
+        key: The dataset to store row by row (a path inside the files, e.g. ``"betas"``), or
+            an ``.h5ad`` CSR matrix group (``"X"``, ``"layers/counts"``, ``"raw/X"``) whose
+            ``data`` and ``indices`` are stored uncompressed.
         out_dir: Where the copies go (created if missing; must not hold a source).
         layout: ``"auto"`` (contiguous, or chunks of whole rows when the source has filters
             or can grow), ``"contiguous"`` or ``"chunked"`` (chunks of whole rows, the
-            source's filters kept).
+            source's filters kept). A CSR group's values: contiguous, or with ``"chunked"``
+            uncompressed chunks of about ``chunk_bytes`` that keep the maximum shape.
         chunk_bytes: Target bytes per chunk for chunked output (at least one whole row).
         block_bytes: Bytes read and written per block (memory bound, besides HDF5's state).
         overwrite: Replace copies that already exist in ``out_dir`` (never a source).
@@ -495,12 +508,14 @@ def rechunk(
 
     Raises:
         ConfigError: No files, a bad ``layout``, a target that is a source (same path,
-            symlink or hard link), two sources with the same name, or ``"contiguous"`` for a
-            dataset that needs chunks.
+            symlink or hard link), two sources with the same name, ``"contiguous"`` for a
+            dataset that needs chunks, or a sparse matrix that is not CSR (CSC: named, with
+            how to convert).
         FileExistsError: A target exists and ``overwrite`` is false.
         FileNotFoundError: A source does not exist.
         KeyError: A source has no dataset ``key`` (the message lists what it holds).
-        HDF5FileError: A source cannot be read, or the copy does not verify (it is removed).
+        HDF5FileError: A source cannot be read (a damaged CSR group's first bad row named),
+            or the copy does not verify (it is removed).
 
     Example:
         >>> import h5py, numpy as np, tempfile, os
