@@ -200,7 +200,9 @@ def _lookup(f: h5py.File, key: str, path: Path) -> h5py.Dataset | h5py.Group:
     return obj
 
 
-def _chunks_of(obj: h5py.Dataset | h5py.Group, layout: str, chunk_bytes: int) -> Any:
+def _chunks_of(
+    obj: h5py.Dataset | h5py.Group, layout: str, chunk_bytes: int
+) -> tuple[int, ...] | None:
     """``choose_layout`` for a dataset; a CSR group's ``data`` chunks (``None``: contiguous)."""
     if isinstance(obj, h5py.Group):
         return csrcopy.value_chunks(obj["data"], layout, chunk_bytes)
