@@ -46,6 +46,7 @@ class AheadSource(Protocol):
     def raw_fd(self, handle: Handle, k: int) -> int:
         """The descriptor key ``k`` is read from raw in ``handle`` (-1: not read raw)."""
 
+
 #: Bytes of a page: where the files do not fit in memory, a read is asked for by its pages.
 PAGE = 4096
 
