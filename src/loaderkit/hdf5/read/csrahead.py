@@ -16,15 +16,15 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.read.csrplan import SpanCatalog, batch_sessions, plan_pieces
-from loaderkit.hdf5.read.handles import Handle, HandleCache
+from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.readahead import Advisor, AheadPlan, SamplerReadAhead, Windows
+from loaderkit.hdf5.read.sessionfiles import SessionFiles
 
 __all__ = ["AheadSource", "CSRAhead"]
 
@@ -33,11 +33,8 @@ class AheadSource(Protocol):
     """What ``CSRAhead`` reads of its reader (``CSRReader`` has it)."""
 
     catalog: SpanCatalog
-    cache: HandleCache
-
-    @property
-    def types(self) -> Sequence[Any]:
-        """Per key, its row type (``read_dtype``: as stored)."""
+    #: Its files: the open ones (``cache``) and the keys' row types (``types``, as stored).
+    files: SessionFiles
 
     @property
     def canonical_positions(self) -> np.ndarray:
@@ -93,7 +90,7 @@ class CSRAhead:
         if not keys.size:
             return left
         sessions, slot = batch_sessions(cpos, canon.size)
-        leased = reader.cache.lease_open(sessions.tolist())
+        leased = reader.files.cache.lease_open(sessions.tolist())
         if leased is None:
             return left
         try:
@@ -102,7 +99,7 @@ class CSRAhead:
             begin, lengths, cpos, slot = begin[keep], (end - begin)[keep], cpos[keep], slot[keep]
             for k in (0, 1):
                 fds = np.array([reader.raw_fd(h, k) for h in leased], np.int64)
-                item = reader.types[k].read_dtype.itemsize
+                item = reader.files.types[k].read_dtype.itemsize
                 where, _, nbytes, run = plan_pieces(
                     *catalog.table(k, cpos), begin, lengths, begin, item
                 )
@@ -125,7 +122,7 @@ class CSRAhead:
                 last = -(-(where + nbytes) // windows.around) * windows.around
                 self.advisor.ask(fd, first, last - first)
         finally:
-            reader.cache.release_all(leased)
+            reader.files.cache.release_all(leased)
         return left - keys.size
 
     def _know_file(self, fd: int, pos: int) -> None:
@@ -146,7 +143,7 @@ class CSRAhead:
             offsets = tables[int(base[0]) : int(base[0]) + count]
             offsets = offsets[offsets >= 0]
             starts.append(offsets)
-            stops.append(offsets + chunk * reader.types[k].read_dtype.itemsize)
+            stops.append(offsets + chunk * reader.files.types[k].read_dtype.itemsize)
         self.windows.add(pos, size, np.concatenate(starts), np.concatenate(stops))
 
     def close(self) -> None:

@@ -171,6 +171,13 @@ class SessionReader:
     def _serve_columns(self, genes: GeneMap) -> None:
         """After ``configure``: what a reader needs to serve ``genes`` (nothing here)."""
 
+    def read_ahead_watcher(self) -> Any | None:
+        """A watcher of the loader's coming indices that asks for their reads ahead.
+
+        ``None`` here: rows are read when their batch comes (``CSRReader`` reads ahead).
+        """
+        return None
+
     def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
         """Per key name, how its rows are read from ``handle``'s file (``ReadPath``)."""
         return self.files.read_paths(handle)
