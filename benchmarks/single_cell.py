@@ -14,15 +14,33 @@ files are written once into ``--cache`` (default: a directory per size under the
 dir) and reused while its ``done.json`` matches the sizes.
 
 Each loader runs in a fresh process (``--child``), so its memory is its own: it builds the
-loader, then times ``--batches`` batches (default one epoch) of 64 cells from the iterator's
-creation (starting workers counts; opening the files and reading ``indptr`` does not: that is
-``setup s``). Reported per loader: cells/s with a warm page cache (every file read whole just
-before) and a cold one (every file evicted with ``posix_fadvise(POSIX_FADV_DONTNEED)`` just
-before the process starts; the resident share is checked with ``mincore`` and printed); the batch
-mix, the mean number of distinct 1,000-cell runs (file, cell // 1000) a batch draws from (~44
-when 64 cells are drawn from 80 runs at random); the process's peak RSS (``VmHWM``: it counts
-torch's import, ~250 MiB, and file pages mapped by the loader) and the largest worker process's
-(``ru_maxrss`` of its children: a forked worker's counts the pages it shares with its parent).
+loader, then times an epoch of its batches (64 cells, or 4,096 for the ``-b4096`` loaders;
+``--batches N``: N x 64 cells, rounded up to whole batches) from the iterator's creation
+(starting workers counts; opening the files and reading ``indptr`` does not: that is ``setup
+s``). Reported per loader:
+
+* warm (every file read whole just before the process starts): its first epoch, and its steady
+  state, a second epoch from a new iterator over the same loader in the same process; the
+  ratios' "warm" is the steady state;
+* cold: a fresh process's first epoch, every file evicted with
+  ``posix_fadvise(POSIX_FADV_DONTNEED)`` just before it starts (by the parent, which maps none of
+  them, while no child runs: the call leaves the pages a live process maps; the resident share is
+  checked with ``mincore`` and printed), and that rate over the cold ceiling;
+* the cold ceiling: the disk's sequential rate, the files' ``X/data`` + ``X/indices`` bytes as
+  stored (their chunks, merged where they touch) read in order by a fresh process just after
+  the files were evicted, taking its turn among the cold runs; the epoch's cells over the time
+  its bytes take at that rate;
+* private memory: the peak of the process tree's anonymous + shmem pages, ``Pss_Anon +
+  Pss_Shmem`` of ``/proc/<pid>/smaps_rollup`` summed over the child and its descendants (a page
+  shared by forked workers counts once), sampled every ``SAMPLE_S`` (50 ms) by a thread from
+  the child's start (torch imported) to its end; mapped clean file pages are the page cache,
+  not the loader's. The JSON also has the private memory at the child's start and the sampled
+  peak of the tree's summed RSS;
+* the batch mix, the mean number of distinct 1,000-cell runs (file, cell // 1000) a batch draws
+  from (~44 when 64 cells are drawn from 80 runs at random); the process's peak RSS (``VmHWM``:
+  it counts torch's import, ~250 MiB, and file pages mapped by the loader) and the largest
+  worker process's (``ru_maxrss`` of its children: a forked worker's counts the pages it shares
+  with its parent).
 
 Loaders (``--only`` takes names or prefixes, comma-separated; ``--list`` lists them): loaderkit
 ``HDF5SessionDataset(files, key="X")`` under ``create_dataloader(batch_size=64, shuffle=True,
@@ -45,12 +63,24 @@ and annbatch version; the conversion's wall time from warm files, its size on di
 RSS printed with the table), then read by its ``Loader(batch_size=64, to="torch")`` with its
 defaults (512-cell chunks, 32 a load, CSR batches) and ``shuffle=True`` (chunks in random order,
 a load's cells shuffled) or without (``annbatch-seq``: the store's own pre-shuffled order, the
-same every epoch); its cold runs evict the store's files. Peers that are not importable are
-skipped with a line saying so. Install them with ``pip install -e ".[bench-single-cell]"``.
+same every epoch); its cold runs evict the store's files (its cold / ceiling is its cells/s over
+the ceiling of the ``.h5ad`` files, which hold the same cells). At batch 4,096 (annbatch's paper
+setting): loaderkit CSR (``lk-csr-b4096``), annbatch shuffled (``annbatch-b4096``) and
+scDataset block 4 / fetch 16 (``scd-4-16-b4096``: a fetch of 65,536 cells, as its headline
+pair's at batch 64). Peers that are not importable are skipped with a line saying so. Install
+them with ``pip install -e ".[bench-single-cell]"`` (annbatch needs Python >= 3.12: a venv of
+its own, e.g. ``python3.12 -m venv v && v/bin/pip install torch h5py psutil tqdm
+scdataset anndata scipy annbatch``, run as ``PYTHONPATH=src v/bin/python
+benchmarks/single_cell.py``; PyPI's torch is a CUDA build, which adds to every loader's RSS
+and private memory alike).
 
-Noise: this is a shared machine. ``--rounds N`` repeats every (loader, cache) cell N times in an
-order rotated between rounds and reports the median cells/s (and the largest peak RSS); the
-ratios are of those medians. The lead's command:
+Noise: this is a shared machine. ``--rounds N`` repeats every (loader, cache) cell, and the
+disk's read, N times in an order rotated between rounds and reports the median cells/s (and
+the largest memory peaks); the ratios are of those medians. The issue's table (warm @64 and
+@4096, cold, ceiling, private memory; about 12 minutes on an idle 2-core machine):
+``python benchmarks/single_cell.py --rounds 3 --only
+lk-csr,annbatch,scd-4-1024,lk-csr-b4096,annbatch-b4096,scd-4-16-b4096 --json single_cell.json``;
+every loader, both compressions (hours: AnnLoader, h5py and gzip are slow):
 ``python benchmarks/single_cell.py --rounds 3 --compression none,gzip --json single_cell.json``.
 """
 
@@ -624,6 +654,8 @@ class TreeMemory:
         self.every = every
         self.private_peak_kib = 0
         self.rss_peak_kib = 0
+        #: the private memory of the first look (None before it)
+        self.private_first_kib: int | None = None
         self.samples = 0
         #: False where no process of the tree had a private figure (no ``smaps_rollup``)
         self.known = False
@@ -657,6 +689,8 @@ class TreeMemory:
         self.private_peak_kib = max(self.private_peak_kib, private)
         self.rss_peak_kib = max(self.rss_peak_kib, rss)
         self.known = self.known or known
+        if not self.samples and known:
+            self.private_first_kib = private
         self.samples += 1
 
     def _run(self) -> None:
@@ -898,6 +932,9 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         "peak_rss_mib": _peak_rss_mib(),
         "worker_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * kib / 2**20,
         "private_peak_mib": memory.private_peak_mib,
+        "private_start_mib": (
+            None if memory.private_first_kib is None else memory.private_first_kib / 1024
+        ),
         "tree_rss_peak_mib": memory.rss_peak_mib,
         "memory_samples": memory.samples,
     }
@@ -1212,6 +1249,19 @@ def table(
     if "cold" in caches:
         said = f"at most {max(known):.1%}" if known else "an unknown share (no mincore)"
         lines += ["", f"cold: {said} of the files' pages resident at each cold start"]
+    starts = [
+        r["private_start_mib"]
+        for c in results.values()
+        for s in c.values()
+        for r in s.get("runs", [])
+        if r.get("private_start_mib") is not None
+    ]
+    if starts:
+        lines += [
+            "",
+            f"private memory at a child's start (torch imported, no loader built): "
+            f"{min(starts):,.0f}-{max(starts):,.0f} MiB",
+        ]
     if disk:
         lines += ["", disk_line(disk)]
     if "" in notes:

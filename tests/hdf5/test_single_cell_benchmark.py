@@ -89,6 +89,7 @@ def _run(first: float, steady: float | None = None, private: float | None = 100.
         "setup_s": 1.5,
         "worker_peak_rss_mib": 0.0,
         "private_peak_mib": private,
+        "private_start_mib": 80.0 if private else None,
         "tree_rss_peak_mib": 950.0,
         "resident_before": 0.0,
     }
@@ -149,6 +150,8 @@ def test_annbatch_rows_ratios_and_its_copy_in_the_table(sc: ModuleType) -> None:
     assert row + "40,000 | 0.16 | 600 | 900 | — | 44.0 | 1.50 |" in text
     assert "| loaderkit, CSR batches | 4,096 | 160,000 | 100,000 | 50,000 | 0.20 | 200 | " in text
     assert "\nannbatch's copy: /x/annbatch-lz4.zarr\n" in text
+    start = "\nprivate memory at a child's start (torch imported, no loader built): 80-80 MiB\n"
+    assert start in text
     assert "\ndisk: 1.60 GB/s reading the files' `data` + `indices` in order (512 MB " in text
     assert "the epoch's 80,000 cells in 0.32 s, the cold ceiling 250,000 cells/s\n" in text
     assert "- loaderkit/annbatch warm @64: 3.00x (target >= 3)" in text
@@ -246,6 +249,7 @@ def test_tree_memory_samples_while_it_runs(sc: ModuleType) -> None:
         pytest.skip("no /proc/<pid>/smaps_rollup here")
     with sc.TreeMemory(every=0.01) as memory:
         before = memory.private_peak_mib
+        assert memory.private_first_kib is not None and memory.private_first_kib > 0
         held = np.ones(96 << 20, np.uint8)
         time.sleep(0.1)
         del held  # gone before the last look: only a sample taken while it lived saw it
@@ -368,7 +372,7 @@ def test_a_peer_that_is_not_importable_is_a_line_not_an_error(
 @pytest.mark.slow  # 20 fresh processes that import torch: ~70 s on 2 cores
 def test_quick_run_reads_every_cell_once_per_loader(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
-    loaders = "lk-csr,lk-dense,lk-csr-2p,lk-csr-2t,h5py"
+    loaders = "lk-csr,lk-dense,lk-csr-2p,lk-csr-2t,h5py,lk-csr-b4096"
     args = ["--quick", "--only", loaders, "--files", "3", "--cells", "2000", "--genes", "300"]
     args += ["--nnz", "20", "--batches", "0", "--compression", "none,gzip"]
     args += ["--cache", str(tmp_path), "--json", str(out)]
@@ -388,14 +392,34 @@ def test_quick_run_reads_every_cell_once_per_loader(tmp_path: Path) -> None:
             assert set(caches) == {"warm", "cold"}
             for cache, summary in caches.items():
                 (run,) = summary["runs"]
-                # one epoch: 6,000 cells, each once, in 94 batches of 64 and one of 48
-                assert (run["cells"], run["distinct_cells"], run["batches"]) == (6000, 6000, 94)
-                # 6 runs of 1,000 cells: a shuffled batch of 64 draws from nearly all
-                assert 5.0 < run["batch_mix"] <= 6.0, (name, cache)
+                # one epoch: 6,000 cells, each once, in 94 batches of 64 (the last of 48), or
+                # in 2 of 4,096 (the last of 1,904)
+                epochs = [run, run["steady"]] if cache == "warm" else [run]
+                for epoch in epochs:
+                    assert (epoch["cells"], epoch["distinct_cells"]) == (6000, 6000)
+                    assert epoch["batches"] == (2 if name == "lk-csr-b4096" else 94)
+                    # 6 runs of 1,000 cells: a shuffled batch of 64 draws from nearly all
+                    assert 5.0 < epoch["batch_mix"] <= 6.0, (name, cache)
+                assert (run["steady"] is None) == (cache == "cold")  # a cold run: one epoch
                 assert run["cells_per_s"] > 0 and run["peak_rss_mib"] > 0
+                # torch alone is more than 20 MiB of private memory; it was sampled
+                assert run["private_peak_mib"] >= run["private_start_mib"] > 20
+                assert run["memory_samples"] >= 2
                 if cache == "warm" and run["resident_before"] is not None:
                     assert run["resident_before"] == 1.0
+        disk = files["disk"]
+        # the bytes of data + indices as stored: 6,000 cells x 20 values x (4 + 4) bytes
+        raw = 6000 * 20 * 8
+        if files["sizes"]["compression"] == "none":
+            assert disk["bytes"] == raw
+        else:
+            assert 0 < disk["bytes"] < raw  # gzip: fewer bytes stored
+        assert disk["bytes_per_s"] > 0
+        assert disk["ceiling_cells_per_s"] == pytest.approx(
+            6000 * disk["bytes_per_s"] / disk["bytes"]
+        )
         ratios = files["ratios"]
+        assert ratios["loaderkit cold/ceiling"] > 0
         assert ratios["lk-csr-2p/lk-csr warm"] > 0 and ratios["lk-csr-2t/lk-csr cold"] > 0
         assert ratios["loaderkit/scDataset 4-1024 warm"] is None  # not run
         workers = files["results"]["lk-csr-2p"]["warm"]["worker_peak_rss_mib"]
