@@ -77,7 +77,8 @@ and private memory alike).
 Noise: this is a shared machine. ``--rounds N`` repeats every (loader, cache) cell, and the
 disk's read, N times in an order rotated between rounds and reports the median cells/s (and
 the largest memory peaks); the ratios are of those medians. The issue's table (warm @64 and
-@4096, cold, ceiling, private memory; about 12 minutes on an idle 2-core machine):
+@4096, cold, ceiling, private memory; 11 minutes on a busy 2-core machine, the files
+and annbatch's copy written first):
 ``python benchmarks/single_cell.py --rounds 3 --only
 lk-csr,annbatch,scd-4-1024,lk-csr-b4096,annbatch-b4096,scd-4-16-b4096 --json single_cell.json``;
 every loader, both compressions (hours: AnnLoader, h5py and gzip are slow):
@@ -352,7 +353,7 @@ def private_kib(fields: dict[str, int]) -> int | None:
     """A process's private memory in KiB from its ``smaps_rollup`` fields: its anonymous and
     shmem pages, each page shared by N processes counted 1/N (``Pss_Anon + Pss_Shmem``), so a
     process tree's sum counts a shared page once. Mapped clean file pages are the page cache, not
-    the process's. A kernel without ``Pss_Anon`` (before Linux 5.8) gives ``Anonymous`` (shmem
+    the process's. An older kernel without ``Pss_Anon`` gives ``Anonymous`` (shmem
     left out, shared pages counted in each process); None where neither is there.
 
     >>> private_kib({"Rss": 900, "Pss_Anon": 112, "Pss_File": 227, "Pss_Shmem": 30})
