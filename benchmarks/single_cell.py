@@ -997,7 +997,9 @@ def _run_child(
         "cells_per_file": sizes.cells,
         "epochs": 2 if cache == "warm" else 1,
     }
-    return {**_in_child(spec), "resident_before": resident}
+    # a whole epoch holds every cell chosen once: checked by the table (``epoch_problems``)
+    chosen = sizes.files * -(-sizes.cells // lo.cells) if not batches else None
+    return {**_in_child(spec), "resident_before": resident, "epoch_cells": chosen}
 
 
 def _run_disk(ranges: list[tuple[str, int, int]], paths: list[Path]) -> dict:
@@ -1104,6 +1106,32 @@ def disk_line(disk: dict[str, Any]) -> str:
         f"{len(disk['runs'])}): the epoch's {disk['cells']:,} cells in {stored / rate:.2f} s, "
         f"the cold ceiling {_fmt(disk['ceiling_cells_per_s'])} cells/s"
     )
+
+
+def epoch_problems(results: dict[str, dict[str, dict]]) -> list[str]:
+    """The runs whose whole epoch did not hold every cell once (``epoch_cells``, set where a run
+    read whole epochs): which loader, cache and epoch, and what it read.
+
+    >>> run = {"cells": 4096, "distinct_cells": 4096, "epoch_cells": 6000}
+    >>> for line in epoch_problems({"lk-csr-b4096": {"warm": {"runs": [{**run, "steady": run}]}}}):
+    ...     print(line)
+    lk-csr-b4096 warm, 1st epoch: 4,096 cells (4,096 distinct) of 6,000
+    lk-csr-b4096 warm, 2nd epoch: 4,096 cells (4,096 distinct) of 6,000
+    """
+    found = []
+    for name, caches in results.items():
+        for cache, summary in caches.items():
+            for run in summary.get("runs", []):
+                want = run.get("epoch_cells")
+                for which, epoch in (("1st", run), ("2nd", run.get("steady"))):
+                    if not want or not epoch or "cells" not in epoch:
+                        continue
+                    if epoch["cells"] != want or epoch["distinct_cells"] != want:
+                        found.append(
+                            f"{name} {cache}, {which} epoch: {epoch['cells']:,} cells "
+                            f"({epoch['distinct_cells']:,} distinct) of {want:,}"
+                        )
+    return found
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -1265,6 +1293,9 @@ def table(
         ]
     if disk:
         lines += ["", disk_line(disk)]
+    problems = epoch_problems(results)
+    if problems:
+        lines += ["", "epochs that did not read every cell once: " + "; ".join(problems)]
     if "" in notes:
         lines += ["", notes[""]]
     lines.append("")

@@ -160,6 +160,14 @@ def test_annbatch_rows_ratios_and_its_copy_in_the_table(sc: ModuleType) -> None:
     assert "- loaderkit cold/ceiling: 0.12x (target >= 0.5)" in text
     assert "- loaderkit/annbatch private memory: 0.25x (target <= 0.5)" in text
     assert "- loaderkit/scDataset 4-1024 private memory: 0.15x (target <= 0.5)" in text
+    assert "epochs that did not read" not in text  # no run said how many cells an epoch holds
+    whole = {"cells": 80_000, "distinct_cells": 80_000, "epoch_cells": 80_000}
+    short = {**whole, "cells": 77_824, "distinct_cells": 77_824}
+    results["lk-csr"]["cold"]["runs"][0].update(whole)
+    results["lk-csr-b4096"]["warm"]["runs"][0].update({**whole, "steady": short})
+    text = sc.table(sizes, "anndata", results, {}, ["warm", "cold"], notes, disk)
+    said = "\nepochs that did not read every cell once: lk-csr-b4096 warm, 2nd epoch: 77,824 "
+    assert said + "cells (77,824 distinct) of 80,000\n" in text
     failed = {"annbatch-seq": "conversion failed: disk full"}
     text = sc.table(sizes, "anndata", {}, failed, ["warm"], {"annbatch-seq": "(conversion failed)"})
     assert "| annbatch defaults (store order), on its converted copy (conversion failed) | " in text
