@@ -57,11 +57,11 @@ def read_around(file_bytes: int, memory: int | None) -> tuple[int, str]:
 
     A shuffled epoch reads every row of the files once, in random order. Where the files
     fit well in memory (a quarter of it), each file is read ahead whole in the background
-    when a process first reads it (``pieceio.read_ahead``: the disk's sequential speed,
+    when a process first reads it (``readtable.read_ahead``: the disk's sequential speed,
     while batches are read), and ``AROUND`` bytes are read around a row the read-ahead has
     not reached yet: its neighbours fill the page cache for later batches. Where they do
     not fit, the neighbours would be evicted before they are read: only the row's bytes are
-    read (all of a batch's misses together, ``pieceio.read_pieces``).
+    read (all of a batch's misses together, ``readtable.read_table``).
 
     Args:
         file_bytes: Bytes of the files read.
