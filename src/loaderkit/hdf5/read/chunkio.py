@@ -36,7 +36,7 @@ from h5py import h5d, h5t
 
 from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.codecs import Decoder, decoder
-from loaderkit.hdf5.read.readtable import read_table, table_of
+from loaderkit.hdf5.read.readtable import read_table
 
 __all__ = ["ChunkReader", "ReadPath", "choose_path", "chunk_reader"]
 
@@ -189,7 +189,7 @@ class ChunkReader:
                 part = chunk[local]
                 dst[...] = part
         if reads:
-            read_table(out, np.array(reads, np.int64), what="a chunk")
+            read_table(out, reads, what="a chunk")
 
     def _chunk(
         self, flat: int, where: int, size: int, active: list[tuple[int, Decoder]]
@@ -211,7 +211,7 @@ class ChunkReader:
                 _LAST.chunk = (self, flat, cached)
                 return cached
         data: Any = np.empty(size, np.uint8)
-        read_table(data, table_of(self.fd, where, 0, size), what="a chunk")
+        read_table(data, [(self.fd, where, 0, size)], what="a chunk")
         for _, decode in reversed(active):
             data = decode(data)
         chunk = np.frombuffer(data, self.dtype)

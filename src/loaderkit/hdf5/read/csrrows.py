@@ -512,7 +512,7 @@ class CSRReader(SessionReader):
                 )
             done += take
         if reads:
-            read_table(out, np.array(reads, np.int64), what="a chunk")
+            read_table(out, reads, what="a chunk")
 
     def _check_columns(
         self,

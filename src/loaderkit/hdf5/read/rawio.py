@@ -28,7 +28,7 @@ import h5py
 import numpy as np
 from h5py import h5d, h5s, h5t
 
-from loaderkit.hdf5.read.readtable import read_table, table_of
+from loaderkit.hdf5.read.readtable import read_table
 
 __all__ = [
     "ChunkMap",
@@ -273,7 +273,7 @@ def pread(raw: tuple[int, int], offset: int, out: np.ndarray, nbytes: int) -> No
         [2, 3]
         >>> os.close(fd)
     """
-    read_table(out, table_of(raw[0], raw[1] + offset, 0, nbytes), what="the row data")
+    read_table(out, [(raw[0], raw[1] + offset, 0, nbytes)], what="the row data")
 
 
 def map_rows(

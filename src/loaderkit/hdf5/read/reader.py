@@ -40,7 +40,7 @@ from loaderkit.hdf5.meta.types import Kind, RowType, Samples, dict_rows
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.labelkeys import served_parts, served_values
 from loaderkit.hdf5.read.rawio import pread
-from loaderkit.hdf5.read.readtable import ShortRead, read_table
+from loaderkit.hdf5.read.readtable import ShortRead, Table, read_table
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
@@ -334,12 +334,11 @@ class SessionReader(SessionFiles):
         def read_pending() -> None:
             """Read ``pending`` from ``raw``: one table; a read that fails names its rows."""
             assert raw is not None
-            plan = np.array(pending, np.int64)
-            table = np.empty((len(pending), 4), np.int64)
-            table[:, 0] = raw[0]
-            table[:, 1] = raw[1] + plan[:, 0] * row_bytes
-            table[:, 2] = plan[:, 1] * row_bytes
-            table[:, 3] = (plan[:, 2] - plan[:, 1]) * row_bytes
+            fd, base = raw
+            table = [
+                (fd, base + a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes)
+                for a, k0, k1 in pending
+            ]
             try:
                 read_table(rows, table, shared=shared, what="the row data")
             except ShortRead as exc:
@@ -422,24 +421,15 @@ class SessionReader(SessionFiles):
             raws = [handle.raws[k] if handle.maps[k] is None else None for handle in leased]
             if None in raws:
                 return False
-            fds, bases = np.array(raws, dtype=np.int64).T  # one row per session
-            which = np.array(places)
             row_bytes = self.row_bytes[k]
-            lengths = np.empty(starts.size, np.int64)  # rows per run (np.diff costs more)
-            np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
-            lengths[-1] = idx.size - starts[-1]
-            table = np.empty((starts.size, 4), np.int64)
-            table[:, 0] = fds[which]
-            table[:, 1] = bases[which] + (run_keys & ROW_MASK) * row_bytes
-            table[:, 2] = starts * row_bytes
-            table[:, 3] = lengths * row_bytes
+            table = _run_table(run_keys, starts, idx.size, row_bytes, raws, places, shared)
             try:
                 read_table(rows, table, shared=shared, what="the row data")
             except ShortRead as exc:
                 r = exc.row
                 key, k0 = int(run_keys[r]), int(starts[r])
                 a = key & ROW_MASK
-                run = range(a, a + int(lengths[r]))
+                run = range(a, a + int(table[r][3]) // row_bytes)
                 raise self.read_error(exc, key >> ROW_BITS, run, int(idx[k0]), k) from exc
             for s, handle in enumerate(leased):
                 if handle.watch:  # HDF5 read chunks of it: the rows are real rows
@@ -508,3 +498,48 @@ class SessionReader(SessionFiles):
             for t, sample in zip(targets[k:k2], samples, strict=True):
                 result[t] = sample
         return result
+
+
+def _run_table(
+    run_keys: np.ndarray,
+    starts: np.ndarray,
+    n: int,
+    row_bytes: int,
+    raws: list[tuple[int, int] | None],
+    places: list[int],
+    vectorised: bool,
+) -> Table:
+    """The table of a batch's runs: run ``r`` from its session's file into rows ``starts[r]..``.
+
+    Built in numpy where the table goes to a ring (``vectorised``: a few microseconds whatever
+    the number of runs), else as a list of tuples (no fixed numpy cost; a list is what the
+    reads walk anyway).
+    """
+    if vectorised:
+        fds, bases = np.array(raws, dtype=np.int64).T  # one row per session
+        which = np.array(places)
+        lengths = np.empty(starts.size, np.int64)  # rows per run (np.diff costs more)
+        np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
+        lengths[-1] = n - starts[-1]
+        table = np.empty((starts.size, 4), np.int64)
+        table[:, 0] = fds[which]
+        table[:, 1] = bases[which] + (run_keys & ROW_MASK) * row_bytes
+        table[:, 2] = starts * row_bytes
+        table[:, 3] = lengths * row_bytes
+        return table
+    bounds = starts.tolist()
+    bounds.append(n)
+    rows: list[tuple[int, int, int, int]] = []
+    for r, key in enumerate(run_keys.tolist()):
+        raw = raws[places[r]]
+        assert raw is not None
+        k0 = bounds[r]
+        rows.append(
+            (
+                raw[0],
+                raw[1] + (key & ROW_MASK) * row_bytes,
+                k0 * row_bytes,
+                (bounds[r + 1] - k0) * row_bytes,
+            )
+        )
+    return rows

@@ -40,7 +40,7 @@ Example:
     >>> fd, path = tempfile.mkstemp()
     >>> _ = os.write(fd, bytes(range(32)))
     >>> out = np.zeros(6, np.uint8)
-    >>> read_table(out, np.array([[fd, 4, 0, 3], [fd, 20, 3, 3]], np.int64))
+    >>> read_table(out, np.array([[fd, 4, 0, 3], [fd, 20, 3, 3]], np.int64))  # or a list
     >>> out.tolist()
     [4, 5, 6, 20, 21, 22]
     >>> os.close(fd); os.unlink(path)
@@ -52,6 +52,7 @@ import contextlib
 import errno
 import os
 import threading
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -63,11 +64,11 @@ __all__ = [
     "RING_MIN_READS",
     "TURN_MAX_BYTES",
     "ShortRead",
+    "Table",
     "read_ahead",
     "read_table",
     "refused_nowait",
     "refuses_nowait",
-    "table_of",
 ]
 
 #: ``os.preadv`` with ``RWF_NOWAIT`` where this platform has it (Linux).
@@ -84,7 +85,9 @@ TURN_MAX_BYTES = 64 << 10
 RING_MIN_READS = 4
 #: Taken while a thread copies short reads from the page cache with other threads reading.
 _COPY_TURN = threading.Lock()
-_MIN, _MAX = np.minimum.reduce, np.maximum.reduce
+#: A table of reads: an ``int64`` array of shape ``(n, 4)``, or a list of 4-tuples, each
+#: ``(fd, file offset, byte offset in the destination, bytes)``.
+Table = np.ndarray | Sequence[Sequence[int]]
 
 
 def _after_fork_in_child() -> None:
@@ -149,19 +152,9 @@ def read_ahead(fd: int) -> None:
         os.posix_fadvise(fd, 0, 0, _WILLNEED)
 
 
-def table_of(fd: int, offset: int, into: int, nbytes: int) -> np.ndarray:
-    """A table of one read: ``fd``'s ``nbytes`` bytes at ``offset`` to byte ``into``.
-
-    Example:
-        >>> table_of(3, 4096, 0, 64).tolist()
-        [[3, 4096, 0, 64]]
-    """
-    return np.array([[fd, offset, into, nbytes]], np.int64)
-
-
 def read_table(
     out: np.ndarray,
-    table: np.ndarray,
+    table: Table,
     *,
     shared: bool = False,
     around: int = 0,
@@ -171,8 +164,10 @@ def read_table(
 
     Args:
         out: The destination: a writable, C-contiguous array (its bytes).
-        table: One row per read, ``(fd, file offset, byte offset in out, bytes)``, ``int64``.
-            The files must stay open until this returns.
+        table: One row per read, ``(fd, file offset, byte offset in out, bytes)``: an
+            ``int64`` array of shape ``(n, 4)`` (a batch's table built in numpy), or a list of
+            4-tuples (a few reads: no numpy call). The files must stay open until this
+            returns.
         shared: Other threads read now: a ring call where it is worth one, else short
             page-cache copies take turns (see the module's docstring).
         around: Where the page cache misses a read, ask for the aligned ``around`` bytes that
@@ -192,10 +187,12 @@ def read_table(
         >>> _ = os.write(fd, bytes(range(8)))
         >>> out = np.zeros(4, np.uint8)
         >>> try:
-        ...     read_table(out, np.array([[fd, 0, 0, 2], [fd, 6, 2, 2], [fd, 7, 0, 4]]))
+        ...     read_table(out, [(fd, 0, 0, 2), (fd, 6, 2, 2), (fd, 7, 0, 4)])
         ... except ShortRead as exc:
         ...     print(exc.row, exc.wanted, exc.got)
         2 4 1
+        >>> out.tolist()
+        [0, 1, 6, 7]
         >>> os.close(fd); os.unlink(path)
     """
     count = len(table)
@@ -203,31 +200,22 @@ def read_table(
         return
     if not (out.flags.c_contiguous and out.flags.writeable):
         raise ValueError("the destination of a table of reads must be C-contiguous and writable")
-    if table.dtype != np.int64:
-        table = table.astype(np.int64)
-    size = out.nbytes
-    if _MIN(table, axis=None) < 0 or _MAX(table[:, 2] + table[:, 3]) > size:
-        ends = table[:, 2] + table[:, 3]
-        bad = int(np.flatnonzero((table < 0).any(axis=1) | (ends > size))[0])
-        fd, offset, into, nbytes = table[bad].tolist()
-        raise ValueError(
-            f"read {bad} of the table ({nbytes} bytes at {offset} of fd {fd} into byte {into}) "
-            f"lies outside the destination of {size} bytes"
-        )
     flat = out.reshape(-1).view(np.uint8)
-    rows: list[list[int]] = table.tolist()
     done: list[int] | None = None
     left: list[int] | None = None  # rows still to read (None: every row)
     if shared and count >= RING_MIN_READS:
         ring = uring.thread_ring()
         if ring is not None:
-            got = _ring_reads(ring, flat, table)
+            array = np.asarray(table, np.int64).reshape(-1, 4)
+            got = _ring_reads(ring, flat, array)  # the ring checks every read's bounds
             if got is not None:
-                left = np.flatnonzero(got < table[:, 3]).tolist()
+                left = np.flatnonzero(got < array[:, 3]).tolist()
                 done = got.tolist()
+    rows: Sequence[Sequence[int]] = table.tolist() if isinstance(table, np.ndarray) else table
+    size = flat.size
     with flat.data as view:
         nowait = NOWAIT
-        if left is None and count > 1 and nowait is not None and not _refused(table):
+        if left is None and count > 1 and nowait is not None and not _refused(rows):
             done = [0] * count
             if shared:
                 with _COPY_TURN:
@@ -238,6 +226,8 @@ def read_table(
                 _advise(rows, missed, around, _WILLNEED)
         for i in range(count) if left is None else left:
             fd, offset, into, nbytes = rows[i]
+            if into < 0 or offset < 0 or nbytes < 0 or into + nbytes > size:
+                raise _outside(i, rows[i], size)
             got_i = 0 if done is None else done[i]
             while got_i < nbytes:
                 try:
@@ -249,13 +239,21 @@ def read_table(
                 got_i += more
 
 
-def _refused(table: np.ndarray) -> bool:
-    """Whether a file of ``table`` refused ``RWF_NOWAIT`` (no dictionary look-up while none did)."""
-    return bool(_NO_NOWAIT) and any(refuses_nowait(fd) for fd in set(table[:, 0].tolist()))
+def _outside(i: int, row: Sequence[int], size: int) -> ValueError:
+    fd, offset, into, nbytes = row
+    return ValueError(
+        f"read {i} of the table ({nbytes} bytes at {offset} of fd {fd} into byte {into}) "
+        f"lies outside the destination of {size} bytes"
+    )
+
+
+def _refused(rows: Sequence[Sequence[int]]) -> bool:
+    """Whether a file of ``rows`` refused ``RWF_NOWAIT`` (no look-up while none did)."""
+    return bool(_NO_NOWAIT) and any(refuses_nowait(fd) for fd in {row[0] for row in rows})
 
 
 def _cached(
-    view: memoryview, rows: list[list[int]], done: list[int], nowait: int, longest: int
+    view: memoryview, rows: Sequence[Sequence[int]], done: list[int], nowait: int, longest: int
 ) -> tuple[list[int], list[int]]:
     """Copy what the page cache holds of each read (``RWF_NOWAIT``), into ``done``.
 
@@ -265,8 +263,10 @@ def _cached(
     left: list[int] = []
     missed: list[int] = []
     for i, (fd, offset, into, nbytes) in enumerate(rows):
-        if longest and nbytes >= longest:
-            left.append(i)  # a long copy: read outside the turn, in parallel with others
+        # a long copy is read outside the turn; a negative start or length (a slice would
+        # wrap) is refused by the plain read; one past the end copies short: refused there too
+        if (into | nbytes) < 0 or (longest and nbytes >= longest):
+            left.append(i)
             continue
         try:
             got = os.preadv(fd, [view[into : into + nbytes]], offset, nowait)
@@ -288,7 +288,7 @@ def _cached(
     return left, missed
 
 
-def _advise(rows: list[list[int]], missed: list[int], around: int, willneed: int) -> None:
+def _advise(rows: Sequence[Sequence[int]], missed: list[int], around: int, willneed: int) -> None:
     """Ask the kernel for every missed read at once (``WILLNEED``); only advice."""
     asked: set[tuple[int, int]] = set()
     for i in missed:

@@ -121,14 +121,12 @@ def read_rows_raw(
             stage = np.empty((min(budget, int(lengths.sum())) or 1, c0), cmap.dtype)
         for piece in _pieces(runs, budget, chunk_bytes):
             staged = stage[: sum(length for _, _, length in piece)]
-            groups = np.array(list(_io_groups(piece, chunk_bytes)), np.int64).reshape(-1, 3)
-            table = np.empty((len(groups), 4), np.int64)
-            table[:, 0] = cmap.fd
-            table[:, 1] = groups[:, 0]
-            table[:, 2] = groups[:, 2] * chunk_bytes
-            table[:, 3] = groups[:, 1]
+            table = [
+                (cmap.fd, offset, first * chunk_bytes, nbytes)
+                for offset, nbytes, first in _io_groups(piece, chunk_bytes)
+            ]
             read_table(staged, table, what="the row data")
-            total += int(groups[:, 1].sum())
+            total += sum(nbytes for *_, nbytes in table)
             picked = staged[:, :band_rows] if local is None else staged[:, local]
             _scatter(flat[s:e], picked, piece)
     return total
