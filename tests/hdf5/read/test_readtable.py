@@ -398,3 +398,45 @@ def test_only_the_primitive_calls_pread() -> None:
         if (found := _pread_calls(path.read_text()))
     }
     assert set(calls) == {"hdf5/read/readtable.py"}, calls
+
+
+@pytest.mark.parametrize("threads", ["alone", "beside another"])
+def test_a_reader_names_the_file_key_and_rows_of_a_short_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, threads: str
+) -> None:
+    """The reader plans, the primitive raises ``ShortRead``, the error names what was read."""
+    from loaderkit import HDF5SessionDataset
+    from loaderkit.errors import HDF5FileError
+    from loaderkit.hdf5.read.reader import SessionReader
+    from tests.hdf5.helpers import write_sessions
+
+    if threads == "beside another":
+        monkeypatch.setattr(SessionReader, "threads_reading", lambda self: 2)
+    paths = write_sessions(tmp_path, [20, 12, 9])
+    with HDF5SessionDataset(paths, key="betas") as ds:
+        ds.__getitems__([0, 20, 35])  # every file open: the batch below is one table
+        os.truncate(paths[1], os.path.getsize(paths[1]) - 2 * 64)  # its last rows are gone
+        with pytest.raises(HDF5FileError) as caught:
+            ds.__getitems__([0, 5, 31, 35, 1, 2])  # row 31 is session 1's last
+        message = str(caught.value)
+        assert str(paths[1]) in message and "'betas'" in message and "row 11" in message
+        assert isinstance(caught.value.__cause__, ShortRead)
+
+
+def test_a_csr_batch_cut_short_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    """A planned CSR batch's pieces cut short: read again session by session, and named."""
+    import h5py
+
+    from loaderkit import HDF5SessionDataset
+    from loaderkit.errors import HDF5FileError
+    from tests.hdf5.h5adfiles import matrix, write_csr
+
+    paths = [write_csr(tmp_path / f"c{s}.h5ad", matrix(s), None) for s in range(2)]
+    with HDF5SessionDataset(paths, key="X") as ds:
+        rows = ds.__getitems__(list(range(0, len(ds), 3)))  # the catalog holds both files
+        assert len(rows) == -(-len(ds) // 3)
+        with h5py.File(paths[1], "r") as f:
+            end = f["X/data"].id.get_offset() + 40  # cut inside the values
+        os.truncate(paths[1], end)
+        with pytest.raises(HDF5FileError, match=str(paths[1])):
+            ds.__getitems__(list(range(len(ds) // 2, len(ds))))
