@@ -185,14 +185,15 @@ def read_table(
         >>> import numpy as np, os, tempfile
         >>> fd, path = tempfile.mkstemp()
         >>> _ = os.write(fd, bytes(range(8)))
-        >>> out = np.zeros(4, np.uint8)
+        >>> out = np.zeros(8, np.uint8)
+        >>> read_table(out, [(fd, 0, 0, 2), (fd, 6, 2, 2)])
+        >>> out[:4].tolist()
+        [0, 1, 6, 7]
         >>> try:
-        ...     read_table(out, [(fd, 0, 0, 2), (fd, 6, 2, 2), (fd, 7, 0, 4)])
+        ...     read_table(out, [(fd, 0, 0, 2), (fd, 7, 4, 4)])  # the file ends at byte 8
         ... except ShortRead as exc:
         ...     print(exc.row, exc.wanted, exc.got)
-        2 4 1
-        >>> out.tolist()
-        [0, 1, 6, 7]
+        1 4 1
         >>> os.close(fd); os.unlink(path)
     """
     count = len(table)
