@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import ast
 import errno
-import importlib.util
 import os
 import pickle
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +21,7 @@ import pytest
 
 from loaderkit.errors import ShortRead
 from loaderkit.hdf5.read import readtable, uring
-from loaderkit.hdf5.read.readtable import TURN_MAX_BYTES, read_ahead, read_table
+from loaderkit.hdf5.read.readtable import TURN_MAX_BYTES, read_table
 
 NOWAIT = pytest.mark.skipif(
     getattr(os, "RWF_NOWAIT", None) is None, reason="no os.RWF_NOWAIT on this platform"
@@ -338,34 +335,6 @@ def test_a_filesystem_that_refuses_the_flag_is_remembered_per_file(
         assert out.tolist() == [0, 1, 2, 3]
     finally:
         os.close(again)
-
-
-def test_read_ahead_brings_the_whole_file_into_the_page_cache(tmp_path: Path) -> None:
-    """The advice is taken: an evicted file's pages come back without a read of ours."""
-    spec = importlib.util.spec_from_file_location(
-        "single_cell_bench_for_readtable",
-        Path(__file__).resolve().parents[3] / "benchmarks/single_cell.py",
-    )
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
-    path = tmp_path / "ahead"
-    path.write_bytes(np.random.default_rng(1).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        _evict(fd)
-        before = bench.resident_fraction([path])
-        if before is None or before > 0.5:
-            pytest.skip(f"this filesystem keeps the file resident ({before}): nothing to see")
-        read_ahead(fd)
-        deadline = time.monotonic() + 20
-        while bench.resident_fraction([path]) < 0.99 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert bench.resident_fraction([path]) >= 0.99
-    finally:
-        os.close(fd)
 
 
 def _pread_calls(source: str) -> list[tuple[int, str]]:

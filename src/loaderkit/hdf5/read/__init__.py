@@ -11,6 +11,8 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``readtable``: the one read primitive, ``read_table``: a table of reads into one buffer (page
   cache first, the misses asked for together, or a ring while threads read), completed or
   ``ShortRead``; the only module that calls ``os.preadv``;
+- ``readahead``: the next batches' reads asked for in the sampler's order, on a background
+  thread (``SamplerReadAhead``, ``Advisor``), within a stated bound;
 - ``rawio``: raw locations, memory maps, chunk maps, direct ``H5Dread``, ``pread`` (one read);
 - ``codecs``: HDF5 filters decoded in the reading thread;
 - ``chunkio``: chunked rows read raw outside h5py (``ReadPath``);
@@ -28,6 +30,7 @@ the ``SessionCopies`` protocol defined here; the remote stage provides it.
 - ``csrplan``: where a batch of CSR rows lies (``SpanCatalog``: indptr and chunk tables);
 - ``genemap``: which column of each file a batch column is (``join=``, ``genes=``): one lookup
   array per distinct var index, applied per batch;
+- ``csrahead``: ``CSRAhead``, a CSR reader's coming rows planned and asked for ahead;
 - ``csrrows``: ``CSRReader``, rows of CSR matrices (AnnData) read as runs of their spans.
 - ``csrsessions``: ``csr_sessions``, what every file holds of a CSR key (shape, ``indptr``,
   ``var``) and of the per-cell keys beside it (``labelkeys``), inspected once where the

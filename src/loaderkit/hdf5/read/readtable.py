@@ -48,7 +48,6 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import threading
@@ -65,7 +64,6 @@ __all__ = [
     "TURN_MAX_BYTES",
     "ShortRead",
     "Table",
-    "read_ahead",
     "read_table",
     "refused_nowait",
     "refuses_nowait",
@@ -134,22 +132,6 @@ def refused_nowait(fd: int) -> None:
     file = _file_of(fd)
     if file is not None:
         _NO_NOWAIT[fd] = file
-
-
-def read_ahead(fd: int) -> None:
-    """Ask the kernel to read the whole file open as ``fd`` into the page cache, in background.
-
-    ``posix_fadvise(WILLNEED)`` queues the reads and returns (milliseconds for hundreds of
-    MiB): the disk reads the file front to back at its sequential speed while the caller goes
-    on; reads that come before it are served as any. Only advice: errors are ignored.
-
-    Example:
-        >>> read_ahead(-1)  # a descriptor that names no file: nothing happens
-    """
-    if _WILLNEED is None:
-        return
-    with contextlib.suppress(OSError):
-        os.posix_fadvise(fd, 0, 0, _WILLNEED)
 
 
 def read_table(
