@@ -44,29 +44,40 @@ import collections
 import logging
 import mmap
 import os
+import sys
 import threading
 import time
 
 import numpy as np
 
-__all__ = ["FileMaps"]
+__all__ = ["DUPLICATES_FD", "FileMaps"]
 
 logger = logging.getLogger(__name__)
 
+#: Whether a map keeps a duplicate of its file's descriptor while open (Python < 3.13, whose
+#: ``mmap`` has no ``trackfd=False``): each mapped file then holds two descriptors.
+DUPLICATES_FD = sys.version_info < (3, 13)
+
 
 class _Map:
-    __slots__ = ("array", "file", "map")
+    __slots__ = ("file", "map", "size", "view")
 
-    def __init__(self, fd: int, file: tuple[int, int]) -> None:
-        self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        self.array: np.ndarray | None = np.frombuffer(self.map, np.uint8)
+    def __init__(self, fd: int, file: tuple[int, int], size: int) -> None:
+        if DUPLICATES_FD:
+            self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        else:  # Python >= 3.13: the map does not keep a descriptor of its own
+            self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ, trackfd=False)  # type: ignore[call-arg,unused-ignore]
+        self.view: memoryview | None = memoryview(self.map)
         self.file = file
+        self.size = size
 
     def close(self) -> None:
-        self.array = None
+        view, self.view = self.view, None
         try:
+            if view is not None:
+                view.release()
             self.map.close()
-        except BufferError:  # a copy still holds a view: unmapped when it is done
+        except BufferError:  # a copy still holds a slice: unmapped when it is done
             logger.debug("a file map is still referenced; left to garbage collection")
 
 
@@ -93,44 +104,38 @@ class FileMaps:
         self.warm = False
         self._maps: collections.OrderedDict[int, _Map] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._pid = os.getpid()
 
-    def _arrays(self, table: np.ndarray) -> dict[int, np.ndarray] | None:
-        """Per descriptor of ``table``, its map as bytes; ``None``: a file too short or unmapped."""
-        fds = table[:, 0]
-        first = int(fds[0])
-        if (fds == first).all():
-            groups = {first: int((table[:, 1] + table[:, 3]).max())}
-        else:
-            ends = table[:, 1] + table[:, 3]
-            groups = {int(fd): int(ends[fds == fd].max()) for fd in np.unique(fds).tolist()}
-        out: dict[int, np.ndarray] = {}
-        for fd, end in groups.items():
-            try:
-                st = os.fstat(fd)
-            except OSError:
-                return None
-            if st.st_size < end:
-                return None  # truncated: the caller's read names it
-            file = (st.st_dev, st.st_ino)
-            with self._lock:
-                held = self._maps.get(fd)
-                if held is None or held.file != file or held.array is None or held.array.size < end:
-                    if held is not None:
-                        held.close()
-                    try:
-                        held = self._maps[fd] = _Map(fd, file)
-                    except (OSError, ValueError):
-                        self._maps.pop(fd, None)
-                        logger.debug("cannot map fd %s", fd, exc_info=True)
-                        return None
-                    while len(self._maps) > self.max_files:
-                        self._maps.popitem(last=False)[1].close()
-                self._maps.move_to_end(fd)
-                array = held.array
-            if array is None:
-                return None
-            out[fd] = array
-        return out
+    def _view(self, fd: int) -> tuple[memoryview, int] | None:
+        """The map of the file open as ``fd`` and the file's size now (``fstat``).
+
+        Made, or made again where the number names another file or the file grew; ``None``:
+        it cannot be mapped.
+        """
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return None
+        file = (st.st_dev, st.st_ino)
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: its own maps, its own lock
+                self._maps, self._lock = collections.OrderedDict(), threading.Lock()
+                self._pid = os.getpid()
+            held = self._maps.get(fd)
+            if held is None or held.file != file or held.size < st.st_size or held.view is None:
+                if held is not None:
+                    held.close()
+                try:
+                    held = self._maps[fd] = _Map(fd, file, st.st_size)
+                except (OSError, ValueError):
+                    self._maps.pop(fd, None)
+                    logger.debug("cannot map fd %s", fd, exc_info=True)
+                    return None
+                while len(self._maps) > self.max_files:
+                    self._maps.popitem(last=False)[1].close()
+            self._maps.move_to_end(fd)
+            view = held.view
+        return None if view is None else (view, st.st_size)
 
     def copy(self, out: np.ndarray, table: np.ndarray) -> bool:
         """Serve ``table``'s reads into ``out`` by copying out of the files' maps.
@@ -145,18 +150,31 @@ class FileMaps:
         """
         if not len(table):
             return True
-        arrays = self._arrays(table)
-        if arrays is None:
-            return False
-        flat = out.reshape(-1).view(np.uint8)
         rows = table.tolist()
-        if len(arrays) == 1:
-            (src,) = arrays.values()
-            for _, w, o, b in rows:
-                flat[o : o + b] = src[w : w + b]
+        views: dict[int, memoryview] = {}
+        sizes: dict[int, int] = {}
+        for fd in {row[0] for row in rows}:
+            got = self._view(fd)
+            if got is None:
+                return False
+            views[fd], sizes[fd] = got
+        ends = table[:, 1] + table[:, 3]
+        if len(sizes) == 1:
+            if int(ends.max()) > next(iter(sizes.values())):
+                return False  # truncated: the caller's read names it
         else:
-            for fd, w, o, b in rows:
-                flat[o : o + b] = arrays[fd][w : w + b]
+            limit = np.zeros(max(sizes) + 1, np.int64)
+            limit[list(sizes)] = list(sizes.values())
+            if not (ends <= limit[table[:, 0]]).all():
+                return False
+        with memoryview(out.reshape(-1).view(np.uint8)) as flat:
+            if len(views) == 1:
+                (src,) = views.values()
+                for _, w, o, b in rows:
+                    flat[o : o + b] = src[w : w + b]
+            else:
+                for fd, w, o, b in rows:
+                    flat[o : o + b] = views[fd][w : w + b]
         return True
 
     def missed(self, count: int) -> None:
