@@ -5,9 +5,15 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
+import h5py
 import numpy as np
+import pytest
 
+from loaderkit import DataLoader
+from loaderkit.errors import ConfigError, HDF5FileError
+from loaderkit.hdf5 import HDF5SessionDataset
 from loaderkit.hdf5.read.mapped import FileMaps
 
 
@@ -121,3 +127,63 @@ def test_at_most_max_files_maps_are_kept_and_threads_copy_at_once(tmp_path: Path
         maps.close()
         for fd in fds:
             os.close(fd)
+
+
+sp = pytest.importorskip("scipy.sparse")
+
+
+def _csr_file(path: Path) -> tuple[Path, Any]:
+    from tests.hdf5.h5adfiles import write_csr
+
+    rng = np.random.default_rng(3)
+    cells, genes, per = 2000, 500, 40
+    indices = np.sort(rng.random((cells, genes)).argsort(axis=1)[:, :per], axis=1)
+    data = rng.integers(1, 9, (cells, per)).astype(np.float32)
+    indptr = np.arange(cells + 1, dtype=np.int64) * per
+    m = sp.csr_matrix((data.ravel(), indices.ravel().astype(np.int32), indptr), (cells, genes))
+    return write_csr(path, m, chunks=4096), m
+
+
+def test_a_csr_reader_copies_warm_batches_out_of_maps_and_rows_stay_equal(
+    tmp_path: Path,
+) -> None:
+    path, m = _csr_file(tmp_path / "m.h5ad")
+    with HDF5SessionDataset([path], key="X") as ds:
+        assert ds.memory_map  # unset: loaderkit's choice, maps for warm CSR batches
+        served = []
+        reader = ds.handles.reader
+        perm = np.random.default_rng(0).permutation(2000)
+        batches = [perm[i : i + 32].tolist() for i in range(0, 2000, 32)] * 2
+        loader = DataLoader(ds, batch_sampler=batches, num_workers=0)
+        for rows, batch in zip(batches, loader, strict=True):
+            assert np.array_equal(batch.to_dense().numpy(), m[rows].toarray())
+            served.append(reader._maps is not None and reader._maps.warm)
+        assert sum(served) > len(served) // 2  # most batches came out of the maps
+        assert "whole-file maps" in str(loader.describe())
+
+
+def test_memory_map_false_reads_every_piece_with_preadv(tmp_path: Path) -> None:
+    path, _ = _csr_file(tmp_path / "m.h5ad")
+    with HDF5SessionDataset([path], key="X", memory_map=False) as ds:
+        assert not ds.memory_map
+        for _ in range(3):
+            for _batch in DataLoader(ds, batch_size=64, shuffle=True):
+                pass
+        assert ds.handles.reader._maps is None
+    with pytest.raises(ConfigError, match="memory_map='yes'"):
+        HDF5SessionDataset([path], key="X", memory_map="yes")  # type: ignore[arg-type]
+
+
+def test_a_file_truncated_while_maps_serve_is_a_named_error_not_sigbus(tmp_path: Path) -> None:
+    path, _ = _csr_file(tmp_path / "m.h5ad")
+    with HDF5SessionDataset([path], key="X") as ds:
+        reader = ds.handles.reader
+        rows = list(range(1500, 2000, 3))
+        for _ in range(FileMaps.WARM_AFTER + 2):
+            ds.__getitems__(rows)
+        assert reader._maps is not None and reader._maps.warm
+        with h5py.File(path, "r") as f:
+            start = f["X/data"].id.get_chunk_info(0).byte_offset
+        os.truncate(path, start + 4096)  # rows 1500.. lie past the new end
+        with pytest.raises(HDF5FileError, match=r"m\.h5ad"):
+            ds.__getitems__(rows)
