@@ -40,7 +40,7 @@ from loaderkit.hdf5.meta.types import Kind, RowType, Samples, dict_rows
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.labelkeys import served_parts, served_values
 from loaderkit.hdf5.read.rawio import pread
-from loaderkit.hdf5.read.readtable import ShortRead, Table, read_table
+from loaderkit.hdf5.read.readtable import RING_MIN_READS, ShortRead, Table, read_table
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
@@ -422,7 +422,8 @@ class SessionReader(SessionFiles):
             if None in raws:
                 return False
             row_bytes = self.row_bytes[k]
-            table = _run_table(run_keys, starts, idx.size, row_bytes, raws, places, shared)
+            ring = shared and starts.size >= RING_MIN_READS  # the table may go to a ring
+            table = _run_table(run_keys, starts, idx.size, row_bytes, raws, places, ring)
             try:
                 read_table(rows, table, shared=shared, what="the row data")
             except ShortRead as exc:
