@@ -6,8 +6,8 @@
 once per session and process and held, with where the two datasets' chunks lie, in a
 ``csrplan.SpanCatalog``. A batch is planned from it at once, whatever the number of sessions
 it draws from: rows back to back in both the file and the batch are one run, each run's part
-in a chunk one ``os.preadv`` (``csrplan.plan_pieces``), page cache first and the misses asked
-for together (``pieceio.read_pieces``), straight into one values buffer and one column-id
+in a chunk one read of a table (``csrplan.plan_pieces``, ``readtable.read_table``: page cache
+first, the misses asked for together), straight into one values buffer and one column-id
 buffer in request order. Until a session's tables are held, and for compressed chunks, a
 short read or any error, the batch is read session by session in sorted order, through the
 base's chunk index and codecs (decoded in the reading thread, outside every lock), and every
@@ -38,7 +38,6 @@ from loaderkit.errors import HDF5FileError
 from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.types import dict_rows
-from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.chunkio import ReadPath
 from loaderkit.hdf5.read.csrahead import CSRAhead
 from loaderkit.hdf5.read.csrforms import (
@@ -58,10 +57,10 @@ from loaderkit.hdf5.read.csrplan import (
 from loaderkit.hdf5.read.genemap import GeneMap, VarTable
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.labelkeys import LabelKey, served_parts
-from loaderkit.hdf5.read.pieceio import read_pieces
-from loaderkit.hdf5.read.rawio import pread, ring_reads
+from loaderkit.hdf5.read.mapped import FileMaps
 from loaderkit.hdf5.read.readahead import SamplerReadAhead, ahead_plan
 from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.read.readtable import ShortRead, read_table
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.workers.collate import RowBatch
 
@@ -84,6 +83,8 @@ class CSRReader(SessionReader):
         name: The matrix's name in those dicts.
         around: Bytes read around a row the page cache misses, and why
             (``csrplan.read_around``).
+        file_maps: Warm tables of pieces are copied out of whole-file maps
+            (``mapped.FileMaps``); ``False``: every piece is read with ``os.preadv``.
         **kwargs: ``SessionReader``'s arguments.
 
     Example:
@@ -106,6 +107,7 @@ class CSRReader(SessionReader):
         labels: Sequence[LabelKey] = (),
         name: str = "X",
         around: tuple[int, str] = (0, "not decided: a missed row's bytes alone are read"),
+        file_maps: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(served=(None, None, *labels), table=table, name=name, **kwargs)
@@ -132,12 +134,16 @@ class CSRReader(SessionReader):
         #: How far ahead the sampler's coming rows are asked for (``read_ahead_watcher``).
         self.ahead = ahead_plan(sum(self.matrix_nbytes), around[0], sum(self.matrix_nbytes) / rows)
         self._ahead: CSRAhead | None = None
+        #: Whether warm tables are copied out of whole-file maps (``_file_maps``).
+        self.maps_whole_files = file_maps
+        self._maps: FileMaps | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["catalog"] = None  # read again where needed: never pickled (8 bytes a cell)
         state["_indptr_lock"] = None
         state["_ahead"] = None
+        state["_maps"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -150,6 +156,9 @@ class CSRReader(SessionReader):
         ahead, self._ahead = self.__dict__.get("_ahead"), None
         if ahead is not None:
             ahead.close()
+        maps, self._maps = self.__dict__.get("_maps"), None
+        if maps is not None:
+            maps.close()
         super().close()
 
     # ------------------------------------------------------------------ configuration
@@ -157,8 +166,13 @@ class CSRReader(SessionReader):
     def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
         """Per key, how its rows are read (``ReadPath``), what is read around a miss and ahead."""
         ahead = f"read ahead in the sampler's order (no worker processes): {self.ahead.reason}"
+        maps = (
+            "warm batches copied out of whole-file maps (memory_map=False: never)"
+            if self.maps_whole_files
+            else "every piece read with os.preadv (memory_map=False)"
+        )
         return {
-            name: path._replace(reason=f"{path.reason}; {self.around[1]}; {ahead}")
+            name: path._replace(reason=f"{path.reason}; {self.around[1]}; {ahead}; {maps}")
             if k < 2
             else path
             for k, (name, path) in enumerate(super().read_paths(handle).items())
@@ -327,6 +341,13 @@ class CSRReader(SessionReader):
         self._check_columns(cols, offsets, 0, idx.size, pos, rows, idx, np.arange(idx.size))
         return lengths, values, cols
 
+    def _file_maps(self) -> FileMaps | None:
+        """This process's whole-file maps (made at the first read), or ``None`` (not used)."""
+        maps = self._maps
+        if maps is None and self.maps_whole_files:
+            maps = self._maps = FileMaps(2 * self.files.cache.max_open)
+        return maps
+
     # ------------------------------------------------------------------ read ahead
 
     @property
@@ -367,15 +388,23 @@ class CSRReader(SessionReader):
         )
         if where.size and (int(where.min()) < 0 or int(fds.min()) < 0):
             return False
-        fd = fds[slot[run]]
-        ring = uring.thread_ring() if len(self.reading) > 1 else None
-        if ring is not None:  # another thread reads too: one call, the GIL released once
-            table = np.stack([fd, where, into, nbytes], axis=1)
-            done = ring_reads(ring, out.reshape(-1).view(np.uint8), table)
-            rest = np.flatnonzero(done < nbytes)  # what the ring left: read below
-            fd, where, into, nbytes = fd[rest], where[rest], into[rest], nbytes[rest]
-        reads = (fd.tolist(), where.tolist(), into.tolist(), nbytes.tolist())
-        return read_pieces(out, *reads, around=self.around[0])
+        table = np.empty((where.size, 4), np.int64)
+        table[:, 0] = fds[slot[run]]
+        table[:, 1] = where
+        table[:, 2] = into
+        table[:, 3] = nbytes
+        try:  # another thread reading too: a ring call, or copies that take turns
+            read_table(
+                out,
+                table,
+                shared=len(self.reading) > 1,
+                around=self.around[0],
+                what="a piece",
+                maps=self._file_maps(),
+            )
+        except ShortRead:
+            return False  # _read_sorted reads the batch again and names what fails
+        return True
 
     def _read_sorted(
         self, idx: np.ndarray, keys: np.ndarray
@@ -505,7 +534,7 @@ class CSRReader(SessionReader):
     ) -> None:
         """Elements ``a..a+length-1`` of key ``k`` into ``out``.
 
-        Uncompressed chunks (anndata's default) are read with one ``pread`` per chunk the span
+        Uncompressed chunks (anndata's default) are read as one table, a read per chunk the span
         touches, straight from the chunk index; everything else through ``fill_run``.
         """
         chunked = handle.chunked[k]
@@ -514,6 +543,7 @@ class CSRReader(SessionReader):
             return
         size, item = chunked.chunks[0], chunked.dtype.itemsize
         offsets = chunked.offsets
+        reads: list[tuple[int, int, int, int]] = []  # the span's part in each chunk
         done = 0
         while done < length:
             at = a + done
@@ -523,9 +553,12 @@ class CSRReader(SessionReader):
             if where < 0:  # never written: the fill value
                 out[done : done + take] = chunked.fill
             else:
-                part = out[done : done + take]
-                pread((chunked.fd, where), (at - band * size) * item, part, take * item)
+                reads.append(
+                    (chunked.fd, where + (at - band * size) * item, done * item, take * item)
+                )
             done += take
+        if reads:
+            read_table(out, reads, what="a chunk")
 
     def _check_columns(
         self,
