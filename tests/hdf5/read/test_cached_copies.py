@@ -102,7 +102,7 @@ def test_rows_the_page_cache_lacks_are_read_outside_the_lock(
     fd = os.open(paths[0], os.O_RDONLY)
     try:
         probe = np.zeros(64 * 64, "f4")
-        location = ds._reader.cache.get(0).raws[0]
+        location = ds._reader.file_pool.get(0).raws[0]
         reads = [(probe.nbytes * 5, 0, probe.nbytes)]
         if pread_cached((fd, location[1]), probe, reads)[0] == probe.nbytes:
             pytest.skip("this filesystem keeps the pages (POSIX_FADV_DONTNEED dropped nothing)")
@@ -159,7 +159,7 @@ def test_without_rwf_nowait_every_row_is_read_by_pread(
     monkeypatch.setattr(rawio, "NOWAIT", None)
     paths = write_sessions(tmp_path, [20, 12, 9])
     ds = HDF5SessionDataset(paths, key="betas")
-    assert pread_cached(ds._reader.cache.get(0).raws[0], np.zeros(3, "f4"), [(0, 0, 12)]) == [0]
+    assert pread_cached(ds._reader.file_pool.get(0).raws[0], np.zeros(3, "f4"), [(0, 0, 12)]) == [0]
     assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
     ds.close()
 

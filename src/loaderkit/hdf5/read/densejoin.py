@@ -184,14 +184,14 @@ class DenseJoinReader(SessionReader):
             pos, index = int(sessions[slots[0]]), int(idx[slots[0]])
             rows, inverse = np.unique(keys[slots] & ROW_MASK, return_inverse=True)
             try:
-                handle = self.cache.lease(self.canonical[pos])
+                handle = self.file_pool.lease(self.canonical[pos])
             except Exception as exc:
                 self.note(exc, pos, int(rows[0]), index)
                 raise
             try:
                 buf = self._rows(handle, pos, rows, index, wrap=True)
             except BaseException:
-                self.cache.release(handle)
+                self.file_pool.release(handle)
                 raise
             self._done(handle, pos, index)
             if rows.size == slots.size:  # no row twice: row i of ``buf`` is one sample's

@@ -1,6 +1,6 @@
 """``SessionReader``: reads rows of one or several keys from session files, and checks them.
 
-The reader owns what reading needs: the per-process handle cache, how each key is stored
+The reader owns what reading needs: the per-process file pool, how each key is stored
 (``KeySpec``) and typed (``RowType``), what every session file held when the index was built
 (``SessionRecord``), and the error context. ``HDF5SessionDataset`` keeps its hooks, accessors
 and pickling, and hands its default reads here:
@@ -64,8 +64,8 @@ class SessionReader(SessionFiles):
 
     def close(self) -> None:
         """Close this process's open files and drop the sessions held in memory."""
-        if self.__dict__.get("cache") is not None:
-            self.cache.close()
+        if self.__dict__.get("file_pool") is not None:
+            self.file_pool.close()
         if self.__dict__.get("held") is not None:
             self.held.clear()
 
@@ -100,7 +100,7 @@ class SessionReader(SessionFiles):
         The handle is leased for the read, unless this thread holds the hook lock (a subclass's
         ``read`` calling ``super().read()``): no handle is closed under it.
         """
-        locked = self.cache.lock.held()
+        locked = self.file_pool.lock.held()
         handle = self.handle(pos, row, index) if locked else self.leased(pos, row, index)
         try:
             values = [self._one(handle, k, pos, row, index) for k in keys]
@@ -112,7 +112,7 @@ class SessionReader(SessionFiles):
             raise self.read_error(exc, pos, range(row, row + 1), index) from exc
         finally:
             if not locked:
-                self.cache.release(handle)
+                self.file_pool.release(handle)
         return served_values(self.served, keys, values, (pos, row), self.ids, self.paths)
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
@@ -278,7 +278,7 @@ class SessionReader(SessionFiles):
                 np.take(mapped, rows[k0:k1], axis=0, out=segment, mode="clip")
             finally:
                 mapped = None  # no view left: a retired handle's map closes at release
-                self.cache.release(handle)
+                self.file_pool.release(handle)
         if order is not None:
             out[order] = target
         return True
@@ -332,7 +332,7 @@ class SessionReader(SessionFiles):
             return int(idx[slot] if order is None else idx[order[slot]])
 
         mapped_checked: set[int] = set()
-        get, canonical = self.cache.lease, self.canonical
+        get, canonical = self.file_pool.lease, self.canonical
         last = -1
         handle: Handle | None = None
         raw: tuple[int, int] | None = None
@@ -401,7 +401,7 @@ class SessionReader(SessionFiles):
                 handle = None
         finally:
             if handle is not None:
-                self.cache.release(handle)
+                self.file_pool.release(handle)
         if order is not None:
             out[order] = buf
 
@@ -419,7 +419,7 @@ class SessionReader(SessionFiles):
         With a ``ring``, the runs go to the kernel in one call, arrays all the way; without
         one, each run is one ``os.preadv`` straight into its rows (block order's few long
         runs: a ring call costs more than they do). Every session's file is leased with one
-        hold of the cache's mutex. Returns ``False``, having read nothing, where a session's
+        hold of the file pool's mutex. Returns ``False``, having read nothing, where a session's
         file is not open (``lease_open``) or is not read with ``preadv`` (mapped, or HDF5
         reads it): ``_fill`` then reads the batch session by session. Nothing here releases
         the GIL but the reads' system calls: each release is a hand-over to another thread
@@ -430,7 +430,7 @@ class SessionReader(SessionFiles):
         places = [slots.setdefault(p, len(slots)) for p in (run_keys >> ROW_BITS).tolist()]
         sessions = list(slots)
         canonical = self.canonical
-        leased = self.cache.lease_open([canonical[pos] for pos in sessions])
+        leased = self.file_pool.lease_open([canonical[pos] for pos in sessions])
         if leased is None:
             return False
         try:
@@ -446,7 +446,7 @@ class SessionReader(SessionFiles):
                     self.verify(handle, sessions[s], "rows", int(idx[starts[places.index(s)]]))
             return True
         finally:
-            self.cache.release_all(leased)
+            self.file_pool.release_all(leased)
 
     def _pread_runs(
         self,
@@ -547,7 +547,7 @@ class SessionReader(SessionFiles):
             if handle.watch:
                 self.verify(handle, pos, "rows", index)
         finally:
-            self.cache.release(handle)
+            self.file_pool.release(handle)
 
     def read_runs(
         self,
@@ -592,7 +592,7 @@ class SessionReader(SessionFiles):
                         f"samples, expected {k2 - k}."
                     )
             except Exception as exc:
-                self.cache.discard(self.canonical[pos])
+                self.file_pool.discard(self.canonical[pos])
                 self.note(exc, pos, a, int(idx[targets[k]]))
                 raise
             for t, sample in zip(targets[k:k2], samples, strict=True):

@@ -2,7 +2,7 @@
 
 The base of ``loaderkit.hdf5.read.reader.SessionReader`` (``loaderkit.hdf5.read.widekeys``
 reads over its state too): what the reader knows (keys, types, records), the
-per-process handle cache and how a file is (re)opened and compared with its ``SessionRecord``,
+per-process file pool and how a file is (re)opened and compared with its ``SessionRecord``,
 the error context every read failure gets, and the read of one run of rows from an open file.
 
 Never silently wrong: a file is compared with its ``SessionRecord`` when it is (re)opened, and
@@ -40,7 +40,7 @@ from loaderkit.hdf5.meta.layout import SessionLayout, dataset_at, open_object
 from loaderkit.hdf5.meta.types import Kind, RowType
 from loaderkit.hdf5.read.chunkio import ChunkReader, ReadPath, choose_path
 from loaderkit.hdf5.read.copies import SessionCopies
-from loaderkit.hdf5.read.handles import Handle, HandleCache
+from loaderkit.hdf5.read.handles import FilePool, Handle
 from loaderkit.hdf5.read.heldsessions import HeldSessions
 from loaderkit.hdf5.read.labelkeys import LabelKey
 from loaderkit.hdf5.read.rawio import (
@@ -142,8 +142,8 @@ class SessionFiles:
         self.chunked = any(lay.chunk_rows is not None for lay in layouts)
         #: The keys as the dataset was given them, for messages.
         self.key_names = [spec.name for spec in self.specs]
-        #: Reads of chunked keys fill a chunk cache per open file (HDF5's, or decoded chunks).
-        self.cached_chunks = self.chunked
+        #: Reads of chunked keys fill a chunk buffer per open file (HDF5's, or decoded chunks).
+        self.fills_chunk_buffer = self.chunked
         #: What decides a sample's content besides the index, as bytes a resumed state must
         #: share (a sparse key's column map: ``csrrows.CSRReader.configure``).
         self.content_parts: list[bytes] = []
@@ -160,7 +160,7 @@ class SessionFiles:
         self.row_bytes = [
             int(np.prod(rt.row_shape, dtype=np.int64)) * rt.read_dtype.itemsize for rt in self.types
         ]
-        self.cache = HandleCache(
+        self.file_pool = FilePool(
             self._open, max_open, self.paths.__getitem__, on_evict=self._evicted
         )
         #: Per thread: the reused scratch buffer of rows that need converting (``_scratch``).
@@ -202,7 +202,7 @@ class SessionFiles:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["index"] = encode_index(self.index)  # a million samples in a few kilobytes
-        state["cache"] = self.cache.max_open  # handles never travel: only the bound
+        state["file_pool"] = self.file_pool.max_open  # handles never travel: only the bound
         state["held"] = self.held.max_bytes  # nor held rows
         state["scratch"] = None
         state["reading"] = None
@@ -213,8 +213,8 @@ class SessionFiles:
         self.index = decode_index(state["index"])
         self.scratch = threading.local()
         self.reading = []
-        self.cache = HandleCache(
-            self._open, int(state["cache"]), self.paths.__getitem__, on_evict=self._evicted
+        self.file_pool = FilePool(
+            self._open, int(state["file_pool"]), self.paths.__getitem__, on_evict=self._evicted
         )
         self.held = HeldSessions(int(state["held"]))
 
@@ -275,7 +275,7 @@ class SessionFiles:
             key: Which key was being read.
         """
         if isinstance(exc, HDF5FileError):
-            self.cache.discard(self.canonical[pos])
+            self.file_pool.discard(self.canonical[pos])
             return exc
         try:
             cause, changed = self._read_cause(pos, key, rows)
@@ -283,7 +283,7 @@ class SessionFiles:
             logger.debug("checking why a read failed failed", exc_info=True)
             cause, changed = "", False
         what = f"row {rows.start}" if len(rows) == 1 else f"rows {rows.start}..{rows[-1]}"
-        self.cache.discard(self.canonical[pos])
+        self.file_pool.discard(self.canonical[pos])
         name = self.specs[key].name if self.specs else None
         path = self.paths[pos]
         advice = (
@@ -302,7 +302,7 @@ class SessionFiles:
 
     def _read_cause(self, pos: int, key: int, rows: range) -> tuple[str, bool]:
         """Why a read failed, as far as checks establish it, and whether the file changed."""
-        entry = self.cache.peek(self.canonical[pos])
+        entry = self.file_pool.peek(self.canonical[pos])
         if entry is not None and entry.identity is not None:
             try:
                 now = identity_of(self.paths[pos] if entry.lease is None else entry.file.filename)
@@ -316,7 +316,7 @@ class SessionFiles:
         return fletcher_damage(entry.datasets[key], self.specs[key].axis, rows), False
 
     def _open(self, pos: int) -> Handle:
-        """Open session ``pos``'s file and check it against its record (the cache's opener).
+        """Open session ``pos``'s file and check it against its record (the file pool's opener).
 
         A session read through a ``SessionCache`` (``sources``) is leased first: h5py opens
         the local copy, and the handle holds the lease until it is closed.
@@ -497,18 +497,18 @@ class SessionFiles:
     def handle(self, pos: int, row: int, index: int) -> Handle:
         """The open handle of session ``pos`` (caller holds the lock); errors get the context."""
         try:
-            return self.cache.get(self.canonical[pos])
+            return self.file_pool.get(self.canonical[pos])
         except Exception as exc:
             self.note(exc, pos, row, index)
             raise
 
     def leased(self, pos: int, row: int, index: int) -> Handle:
-        """Session ``pos``'s handle with a lease (``cache.release`` it); errors get the context.
+        """Session ``pos``'s handle with a lease (``file_pool.release`` it); errors get the context.
 
         No lock is held while reading through it: the lease keeps the file open.
         """
         try:
-            return self.cache.lease(self.canonical[pos])
+            return self.file_pool.lease(self.canonical[pos])
         except Exception as exc:
             self.note(exc, pos, row, index)
             raise
@@ -534,7 +534,7 @@ class SessionFiles:
                 return
             now = Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             now_text = ", ".join(changes(ident, now))
-        self.cache.discard(self.canonical[pos])
+        self.file_pool.discard(self.canonical[pos])
         lost = f"{what} for dataset index {index} may hold other data or zeros and"
         raise self.changed(pos, "while it was being read", now_text, lost, index)
 
@@ -553,7 +553,7 @@ class SessionFiles:
         return error
 
     def _evicted(self, handle: Handle) -> None:
-        """Check a handle read in this batch before the cache closes it (``on_evict``)."""
+        """Check a handle read in this batch before the file pool closes it (``on_evict``)."""
         if handle.dirty:
             pos = handle.position
             self.verify(handle, pos, "rows", -1)

@@ -82,7 +82,7 @@ class CachedSessions:
         if sources is None or sources.cache.prefetch <= 0:
             return None
         rows = max((rec.layouts[0].rows for rec in self.reader.records if rec.layouts), default=1)
-        horizon = (self.reader.cache.max_open + sources.cache.prefetch + 1) * max(rows, 1)
+        horizon = (self.reader.file_pool.max_open + sources.cache.prefetch + 1) * max(rows, 1)
         return OrderWatcher(
             sources, functools.partial(session_positions, self.reader.index), horizon
         )
@@ -123,7 +123,7 @@ class CachedSessions:
         capacity = limits.max_bytes.value // largest
         cache.limits = fit_to_readers(limits, capacity, ranks, readers, largest)
         room = capacity - ranks * window_sessions(cache.prefetch, readers)
-        if threads > 0:  # one handle cache: its files are shared by the threads
+        if threads > 0:  # one file pool: its files are shared by the threads
             return max(1, room // ranks)
         return max(1, room // (ranks * max(1, num_workers)))
 
@@ -195,7 +195,7 @@ class CachedSessions:
         )
         where = (
             "in the main process, in the loader's order (each worker's reads find the files "
-            f"there); at most {self.reader.cache.max_open} open per process"
+            f"there); at most {self.reader.file_pool.max_open} open per process"
             if num_workers > 0
             else "in this process, in the loader's order"
         )
