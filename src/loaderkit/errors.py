@@ -29,6 +29,11 @@ Protocol errors keep torch's and Python's types and are documented where they ar
 Filter warnings as a group (``warnings.simplefilter("ignore", LoaderkitWarning)``), or only
 the performance advice (``warnings.simplefilter("ignore", PerformanceHint)``) while keeping
 the correctness warnings.
+
+Released names that moved answer for one release through one mechanism, here: a ``Moved``
+entry (the new name and the release), read by ``MovedAttribute`` (a name on a class) or by
+``moved_module_getattr`` (a module's ``__getattr__``), with one
+``LoaderkitDeprecationWarning`` message naming the new name.
 """
 
 from __future__ import annotations
@@ -360,7 +365,7 @@ class MovedAttribute:
     def __init__(self, path: str, since: str) -> None:
         self.moved = Moved(path, since)
         self.old = path
-        self.__doc__ = f"Deprecated since the release after {since}: use ``{path}``."
+        self.__doc__ = f"Deprecated (the name loaderkit {since} released): use ``{path}``."
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.old = name
