@@ -149,6 +149,27 @@ def test_deprecation_warnings_come_from_the_one_mechanism() -> None:
     assert users == ["__init__.py", "errors.py"], users
 
 
+def test_cache_names_the_node_cache_only() -> None:
+    """The pool of open files and HDF5's chunk buffer have names of their own in the code."""
+    import re
+    from pathlib import Path
+
+    other = re.compile(
+        r"handle[ _]cache|HandleCache|cached_chunks|cache_info|LRU cache"
+        r"|(?<!raw data )(?<!get_)chunk[ _-]cache",
+        re.IGNORECASE,
+    )
+    root = Path(loaderkit.__file__).parent
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if other.search(line) and "Moved" not in line  # the released names' aliases
+    ]
+    assert found == []
+    assert other.search("the handle cache") and other.search("HDF5's chunk-cache settings")
+
+
 def test_py_typed_shipped() -> None:
     from importlib.resources import files
 
