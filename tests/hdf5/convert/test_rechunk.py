@@ -4,6 +4,8 @@ Real files with extra datasets, groups, attributes and links; compressed sources
 (a missing key, the output directory holding a source, by path, symlink or hard link); a
 failure in the middle of writing leaves no file under the final name; memory stays within
 the block budget; the command line prints a table and exits 1 naming the file and key.
+``.h5ad`` files written by anndata with gzip: a CSR group's values copied uncompressed,
+anndata and loaderkit reading the copy as the source; CSC and damaged groups named.
 """
 
 from __future__ import annotations
@@ -259,9 +261,12 @@ def test_verification_names_what_differs(tmp_path: Path) -> None:
         with h5py.File(path, "w") as f:
             f.create_dataset("betas", data=np.zeros((4, 3)))
             f.create_dataset("meta/x", data=np.full(5, value))
+            f.create_dataset("meta/scalar", data=f"v{value}")  # as anndata's uns strings
             f.attrs["v"] = value
     with h5py.File(a) as fa, h5py.File(b) as fb:
-        with pytest.raises(HDF5FileError, match=r"attributes of '/'.*values of 'meta/x'"):
+        with pytest.raises(
+            HDF5FileError, match=r"attributes of '/'.*values of 'meta/scalar'.*values of 'meta/x'"
+        ):
             _verify(fa, fb, "betas", 1 << 20, lambda *args: None)
 
 
@@ -351,27 +356,260 @@ def test_the_installed_command_shows_progress(tmp_path: Path) -> None:
     assert "writing" in run.stderr and "verifying" in run.stderr  # tqdm bars, on stderr
 
 
-def test_an_h5ad_sparse_matrix_is_refused_by_name_and_its_data_copies_intact(
-    tmp_path: Path,
+# ------------------------------------------------------------------ .h5ad CSR groups
+
+
+def _h5ad(path: Path, *, dense: bool = False, compression: str | None = "gzip") -> Path:
+    """An ``.h5ad`` written by anndata: X (CSR, or dense), layers, raw, obs, var, obsm, uns."""
+    anndata = pytest.importorskip("anndata")
+    import pandas as pd
+    import scipy.sparse as sp
+
+    m = sp.random(700, 300, density=0.08, format="csr", dtype=np.float32, random_state=3)
+    m.data = np.ceil(m.data * 20).astype(np.float32)
+    m = sp.csr_matrix(sp.diags((np.arange(700) % 13 != 0).astype(np.float32)) @ m)
+    m.eliminate_zeros()  # every 13th cell empty: spans of length 0
+    obs = pd.DataFrame(
+        {"cell_type": pd.Categorical(np.array(["B", "T", "NK"])[np.arange(700) % 3])},
+        index=[f"c{i}" for i in range(700)],
+    )
+    obs["n_counts"] = np.asarray(m.sum(axis=1), np.float32).ravel()
+    adata = anndata.AnnData(
+        X=m.toarray() if dense else m,
+        obs=obs,
+        var=pd.DataFrame(index=[f"g{i}" for i in range(300)]),
+    )
+    adata.layers["counts"] = (m * 2).tocsr()
+    adata.layers["dense"] = (m * 3).toarray()
+    adata.obsm["X_pca"] = np.arange(700 * 4, dtype=np.float32).reshape(700, 4)
+    adata.uns["note"] = {"what": "test", "values": np.arange(5)}
+    adata.raw = adata
+    path.parent.mkdir(parents=True, exist_ok=True)
+    adata.write_h5ad(path, compression=compression)
+    return path
+
+
+def _assert_same_anndata(a: Any, b: Any) -> None:
+    import pandas as pd
+    import scipy.sparse as sp
+
+    def same(x: Any, y: Any) -> None:
+        assert type(x) is type(y) and x.dtype == y.dtype and x.shape == y.shape
+        if sp.issparse(x):
+            x, y = x.toarray(), y.toarray()
+        np.testing.assert_array_equal(x, y)
+
+    same(a.X, b.X)
+    pd.testing.assert_frame_equal(a.obs, b.obs)
+    pd.testing.assert_frame_equal(a.var, b.var)
+    assert sorted(a.layers) == sorted(b.layers) and sorted(a.obsm) == sorted(b.obsm)
+    for name in a.layers:
+        same(a.layers[name], b.layers[name])
+    for name in a.obsm:
+        same(a.obsm[name], b.obsm[name])
+    assert a.uns["note"]["what"] == b.uns["note"]["what"]
+    np.testing.assert_array_equal(a.uns["note"]["values"], b.uns["note"]["values"])
+    same(a.raw.X, b.raw.X)
+    pd.testing.assert_frame_equal(a.raw.var, b.raw.var)
+
+
+def _filters(dset: h5py.Dataset) -> int:
+    return int(dset.id.get_create_plist().get_nfilters())
+
+
+@pytest.mark.parametrize("key", ["X", "layers/counts", "raw/X"])
+def test_a_gzip_h5ad_csr_group_is_copied_with_its_values_uncompressed(
+    tmp_path: Path, key: str
 ) -> None:
     anndata = pytest.importorskip("anndata")
-    from tests.hdf5.h5adfiles import matrix, write_current, write_legacy
+    src = _h5ad(tmp_path / "src" / "pbmc.h5ad")
+    with h5py.File(src) as f:
+        assert _filters(f[f"{key}/data"]) > 0 and f[f"{key}/data"].chunks  # as stored: gzip
+        nnz = f[f"{key}/data"].shape[0]
+    seen: list[tuple[str, int, int]] = []
+    (result,) = rechunk(
+        [src], key, tmp_path / "out", block_bytes=4096, progress=lambda *a: seen.append(a)
+    )
+    assert result.key == key and result.shape == (700, 300)
+    assert result.layout == "CSR values contiguous"
+    with h5py.File(src) as f, h5py.File(result.target) as g:
+        for name in ("data", "indices"):
+            copy = g[f"{key}/{name}"]
+            assert copy.chunks is None and _filters(copy) == 0  # raw bytes, one read a run
+            assert copy.dtype == f[f"{key}/{name}"].dtype and copy.shape == (nnz,)
+        assert result.nbytes == nnz * (g[f"{key}/data"].dtype.itemsize + copy.dtype.itemsize)
+        indptr = g[f"{key}/indptr"]  # as it was: its chunks and gzip kept
+        assert indptr.chunks == f[f"{key}/indptr"].chunks and _filters(indptr) > 0
+        assert _attrs(g[key]) == _attrs(f[key])
+        other = "raw/X" if key != "raw/X" else "X"  # the other matrices as they were
+        assert _filters(g[f"{other}/data"]) > 0
+    writes = [done for what, done, _ in seen if what.endswith("writing")]
+    assert len(writes) > 10 and writes == sorted(writes)  # slices of at most 4 KiB
+    _assert_same_anndata(anndata.read_h5ad(result.target), anndata.read_h5ad(src))
 
-    current = write_current(tmp_path / "current.h5ad", matrix(0))
-    legacy = write_legacy(tmp_path / "legacy.h5ad", matrix(1))
-    for path, key, encoding in (
-        (current, "X", "csr_matrix"),
-        (legacy, "raw.X", r"csr \(h5sparse\)"),
+    want = anndata.read_h5ad(src)
+    want = {"X": want.X, "layers/counts": want.layers["counts"], "raw/X": want.raw.X}[key]
+    rows = np.arange(0, 700, 7)
+    with (
+        HDF5SessionDataset([src], key=key, sparse="dense") as before,
+        HDF5SessionDataset([result.target], key=key, sparse="dense") as after,
     ):
-        want = rf"{key!r} in {path} is an AnnData sparse matrix \({encoding}\), not a dataset"
-        with pytest.raises(ConfigError, match=want):
-            rechunk([path], key, tmp_path / "out")
-        assert main(["rechunk", "--key", key, "--out", str(tmp_path / "cli"), str(path)]) != 0
-        assert not (tmp_path / "out" / path.name).exists()
-    # one dataset of the group (values) is rewritten as any dataset: the file stays a valid
-    # .h5ad whose rows anndata and loaderkit read as before
-    (result,) = rechunk([current], "X/data", tmp_path / "data")  # chunks: data can grow
-    want = anndata.read_h5ad(current).X.toarray()
-    assert np.array_equal(anndata.read_h5ad(result.target).X.toarray(), want)
-    with HDF5SessionDataset([result.target], key="X", sparse="dense") as ds:
-        assert np.array_equal(np.stack([ds[i] for i in range(len(ds))]), want)
+        got = np.stack([np.asarray(after[int(i)]) for i in rows])
+        np.testing.assert_array_equal(got, want[rows].toarray())
+        np.testing.assert_array_equal(got, np.stack([np.asarray(before[int(i)]) for i in rows]))
+
+
+def test_a_csr_group_in_chunks_keeps_its_maximum_shape(tmp_path: Path) -> None:
+    anndata = pytest.importorskip("anndata")
+    src = _h5ad(tmp_path / "src" / "a.h5ad")
+    (result,) = rechunk([src], "X", tmp_path / "out", layout="chunked", chunk_bytes=8192)
+    with h5py.File(src) as f, h5py.File(result.target) as g:
+        data, stored = g["X/data"], f["X/data"]
+        assert _filters(data) == 0 and data.chunks is not None
+        assert data.chunks[0] % stored.chunks[0] == 0  # whole source chunks
+        assert data.chunks[0] * 4 <= max(8192, 4 * stored.chunks[0])
+        assert data.maxshape == stored.maxshape
+    assert result.layout == f"CSR values chunks {data.chunks}"
+    _assert_same_anndata(anndata.read_h5ad(result.target), anndata.read_h5ad(src))
+
+
+def test_legacy_and_empty_csr_groups(tmp_path: Path) -> None:
+    import scipy.sparse as sp
+
+    from tests.hdf5.h5adfiles import matrix, write_csr, write_legacy
+
+    legacy = write_legacy(tmp_path / "legacy.h5ad", matrix(1))
+    (result,) = rechunk([legacy], "raw.X", tmp_path / "out")
+    with h5py.File(result.target) as g:
+        assert g["raw.X/data"].chunks is None and g["raw.X"].attrs["h5sparse_format"] == "csr"
+    with HDF5SessionDataset([result.target], key="raw.X", sparse="dense") as ds:
+        np.testing.assert_array_equal(ds[5], matrix(1)[5].toarray()[0])
+    empty = write_csr(tmp_path / "empty.h5ad", sp.csr_matrix((4, 3), dtype=np.float32))
+    (result,) = rechunk([empty], "X", tmp_path / "out")
+    with h5py.File(result.target) as g:
+        assert g["X/data"].shape == (0,) and g["X/indptr"][-1] == 0
+
+
+def test_a_dense_h5ad_matrix_is_rewritten_as_any_dataset(tmp_path: Path) -> None:
+    anndata = pytest.importorskip("anndata")
+    src = _h5ad(tmp_path / "src" / "dense.h5ad", dense=True)
+    (result,) = rechunk([src], "X", tmp_path / "out")
+    with h5py.File(result.target) as g:  # compressed: chunks of whole rows, gzip kept
+        assert g["X"].chunks[1] == 300 and _filters(g["X"]) > 0
+    _assert_same_anndata(anndata.read_h5ad(result.target), anndata.read_h5ad(src))
+    (result,) = rechunk([src], "layers/dense", tmp_path / "layer")
+    _assert_same_anndata(anndata.read_h5ad(result.target), anndata.read_h5ad(src))
+
+
+def test_matrix_groups_rechunk_cannot_copy_are_refused_by_name(tmp_path: Path) -> None:
+    anndata = pytest.importorskip("anndata")
+    import scipy.sparse as sp
+
+    path = tmp_path / "csc.h5ad"
+    anndata.AnnData(X=sp.random(20, 10, density=0.3, format="csc", dtype=np.float32)).write_h5ad(
+        path
+    )
+    with pytest.raises(ConfigError, match=r"key 'X' of session 'csc.h5ad' .* CSC sparse matrix"):
+        rechunk([path], "X", tmp_path / "out")
+    with pytest.raises(KeyError, match=r"no dataset 'obs' \(a group\).*CSR matrix group"):
+        rechunk([path], "obs", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_csr_source_is_named_and_nothing_is_written(tmp_path: Path) -> None:
+    src = _h5ad(tmp_path / "src" / "a.h5ad")
+    out = tmp_path / "out"
+    # indptr past the stored values: refused before anything is written
+    bad = tmp_path / "bad" / "a.h5ad"
+    bad.parent.mkdir()
+    bad.write_bytes(src.read_bytes())
+    with h5py.File(bad, "r+") as f:
+        f["X/indptr"][-1] = f["X/data"].shape[0] + 5
+    with pytest.raises(HDF5FileError, match=r"key 'X' .*a\.h5ad.*row 699 ends at .* past"):
+        rechunk([bad], "X", out)
+    assert not out.exists()
+    # a damaged gzip chunk half way through X/data: the read fails mid-write, named
+    with h5py.File(src) as f:
+        data = f["X/data"]
+        info = data.id.get_chunk_info(data.id.get_num_chunks() // 2)
+    with open(src, "r+b") as fh:
+        fh.seek(info.byte_offset + info.size // 2)
+        fh.write(bytes(64))
+    seen: list[int] = []
+    with pytest.raises(HDF5FileError, match=r"cannot read elements \d+\.\.\d+ of '/X/data'"):
+        rechunk([src], "X", out, block_bytes=2048, progress=lambda d, n, t: seen.append(n))
+    assert seen  # it had started writing
+    assert os.listdir(out) == []  # neither the final name nor a temporary
+    # a truncated file: named, with what to do
+    cut = tmp_path / "cut" / "a.h5ad"
+    cut.parent.mkdir()
+    cut.write_bytes(bad.read_bytes()[: bad.stat().st_size * 2 // 3])
+    with pytest.raises(HDF5FileError, match=r"cannot open .*cut/a\.h5ad as HDF5"):
+        rechunk([cut], "X", out)
+
+
+_CSR_MEMORY = textwrap.dedent(
+    """
+    import sys
+    from loaderkit.hdf5 import rechunk
+    from tests.hdf5.helpers import _reset_peak_rss, peak_rss
+    import psutil
+    rss = psutil.Process().memory_info().rss
+    _reset_peak_rss()
+    rechunk([sys.argv[1]], "X", sys.argv[2], block_bytes=2 << 20)
+    print(peak_rss() - rss)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="peak RSS reset is Linux's")
+@pytest.mark.slow  # an 80 MB gzip CSR group copied and verified, measured by peak RSS
+def test_a_csr_copy_stays_within_the_block_budget(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    nnz, cells = 10_000_000, 20_000
+    src = tmp_path / "big.h5ad"
+    with h5py.File(src, "w") as f:  # anndata's CSR group, gzip values written in slices
+        x = f.create_group("X")
+        x.attrs.update({"encoding-type": "csr_matrix", "encoding-version": "0.1.0"})
+        x.attrs["shape"] = np.array([cells, 5000])
+        for name, dtype in (("data", "f4"), ("indices", "i4")):
+            d = x.create_dataset(
+                name, (nnz,), dtype, chunks=(16384,), compression="gzip", maxshape=(None,)
+            )
+            for lo in range(0, nnz, 1 << 20):
+                hi = min(nnz, lo + (1 << 20))
+                d[lo:hi] = rng.integers(0, 5000, hi - lo).astype(dtype)
+        x.create_dataset("indptr", data=np.linspace(0, nnz, cells + 1).astype(np.int64))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    run = subprocess.run(
+        [sys.executable, "-c", _CSR_MEMORY, str(src), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        check=False,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    grown = int(run.stdout.split()[-1])
+    assert grown < 40 << 20, grown  # 80 MB of values; a few 2 MiB blocks, HDF5's own state
+    with h5py.File(tmp_path / "out" / "big.h5ad") as f:
+        assert f["X/data"].chunks is None and f["X/indices"].shape == (nnz,)
+
+
+def test_the_command_line_rewrites_a_csr_group(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    anndata = pytest.importorskip("anndata")
+    src = _h5ad(tmp_path / "src" / "a.h5ad")
+    out = tmp_path / "out"
+    code = main(["rechunk", "--key", "X", "--out", str(out), "--no-progress", str(src)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "CSR values contiguous" in captured.out and "700x300" in captured.out
+    _assert_same_anndata(anndata.read_h5ad(out / "a.h5ad"), anndata.read_h5ad(src))
+    with pytest.raises(SystemExit) as exited:
+        main(["rechunk", "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "CSR matrix group" in text and "uncompressed" in text

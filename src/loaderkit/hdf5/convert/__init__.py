@@ -3,7 +3,10 @@
 Imports go down only: to ``loaderkit.hdf5.read`` and ``loaderkit.hdf5.meta``. It runs in
 the process that converts (``loaderkit rechunk``), or wherever the cache fetches a file.
 
-- ``rechunk``: copies of session files with one dataset stored row by row, verified;
+- ``rechunk``: copies of session files with one dataset stored row by row (or an ``.h5ad``
+  CSR matrix's values uncompressed), verified;
+- ``csrcopy``: a CSR matrix group copied with ``data`` and ``indices`` uncompressed;
+- ``h5copy``: the HDF5 steps of a verified copy (objects copied, one laid out anew, compared);
 - ``rowcache``: ``SessionCache(layout="rows")``: the transform the cache runs on a fetched
   file, and the record a dataset keeps for such a copy.
 """

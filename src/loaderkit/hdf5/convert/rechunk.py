@@ -9,6 +9,11 @@ writes, for each source file, a copy with the same name under an output director
   a fixed shape: loaderkit then reads rows with one ``os.preadv`` per run, no HDF5 call, and
   a random row reads only its own bytes), or in *chunks of whole rows* of about
   ``chunk_bytes`` (1 MiB; the source's filters kept: compression needs chunks);
+* a key that is an ``.h5ad`` CSR matrix group (``X``, ``layers/<name>``, ``raw/X``: public
+  files often store them gzip-compressed) with its ``data`` and ``indices`` uncompressed,
+  contiguous (``layout="chunked"``: uncompressed chunks), ``indptr`` and its attributes as
+  they are, so that anndata reads the same matrix and loaderkit reads rows raw
+  (``loaderkit.hdf5.convert.csrcopy``);
 * every other object and attribute copied as it is (HDF5's own object copy), links kept as
   links;
 * read in blocks of whole source chunks (blocks of columns for column-chunked sources, of
@@ -26,7 +31,6 @@ existing file unless ``overwrite=True``. The command line is ``loaderkit rechunk
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -37,10 +41,17 @@ from typing import Any
 
 import h5py
 import numpy as np
-from h5py import h5d, h5s, h5z
 
-from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError, add_note
-from loaderkit.hdf5.meta.anndata import rechunk_refusal
+from loaderkit.errors import ConfigError, HDF5FileError, MissingKeyError, add_note
+from loaderkit.hdf5.convert import csrcopy
+from loaderkit.hdf5.convert.h5copy import (
+    copy_tree,
+    create_like,
+    reading,
+    row_blocks,
+    same_attrs,
+    same_bits,
+)
 from loaderkit.hdf5.meta.columnblocks import column_blocks
 from loaderkit.hdf5.meta.diagnose import hdf5_message, repair_advice
 from loaderkit.hdf5.meta.layout import dataset_names
@@ -75,10 +86,11 @@ class RechunkResult:
     Attributes:
         source: The file read.
         target: The copy written (same name, in the output directory).
-        key: The dataset stored row by row.
-        shape: Its shape.
-        layout: ``"contiguous"`` or ``"chunks (R, ...)"``.
-        nbytes: Bytes of the key's values.
+        key: The dataset stored row by row, or the CSR matrix group.
+        shape: Its shape (a CSR group's: the matrix's, cells x genes).
+        layout: ``"contiguous"`` or ``"chunks (R, ...)"``; for a CSR group
+            ``"CSR values contiguous"`` or ``"CSR values chunks (N,)"``.
+        nbytes: Bytes of the key's values (a CSR group's ``data`` and ``indices``).
         seconds: Time taken, verification included.
 
     Example:
@@ -144,23 +156,6 @@ def _plan_targets(
     return pairs
 
 
-@contextlib.contextmanager
-def _reading(source: Path, what: str) -> Iterator[None]:
-    """h5py's errors while reading ``what`` of ``source``: an ``HDF5FileError`` naming it.
-
-    The message carries the repair advice; loaderkit's own errors and ``MemoryError`` pass.
-    """
-    try:
-        yield
-    except (LoaderkitError, MemoryError):
-        raise
-    except Exception as exc:
-        raise HDF5FileError(
-            f"rechunk: cannot read {what} of {source}: the file is damaged (HDF5: "
-            f"{hdf5_message(exc)}). {repair_advice(str(source))}."
-        ) from exc
-
-
 def _open_source(source: Path) -> h5py.File:
     """``source`` opened for reading, or an ``HDF5FileError`` naming it and what to do."""
     try:
@@ -174,12 +169,13 @@ def _open_source(source: Path) -> h5py.File:
         ) from exc
 
 
-def _dataset(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
-    with _reading(path, f"dataset {key!r}"):
+def _dataset(f: h5py.File, key: str, path: Path) -> h5py.Dataset | h5py.Group:
+    with reading(path, f"dataset {key!r}"):
         return _lookup(f, key, path)
 
 
-def _lookup(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
+def _lookup(f: h5py.File, key: str, path: Path) -> h5py.Dataset | h5py.Group:
+    """The dataset ``key`` of ``path``, or its CSR matrix group (checked); else a named error."""
     link = f.get(key, getlink=True)
     if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
         raise ConfigError(
@@ -187,13 +183,14 @@ def _lookup(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
             "as --key (the link is copied as it is)."
         )
     obj = f.get(key)
-    if (refused := rechunk_refusal(obj, key, str(path))) is not None:
-        raise ConfigError(refused)
+    if isinstance(obj, h5py.Group) and csrcopy.check_source(obj, key, path) is not None:
+        return obj
     if not isinstance(obj, h5py.Dataset):
-        what = "a group" if isinstance(obj, h5py.Group) else "missing"
+        what = "a group" if obj is not None else "missing"
         raise MissingKeyError(
             f"rechunk: {path} has no dataset {key!r} ({what}); datasets present: "
-            f"{dataset_names(f)}. Pass the right --key."
+            f"{dataset_names(f)}. Pass the right --key: a dataset, or a CSR matrix group "
+            "(X, layers/<name>, raw/X)."
         )
     if obj.ndim < 1 or obj.shape is None:
         raise ConfigError(
@@ -201,6 +198,23 @@ def _lookup(f: h5py.File, key: str, path: Path) -> h5py.Dataset:
             "index rows."
         )
     return obj
+
+
+def _chunks_of(
+    obj: h5py.Dataset | h5py.Group, layout: str, chunk_bytes: int
+) -> tuple[int, ...] | None:
+    """``choose_layout`` for a dataset; a CSR group's ``data`` chunks (``None``: contiguous)."""
+    if isinstance(obj, h5py.Group):
+        return csrcopy.value_chunks(obj["data"], layout, chunk_bytes)
+    return choose_layout(obj, layout, chunk_bytes)
+
+
+def _shape_of(obj: h5py.Dataset | h5py.Group) -> tuple[int, ...]:
+    """A dataset's shape; a CSR group's matrix shape (cells, genes)."""
+    if isinstance(obj, h5py.Dataset):
+        return tuple(int(n) for n in obj.shape)
+    shape = obj.attrs["shape"] if "shape" in obj.attrs else obj.attrs["h5sparse_shape"]
+    return tuple(int(n) for n in np.asarray(shape).ravel())
 
 
 def _row_bytes(dset: h5py.Dataset) -> int:
@@ -229,11 +243,6 @@ def choose_layout(dset: h5py.Dataset, layout: str, chunk_bytes: int) -> tuple[in
     return (rows, *(max(1, n) for n in dset.shape[1:]))
 
 
-def _row_blocks(n: int, rows_per_block: int) -> Iterator[slice]:
-    for start in range(0, n, rows_per_block):
-        yield slice(start, min(n, start + rows_per_block))
-
-
 def _source_blocks(dset: h5py.Dataset, block_bytes: int) -> Iterator[tuple[slice, ...]]:
     """Selections covering ``dset`` so that every source chunk is read once, within a budget.
 
@@ -246,7 +255,7 @@ def _source_blocks(dset: h5py.Dataset, block_bytes: int) -> Iterator[tuple[slice
     if chunks is None or tuple(chunks[1:]) == shape[1:] or len(shape) == 1:
         unit = chunks[0] if chunks is not None else 1
         per_block = max(1, block_bytes // (_row_bytes(dset) * unit)) * unit
-        for rows in _row_blocks(shape[0], per_block):
+        for rows in row_blocks(shape[0], per_block):
             yield (rows, *rest)
         return
     yield from column_blocks(
@@ -277,84 +286,45 @@ def _box_reader(src_file: h5py.File, src: h5py.Dataset) -> Callable[[tuple[slice
     return read
 
 
-def _copy_attrs(source: Any, target: Any) -> None:
-    """Every attribute of ``source`` onto ``target``, with its own type."""
-    for name in source.attrs:
-        value = source.attrs[name]
-        if isinstance(value, h5py.Empty):
-            target.attrs[name] = value
-            continue
-        dtype = source.attrs.get_id(name).dtype
-        target.attrs.create(name, value, dtype=dtype)
-
-
-def _create_key(
-    src: h5py.Dataset, group: h5py.Group, name: str, chunks: tuple[int, ...] | None
-) -> h5py.Dataset:
-    """The target dataset: the source's type, shape, fill value and filters, new layout."""
-    dcpl = src.id.get_create_plist().copy()
-    if chunks is None:
-        dcpl.remove_filter(h5z.FILTER_ALL)
-        dcpl.set_layout(h5d.CONTIGUOUS)
-    else:
-        dcpl.set_chunk(chunks)
-    maxshape = tuple(h5s.UNLIMITED if m is None else m for m in (src.maxshape or src.shape))
-    space = h5s.create_simple(src.shape, maxshape)
-    dsid = h5d.create(group.id, name.encode(), src.id.get_type(), space, dcpl=dcpl)
-    dset = h5py.Dataset(dsid)
-    _copy_attrs(src, dset)
-    return dset
-
-
-def _copy_tree(
-    src: h5py.Group, dst: h5py.Group, key_path: str, make_key: Callable[[h5py.Group, str], None]
-) -> None:
-    """Copy ``src`` into ``dst`` except the key, which ``make_key`` creates; links stay links."""
-    _copy_attrs(src, dst)
-    head, _, rest = key_path.partition("/")
-    for name in src:
-        link = src.get(name, getlink=True)
-        if isinstance(link, h5py.SoftLink):
-            dst[name] = h5py.SoftLink(link.path)
-            continue
-        if isinstance(link, h5py.ExternalLink):
-            dst[name] = h5py.ExternalLink(link.filename, link.path)
-            continue
-        if name == head and not rest:
-            make_key(dst, name)
-        elif name == head:
-            _copy_tree(src[name], dst.create_group(name), rest, make_key)
-        else:
-            src.copy(src[name], dst, name=name)
-
-
 def _write(
     src_file: h5py.File,
-    src: h5py.Dataset,
+    src: h5py.Dataset | h5py.Group,
     tmp: Path,
     scratch: Path,
     key: str,
-    chunks: tuple[int, ...] | None,
+    layout: tuple[str, int],
     block_bytes: int,
     report: Callable[[str, int], None],
     source: Path,
 ) -> None:
-    """Write the copy to ``tmp`` (the key's values streamed in blocks)."""
+    """Write the copy to ``tmp`` (the key's values streamed in blocks).
+
+    ``layout`` is ``(layout, chunk_bytes)`` as ``rechunk`` takes them.
+    """
     path = src.name.lstrip("/")
     userblock = src_file.userblock_size  # e.g. MATLAB v7.3 files: kept, byte for byte
     with h5py.File(tmp, "w", libver=src_file.libver, userblock_size=userblock) as out:
-        holder: list[h5py.Dataset] = []
-        with _reading(source, "the objects and attributes"):
-            _copy_tree(
-                src_file, out, path, lambda g, n: holder.append(_create_key(src, g, n, chunks))
-            )
+        holder: list[Any] = []
+        chunks = _chunks_of(src, *layout)
+
+        def make_key(group: h5py.Group, name: str) -> None:
+            if isinstance(src, h5py.Group):
+                holder.append(csrcopy.create_csr(src, group, name, *layout))
+            else:
+                holder.append(create_like(src, group, name, chunks))
+
+        with reading(source, "the objects and attributes"):
+            copy_tree(src_file, out, path, make_key)
         (target,) = holder
+        if isinstance(src, h5py.Group):
+            csrcopy.copy_values(src, target, block_bytes, report, source)
+            return
         if src.size == 0:
             return
         reader = _box_reader(src_file, src)
 
         def read(box: tuple[slice, ...]) -> np.ndarray:
-            with _reading(source, f"the rows {box} of {key!r}"):
+            with reading(source, f"the rows {box} of {key!r}"):
                 return reader(box)
 
         column_chunked = src.chunks is not None and tuple(src.chunks[1:]) != tuple(src.shape[1:])
@@ -377,7 +347,7 @@ def _write(
                 done += data.nbytes // 2
                 report("writing", done)
             rows = max(1, block_bytes // (_row_bytes(src) * chunks[0])) * chunks[0]
-            for block in _row_blocks(src.shape[0], rows):
+            for block in row_blocks(src.shape[0], rows):
                 data = staged[block]
                 target[block] = data
                 done += data.nbytes - data.nbytes // 2
@@ -392,36 +362,6 @@ def _copy_userblock(source: Path, target: Path, size: int) -> None:
         dst.write(src.read(size))
 
 
-def _equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bit for bit (NaNs and -0.0 included); element by element for variable-length data."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype.hasobject:
-        return all(
-            np.array_equal(np.asarray(x), np.asarray(y))
-            for x, y in zip(a.reshape(-1), b.reshape(-1), strict=True)
-        )
-    if not a.size:
-        return True
-    left = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-    right = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    return bool(np.array_equal(left, right))
-
-
-def _same_attrs(a: Any, b: Any) -> bool:
-    if sorted(a.attrs) != sorted(b.attrs):
-        return False
-    for name in a.attrs:
-        x, y = a.attrs[name], b.attrs[name]
-        if isinstance(x, h5py.Empty) or isinstance(y, h5py.Empty):
-            if not (isinstance(x, h5py.Empty) and isinstance(y, h5py.Empty)):
-                return False
-            continue
-        if not _equal(np.asarray(x), np.asarray(y)):
-            return False
-    return True
-
-
 def _verify(src_file: h5py.File, out: h5py.File, key: str, block_bytes: int, report: Any) -> None:
     """Raise ``HDF5FileError`` unless ``out`` holds what ``src_file`` holds."""
     problems: list[str] = []
@@ -433,11 +373,17 @@ def _verify(src_file: h5py.File, out: h5py.File, key: str, block_bytes: int, rep
         missing = sorted(set(names) - set(copied))
         extra = sorted(set(copied) - set(names))
         problems.append(f"objects differ (missing {missing[:5]}, extra {extra[:5]})")
-    key_name = src_file[key].name.lstrip("/")
-    read_key = _box_reader(src_file, src_file[key])
+    stored = src_file[key]
+    key_name = stored.name.lstrip("/")
+    if isinstance(stored, h5py.Dataset):
+        read_key: Callable[[tuple[slice, ...]], Any] | None = _box_reader(src_file, stored)
+        rewritten = {key_name}
+    else:  # a CSR group: its values are read through HDF5, as any dataset
+        read_key, rewritten = None, {f"{key_name}/{n}" for n in csrcopy.VALUES}
+    done = 0
     for name in [""] + [n for n in names if n in out]:
         a, b = (src_file, out) if not name else (src_file[name], out[name])
-        if not _same_attrs(a, b):
+        if not same_attrs(a, b):
             problems.append(f"attributes of {name or '/'!r}")
         if not isinstance(a, h5py.Dataset):
             continue
@@ -446,13 +392,16 @@ def _verify(src_file: h5py.File, out: h5py.File, key: str, block_bytes: int, rep
             continue
         if a.shape is None or a.size == 0:
             continue
-        done = 0
+        if a.ndim == 0:  # a scalar (anndata's uns values, strings)
+            if not same_bits(np.asarray(a[()]), np.asarray(b[()])):
+                problems.append(f"values of {name!r}")
+            continue
         for box in _source_blocks(a, block_bytes):
-            x, y = (read_key(box) if name == key_name else a[box]), b[box]
-            if not _equal(np.asarray(x), np.asarray(y)):
+            x, y = (read_key(box) if read_key and name == key_name else a[box]), b[box]
+            if not same_bits(np.asarray(x), np.asarray(y)):
                 problems.append(f"values of {name!r} in {box}")
                 break
-            if name == key_name:
+            if name in rewritten:
                 done += np.asarray(x).nbytes
                 report("verifying", done)
     if problems:
@@ -486,21 +435,23 @@ def _rechunk_one(
     try:
         with _open_source(source) as src_file:
             src = _dataset(src_file, key, source)
-            with _reading(source, f"dataset {key!r}"):
-                chunks = choose_layout(src, layout, chunk_bytes)
-            nbytes = int(src.size) * src.dtype.itemsize
+            with reading(source, f"dataset {key!r}"):
+                chunks = _chunks_of(src, layout, chunk_bytes)
+                csr = isinstance(src, h5py.Group)
+                nbytes = csrcopy.values_nbytes(src) if csr else src.size * src.dtype.itemsize
+                shape = _shape_of(src)
             total = max(1, nbytes)
 
             def report(phase: str, done: int) -> None:
                 if progress is not None:
                     progress(f"{source.name}: {phase}", min(done, total), total)
 
-            _write(src_file, src, tmp, scratch, key, chunks, block_bytes, report, source)
+            settings = (layout, chunk_bytes)
+            _write(src_file, src, tmp, scratch, key, settings, block_bytes, report, source)
             _remove(scratch)
             _copy_userblock(source, tmp, src_file.userblock_size)
-            with h5py.File(tmp, "r") as out, _reading(source, "the objects, verifying the copy"):
+            with h5py.File(tmp, "r") as out, reading(source, "the objects, verifying the copy"):
                 _verify(src_file, out, key, block_bytes, report)
-            shape = tuple(int(n) for n in src.shape)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, target)  # the final name appears only now, whole and verified
@@ -520,7 +471,9 @@ def _rechunk_one(
                 ) from exc
         raise
     what = "contiguous" if chunks is None else f"chunks {chunks}"
-    return RechunkResult(source, target, key, shape, what, nbytes, time.perf_counter() - started)
+    what = f"CSR values {what}" if csr else what
+    seconds = time.perf_counter() - started
+    return RechunkResult(source, target, key, shape, what, int(nbytes), seconds)
 
 
 def rechunk(
@@ -538,11 +491,14 @@ def rechunk(
 
     Args:
         files: The session files to rewrite (any number; never written to).
-        key: The dataset to store row by row (a path inside the files, e.g. ``"betas"``).
+        key: The dataset to store row by row (a path inside the files, e.g. ``"betas"``), or
+            an ``.h5ad`` CSR matrix group (``"X"``, ``"layers/counts"``, ``"raw/X"``) whose
+            ``data`` and ``indices`` are stored uncompressed.
         out_dir: Where the copies go (created if missing; must not hold a source).
         layout: ``"auto"`` (contiguous, or chunks of whole rows when the source has filters
             or can grow), ``"contiguous"`` or ``"chunked"`` (chunks of whole rows, the
-            source's filters kept).
+            source's filters kept). A CSR group's values: contiguous, or with ``"chunked"``
+            uncompressed chunks of about ``chunk_bytes`` that keep the maximum shape.
         chunk_bytes: Target bytes per chunk for chunked output (at least one whole row).
         block_bytes: Bytes read and written per block (memory bound, besides HDF5's state).
         overwrite: Replace copies that already exist in ``out_dir`` (never a source).
@@ -554,12 +510,14 @@ def rechunk(
 
     Raises:
         ConfigError: No files, a bad ``layout``, a target that is a source (same path,
-            symlink or hard link), two sources with the same name, or ``"contiguous"`` for a
-            dataset that needs chunks.
+            symlink or hard link), two sources with the same name, ``"contiguous"`` for a
+            dataset that needs chunks, or a sparse matrix that is not CSR (CSC: named, with
+            how to convert).
         FileExistsError: A target exists and ``overwrite`` is false.
         FileNotFoundError: A source does not exist.
         KeyError: A source has no dataset ``key`` (the message lists what it holds).
-        HDF5FileError: A source cannot be read, or the copy does not verify (it is removed).
+        HDF5FileError: A source cannot be read (a damaged CSR group's first bad row named),
+            or the copy does not verify (it is removed).
 
     Example:
         >>> import h5py, numpy as np, tempfile, os
@@ -589,8 +547,8 @@ def rechunk(
     for source, _ in pairs:  # every source readable, with the key, before writing anything
         with _open_source(source) as f:
             dset = _dataset(f, key, source)
-            with _reading(source, f"dataset {key!r}"):
-                choose_layout(dset, layout, chunk_bytes)
+            with reading(source, f"dataset {key!r}"):
+                _chunks_of(dset, layout, chunk_bytes)
     out.mkdir(parents=True, exist_ok=True)
     return [
         _rechunk_one(source, target, key, layout, chunk_bytes, block_bytes, progress)

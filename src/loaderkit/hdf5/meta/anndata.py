@@ -49,7 +49,6 @@ __all__ = [
     "is_categorical",
     "nullable_strings",
     "obs_column",
-    "rechunk_refusal",
     "shared_categories",
     "sparse_group",
     "string_array",
@@ -552,33 +551,3 @@ def shared_categories(
         table = np.array([where[name] for name in names], np.int64)
         tables.append(None if np.array_equal(table, np.arange(table.size)) else table)
     return list(where), tables
-
-
-def rechunk_refusal(obj: Any, key: str, file: str) -> str | None:
-    """Why ``loaderkit rechunk`` does not rewrite ``obj``: an AnnData sparse matrix group.
-
-    ``None`` for anything else (datasets, plain groups): rechunk decides about those itself.
-
-    Example:
-        >>> import h5py, tempfile, os
-        >>> with h5py.File(os.path.join(tempfile.mkdtemp(), "a.h5ad"), "w") as f:
-        ...     f.create_group("X").attrs["encoding-type"] = "csr_matrix"
-        ...     rechunk_refusal(f["X"], "X", "a.h5ad")[:50]
-        "rechunk: 'X' in a.h5ad is an AnnData sparse matrix"
-    """
-    if not isinstance(obj, h5py.Group):
-        return None
-    if "encoding-type" in obj.attrs:
-        encoding = _text(obj.attrs["encoding-type"])
-        if not encoding.endswith("_matrix"):
-            return None
-    elif "h5sparse_format" in obj.attrs:
-        encoding = _text(obj.attrs["h5sparse_format"]) + " (h5sparse)"
-    else:
-        return None
-    return (
-        f"rechunk: {key!r} in {file} is an AnnData sparse matrix ({encoding}), not a dataset "
-        "of rows: a cell's row is a span of the group's 'data' and 'indices', which loaderkit "
-        "reads as they are stored (docs/single-cell.md). Leave the file as it is, or store "
-        "it again with anndata (write_h5ad) to change its layout."
-    )
