@@ -6,10 +6,7 @@ kernel refuses under ``RWF_NOWAIT`` really happen; the bytes must be the same ei
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +14,7 @@ import numpy as np
 import pytest
 
 from loaderkit.hdf5.read import pieceio
-from loaderkit.hdf5.read.pieceio import read_ahead, read_pieces
+from loaderkit.hdf5.read.pieceio import read_pieces
 
 
 @pytest.fixture
@@ -79,31 +76,3 @@ def test_a_read_past_the_end_or_a_bad_descriptor_is_false(
     out = np.zeros(64, np.uint8)
     assert not read_pieces(out, [fd, fd], [0, values.size - 10], [0, 32], [32, 32])
     assert not read_pieces(out, [fd, 10**6], [0, 0], [0, 32], [32, 32])
-
-
-def test_read_ahead_brings_the_whole_file_into_the_page_cache(tmp_path: Path) -> None:
-    """The advice is taken: an evicted file's pages come back without a read of ours."""
-    spec = importlib.util.spec_from_file_location(
-        "single_cell_bench_for_pieceio",
-        Path(__file__).resolve().parents[3] / "benchmarks/single_cell.py",
-    )
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
-    path = tmp_path / "ahead"
-    path.write_bytes(np.random.default_rng(1).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes())
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        _evict(fd)
-        before = bench.resident_fraction([path])
-        if before is None or before > 0.5:
-            pytest.skip(f"this filesystem keeps the file resident ({before}): nothing to see")
-        read_ahead(fd)
-        deadline = time.monotonic() + 20
-        while bench.resident_fraction([path]) < 0.99 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert bench.resident_fraction([path]) >= 0.99
-    finally:
-        os.close(fd)

@@ -929,7 +929,10 @@ class _SessionSupport(LoaderSupport):
         return None if chosen is None else f"cells= chose no cell ({chosen.summary()})"
 
     def prefetch_watcher(self) -> Any | None:
-        return self.dataset.cached_sessions.prefetch_watcher()
+        watcher = self.dataset.cached_sessions.prefetch_watcher()
+        if watcher is None:  # local files: their coming reads asked for ahead, where planned
+            watcher = self.dataset.handles.reader.read_ahead_watcher()
+        return watcher
 
     def cache_stats(self) -> Any | None:
         return self.dataset.cached_sessions.stats()

@@ -9,6 +9,8 @@ through the ``SessionCopies`` protocol defined here; the remote stage provides i
 - ``handles``: the file pool, each process's open files (``FilePool``, ``FilePoolInfo``);
 - ``uring``: many reads in one system call (Linux ``io_uring``, a ``Ring`` per thread);
 - ``pieceio``: many small reads at once, page cache first, the misses asked for together;
+- ``readahead``: the next batches' reads asked for in the sampler's order, on a background
+  thread (``SamplerReadAhead``, ``Advisor``), within a stated bound;
 - ``rawio``: ``os.preadv`` and ring reads, memory maps, chunk maps, direct ``H5Dread``;
 - ``codecs``: HDF5 filters decoded in the reading thread;
 - ``chunkio``: chunked rows read raw outside h5py (``ReadPath``);
@@ -26,6 +28,7 @@ through the ``SessionCopies`` protocol defined here; the remote stage provides i
 - ``csrplan``: where a batch of CSR rows lies (``SpanCatalog``: indptr and chunk tables);
 - ``genemap``: which column of each file a batch column is (``join=``, ``genes=``): one lookup
   array per distinct var index, applied per batch;
+- ``csrahead``: ``CSRAhead``, a CSR reader's coming rows planned and asked for ahead;
 - ``csrrows``: ``CSRReader``, rows of CSR matrices (AnnData) read as runs of their spans.
 - ``csrsessions``: ``csr_sessions``, what every file holds of a CSR key (shape, ``indptr``,
   ``var``) and of the per-cell keys beside it (``labelkeys``), inspected once where the

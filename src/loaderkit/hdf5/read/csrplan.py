@@ -56,12 +56,13 @@ def read_around(file_bytes: int, memory: int | None) -> tuple[int, str]:
     """How much to read where a row's bytes are not in the page cache, and why.
 
     A shuffled epoch reads every row of the files once, in random order. Where the files
-    fit well in memory (a quarter of it), each file is read ahead whole in the background
-    when a process first reads it (``pieceio.read_ahead``: the disk's sequential speed,
-    while batches are read), and ``AROUND`` bytes are read around a row the read-ahead has
-    not reached yet: its neighbours fill the page cache for later batches. Where they do
-    not fit, the neighbours would be evicted before they are read: only the row's bytes are
-    read (all of a batch's misses together, ``pieceio.read_pieces``).
+    fit well in memory (a quarter of it), the aligned ``AROUND`` bytes around a row the page
+    cache misses are read (what a memory map's fault reads), and read ahead in the
+    sampler's order asks for each such window once (``readahead``): the neighbours fill the
+    page cache for later batches, and the files are read about once, at close to the disk's
+    sequential rate. Where they do not fit, the neighbours would be evicted before they are
+    read: only the row's bytes are read (all of a batch's misses together,
+    ``pieceio.read_pieces``).
 
     Args:
         file_bytes: Bytes of the files read.
@@ -76,10 +77,7 @@ def read_around(file_bytes: int, memory: int | None) -> tuple[int, str]:
         return 0, f"{size}, memory unknown: a missed row's bytes alone are read"
     limit = f"a quarter of {memory / 2**30:,.1f} GiB of memory"
     if file_bytes <= memory // 4:
-        return AROUND, (
-            f"{size} within {limit}: each file read ahead whole when first read, "
-            f"{AROUND >> 10} KiB read around a missed row"
-        )
+        return AROUND, (f"{size} within {limit}: {AROUND >> 10} KiB read around a missed row")
     return 0, f"{size} over {limit}: a missed row's bytes alone are read"
 
 

@@ -40,6 +40,7 @@ from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.types import dict_rows
 from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.chunkio import ReadPath
+from loaderkit.hdf5.read.csrahead import CSRAhead
 from loaderkit.hdf5.read.csrforms import (
     FORMS,
     matrix_batch,
@@ -57,8 +58,9 @@ from loaderkit.hdf5.read.csrplan import (
 from loaderkit.hdf5.read.genemap import GeneMap, VarTable, gene_map
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.labelkeys import LabelKey, served_parts
-from loaderkit.hdf5.read.pieceio import read_ahead, read_pieces
+from loaderkit.hdf5.read.pieceio import read_pieces
 from loaderkit.hdf5.read.rawio import pread, ring_reads
+from loaderkit.hdf5.read.readahead import SamplerReadAhead, ahead_plan
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.workers.collate import RowBatch
@@ -125,11 +127,16 @@ class CSRReader(SessionReader):
         self.matrix_nbytes = [
             sum(lay.rows * lay.dtype.itemsize for lay in r.layouts[:2]) for r in self.records
         ]
+        rows = max(sum(self.session_rows()), 1)
+        #: How far ahead the sampler's coming rows are asked for (``read_ahead_watcher``).
+        self.ahead = ahead_plan(sum(self.matrix_nbytes), around[0], sum(self.matrix_nbytes) / rows)
+        self._ahead: CSRAhead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["catalog"] = None  # read again where needed: never pickled (8 bytes a cell)
         state["_indptr_lock"] = None
+        state["_ahead"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -137,12 +144,22 @@ class CSRReader(SessionReader):
         self.catalog = SpanCatalog(self.session_rows())
         self._indptr_lock = threading.Lock()
 
+    def close(self) -> None:
+        """Stop reading ahead, then close this process's open files (the base's ``close``)."""
+        ahead, self._ahead = self.__dict__.get("_ahead"), None
+        if ahead is not None:
+            ahead.close()
+        super().close()
+
     # ------------------------------------------------------------------ configuration
 
     def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
-        """Per key, how its rows are read (``ReadPath``), with what is read around a miss."""
+        """Per key, how its rows are read (``ReadPath``), what is read around a miss and ahead."""
+        ahead = f"read ahead in the sampler's order (no worker processes): {self.ahead.reason}"
         return {
-            name: path._replace(reason=f"{path.reason}; {self.around[1]}") if k < 2 else path
+            name: path._replace(reason=f"{path.reason}; {self.around[1]}; {ahead}")
+            if k < 2
+            else path
             for k, (name, path) in enumerate(super().read_paths(handle).items())
         }
 
@@ -199,8 +216,6 @@ class CSRReader(SessionReader):
                 nnz = [int(d.shape[0]) for d in handle.datasets[:2]]
                 check_csr(group, indptr, nnz[0], nnz[1], self.ids[pos], self.paths[pos])
                 held = self.catalog.hold_indptr(key, indptr)
-                if self.around[0] and handle.fd is not None:  # the files fit in memory
-                    read_ahead(handle.fd)
         return held
 
     # ------------------------------------------------------------------ reads
@@ -328,6 +343,24 @@ class CSRReader(SessionReader):
             self.file_pool.release_all(leased)
         self._check_columns(cols, offsets, 0, idx.size, pos, rows, idx, np.arange(idx.size))
         return lengths, values, cols
+
+    # ------------------------------------------------------------------ read ahead
+
+    @property
+    def canonical_positions(self) -> np.ndarray:
+        """Per session, the position whose file holds it (its canonical session), as int64."""
+        return self._canon
+
+    @staticmethod
+    def raw_fd(handle: Handle, k: int) -> int:
+        """The descriptor key ``k`` is read from raw in ``handle`` (-1: not read raw)."""
+        return _fd_of(handle, k)
+
+    def read_ahead_watcher(self) -> SamplerReadAhead | None:
+        """A watcher that asks for the coming batches' reads (``csrahead``), for a pass."""
+        if self._ahead is None:
+            self._ahead = CSRAhead(self, self.ahead, self.around[0])
+        return self._ahead.watcher(self.index)
 
     def _read_runs(
         self,

@@ -26,14 +26,13 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["NOWAIT", "read_ahead", "read_pieces", "refused_nowait", "refuses_nowait"]
+__all__ = ["NOWAIT", "read_pieces", "refused_nowait", "refuses_nowait"]
 
 #: ``os.preadv`` with ``RWF_NOWAIT`` where this platform has it (Linux).
 NOWAIT: int | None = getattr(os, "RWF_NOWAIT", None)
@@ -77,22 +76,6 @@ def refused_nowait(fd: int) -> None:
     file = _file_of(fd)
     if file is not None:
         _NO_NOWAIT[fd] = file
-
-
-def read_ahead(fd: int) -> None:
-    """Ask the kernel to read the whole file open as ``fd`` into the page cache, in background.
-
-    ``posix_fadvise(WILLNEED)`` queues the reads and returns (milliseconds for hundreds of
-    MiB): the disk reads the file front to back at its sequential speed while the caller goes
-    on; reads that come before it are served as any. Only advice: errors are ignored.
-
-    Example:
-        >>> read_ahead(-1)  # a descriptor that names no file: nothing happens
-    """
-    if _WILLNEED is None:
-        return
-    with contextlib.suppress(OSError):
-        os.posix_fadvise(fd, 0, 0, _WILLNEED)
 
 
 def read_pieces(

@@ -236,6 +236,13 @@ class SessionFiles:
         """Per key name, how its rows are read from ``handle``'s file (``ReadPath``)."""
         return {spec.name: path for spec, path in zip(self.specs, handle.paths, strict=False)}
 
+    def read_ahead_watcher(self) -> Any | None:
+        """A watcher of the loader's coming indices that asks for their reads ahead.
+
+        ``None`` here: rows are read when their batch comes (``CSRReader`` reads ahead).
+        """
+        return None
+
     def _ragged(self, k: int) -> str | None:
         inner = "" if k in self.uneven else self.types[k].ragged_field()
         if inner is None:

@@ -1,0 +1,227 @@
+"""Reading ahead in the sampler's order: real files evicted from the page cache, real threads.
+
+Advice only fills the page cache, so every check reads residency: ``os.preadv`` with
+``RWF_NOWAIT`` succeeds only where the page is there.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from loaderkit import DataLoader
+from loaderkit.hdf5 import HDF5SessionDataset
+from loaderkit.hdf5.read.csrplan import AROUND
+from loaderkit.hdf5.read.readahead import Advisor, SamplerReadAhead, Windows, ahead_plan
+
+sp = pytest.importorskip("scipy.sparse")
+pytest.importorskip("anndata")
+
+from tests.hdf5.h5adfiles import write_csr  # noqa: E402
+
+needs_nowait = pytest.mark.skipif(
+    not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "POSIX_FADV_WILLNEED"),
+    reason="residency is read with RWF_NOWAIT and asked with posix_fadvise (Linux)",
+)
+
+
+def evict(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def resident(fd: int, offset: int) -> bool:
+    """Whether the page at ``offset`` is in the page cache (``mincore``: reads nothing).
+
+    Not ``os.preadv(RWF_NOWAIT)``: on a miss it starts the kernel's own read-ahead.
+    """
+    page = mmap.PAGESIZE
+    with mmap.mmap(fd, page, access=mmap.ACCESS_COPY, offset=offset - offset % page) as mm:
+        vec = (ctypes.c_ubyte * 1)()
+        address = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+        assert _LIBC.mincore(ctypes.c_void_p(address), ctypes.c_size_t(page), vec) == 0
+        del address
+        return bool(vec[0] & 1)
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def wait_resident(fd: int, offsets: list[int], seconds: float = 10.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if all(resident(fd, at) for at in offsets):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def big(tmp_path: Path) -> tuple[Path, sp.csr_matrix]:
+    """4,000 cells, 200 values each, contiguous: ~6 MiB of ``data`` and ``indices``."""
+    rng = np.random.default_rng(0)
+    cells, genes, per = 4000, 3000, 200
+    indices = np.sort(rng.random((cells, genes)).argsort(axis=1)[:, :per], axis=1)
+    data = rng.integers(1, 9, (cells, per)).astype(np.float32)
+    indptr = np.arange(cells + 1, dtype=np.int64) * per
+    m = sp.csr_matrix((data.ravel(), indices.ravel().astype(np.int32), indptr), (cells, genes))
+    return write_csr(tmp_path / "big.h5ad", m), m
+
+
+def test_plan_bounds_what_is_asked_ahead() -> None:
+    fits = ahead_plan(file_bytes=512 << 20, around=AROUND, row_bytes=6400)
+    assert fits.max_bytes == 512 << 20 and "asked once" in fits.reason
+    over = ahead_plan(file_bytes=512 << 30, around=0, row_bytes=6400)
+    assert over.samples * 8192 == over.max_bytes <= 64 << 20
+    assert f"{over.max_bytes >> 20:,} MiB" in over.reason
+    assert ahead_plan(512 << 30, 0, 50 << 20).samples == 256  # wide rows: a floor
+
+
+def test_windows_are_asked_once_and_done_when_the_data_is_covered() -> None:
+    seen = Windows(4096)
+    seen.add("f", 40_000, np.array([8192, 30_000]), np.array([16_384, 32_000]))
+    assert not seen.done
+    first = seen.new("f", np.array([8192, 9000, 12_288, 30_500]), np.array([10, 10, 10, 10]))
+    assert first.tolist() == [True, False, True, True]
+    assert seen.done  # windows 2, 3 and 7: all the data
+    assert not seen.new("f", np.array([8192]), np.array([1])).any()
+
+
+@needs_nowait
+def test_advisor_brings_pages_in_on_its_own_thread(big: tuple[Path, sp.csr_matrix]) -> None:
+    path, _ = big
+    evict(path)
+    fd = os.open(path, os.O_RDONLY)
+    advisor = Advisor(1 << 30)
+    try:
+        assert not resident(fd, 1 << 20)
+        assert advisor.ask(np.array([fd]), np.array([1 << 20]), np.array([1 << 16])) == 1 << 16
+        assert wait_resident(fd, [1 << 20, (1 << 20) + (1 << 16) - 1])
+        names = [t.name for t in threading.enumerate()]
+        assert "loaderkit-read-ahead" in names
+    finally:
+        advisor.close()
+        os.close(fd)
+    assert "loaderkit-read-ahead" not in [t.name for t in threading.enumerate()]
+    assert advisor.ask(np.array([0]), np.array([0]), np.array([1])) == 0  # closed: nothing
+
+
+def test_advice_beyond_the_bound_drops_the_oldest() -> None:
+    advisor = Advisor(100)
+    advisor._closed = False
+    with advisor._ready:  # the thread cannot take anything while this holds the lock
+        for _ in range(2):
+            advisor._queue.append((np.array([0]), np.array([0]), np.array([60]), 60))
+            advisor._queued += 60
+    advisor.ask(np.array([-1]), np.array([0]), np.array([60]))
+    advisor.close()
+    assert advisor.dropped >= 60
+
+
+def test_watcher_asks_in_draw_order_and_retries_what_it_could_not_plan() -> None:
+    asked: list[list[int]] = []
+    unplanned = {11}
+
+    def advise(keys: np.ndarray) -> int:
+        missing = sum(int(k) in unplanned for k in keys)
+        asked.append(keys.tolist())
+        return missing
+
+    watcher = SamplerReadAhead(advise, lambda: False, np.array([10, 11, 12, 13]), 4)
+    watcher.drawn([[0], [1]])
+    assert asked == [[10], [11]]
+    unplanned.clear()  # its file was opened meanwhile
+    watcher.reading()  # batch 0 handed on: its file is open now, batch 1 is asked again
+    assert asked[2:] == [[11]]
+    watcher.drawn([[2]])
+    assert asked[3:] == [[12]]
+    watcher.reading()
+    watcher.drawn([[3, -9]])  # a bad index is left to the reader
+    assert asked[4:] == [[13]]
+
+
+@needs_nowait
+def test_a_loader_reads_the_next_batches_ahead(big: tuple[Path, sp.csr_matrix]) -> None:
+    path, m = big
+    batches = [list(range(i * 80, i * 80 + 16)) for i in range(50)]  # far apart in the file
+    with HDF5SessionDataset([path], key="X") as ds:
+        loader = DataLoader(ds, batch_sampler=batches, num_workers=0)
+        it = iter(loader)
+        first = next(it)  # opens the file; later batches were drawn ahead
+        assert np.array_equal(first.to_dense().numpy(), m[batches[0]].toarray())
+        evict(path)  # what the first read brought in is gone: only advice brings pages now
+        next(it)  # batch 1 is read, batch 2.. are asked for again as they are drawn
+        reader = ds.handles.reader
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with __import__("h5py").File(path, "r") as f:
+                base = f["X/data"].id.get_offset()
+            row = batches[40][0]
+            assert wait_resident(fd, [base + int(m.indptr[row]) * 4])
+        finally:
+            os.close(fd)
+        assert reader._ahead is not None and reader._ahead.advisor.asked > 0
+        rest = [b.to_dense().numpy() for b in it]
+        assert all(
+            np.array_equal(b, m[rows].toarray()) for b, rows in zip(rest, batches[2:], strict=True)
+        )
+    assert "loaderkit-read-ahead" not in [t.name for t in threading.enumerate()]
+
+
+def test_a_second_pass_asks_nothing_once_every_window_was(
+    big: tuple[Path, sp.csr_matrix],
+) -> None:
+    path, _ = big
+    with HDF5SessionDataset([path], key="X") as ds:
+        loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=0)
+        for _ in loader:
+            pass
+        reader = ds.handles.reader
+        assert reader.around[0]  # a small file: it fits in memory
+        assert reader._ahead is not None and reader._ahead.windows is not None
+        assert reader._ahead.windows.done
+        assert reader.read_ahead_watcher() is None
+
+
+def test_rows_too_big_for_memory_ask_their_own_pages(big: tuple[Path, sp.csr_matrix]) -> None:
+    path, m = big
+    with HDF5SessionDataset([path], key="X") as ds:
+        reader = ds.handles.reader
+        reader.around = (0, "as if the files did not fit in memory")
+        loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=0)
+        got = np.concatenate([b.to_dense().numpy().sum(axis=1) for b in loader])
+        assert reader._ahead is not None and reader._ahead.windows is None
+        assert reader._ahead.advisor.asked > 0
+        assert np.isclose(got.sum(), m.sum())
+
+
+def test_a_watcher_whose_files_are_read_elsewhere_goes_quiet() -> None:
+    calls: list[int] = []
+    watcher = SamplerReadAhead(
+        lambda keys: calls.append(keys.size) or keys.size, lambda: False, np.arange(100), 40
+    )
+    watcher.drawn([[i, i + 1] for i in range(0, 20, 2)])
+    for _ in range(30):
+        watcher.reading()
+        watcher.drawn([[1, 2]])
+    assert len(calls) <= 12  # one try a batch, the first of those waiting, then none
+
+
+def test_thread_workers_and_processes_read_the_same_rows(big: tuple[Path, sp.csr_matrix]) -> None:
+    path, m = big
+    for kwargs in ({"num_workers": 2, "worker_method": "thread"}, {"num_workers": 2}):
+        with HDF5SessionDataset([path], key="X") as ds:
+            loader = DataLoader(ds, batch_size=128, shuffle=False, **kwargs)
+            got = np.concatenate([b.to_dense().numpy() for b in loader])
+        assert np.array_equal(got, m.toarray()), kwargs
