@@ -23,7 +23,7 @@ import numpy as np
 
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.read.csrplan import SpanCatalog, batch_sessions, plan_pieces
-from loaderkit.hdf5.read.handles import Handle, HandleCache
+from loaderkit.hdf5.read.handles import FilePool, Handle
 from loaderkit.hdf5.read.readahead import Advisor, AheadPlan, SamplerReadAhead, Windows
 
 __all__ = ["AheadSource", "CSRAhead"]
@@ -33,7 +33,7 @@ class AheadSource(Protocol):
     """What ``CSRAhead`` reads of its reader (``CSRReader`` has it)."""
 
     catalog: SpanCatalog
-    cache: HandleCache
+    file_pool: FilePool
 
     @property
     def types(self) -> Sequence[Any]:
@@ -93,7 +93,7 @@ class CSRAhead:
         if not keys.size:
             return left
         sessions, slot = batch_sessions(cpos, canon.size)
-        leased = reader.cache.lease_open(sessions.tolist())
+        leased = reader.file_pool.lease_open(sessions.tolist())
         if leased is None:
             return left
         try:
@@ -125,7 +125,7 @@ class CSRAhead:
                 last = -(-(where + nbytes) // windows.around) * windows.around
                 self.advisor.ask(fd, first, last - first)
         finally:
-            reader.cache.release_all(leased)
+            reader.file_pool.release_all(leased)
         return left - keys.size
 
     def _know_file(self, fd: int, pos: int) -> None:
