@@ -47,7 +47,16 @@ def look_ahead(first: Any, rest: Iterator[Any], watcher: Any) -> Iterator[Any]:
     The watcher sees the items drawn since it was last told, in order (``drawn(items)``: one
     call for a burst of draws, such as the whole horizon at the start of a pass), and is told
     when the next one is handed on (``reading()``); its errors are logged and ignored (a hint
-    never fails a pass).
+    never fails a pass). At least the item after the one handed on is drawn, whatever the
+    horizon: a batch larger than the horizon still has its successor seen ahead.
+
+    Example:
+        >>> class Small:
+        ...     horizon = 2
+        ...     def drawn(self, items): pass
+        ...     def reading(self): pass
+        >>> list(look_ahead([0, 1, 2], iter([[3, 4, 5], [6]]), Small()))  # batches of 3
+        [[0, 1, 2], [3, 4, 5], [6]]
     """
     horizon = int(getattr(watcher, "horizon", 1))
     pending: deque[tuple[Any, int]] = deque()
@@ -64,7 +73,7 @@ def look_ahead(first: Any, rest: Iterator[Any], watcher: Any) -> Iterator[Any]:
     count += pending[-1][1]
     new = [first]
     while pending:
-        while not exhausted and count < horizon:
+        while not exhausted and (count < horizon or len(pending) < 2):
             item = next(rest, _END)
             if item is _END:
                 exhausted = True

@@ -225,3 +225,13 @@ def test_thread_workers_and_processes_read_the_same_rows(big: tuple[Path, sp.csr
             loader = DataLoader(ds, batch_size=128, shuffle=False, **kwargs)
             got = np.concatenate([b.to_dense().numpy() for b in loader])
         assert np.array_equal(got, m.toarray()), kwargs
+
+
+def test_batches_larger_than_the_horizon_all_come(big: tuple[Path, sp.csr_matrix]) -> None:
+    path, m = big
+    with HDF5SessionDataset([path], key="X") as ds:
+        reader = ds.handles.reader
+        reader.ahead = reader.ahead._replace(samples=16)  # a horizon below one batch
+        loader = DataLoader(ds, batch_size=300, shuffle=True, num_workers=0)
+        sizes = [batch.shape[0] for batch in loader]
+        assert sum(sizes) == m.shape[0] and len(sizes) == len(loader)
