@@ -203,12 +203,13 @@ def _cmd_rechunk(args: argparse.Namespace) -> int:
     finally:
         if bars is not None:
             bars.close()
-    rows: list[Sequence[object]] = [("file", "copy", "shape", args.key, "size", "seconds")]
+    rows: list[Sequence[object]] = [("file", "copy", "key", "shape", "layout", "size", "seconds")]
     for r in results:
         rows.append(
             (
                 r.source,
                 r.target,
+                r.key,
                 "x".join(map(str, r.shape)),
                 r.layout,
                 _size_text(r.nbytes),
@@ -216,7 +217,8 @@ def _cmd_rechunk(args: argparse.Namespace) -> int:
             )
         )
     print(_table(rows))
-    print(f"\n{len(results)} file(s) rewritten and verified under {args.out}")
+    files = len({r.source for r in results})
+    print(f"\n{files} file(s) rewritten and verified under {args.out}")
     return 0
 
 
@@ -382,7 +384,7 @@ def _add_rechunk(commands: Any) -> None:
 
     rechunk = commands.add_parser(
         "rechunk",
-        help="copy session files with one dataset (or .h5ad CSR matrix) stored row by row",
+        help="copy session files with datasets (or .h5ad CSR matrices) stored row by row",
         description=(
             "Write, for each FILE, a copy with the same name under DIR with KEY stored row by "
             "row (contiguous, or chunks of whole rows when the source is compressed), every "
@@ -391,14 +393,17 @@ def _add_rechunk(commands: Any) -> None:
             "CSR matrix group (X, layers/NAME, raw/X) gets its data and indices stored "
             "uncompressed (contiguous; --layout chunked: uncompressed chunks), indptr and the "
             "rest as they are: anndata reads the copy as before, with no plugin, and "
-            "loaderkit reads its rows raw, several times faster than from gzip."
+            "loaderkit reads its rows raw, several times faster than from gzip. Give --key "
+            "once per key (--key X --key layers/counts): all are rewritten in one copy."
         ),
     )
     rechunk.add_argument("files", nargs="+", metavar="FILE", help="session files to rewrite")
     rechunk.add_argument(
         "--key",
         required=True,
-        help="the dataset to store row by row, or a CSR matrix group (e.g. X) to uncompress",
+        action="append",
+        help="the dataset to store row by row, or a CSR matrix group (e.g. X) to uncompress; "
+        "repeat it for several keys, rewritten in one copy (each key once)",
     )
     rechunk.add_argument("--out", required=True, metavar="DIR", help="where the copies go")
     rechunk.add_argument(

@@ -1,14 +1,14 @@
 """The HDF5 pieces of a verified copy: objects copied as they are, one object laid out anew.
 
-``rechunk`` writes a file's copy with one object stored anew (a dataset row by row, or a CSR
+``rechunk`` writes a file's copy with its keys stored anew (a dataset row by row, or a CSR
 group's values uncompressed) and everything else as it is; these are the steps both share:
 
 * ``copy_tree``: every object and attribute of a file copied (HDF5's own object copy), links
-  kept as links, except the one object a callback creates;
+  kept as links, except the keys, which a callback creates;
 * ``create_like``: a dataset with a source's type, shape, fill value and attributes, in a new
   layout (contiguous without filters, or chunks with or without the source's filters);
 * ``copy_attrs``/``same_attrs``/``same_bits``: attributes copied with their own types, and
-  compared bit for bit (NaNs and -0.0 included);
+  compared bit for bit (NaNs and -0.0 included), ``COMPARE_BYTES`` at a time;
 * ``reading``: h5py's errors while reading a source, as an ``HDF5FileError`` naming the file,
   what was read and what to do.
 
@@ -23,7 +23,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from loaderkit.errors import HDF5FileError, LoaderkitError
 from loaderkit.hdf5.meta.diagnose import hdf5_message, repair_advice
 
 __all__ = [
+    "COMPARE_BYTES",
     "copy_attrs",
     "copy_tree",
     "create_like",
@@ -43,6 +44,9 @@ __all__ = [
     "same_attrs",
     "same_bits",
 ]
+
+#: Bytes ``same_bits`` compares at once: its temporaries stay this small whatever the arrays.
+COMPARE_BYTES = 1 << 20
 
 
 @contextlib.contextmanager
@@ -130,20 +134,28 @@ def create_like(
 
 
 def copy_tree(
-    src: h5py.Group, dst: h5py.Group, key_path: str, make_key: Callable[[h5py.Group, str], None]
+    src: h5py.Group,
+    dst: h5py.Group,
+    key_paths: str | Collection[str],
+    make_key: Callable[[h5py.Group, str], None],
 ) -> None:
-    """Copy ``src`` into ``dst`` except the key, which ``make_key`` creates; links stay links.
+    """Copy ``src`` into ``dst`` except the keys, which ``make_key`` creates; links stay links.
+
+    ``make_key(group, name)`` is called once per key (the key is ``group.name`` + ``name``),
+    in the order the source lists its members.
 
     Example:
         >>> f = h5py.File("a.h5", "w", driver="core", backing_store=False)
         >>> _ = f.create_dataset("a/x", data=[1, 2]); _ = f.create_dataset("a/y", data=[3])
+        >>> _ = f.create_dataset("z", data=[4])
         >>> g = h5py.File("b.h5", "w", driver="core", backing_store=False)
-        >>> copy_tree(f, g, "a/x", lambda group, name: group.create_group(name))
-        >>> type(g["a/x"]).__name__, g["a/y"][0]
-        ('Group', np.int64(3))
+        >>> copy_tree(f, g, ["a/x", "/z"], lambda group, name: group.create_group(name))
+        >>> type(g["a/x"]).__name__, type(g["z"]).__name__, g["a/y"][0]
+        ('Group', 'Group', np.int64(3))
     """
+    keys = [key_paths] if isinstance(key_paths, str) else list(key_paths)
+    heads = [key.strip("/").partition("/") for key in keys]
     copy_attrs(src, dst)
-    head, _, rest = key_path.partition("/")
     for name in src:
         link = src.get(name, getlink=True)
         if isinstance(link, h5py.SoftLink):
@@ -152,16 +164,20 @@ def copy_tree(
         if isinstance(link, h5py.ExternalLink):
             dst[name] = h5py.ExternalLink(link.filename, link.path)
             continue
-        if name == head and not rest:
+        inside = [rest for head, _, rest in heads if head == name]
+        if "" in inside:
             make_key(dst, name)
-        elif name == head:
-            copy_tree(src[name], dst.create_group(name), rest, make_key)
+        elif inside:
+            copy_tree(src[name], dst.create_group(name), inside, make_key)
         else:
             src.copy(src[name], dst, name=name)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Bit for bit (NaNs and -0.0 included); element by element for variable-length data."""
+    """Bit for bit (NaNs and -0.0 included); element by element for variable-length data.
+
+    C-contiguous arrays are compared ``COMPARE_BYTES`` at a time, with no copy of either.
+    """
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if a.dtype.hasobject:
@@ -173,7 +189,10 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
         return True
     left = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
     right = np.ascontiguousarray(b).reshape(-1).view(np.uint8)
-    return bool(np.array_equal(left, right))
+    return all(
+        np.array_equal(left[i : i + COMPARE_BYTES], right[i : i + COMPARE_BYTES])
+        for i in range(0, left.shape[0], COMPARE_BYTES)
+    )
 
 
 def same_attrs(a: Any, b: Any) -> bool:

@@ -1,9 +1,10 @@
-"""``rechunk``: copy session files with one dataset stored row by row, verified.
+"""``rechunk``: copy session files with datasets stored row by row, verified.
 
 NSD writes its betas from MATLAB with one chunk per voxel (``(750, 1)`` as h5py sees it), so
 any one trial reads the whole file. A one-off copy that stores the key's rows whole (rows
 contiguous, or chunks of whole rows) makes a trial one read of its own bytes. ``rechunk``
-writes, for each source file, a copy with the same name under an output directory:
+writes, for each source file, a copy with the same name under an output directory, with one
+or several keys (e.g. ``X`` and ``layers/counts``) stored anew in one pass over the file:
 
 * the key's dataset stored *contiguous* (``layout="auto"`` when the source has no filters and
   a fixed shape: loaderkit then reads rows with one ``os.preadv`` per run, no HDF5 call, and
@@ -17,16 +18,29 @@ writes, for each source file, a copy with the same name under an output director
 * every other object and attribute copied as it is (HDF5's own object copy), links kept as
   links;
 * read in blocks of whole source chunks (blocks of columns for column-chunked sources, of
-  rows otherwise), so memory stays within ``block_bytes`` plus HDF5's own per-chunk state,
-  whatever the file's size (chunked output from a column-chunked source goes through a
-  contiguous scratch copy in the output directory, removed afterwards);
-* verified after writing: the key's values compared bit for bit with the source, every
+  rows otherwise; chunked output from a column-chunked source goes through a contiguous
+  scratch copy in the output directory, removed afterwards);
+* verified after writing: the keys' values compared bit for bit with the source, every
   other dataset's values, every object's attributes, block by block;
+* in bounded memory, whatever the file's size: writing holds one block, verifying two (the
+  source's values of a block and the copy's, read into two buffers reused for every block and
+  compared ``COMPARE_BYTES`` (1 MiB) at a time); raw reads of column chunks stage at most
+  ``STAGE_BYTES`` (2 MiB) more. A block is at most ``block_bytes``, or one band of whole
+  source chunks where that is larger (all rows of one chunk column; the rows of one chunk).
+  The peak is ``2 * block_bytes`` plus a fixed 10-20 MiB, whatever the file's size: the
+  staging and comparison slices, and HDF5's own state (its metadata cache per open file, its
+  chunk cache of 1 MiB per open dataset, a few KiB per chunk a read touches, at most
+  ``BLOCK_CHUNKS`` a block; the object copy of the other datasets runs a chunk at a time).
+  Measured on a 96 MB session in chunks of whole rows with 32 MiB blocks: 72 MiB (contiguous
+  copy), 83 MiB (chunked). Variable-length values (strings, ragged arrays) are read as h5py's
+  object arrays, one block at a time;
 * written under a temporary name in the output directory and renamed over the final name only
   once verified: a failure never leaves a half-written file under the final name.
 
 It refuses to write over a source (the same file by path, symlink or hard link) and over an
-existing file unless ``overwrite=True``. The command line is ``loaderkit rechunk``.
+existing file unless ``overwrite=True``; a key given twice, or one inside another (``X`` and
+``X/data``), before anything is read. The command line is ``loaderkit rechunk`` (``--key``
+once per key).
 """
 
 from __future__ import annotations
@@ -45,6 +59,7 @@ import numpy as np
 from loaderkit.errors import ConfigError, HDF5FileError, MissingKeyError, add_note
 from loaderkit.hdf5.convert import csrcopy
 from loaderkit.hdf5.convert.h5copy import (
+    COMPARE_BYTES,
     copy_tree,
     create_like,
     reading,
@@ -58,7 +73,15 @@ from loaderkit.hdf5.meta.layout import dataset_names
 from loaderkit.hdf5.read.rawio import chunk_map
 from loaderkit.hdf5.read.widerows import BLOCK_CHUNKS, read_rows_raw
 
-__all__ = ["CHUNK_BYTES", "LAYOUTS", "RechunkResult", "choose_layout", "rechunk"]
+__all__ = [
+    "CHUNK_BYTES",
+    "COMPARE_BYTES",
+    "LAYOUTS",
+    "STAGE_BYTES",
+    "RechunkResult",
+    "choose_layout",
+    "rechunk",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +97,8 @@ LAYOUTS = ("auto", "contiguous", "chunked")
 CHUNK_BYTES = 1 << 20
 #: Bytes read or written per block.
 BLOCK_BYTES = 64 << 20
+#: Most bytes raw reads of unfiltered column chunks stage beside a block.
+STAGE_BYTES = 2 << 20
 
 #: Called as ``progress(description, done_bytes, total_bytes)`` after every block.
 Progress = Callable[[str, int, int], None]
@@ -81,17 +106,19 @@ Progress = Callable[[str, int, int], None]
 
 @dataclass(frozen=True)
 class RechunkResult:
-    """One file rewritten.
+    """One key of one file rewritten (``rechunk`` returns one per file and key).
 
     Attributes:
         source: The file read.
         target: The copy written (same name, in the output directory).
-        key: The dataset stored row by row, or the CSR matrix group.
+        key: The dataset stored row by row, or the CSR matrix group (without a leading
+            ``/``).
         shape: Its shape (a CSR group's: the matrix's, cells x genes).
         layout: ``"contiguous"`` or ``"chunks (R, ...)"``; for a CSR group
             ``"CSR values contiguous"`` or ``"CSR values chunks (N,)"``.
         nbytes: Bytes of the key's values (a CSR group's ``data`` and ``indices``).
-        seconds: Time taken, verification included.
+        seconds: Time the file's copy took, verification included (the same for every key
+            of the file: they are written in one copy).
 
     Example:
         >>> RechunkResult(Path("a.h5"), Path("out/a.h5"), "betas", (750, 10), "contiguous",
@@ -176,6 +203,14 @@ def _dataset(f: h5py.File, key: str, path: Path) -> h5py.Dataset | h5py.Group:
 
 def _lookup(f: h5py.File, key: str, path: Path) -> h5py.Dataset | h5py.Group:
     """The dataset ``key`` of ``path``, or its CSR matrix group (checked); else a named error."""
+    parts = key.split("/")
+    for depth in range(1, len(parts)):  # a key reached through a link is not copied anew
+        above = "/".join(parts[:depth])
+        if isinstance(f.get(above, getlink=True), (h5py.SoftLink, h5py.ExternalLink)):
+            raise ConfigError(
+                f"rechunk: {key!r} in {path} lies under {above!r}, a link; pass the path "
+                "of the dataset's own group as --key (the link is copied as it is)."
+            )
     link = f.get(key, getlink=True)
     if isinstance(link, (h5py.SoftLink, h5py.ExternalLink)):
         raise ConfigError(
@@ -215,6 +250,92 @@ def _shape_of(obj: h5py.Dataset | h5py.Group) -> tuple[int, ...]:
         return tuple(int(n) for n in obj.shape)
     shape = obj.attrs["shape"] if "shape" in obj.attrs else obj.attrs["h5sparse_shape"]
     return tuple(int(n) for n in np.asarray(shape).ravel())
+
+
+def _nbytes(obj: h5py.Dataset | h5py.Group) -> int:
+    """Bytes of the values stored anew (a CSR group's ``data`` and ``indices``)."""
+    if isinstance(obj, h5py.Group):
+        return csrcopy.values_nbytes(obj)
+    return int(obj.size or 0) * obj.dtype.itemsize
+
+
+def _keys(key: str | Sequence[str]) -> list[str]:
+    """The keys without leading ``/``; ``ConfigError`` for none, a repeat or one inside another."""
+    given = [key] if isinstance(key, str) else list(key)
+    if not given:
+        raise ConfigError(
+            "rechunk: no key given; pass the dataset or CSR group to rewrite (key='X', "
+            "--key X), or several (['X', 'layers/counts'], --key X --key layers/counts)."
+        )
+    keys: list[str] = []
+    for item in given:
+        name = item.strip("/") if isinstance(item, str) else ""
+        if not name:
+            raise ConfigError(
+                f"rechunk: key {item!r} is not a path to a dataset or group (e.g. 'X')."
+            )
+        if name in keys:
+            raise ConfigError(
+                f"rechunk: key {name!r} is given twice ({given}); pass each key once."
+            )
+        for other in keys:
+            inner, outer = (name, other) if name.startswith(other + "/") else (other, name)
+            if inner.startswith(outer + "/"):
+                raise ConfigError(
+                    f"rechunk: key {inner!r} is inside {outer!r} (both given: {given}); pass "
+                    f"only {outer!r} (a CSR group's values are rewritten with it)."
+                )
+        keys.append(name)
+    return keys
+
+
+class _Buffers:
+    """Reusable buffers for blocks: each grown to the largest block it has held, never more.
+
+    Example:
+        >>> bufs = _Buffers(2)
+        >>> bufs.view(0, (2, 3), np.dtype("f4")).shape, bufs.view(1, (4,), np.dtype("i2")).nbytes
+        ((2, 3), 8)
+    """
+
+    def __init__(self, count: int) -> None:
+        self._bufs = [np.empty(0, np.uint8) for _ in range(count)]
+
+    def view(self, index: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
+        """Buffer ``index`` as a C-contiguous array of ``shape`` and ``dtype``."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if self._bufs[index].nbytes < nbytes:
+            self._bufs[index] = np.empty(0, np.uint8)  # the old one freed before the new
+            self._bufs[index] = np.empty(nbytes, np.uint8)
+        return self._bufs[index][:nbytes].view(dtype).reshape(shape)
+
+
+RawReader = Callable[[tuple[slice, ...], np.ndarray], None]
+
+
+def _read_box(
+    dset: h5py.Dataset,
+    box: tuple[slice, ...],
+    buffers: _Buffers,
+    index: int,
+    raw: RawReader | None = None,
+) -> np.ndarray:
+    """The values of ``box`` in buffer ``index`` (variable-length values: h5py's own array)."""
+    if dset.dtype.hasobject:
+        return np.asarray(dset[box])
+    out = buffers.view(index, tuple(b.stop - b.start for b in box), dset.dtype)
+    if raw is not None:
+        raw(box, out)
+    else:
+        dset.read_direct(out, source_sel=box)
+    return out
+
+
+def _put(dset: h5py.Dataset, box: tuple[slice, ...], data: np.ndarray) -> None:
+    if data.dtype.hasobject:
+        dset[box] = data
+    else:
+        dset.write_direct(data, dest_sel=box)
 
 
 def _row_bytes(dset: h5py.Dataset) -> int:
@@ -263,95 +384,120 @@ def _source_blocks(dset: h5py.Dataset, block_bytes: int) -> Iterator[tuple[slice
     )
 
 
-def _box_reader(src_file: h5py.File, src: h5py.Dataset) -> Callable[[tuple[slice, ...]], Any]:
-    """Reads a box of ``_source_blocks`` from ``src``: raw chunk bytes where possible.
+def _box_reader(src_file: h5py.File, src: h5py.Dataset) -> RawReader | None:
+    """Reads a box of ``_source_blocks`` from ``src``'s raw chunk bytes, where it can.
 
     Unfiltered column chunks (NSD's ``(750, 1)``) are read with ``os.preadv`` in file order
-    (``loaderkit.hdf5.read.widerows.read_rows_raw``), several times faster than HDF5's per-chunk
-    bookkeeping; the boxes of ``column_blocks`` over such chunks are flat ranges of columns.
+    (``loaderkit.hdf5.read.widerows.read_rows_raw``, staging at most ``STAGE_BYTES``),
+    several times faster than HDF5's per-chunk bookkeeping; the boxes of ``column_blocks``
+    over such chunks are flat ranges of columns. ``None``: HDF5 reads the boxes.
     """
     cmap = chunk_map(src_file, src) if src.ndim > 1 else None
     if cmap is None:
-        return lambda box: src[box]
-    shape = tuple(int(n) for n in src.shape)
-    rows = np.arange(shape[0])
+        return None
+    row_shape = tuple(int(n) for n in src.shape[1:])
 
-    def read(box: tuple[slice, ...]) -> np.ndarray:
-        sizes = tuple(b.stop - b.start for b in box[1:])
-        lo = int(np.ravel_multi_index(tuple(b.start for b in box[1:]), shape[1:]))
-        out = np.empty((shape[0], *sizes), src.dtype)
-        read_rows_raw(cmap, rows, out.reshape(shape[0], -1), columns=(lo, lo + out[0].size))
-        return out
+    def read(box: tuple[slice, ...], out: np.ndarray) -> None:
+        lo = int(np.ravel_multi_index(tuple(b.start for b in box[1:]), row_shape))
+        rows = np.arange(box[0].start, box[0].stop)
+        width = int(np.prod(out.shape[1:], dtype=np.int64))
+        flat = out.reshape(rows.shape[0], width)
+        read_rows_raw(cmap, rows, flat, columns=(lo, lo + width), stage_bytes=STAGE_BYTES)
 
     return read
 
 
 def _write(
     src_file: h5py.File,
-    src: h5py.Dataset | h5py.Group,
+    keys: dict[str, h5py.Dataset | h5py.Group],
     tmp: Path,
     scratch: Path,
-    key: str,
     layout: tuple[str, int],
     block_bytes: int,
     report: Callable[[str, int], None],
     source: Path,
 ) -> None:
-    """Write the copy to ``tmp`` (the key's values streamed in blocks).
+    """Write the copy to ``tmp``: the objects copied, then each key's values in blocks.
 
     ``layout`` is ``(layout, chunk_bytes)`` as ``rechunk`` takes them.
     """
-    path = src.name.lstrip("/")
     userblock = src_file.userblock_size  # e.g. MATLAB v7.3 files: kept, byte for byte
     with h5py.File(tmp, "w", libver=src_file.libver, userblock_size=userblock) as out:
-        holder: list[Any] = []
-        chunks = _chunks_of(src, *layout)
+        made: dict[str, h5py.Dataset | h5py.Group] = {}
 
         def make_key(group: h5py.Group, name: str) -> None:
+            path = f"{group.name.rstrip('/')}/{name}".lstrip("/")
+            src = keys[path]
             if isinstance(src, h5py.Group):
-                holder.append(csrcopy.create_csr(src, group, name, *layout))
+                made[path] = csrcopy.create_csr(src, group, name, *layout)
             else:
-                holder.append(create_like(src, group, name, chunks))
+                made[path] = create_like(src, group, name, _chunks_of(src, *layout))
 
         with reading(source, "the objects and attributes"):
-            copy_tree(src_file, out, path, make_key)
-        (target,) = holder
-        if isinstance(src, h5py.Group):
-            csrcopy.copy_values(src, target, block_bytes, report, source)
-            return
-        if src.size == 0:
-            return
-        reader = _box_reader(src_file, src)
+            copy_tree(src_file, out, list(keys), make_key)
+        buffer = _Buffers(1)  # one block at a time, every key
+        done = 0
+        for path, src in keys.items():
 
-        def read(box: tuple[slice, ...]) -> np.ndarray:
-            with reading(source, f"the rows {box} of {key!r}"):
-                return reader(box)
+            def step(phase: str, n: int, before: int = done) -> None:
+                report(phase, before + n)
 
-        column_chunked = src.chunks is not None and tuple(src.chunks[1:]) != tuple(src.shape[1:])
-        if chunks is None or not column_chunked or src.ndim == 1:
-            done = 0
-            for box in _source_blocks(src, block_bytes):  # every source chunk read once
-                data = read(box)
-                target[box] = data
-                done += data.nbytes
-                report("writing", done)
-            return
-        # chunked output from column chunks: blocks of columns into a contiguous scratch
-        # copy, then blocks of whole target chunks (each written once, whole)
-        with h5py.File(scratch, "w") as side:
-            staged = side.create_dataset("x", shape=src.shape, dtype=src.dtype)
-            done = 0
-            for box in _source_blocks(src, block_bytes):
-                data = read(box)
-                staged[box] = data
-                done += data.nbytes // 2
-                report("writing", done)
-            rows = max(1, block_bytes // (_row_bytes(src) * chunks[0])) * chunks[0]
-            for block in row_blocks(src.shape[0], rows):
-                data = staged[block]
-                target[block] = data
-                done += data.nbytes - data.nbytes // 2
-                report("writing", done)
+            target = made[path]
+            if isinstance(src, h5py.Group):
+                csrcopy.copy_values(src, target, block_bytes, step, source)
+            else:
+                _write_dataset(src_file, src, target, scratch, block_bytes, step, source, buffer)
+            done += _nbytes(src)
+
+
+def _write_dataset(
+    src_file: h5py.File,
+    src: h5py.Dataset,
+    target: h5py.Dataset,
+    scratch: Path,
+    block_bytes: int,
+    report: Callable[[str, int], None],
+    source: Path,
+    buffer: _Buffers,
+) -> None:
+    """``src``'s values into ``target`` (created), one block at a time in one buffer."""
+    if src.size == 0:
+        return
+    raw = _box_reader(src_file, src)
+    key = src.name.lstrip("/")
+
+    def read(box: tuple[slice, ...]) -> np.ndarray:
+        with reading(source, f"the rows {box} of {key!r}"):
+            return _read_box(src, box, buffer, 0, raw)
+
+    chunks = target.chunks
+    column_chunked = src.chunks is not None and tuple(src.chunks[1:]) != tuple(src.shape[1:])
+    if chunks is None or not column_chunked or src.ndim == 1:
+        done = 0
+        for box in _source_blocks(src, block_bytes):  # every source chunk read once
+            data = read(box)
+            _put(target, box, data)
+            done += data.nbytes
+            report("writing", done)
+        return
+    # chunked output from column chunks: blocks of columns into a contiguous scratch
+    # copy, then blocks of whole target chunks (each written once, whole)
+    with h5py.File(scratch, "w") as side:
+        staged = side.create_dataset("x", shape=src.shape, dtype=src.dtype)
+        done = 0
+        for box in _source_blocks(src, block_bytes):
+            data = read(box)
+            _put(staged, box, data)
+            done += data.nbytes // 2
+            report("writing", done)
+        rows = max(1, block_bytes // (_row_bytes(src) * chunks[0])) * chunks[0]
+        rest = tuple(slice(0, int(n)) for n in src.shape[1:])
+        for block in row_blocks(src.shape[0], rows):
+            data = _read_box(staged, (block, *rest), buffer, 0)
+            _put(target, (block, *rest), data)
+            done += data.nbytes - data.nbytes // 2
+            report("writing", done)
+    _remove(scratch)
 
 
 def _copy_userblock(source: Path, target: Path, size: int) -> None:
@@ -362,8 +508,18 @@ def _copy_userblock(source: Path, target: Path, size: int) -> None:
         dst.write(src.read(size))
 
 
-def _verify(src_file: h5py.File, out: h5py.File, key: str, block_bytes: int, report: Any) -> None:
-    """Raise ``HDF5FileError`` unless ``out`` holds what ``src_file`` holds."""
+def _verify(
+    src_file: h5py.File,
+    out: h5py.File,
+    keys: str | Sequence[str],
+    block_bytes: int,
+    report: Callable[[str, int], None],
+) -> None:
+    """Raise ``HDF5FileError`` unless ``out`` holds what ``src_file`` holds.
+
+    Every dataset is compared block by block: the source's block and the copy's read into two
+    buffers reused throughout, compared ``COMPARE_BYTES`` at a time.
+    """
     problems: list[str] = []
     names: list[str] = []
     src_file.visit(names.append)
@@ -373,13 +529,17 @@ def _verify(src_file: h5py.File, out: h5py.File, key: str, block_bytes: int, rep
         missing = sorted(set(names) - set(copied))
         extra = sorted(set(copied) - set(names))
         problems.append(f"objects differ (missing {missing[:5]}, extra {extra[:5]})")
-    stored = src_file[key]
-    key_name = stored.name.lstrip("/")
-    if isinstance(stored, h5py.Dataset):
-        read_key: Callable[[tuple[slice, ...]], Any] | None = _box_reader(src_file, stored)
-        rewritten = {key_name}
-    else:  # a CSR group: its values are read through HDF5, as any dataset
-        read_key, rewritten = None, {f"{key_name}/{n}" for n in csrcopy.VALUES}
+    raw: dict[str, RawReader | None] = {}
+    rewritten: set[str] = set()
+    for key in [keys] if isinstance(keys, str) else keys:
+        stored = src_file[key]
+        key_name = stored.name.lstrip("/")
+        if isinstance(stored, h5py.Dataset):
+            raw[key_name] = _box_reader(src_file, stored)
+            rewritten.add(key_name)
+        else:  # a CSR group: its values are read through HDF5, as any dataset
+            rewritten |= {f"{key_name}/{n}" for n in csrcopy.VALUES}
+    buffers = _Buffers(2)
     done = 0
     for name in [""] + [n for n in names if n in out]:
         a, b = (src_file, out) if not name else (src_file[name], out[name])
@@ -397,12 +557,13 @@ def _verify(src_file: h5py.File, out: h5py.File, key: str, block_bytes: int, rep
                 problems.append(f"values of {name!r}")
             continue
         for box in _source_blocks(a, block_bytes):
-            x, y = (read_key(box) if read_key and name == key_name else a[box]), b[box]
-            if not same_bits(np.asarray(x), np.asarray(y)):
+            x = _read_box(a, box, buffers, 0, raw.get(name))
+            y = _read_box(b, box, buffers, 1)
+            if not same_bits(x, y):
                 problems.append(f"values of {name!r} in {box}")
                 break
             if name in rewritten:
-                done += np.asarray(x).nbytes
+                done += x.nbytes
                 report("verifying", done)
     if problems:
         raise HDF5FileError(
@@ -423,35 +584,35 @@ def _remove(path: Path) -> None:
 def _rechunk_one(
     source: Path,
     target: Path,
-    key: str,
+    keys: list[str],
     layout: str,
     chunk_bytes: int,
     block_bytes: int,
     progress: Progress | None,
-) -> RechunkResult:
+) -> list[RechunkResult]:
     started = time.perf_counter()
     tmp = target.parent / f".{target.name}.rechunk-{os.getpid()}.tmp"
     scratch = target.parent / f".{target.name}.rechunk-{os.getpid()}.scratch"
+    what = ", ".join(map(repr, keys))
     try:
         with _open_source(source) as src_file:
-            src = _dataset(src_file, key, source)
-            with reading(source, f"dataset {key!r}"):
-                chunks = _chunks_of(src, layout, chunk_bytes)
-                csr = isinstance(src, h5py.Group)
-                nbytes = csrcopy.values_nbytes(src) if csr else src.size * src.dtype.itemsize
-                shape = _shape_of(src)
-            total = max(1, nbytes)
+            objs = {key: _dataset(src_file, key, source) for key in keys}
+            with reading(source, f"dataset {what}"):
+                found = {
+                    key: (_chunks_of(obj, layout, chunk_bytes), _shape_of(obj), _nbytes(obj))
+                    for key, obj in objs.items()
+                }
+            total = max(1, sum(nbytes for _, _, nbytes in found.values()))
 
             def report(phase: str, done: int) -> None:
                 if progress is not None:
                     progress(f"{source.name}: {phase}", min(done, total), total)
 
             settings = (layout, chunk_bytes)
-            _write(src_file, src, tmp, scratch, key, settings, block_bytes, report, source)
-            _remove(scratch)
+            _write(src_file, objs, tmp, scratch, settings, block_bytes, report, source)
             _copy_userblock(source, tmp, src_file.userblock_size)
             with h5py.File(tmp, "r") as out, reading(source, "the objects, verifying the copy"):
-                _verify(src_file, out, key, block_bytes, report)
+                _verify(src_file, out, keys, block_bytes, report)
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, target)  # the final name appears only now, whole and verified
@@ -461,24 +622,27 @@ def _rechunk_one(
         if isinstance(exc, Exception):
             add_note(
                 exc,
-                f"loaderkit rechunk: {source} (key {key!r}) -> {target}: nothing was written "
+                f"loaderkit rechunk: {source} (key {what}) -> {target}: nothing was written "
                 "under the final name.",
             )
             if isinstance(exc, HDF5FileError) and str(exc).startswith("verification failed"):
                 raise HDF5FileError(
-                    f"rechunk: the copy of {source} (key {key!r}) does not hold what the "
+                    f"rechunk: the copy of {source} (key {what}) does not hold what the "
                     f"source holds: {exc}. It was removed; {target} was not written."
                 ) from exc
         raise
-    what = "contiguous" if chunks is None else f"chunks {chunks}"
-    what = f"CSR values {what}" if csr else what
     seconds = time.perf_counter() - started
-    return RechunkResult(source, target, key, shape, what, int(nbytes), seconds)
+    results = []
+    for key, (chunks, shape, nbytes) in found.items():
+        laid = "contiguous" if chunks is None else f"chunks {chunks}"
+        laid = f"CSR values {laid}" if isinstance(objs[key], h5py.Group) else laid
+        results.append(RechunkResult(source, target, key, shape, laid, int(nbytes), seconds))
+    return results
 
 
 def rechunk(
     files: Sequence[str | os.PathLike[str]],
-    key: str,
+    key: str | Sequence[str],
     out_dir: str | os.PathLike[str],
     *,
     layout: str = "auto",
@@ -493,29 +657,36 @@ def rechunk(
         files: The session files to rewrite (any number; never written to).
         key: The dataset to store row by row (a path inside the files, e.g. ``"betas"``), or
             an ``.h5ad`` CSR matrix group (``"X"``, ``"layers/counts"``, ``"raw/X"``) whose
-            ``data`` and ``indices`` are stored uncompressed.
+            ``data`` and ``indices`` are stored uncompressed; or a sequence of such keys,
+            all rewritten in one copy of each file (one pass over it). A key given twice,
+            or one inside another (``"X"`` and ``"X/data"``), is refused.
         out_dir: Where the copies go (created if missing; must not hold a source).
         layout: ``"auto"`` (contiguous, or chunks of whole rows when the source has filters
             or can grow), ``"contiguous"`` or ``"chunked"`` (chunks of whole rows, the
             source's filters kept). A CSR group's values: contiguous, or with ``"chunked"``
             uncompressed chunks of about ``chunk_bytes`` that keep the maximum shape.
         chunk_bytes: Target bytes per chunk for chunked output (at least one whole row).
-        block_bytes: Bytes read and written per block (memory bound, besides HDF5's state).
+        block_bytes: Bytes read and written per block (at least one band of whole source
+            chunks). The peak memory is twice this (verification compares two blocks) plus
+            a fixed 10-20 MiB (HDF5's caches, ``STAGE_BYTES``, ``COMPARE_BYTES``).
         overwrite: Replace copies that already exist in ``out_dir`` (never a source).
         progress: Called as ``progress(description, done_bytes, total_bytes)`` after every
             block (the command line draws tqdm bars with it).
 
     Returns:
-        One ``RechunkResult`` per file, in order.
+        One ``RechunkResult`` per file and key: files in order, each file's keys in the
+        order given (a single key: one per file).
 
     Raises:
-        ConfigError: No files, a bad ``layout``, a target that is a source (same path,
+        ConfigError: No files, no key, a key given twice or inside another, a key under a
+            link, a bad ``layout``, a target that is a source (same path,
             symlink or hard link), two sources with the same name, ``"contiguous"`` for a
             dataset that needs chunks, or a sparse matrix that is not CSR (CSC: named, with
             how to convert).
         FileExistsError: A target exists and ``overwrite`` is false.
         FileNotFoundError: A source does not exist.
-        KeyError: A source has no dataset ``key`` (the message lists what it holds).
+        KeyError: A source has no dataset ``key`` (the message names the key and lists what
+            the file holds), checked for every file and key before anything is written.
         HDF5FileError: A source cannot be read (a damaged CSR group's first bad row named),
             or the copy does not verify (it is removed).
 
@@ -533,6 +704,11 @@ def rechunk(
         ...     betas = f["betas"]
         ...     betas.chunks is None, int(betas[5, 9])
         (True, 59)
+        >>> with h5py.File(src, "a") as f:
+        ...     _ = f.create_dataset("masks", data=np.ones((6, 8), "u1"), chunks=(6, 1))
+        >>> both = rechunk([src], ["betas", "masks"], os.path.join(root, "both"))
+        >>> [(r.key, r.layout) for r in both], both[0].target == both[1].target
+        ([('betas', 'contiguous'), ('masks', 'contiguous')], True)
     """
     if layout not in LAYOUTS:
         raise ConfigError(f"rechunk: layout must be one of {LAYOUTS}, got {layout!r}.")
@@ -541,16 +717,19 @@ def rechunk(
             f"rechunk: chunk_bytes and block_bytes must be >= 1, got {chunk_bytes} and "
             f"{block_bytes}."
         )
+    keys = _keys(key)
     out = Path(out_dir).expanduser().absolute()
     sources = [Path(f).expanduser().absolute() for f in files]
     pairs = _plan_targets(sources, out, overwrite=overwrite)
-    for source, _ in pairs:  # every source readable, with the key, before writing anything
+    for source, _ in pairs:  # every source readable, with every key, before writing anything
         with _open_source(source) as f:
-            dset = _dataset(f, key, source)
-            with reading(source, f"dataset {key!r}"):
-                _chunks_of(dset, layout, chunk_bytes)
+            for name in keys:
+                dset = _dataset(f, name, source)
+                with reading(source, f"dataset {name!r}"):
+                    _chunks_of(dset, layout, chunk_bytes)
     out.mkdir(parents=True, exist_ok=True)
     return [
-        _rechunk_one(source, target, key, layout, chunk_bytes, block_bytes, progress)
+        result
         for source, target in pairs
+        for result in _rechunk_one(source, target, keys, layout, chunk_bytes, block_bytes, progress)
     ]
