@@ -12,6 +12,7 @@ expects, so ``except ValueError`` / ``except TypeError`` / ``except OSError`` ke
     │   ├── MissingKeyError      (also KeyError)    a dataset the HDF5 file does not have
     │   ├── RaggedBatchError     (also RuntimeError) rows of different lengths in one batch
     │   ├── ResourceLeakError                      LeakCheck(raise_on_leak=True) found growth
+    │   ├── ShortRead            (also OSError)     a table read the file could not complete
     │   └── StorageError         (also OSError)     the session cache or an object store failed
     │       ├── StorageAccessError (also PermissionError) the store refused the credentials
     │       └── CacheDamageError                   a cached copy damaged again after a re-fetch
@@ -39,6 +40,7 @@ entry (the new name and the release), read by ``MovedAttribute`` (a name on a cl
 from __future__ import annotations
 
 import numbers
+import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping
@@ -60,6 +62,7 @@ __all__ = [
     "PerformanceHint",
     "RaggedBatchError",
     "ResourceLeakError",
+    "ShortRead",
     "StorageAccessError",
     "StorageError",
     "add_note",
@@ -151,6 +154,62 @@ class ResourceLeakError(LoaderkitError):
         >>> issubclass(ResourceLeakError, LoaderkitError)
         True
     """
+
+
+class ShortRead(LoaderkitError, OSError):
+    """A read of a table (``loaderkit.hdf5.read.readtable``) that could not be completed.
+
+    The file ended before the read's last byte (truncated under the reader), or the system
+    call failed (``errno`` then says how). Readers turn it into an ``HDF5FileError`` naming
+    the file, key and rows: they know them, the table does not.
+
+    Attributes:
+        row: The read's row in the table.
+        fd: The file descriptor read.
+        offset: The read's first byte in the file.
+        wanted: The bytes it asked for.
+        got: The bytes it had read when it stopped.
+        errno: The system call's error number, or ``None`` where the file ended.
+
+    Examples:
+        >>> error = ShortRead(3, 7, 4096, 64, 16, None, "the row data")
+        >>> str(error).split(" (")[0]
+        'file ends 48 bytes short of the row data'
+        >>> isinstance(error, OSError), error.errno is None
+        (True, True)
+    """
+
+    def __init__(
+        self,
+        row: int,
+        fd: int,
+        offset: int,
+        wanted: int,
+        got: int,
+        code: int | None = None,
+        what: str = "the read",
+    ) -> None:
+        where = f"read {row}: {wanted} bytes at {offset} of fd {fd}"
+        if code is None:
+            message = (
+                f"file ends {wanted - got} bytes short of {what} ({where}; truncated while open?)"
+            )
+        else:
+            message = f"[Errno {code}] {os.strerror(code)}: reading {what} failed ({where})"
+        super().__init__(message)
+        self.errno = code
+        self.row, self.fd, self.offset, self.wanted, self.got, self.what = (
+            row,
+            fd,
+            offset,
+            wanted,
+            got,
+            what,
+        )
+
+    def __reduce__(self) -> Any:
+        args = (self.row, self.fd, self.offset, self.wanted, self.got, self.errno, self.what)
+        return (ShortRead, args)
 
 
 class StorageError(LoaderkitError, OSError):

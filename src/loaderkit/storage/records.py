@@ -196,7 +196,7 @@ class Totals:
             import fcntl
 
             fcntl.flock(fd, fcntl.LOCK_EX)
-            values, seconds = self._unpack(os.pread(fd, _RECORD.size, 0))
+            values, seconds = self._unpack(os.read(fd, _RECORD.size))  # just opened: at 0
             values[name] += amount
             os.pwrite(fd, _RECORD.pack(*values.values(), seconds + waiting), 0)
         except OSError:

@@ -1,15 +1,15 @@
-"""Contiguous rows without io_uring: page-cache copies take turns (``pread_cached``).
+"""Contiguous rows without io_uring: page-cache copies take turns (``readtable.read_table``).
 
 Where threads read batches at once and a thread has no ring (``uring.thread_ring`` is
-``None``: not Linux, or a kernel or sandbox without ``io_uring``), a batch's rows of one
-session are first copied with ``os.preadv(..., RWF_NOWAIT)`` under one process-wide lock (one
-thread's copies at a time, instead of a GIL hand-off per row between threads); what the page
-cache does not hold is read afterwards with ``pread``, outside it.
+``None``: not Linux, or a kernel or sandbox without ``io_uring``), a batch's table of reads is
+first copied with ``os.preadv(..., RWF_NOWAIT)`` under one process-wide lock (one thread's
+copies at a time, instead of a GIL hand-off per row between threads); what the page cache does
+not hold is read afterwards, outside it. The primitive's own tests are in ``test_readtable``;
+these read batches through the dataset.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 from pathlib import Path
@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 from loaderkit import HDF5SessionDataset
-from loaderkit.hdf5.read import pieceio, rawio, reader, uring
-from loaderkit.hdf5.read.rawio import pread_cached
+from loaderkit.hdf5.read import readtable, uring
 from tests.hdf5.helpers import expected, run_in_threads, write_sessions
 
 NOWAIT = pytest.mark.skipif(
@@ -78,143 +77,66 @@ def _drop_from_page_cache(paths: list[Path]) -> None:
 
 
 @NOWAIT
-def test_cached_bytes_are_copied_and_counted(tmp_path: Path) -> None:
-    path = tmp_path / "rows.bin"
-    path.write_bytes(np.arange(64, dtype="i4").tobytes())
-    path.read_bytes()  # in the page cache
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        out = np.zeros(6, "i4")
-        assert pread_cached((fd, 16), out, [(0, 0, 16), (40, 16, 8)]) == [16, 8]
-        assert out.tolist() == [4, 5, 6, 7, 14, 15]
-    finally:
-        os.close(fd)
-
-
-@NOWAIT
 def test_rows_the_page_cache_lacks_are_read_outside_the_lock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paths = _write_large(tmp_path, [20, 12, 9], (64, 64))
     ds = HDF5SessionDataset(paths, key="betas")
     ds.__getitems__([0, 20, 32])  # files open (their metadata read)
-    _drop_from_page_cache(paths)
-    fd = os.open(paths[0], os.O_RDONLY)
-    try:
-        probe = np.zeros(64 * 64, "f4")
-        location = ds._reader.file_pool.get(0).raws[0]
-        reads = [(probe.nbytes * 5, 0, probe.nbytes)]
-        if pread_cached((fd, location[1]), probe, reads)[0] == probe.nbytes:
-            pytest.skip("this filesystem keeps the pages (POSIX_FADV_DONTNEED dropped nothing)")
-    finally:
-        os.close(fd)
-    locked_during: list[bool] = []
-    real = reader.pread
-
-    def watched(*args: Any) -> None:
-        locked_during.append(rawio._COPY_TURN.locked())
-        real(*args)
-
     want = _want_large(ds, paths, ORDER)
-    monkeypatch.setattr(reader, "pread", watched)
+    calls: list[tuple[int, bool]] = []  # (flags, copy turn held) of every read
+    real = os.preadv
+
+    def watched(fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
+        calls.append((flags, readtable._COPY_TURN.locked()))
+        return real(fd, buffers, offset, flags)
+
+    monkeypatch.setattr(os, "preadv", watched)
     # the kernel can keep pages a busy machine just read (per-CPU lists not yet drained when
     # POSIX_FADV_DONTNEED ran): drop and read again, a few times at most
     for _ in range(5):
+        calls.clear()
         _drop_from_page_cache(paths)
         assert np.array_equal(_batch(ds, ORDER), want)
-        if locked_during:
+        if any(flags == 0 for flags, _ in calls):
             break
-    assert locked_during, "no row came from the disk: the test read nothing outside the lock"
-    assert not any(locked_during)
+    plain = [held for flags, held in calls if flags == 0]
+    if not plain:
+        pytest.skip("this filesystem keeps the pages (POSIX_FADV_DONTNEED dropped nothing)")
+    assert not any(plain)  # the disk's reads: outside the lock
+    assert all(held for flags, held in calls if flags != 0)  # the copies: in turn
     ds.close()
 
 
-def test_a_partial_copy_is_finished_by_pread_at_the_right_byte(
+def test_a_partial_copy_is_finished_at_the_right_byte(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paths = write_sessions(tmp_path, [20, 12, 9])
     ds = HDF5SessionDataset(paths, key="betas")
     copies: list[int] = []
+    real = os.preadv
 
-    def partly(
-        raw: tuple[int, int], buffer: np.ndarray, reads: list[tuple[int, int, int]]
-    ) -> list[int]:
-        flat = buffer.reshape(-1).view(np.uint8)
-        done = []
-        for offset, start, nbytes in reads:  # a prefix that ends inside an element
-            view = flat[start : start + nbytes // 2 + 3]
-            done.append(os.preadv(raw[0], [view.data], raw[1] + offset))
-        copies.extend(done)
-        return done
+    def partly(fd: int, buffers: list[memoryview], offset: int, flags: int = 0) -> int:
+        if not flags:
+            return real(fd, buffers, offset)
+        view = buffers[0][: buffers[0].nbytes // 2 + 3]  # a prefix that ends inside an element
+        copies.append(real(fd, [view], offset, flags))
+        return copies[-1]
 
-    monkeypatch.setattr(rawio, "pread_cached", partly)
+    monkeypatch.setattr(os, "preadv", partly)
     assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
     assert copies and all(n % 4 == 3 for n in copies)  # really split inside a float
     ds.close()
 
 
-def test_without_rwf_nowait_every_row_is_read_by_pread(
+def test_without_rwf_nowait_every_row_is_read_plainly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(rawio, "NOWAIT", None)
+    monkeypatch.setattr(readtable, "NOWAIT", None)
     paths = write_sessions(tmp_path, [20, 12, 9])
     ds = HDF5SessionDataset(paths, key="betas")
-    assert pread_cached(ds._reader.file_pool.get(0).raws[0], np.zeros(3, "f4"), [(0, 0, 12)]) == [0]
     assert np.array_equal(_batch(ds, ORDER), _want(ds, ORDER))
     ds.close()
-
-
-def _refuses_nowait(path: Path) -> bool:
-    path.write_bytes(bytes(8192))
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.preadv(fd, [bytearray(8)], 0, os.RWF_NOWAIT)
-    except OSError as exc:
-        return exc.errno == errno.EOPNOTSUPP
-    finally:
-        os.close(fd)
-        path.unlink()
-    return False
-
-
-@NOWAIT
-def test_a_filesystem_that_refuses_the_flag_is_remembered_per_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    shm = Path("/dev/shm")
-    probe = shm / f"loaderkit-nowait-{os.getpid()}"
-    if not shm.is_dir() or not _refuses_nowait(probe) or _refuses_nowait(tmp_path / "probe"):
-        pytest.skip("needs a tmpfs /dev/shm that refuses RWF_NOWAIT and a tmp_path that allows it")
-    calls: list[int] = []
-    real_preadv = os.preadv
-
-    def counting(fd: int, buffers: Any, offset: int, flags: int = 0) -> int:
-        calls.append(flags)
-        return real_preadv(fd, buffers, offset, flags)
-
-    monkeypatch.setattr(rawio.os, "preadv", counting)
-    monkeypatch.setattr(pieceio, "_NO_NOWAIT", {})  # nothing learnt yet
-    rows = np.arange(16, dtype="i4").tobytes()
-    refusing, allowing = shm / f"loaderkit-rows-{os.getpid()}", tmp_path / "rows.bin"
-    refusing.write_bytes(rows)
-    allowing.write_bytes(rows)
-    allowing.read_bytes()  # in the page cache
-    out, reads = np.zeros(4, "i4"), [(0, 0, 8), (8, 8, 8)]
-    fd = os.open(refusing, os.O_RDONLY)
-    try:
-        assert pread_cached((fd, 0), out, reads) == [0, 0]
-        assert pread_cached((fd, 0), out, reads) == [0, 0]
-        assert calls == [os.RWF_NOWAIT]  # refused once, then never asked again for that file
-    finally:
-        os.close(fd)
-        refusing.unlink()
-    again = os.open(allowing, os.O_RDONLY)  # the lowest free number: the same one
-    try:
-        assert again == fd
-        assert pread_cached((again, 0), out, reads) == [8, 8]  # another file: asked, copied
-        assert out.tolist() == [0, 1, 2, 3]
-    finally:
-        os.close(again)
 
 
 def test_threads_reading_at_once_get_their_own_rows(tmp_path: Path) -> None:
@@ -232,7 +154,7 @@ def test_threads_reading_at_once_get_their_own_rows(tmp_path: Path) -> None:
 
     run_in_threads(read, 40, 4)
     assert not wrong
-    assert not rawio._COPY_TURN.locked()
+    assert not readtable._COPY_TURN.locked()
     ds.close()
 
 
@@ -241,7 +163,7 @@ def test_a_child_forked_while_a_thread_copies_can_copy(tmp_path: Path) -> None:
     paths = _write_large(tmp_path, [20], (8, 8))
     ds = HDF5SessionDataset(paths, key="betas")
     want = _want_large(ds, paths, [3, 17, 5])
-    with rawio._COPY_TURN:  # a worker thread of the parent is copying at the fork
+    with readtable._COPY_TURN:  # a worker thread of the parent is copying at the fork
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
             ok = np.array_equal(_batch(ds, [3, 17, 5]), want)
@@ -258,20 +180,3 @@ def test_a_child_forked_while_a_thread_copies_can_copy(tmp_path: Path) -> None:
         pytest.fail("the forked child's read waited for a lock its parent's thread held")
     assert os.waitstatus_to_exitcode(status) == 0
     ds.close()
-
-
-@NOWAIT
-def test_long_reads_are_left_to_pread_in_parallel(tmp_path: Path) -> None:
-    size = rawio.TURN_MAX_BYTES + 4096
-    path = tmp_path / "rows.bin"
-    data = np.arange(2 * size // 4, dtype="i4")
-    path.write_bytes(data.tobytes())
-    path.read_bytes()  # in the page cache
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        out = np.zeros(2 * size // 4 + 2, "i4")
-        done = pread_cached((fd, 0), out, [(0, 0, size), (size, size, 8)])
-        assert done == [0, 8]  # the long copy is pread's; the short one is copied here
-        assert out[size // 4 : size // 4 + 2].tolist() == data[size // 4 : size // 4 + 2].tolist()
-    finally:
-        os.close(fd)

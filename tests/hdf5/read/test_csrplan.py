@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from loaderkit import HDF5SessionDataset
-from loaderkit.hdf5.read import csrrows, uring
+from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.csrplan import (
     AROUND,
     CONTIGUOUS,
@@ -152,13 +152,13 @@ def test_while_another_thread_reads_a_batch_goes_through_the_ring(
     m = matrix(6)
     paths = [write_csr(tmp_path / f"r{s}.h5ad", m, 7) for s in range(2)]
     calls: list[int] = []
-    original = csrrows.ring_reads
+    original = uring.Ring.read_table
 
-    def counted(ring: object, flat: np.ndarray, table: np.ndarray) -> np.ndarray:
+    def counted(ring: uring.Ring, flat: np.ndarray, table: np.ndarray) -> np.ndarray:
         calls.append(len(table))
-        return original(ring, flat, table)  # type: ignore[arg-type]
+        return original(ring, flat, table)
 
-    monkeypatch.setattr(csrrows, "ring_reads", counted)
+    monkeypatch.setattr(uring.Ring, "read_table", counted)
     truth = np.concatenate([m.toarray()] * 2)
     with HDF5SessionDataset(paths, key="X") as ds:
         reader = ds.handles.reader

@@ -8,10 +8,12 @@ through the ``SessionCopies`` protocol defined here; the remote stage provides i
 - ``hooklock``: ``HookLock``, the lock around reads that run user code or hand out h5py objects;
 - ``handles``: the file pool, each process's open files (``FilePool``, ``FilePoolInfo``);
 - ``uring``: many reads in one system call (Linux ``io_uring``, a ``Ring`` per thread);
-- ``pieceio``: many small reads at once, page cache first, the misses asked for together;
+- ``readtable``: the one read primitive, ``read_table``: a table of reads into one buffer (page
+  cache first, the misses asked for together, or a ring while threads read), completed or
+  ``ShortRead``; the only module that calls ``os.preadv``;
 - ``readahead``: the next batches' reads asked for in the sampler's order, on a background
   thread (``SamplerReadAhead``, ``Advisor``), within a stated bound;
-- ``rawio``: ``os.preadv`` and ring reads, memory maps, chunk maps, direct ``H5Dread``;
+- ``rawio``: raw locations, memory maps, chunk maps, direct ``H5Dread``, ``pread`` (one read);
 - ``codecs``: HDF5 filters decoded in the reading thread;
 - ``chunkio``: chunked rows read raw outside h5py (``ReadPath``);
 - ``runs``: a batch cut into runs of consecutive rows;

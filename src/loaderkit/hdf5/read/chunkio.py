@@ -3,12 +3,12 @@
 h5py runs every HDF5 call under one global lock, decompression included, so threads that read
 through it take turns. ``ChunkReader`` reads a chunked dataset's rows itself: the chunk index
 (one pass of ``H5Dchunk_iter`` per open file, under h5py's lock, built on the first read) says
-where every chunk lies, ``os.pread``/``os.preadv`` read its bytes (the GIL released), the
-filters are undone in the reading thread (``loaderkit.hdf5.read.codecs``), and the rows wanted are
-copied out. Uncompressed chunks that span whole rows are read straight into the destination.
-Edge chunks are stored whole (padded): only what the dataset's shape allows is copied. Chunks
-never written read as the dataset's fill value; a filter whose bit is set in a chunk's filter
-mask was skipped for that chunk and is not undone.
+where every chunk lies, a table of reads (``readtable.read_table``) reads its bytes (the GIL
+released), the filters are undone in the reading thread (``loaderkit.hdf5.read.codecs``), and
+the rows wanted are copied out. Uncompressed chunks that span whole rows are read straight into
+the destination (one table for a run of rows). Edge chunks are stored whole (padded): only what
+the dataset's shape allows is copied. Chunks never written read as the dataset's fill value; a
+filter whose bit is set in a chunk's filter mask was skipped for that chunk and is not undone.
 
 ``ReadPath(kind, reason)`` says how one key of one file is read and why; ``chunk_reader``
 decides it for a chunked dataset. Anything not read here falls back to h5py (correct, serial
@@ -36,6 +36,7 @@ from h5py import h5d, h5t
 
 from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.codecs import Decoder, decoder
+from loaderkit.hdf5.read.readtable import read_table
 
 __all__ = ["ChunkReader", "ReadPath", "choose_path", "chunk_reader"]
 
@@ -161,6 +162,7 @@ class ChunkReader:
         c0 = self.chunks[0]
         stop = start + length
         columns = list(itertools.product(*(range(g) for g in self.grid[1:])))
+        reads: list[tuple[int, int, int, int]] = []  # whole rows of raw chunks: one table
         for band in range(start // c0, (stop - 1) // c0 + 1):
             r0, r1 = max(start, band * c0), min(stop, (band + 1) * c0)
             rows = out[r0 - start : r1 - start]
@@ -179,12 +181,15 @@ class ChunkReader:
                 ]
                 if not active and self.whole_rows:
                     skip = (r0 - band * c0) * self.row_bytes
-                    _pread_into(self.fd, rows, where + skip, (r1 - r0) * self.row_bytes)
+                    nbytes = (r1 - r0) * self.row_bytes
+                    reads.append((self.fd, where + skip, (r0 - start) * self.row_bytes, nbytes))
                     continue
                 chunk = self._chunk(flat, where, int(sizes[flat]), active)
                 local = (slice(r0 - band * c0, r1 - band * c0), *self._local(col))
                 part = chunk[local]
                 dst[...] = part
+        if reads:
+            read_table(out, reads, what="a chunk")
 
     def _chunk(
         self, flat: int, where: int, size: int, active: list[tuple[int, Decoder]]
@@ -205,7 +210,8 @@ class ChunkReader:
             if kept is not None:
                 _LAST.chunk = (self, flat, kept)
                 return kept
-        data: Any = _pread(self.fd, size, where)
+        data: Any = np.empty(size, np.uint8)
+        read_table(data, [(self.fd, where, 0, size)], what="a chunk")
         for _, decode in reversed(active):
             data = decode(data)
         chunk = np.frombuffer(data, self.dtype)
@@ -250,35 +256,6 @@ class ChunkReader:
             slice(0, min(c, n - i * c))
             for i, c, n in zip(col, self.chunks[1:], self.shape[1:], strict=True)
         )
-
-
-def _pread(fd: int, size: int, offset: int) -> bytes:
-    data = os.pread(fd, size, offset)
-    if len(data) < size:
-        more = [data]
-        got = len(data)
-        while got < size:
-            piece = os.pread(fd, size - got, offset + got)
-            if not piece:
-                raise OSError(
-                    f"file ends {size - got} bytes short of a chunk (truncated while open?)"
-                )
-            more.append(piece)
-            got += len(piece)
-        data = b"".join(more)
-    return data
-
-
-def _pread_into(fd: int, out: np.ndarray, offset: int, nbytes: int) -> None:
-    view = out.reshape(-1).view(np.uint8).data
-    done = 0
-    while done < nbytes:
-        got = os.preadv(fd, [view[done:nbytes]], offset + done)
-        if got == 0:
-            raise OSError(
-                f"file ends {nbytes - done} bytes short of a chunk (truncated while open?)"
-            )
-        done += got
 
 
 def chunk_reader(f: h5py.File, dset: h5py.Dataset) -> tuple[ChunkReader | None, ReadPath]:

@@ -62,7 +62,7 @@ def read_around(file_bytes: int, memory: int | None) -> tuple[int, str]:
     page cache for later batches, and the files are read about once, at close to the disk's
     sequential rate. Where they do not fit, the neighbours would be evicted before they are
     read: only the row's bytes are read (all of a batch's misses together,
-    ``pieceio.read_pieces``).
+    ``readtable.read_table``).
 
     Args:
         file_bytes: Bytes of the files read.

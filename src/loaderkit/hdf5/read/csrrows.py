@@ -6,8 +6,8 @@
 once per session and process and held, with where the two datasets' chunks lie, in a
 ``csrplan.SpanCatalog``. A batch is planned from it at once, whatever the number of sessions
 it draws from: rows back to back in both the file and the batch are one run, each run's part
-in a chunk one ``os.preadv`` (``csrplan.plan_pieces``), page cache first and the misses asked
-for together (``pieceio.read_pieces``), straight into one values buffer and one column-id
+in a chunk one read of a table (``csrplan.plan_pieces``, ``readtable.read_table``: page cache
+first, the misses asked for together), straight into one values buffer and one column-id
 buffer in request order. Until a session's tables are held, and for compressed chunks, a
 short read or any error, the batch is read session by session in sorted order, through the
 base's chunk index and codecs (decoded in the reading thread, outside every lock), and every
@@ -38,7 +38,6 @@ from loaderkit.errors import ConfigError, HDF5FileError
 from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.types import dict_rows
-from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.chunkio import ReadPath
 from loaderkit.hdf5.read.csrahead import CSRAhead
 from loaderkit.hdf5.read.csrforms import (
@@ -58,10 +57,9 @@ from loaderkit.hdf5.read.csrplan import (
 from loaderkit.hdf5.read.genemap import GeneMap, VarTable, gene_map
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.labelkeys import LabelKey, served_parts
-from loaderkit.hdf5.read.pieceio import read_pieces
-from loaderkit.hdf5.read.rawio import pread, ring_reads
 from loaderkit.hdf5.read.readahead import SamplerReadAhead, ahead_plan
 from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.read.readtable import ShortRead, read_table
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.workers.collate import RowBatch
 
@@ -384,15 +382,18 @@ class CSRReader(SessionReader):
         )
         if where.size and (int(where.min()) < 0 or int(fds.min()) < 0):
             return False
-        fd = fds[slot[run]]
-        ring = uring.thread_ring() if len(self.reading) > 1 else None
-        if ring is not None:  # another thread reads too: one call, the GIL released once
-            table = np.stack([fd, where, into, nbytes], axis=1)
-            done = ring_reads(ring, out.reshape(-1).view(np.uint8), table)
-            rest = np.flatnonzero(done < nbytes)  # what the ring left: read below
-            fd, where, into, nbytes = fd[rest], where[rest], into[rest], nbytes[rest]
-        reads = (fd.tolist(), where.tolist(), into.tolist(), nbytes.tolist())
-        return read_pieces(out, *reads, around=self.around[0])
+        table = np.empty((where.size, 4), np.int64)
+        table[:, 0] = fds[slot[run]]
+        table[:, 1] = where
+        table[:, 2] = into
+        table[:, 3] = nbytes
+        try:  # another thread reading too: a ring call, or copies that take turns
+            read_table(
+                out, table, shared=len(self.reading) > 1, around=self.around[0], what="a piece"
+            )
+        except ShortRead:
+            return False  # _read_sorted reads the batch again and names what fails
+        return True
 
     def _read_sorted(
         self, idx: np.ndarray, keys: np.ndarray
@@ -522,7 +523,7 @@ class CSRReader(SessionReader):
     ) -> None:
         """Elements ``a..a+length-1`` of key ``k`` into ``out``.
 
-        Uncompressed chunks (anndata's default) are read with one ``pread`` per chunk the span
+        Uncompressed chunks (anndata's default) are read as one table, a read per chunk the span
         touches, straight from the chunk index; everything else through ``fill_run``.
         """
         chunked = handle.chunked[k]
@@ -531,6 +532,7 @@ class CSRReader(SessionReader):
             return
         size, item = chunked.chunks[0], chunked.dtype.itemsize
         offsets = chunked.offsets
+        reads: list[tuple[int, int, int, int]] = []  # the span's part in each chunk
         done = 0
         while done < length:
             at = a + done
@@ -540,9 +542,12 @@ class CSRReader(SessionReader):
             if where < 0:  # never written: the fill value
                 out[done : done + take] = chunked.fill
             else:
-                part = out[done : done + take]
-                pread((chunked.fd, where), (at - band * size) * item, part, take * item)
+                reads.append(
+                    (chunked.fd, where + (at - band * size) * item, done * item, take * item)
+                )
             done += take
+        if reads:
+            read_table(out, reads, what="a chunk")
 
     def _check_columns(
         self,

@@ -6,8 +6,8 @@ collected from many studies hold other genes, in other orders, so their widths d
 ``DenseJoinReader`` is the ``SessionReader`` of such a key when the dataset is given ``join=``
 or ``genes=``: the served columns are ``genemap.gene_map``'s, exactly as for a CSR key (the same
 meaning, order and refusals). A batch's rows of each file are read at that file's own width
-(contiguous rows: one ``os.preadv`` a run; else memory maps, raw chunks or HDF5, as any key),
-then their served columns taken with that file's lookup array (one ``np.take`` and one row
+(contiguous rows: one table of reads, a read a run; else memory maps, raw chunks or HDF5, as
+any key), then their served columns taken with that file's lookup array (one ``np.take`` and one row
 scatter into the ``(batch, n_out)`` batch per file and batch, no per-cell Python). A gene a
 file lacks reads 0; a gene served twice is given twice. Keys beside the matrix (``obs``
 columns, ``obsm`` embeddings) are read by the base reads. Without ``join=``/``genes=`` dense
@@ -34,8 +34,8 @@ from loaderkit.hdf5.meta.layout import check_same_rows
 from loaderkit.hdf5.meta.types import Samples
 from loaderkit.hdf5.read.genemap import GeneMap, VarTable, gene_map
 from loaderkit.hdf5.read.handles import Handle
-from loaderkit.hdf5.read.rawio import pread
 from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.read.readtable import ShortRead, read_table
 from loaderkit.workers.collate import batch_buffer
 
 __all__ = ["DenseJoinReader", "check_matrix", "is_dense_matrix"]
@@ -221,13 +221,26 @@ class DenseJoinReader(SessionReader):
         mapped, raw = handle.maps[0], handle.raws[0]
         if mapped is not None:
             self.verify(handle, pos, "rows", index)  # never fault on a truncated map
-        for k0, k1 in zip([0, *cuts], [*cuts, rows.size], strict=True):
-            a = int(rows[k0])
+        runs = list(zip([0, *cuts], [*cuts, rows.size], strict=True))
+        firsts = rows[[k0 for k0, _ in runs]].tolist()
+        if raw is not None and mapped is None:  # contiguous: the runs are one table of reads
+            fd, base = raw
+            table = [
+                (fd, base + a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes)
+                for a, (k0, k1) in zip(firsts, runs, strict=True)
+            ]
+            try:
+                read_table(buf, table, what="the row data")
+            except ShortRead as exc:
+                if not wrap:
+                    raise
+                a, (k0, k1) = firsts[exc.row], runs[exc.row]
+                raise self.read_error(exc, pos, range(a, a + k1 - k0), index, 0) from exc
+            return buf
+        for a, (k0, k1) in zip(firsts, runs, strict=True):
             try:
                 if mapped is not None:
                     buf[k0:k1] = mapped[a : a + k1 - k0]
-                elif raw is not None:
-                    pread(raw, a * row_bytes, buf[k0:k1], (k1 - k0) * row_bytes)
                 else:  # raw chunks or HDF5: the dataset's own shape
                     self.fill_run(handle, 0, pos, a, k1 - k0, buf[k0:k1], index)
             except MemoryError:

@@ -3,23 +3,22 @@
 Contiguous, unfiltered numeric data sits on disk as the C-order array, so rows can be read
 skipping HDF5 entirely; ``raw_location`` decides when that is safe. ``map_rows`` maps the
 rows read-only (a copy out of the map is a plain memory copy from the page cache, with no
-system call); ``pread`` reads them with one ``os.preadv`` on HDF5's own file descriptor.
+system call); ``pread`` reads them on HDF5's own file descriptor (a table of one read for
+``readtable.read_table``, the one function that reads files).
 ``read_direct`` reads a hyperslab straight into a destination array.
 
 Unfiltered *column chunks* (chunks one element wide on every row axis, such as NSD's
 ``(750, 1)``: each chunk one voxel's trials) are stored as the C-order array of each chunk:
 ``chunk_map`` records where every chunk lies (one pass of ``H5Dchunk_iter``), so rows can be
-read with a few large ``os.preadv`` calls and transposed in numpy, instead of HDF5's
+read with a few large reads and transposed in numpy, instead of HDF5's
 bookkeeping of some microseconds per chunk (``loaderkit.hdf5.read.widerows``).
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import mmap
 import os
-import threading
 from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,23 +28,16 @@ import h5py
 import numpy as np
 from h5py import h5d, h5s, h5t
 
-from loaderkit.hdf5.read import uring
-from loaderkit.hdf5.read.pieceio import NOWAIT, refused_nowait, refuses_nowait
+from loaderkit.hdf5.read.readtable import read_table
 
 __all__ = [
-    "RING_MIN_READS",
-    "TURN_MAX_BYTES",
     "ChunkMap",
     "chunk_map",
     "map_rows",
     "pread",
-    "pread_cached",
-    "pread_many",
     "preadv_possible",
     "raw_location",
     "read_direct",
-    "ring_reads",
-    "ring_worth",
 ]
 
 logger = logging.getLogger(__name__)
@@ -256,21 +248,20 @@ def chunk_map(f: h5py.File, dset: h5py.Dataset) -> ChunkMap | None:
     )
 
 
-def pread(
-    raw: tuple[int, int], offset: int, out: np.ndarray | list[np.ndarray], nbytes: int
-) -> None:
+def pread(raw: tuple[int, int], offset: int, out: np.ndarray, nbytes: int) -> None:
     """Read ``nbytes`` from ``offset`` bytes into the dataset's raw data into ``out``.
 
-    ``out`` is one C-contiguous array or a list of them (filled in order, one system call).
+    A table of one read, served by ``readtable.read_table``.
 
     Args:
         raw: ``(fd, data_offset)`` from ``raw_location``.
         offset: Byte offset inside the dataset's data.
-        out: Destination array(s), ``nbytes`` in all.
+        out: The C-contiguous destination, ``nbytes`` long.
         nbytes: Bytes to read.
 
     Raises:
-        OSError: The file ends before ``nbytes`` could be read.
+        ShortRead: The file ends before ``nbytes`` could be read, or the read failed (an
+            ``OSError``; callers name the file, key and rows).
 
     Example:
         >>> import numpy as np, os, tempfile
@@ -282,220 +273,7 @@ def pread(
         [2, 3]
         >>> os.close(fd)
     """
-    buffers = out if isinstance(out, list) else [out]
-    base = raw[1] + offset
-    got = os.preadv(raw[0], [buffer.data for buffer in buffers], base)
-    if got >= nbytes:
-        return
-    # Short reads are legal: finish buffer by buffer; 0 bytes means the file ended.
-    start = 0
-    for buffer in buffers:
-        view = buffer.data.cast("B")
-        done = min(max(got - start, 0), view.nbytes)
-        while done < view.nbytes:
-            more = os.preadv(raw[0], [view[done:]], base + start + done)
-            if more == 0:
-                raise OSError(
-                    f"file ends {nbytes - start - done} bytes short of the row data "
-                    "(truncated while open?)"
-                )
-            done += more
-        start += view.nbytes
-
-
-#: Taken while a thread copies rows with ``os.preadv`` from the page cache (``pread_cached``).
-_COPY_TURN = threading.Lock()
-#: Reads at least this large are left to ``pread`` (in parallel): their copy outlasts a GIL
-#: hand-over, so taking turns would only serialise them.
-TURN_MAX_BYTES = 64 << 10
-
-
-def _after_fork_in_child() -> None:
-    """A forked child starts with a free lock: the thread that held it is not in the child."""
-    global _COPY_TURN
-    _COPY_TURN = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def pread_cached(
-    raw: tuple[int, int],
-    buffer: np.ndarray,
-    reads: list[tuple[int, int, int]],
-) -> list[int]:
-    """Copy what the page cache already holds of each read, taking turns with other threads.
-
-    Each read is one ``os.preadv`` with ``RWF_NOWAIT``: the kernel copies from the page cache
-    and returns at once where a page would have to come from the disk. The copies of one call
-    run under one process-wide lock. Every ``os.preadv`` releases the GIL, and while another
-    thread wants the GIL, every release hands it over and every return waits to get it back:
-    two threads each issuing one per row, a few microseconds of Python apart, read rows about
-    half as fast as one. Under the lock, another thread that would issue its own copies waits
-    on the lock, not on the GIL. Nothing that waits for the disk runs under it: what is not
-    copied here (not in the page cache, or any error) is left to ``pread``, which reads it
-    outside every lock and reports errors with their context. So is every read of at least
-    ``TURN_MAX_BYTES``: its copy takes longer than a hand-over, and threads copy it in
-    parallel.
-
-    Args:
-        raw: ``(fd, data_offset)`` from ``raw_location``.
-        buffer: The C-contiguous destination of every read.
-        reads: ``(offset inside the dataset's data, byte offset in buffer, bytes)`` triples.
-
-    Returns:
-        The bytes copied for each read (0 where nothing was, and everywhere where the
-        platform or the file's filesystem has no ``RWF_NOWAIT``).
-
-    Example:
-        >>> import numpy as np, os, tempfile
-        >>> fd, path = tempfile.mkstemp()
-        >>> _ = os.write(fd, np.arange(4, dtype="i4").tobytes())
-        >>> out = np.zeros(2, "i4")
-        >>> done = pread_cached((fd, 0), out, [(8, 0, 8)])
-        >>> done[0] in (0, 8) and (done[0] == 0 or out.tolist() == [2, 3])
-        True
-        >>> os.close(fd)
-    """
-    fd, base = raw
-    done = [0] * len(reads)
-    if NOWAIT is None or not reads or refuses_nowait(fd):
-        return done
-    flat = buffer.reshape(-1).view(np.uint8)
-    with _COPY_TURN:
-        for i, (offset, start, nbytes) in enumerate(reads):
-            if nbytes >= TURN_MAX_BYTES:
-                continue  # a long copy: pread reads it, in parallel with other threads
-            try:
-                done[i] = os.preadv(fd, [flat[start : start + nbytes].data], base + offset, NOWAIT)
-            except BlockingIOError:
-                pass  # not in the page cache: pread reads it, outside the lock
-            except OSError as exc:
-                if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
-                    refused_nowait(fd)
-                    break
-                # any other error: pread reads it again and reports it with its context
-    return done
-
-
-def pread_many(
-    raw: tuple[int, int],
-    buffer: np.ndarray,
-    reads: list[tuple[int, int, int]],
-    ring: uring.Ring | None,
-) -> list[int]:
-    """Read what can be read at once of each read; the caller reads the rest with ``pread``.
-
-    With a ring (``uring.thread_ring``), the reads go to the kernel in one system call that
-    releases the GIL once (``ring_reads`` says which). Without one, what the page cache holds
-    is copied with ``pread_cached``.
-
-    Args:
-        raw: ``(fd, data_offset)`` from ``raw_location``.
-        buffer: The C-contiguous destination of every read.
-        reads: ``(offset inside the dataset's data, byte offset in buffer, bytes)`` triples.
-        ring: The calling thread's ring, or ``None``.
-
-    Returns:
-        The bytes read for each read (fewer than asked, down to 0, where the caller must read
-        the rest: a failure, the end of the file, a read the ring leaves, or a page only the
-        disk has without a ring).
-
-    Example:
-        >>> import numpy as np, os, tempfile
-        >>> fd, path = tempfile.mkstemp()
-        >>> _ = os.write(fd, np.arange(4, dtype="i4").tobytes())
-        >>> out = np.zeros(2, "i4")
-        >>> done = pread_many((fd, 4), out, [(8, 0, 4)], uring.thread_ring())
-        >>> done[0] in (0, 4) and (done[0] == 0 or out.tolist() == [3, 0])
-        True
-        >>> os.close(fd)
-    """
-    flat = buffer.reshape(-1).view(np.uint8)
-    if ring is None:
-        return pread_cached(raw, flat, reads)
-    fd, base = raw
-    table = np.array([(fd, base + at, to, n) for at, to, n in reads], np.int64).reshape(-1, 4)
-    return ring_reads(ring, flat, table).tolist()
-
-
-#: Fewer short reads than this are left to ``pread``: a ring call costs some 30 µs of Python
-#: (the table, the queues), a ``pread`` of a page-cache row a few.
-RING_MIN_READS = 4
-
-
-def ring_worth(starts: np.ndarray, n: int, row_bytes: int) -> bool:
-    """Whether a batch's runs are worth one ring call rather than a ``pread`` each.
-
-    Decided before anything is leased or tabled: a batch the ring would leave whole to
-    ``pread`` (too few short reads: block order's few long runs) goes straight to ``pread``.
-
-    Args:
-        starts: Where each run begins among the batch's ``n`` rows (``plan_runs``).
-        n: Rows in the batch.
-        row_bytes: Bytes of one row as stored.
-
-    Returns:
-        ``True`` where at least ``RING_MIN_READS`` runs are shorter than ``TURN_MAX_BYTES``.
-
-    Example:
-        >>> ring_worth(np.arange(64), 64, 1024)  # 64 runs of one 1 KiB row
-        True
-        >>> ring_worth(np.array([0, 16, 32, 48]), 64, 16384)  # 4 runs of 256 KiB
-        False
-    """
-    runs = starts.size
-    if runs < RING_MIN_READS:
-        return False
-    if n * row_bytes < TURN_MAX_BYTES:  # the whole batch is short: every run is
-        return True
-    lengths = np.empty(runs, np.int64)
-    np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
-    lengths[-1] = n - starts[-1]
-    return int(np.count_nonzero(lengths < -(-TURN_MAX_BYTES // row_bytes))) >= RING_MIN_READS
-
-
-def ring_reads(ring: uring.Ring, flat: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """Read the short reads of ``table`` through ``ring``; 0 bytes counted for the others.
-
-    Reads of at least ``TURN_MAX_BYTES`` and batches of fewer than ``RING_MIN_READS`` short
-    reads are left to the caller's ``pread``: a long copy gains nothing from the ring (the
-    kernel may hand it to a worker thread), and a ring call costs more than a few ``pread``.
-
-    Args:
-        ring: The calling thread's ring.
-        flat: The destination buffer as C-contiguous bytes.
-        table: ``(fd, file offset, byte offset in flat, bytes)`` rows (``int64``).
-
-    Returns:
-        Bytes read by each read (``int64``; 0 where the caller must read it).
-
-    Example:
-        >>> import numpy as np, os, tempfile
-        >>> fd, path = tempfile.mkstemp()
-        >>> _ = os.write(fd, bytes(range(64)))
-        >>> ring, out = uring.thread_ring(), np.zeros(8, np.uint8)
-        >>> reads = np.array([(fd, 2 * i, i, 1) for i in range(8)], np.int64)
-        >>> ring is None or (ring_reads(ring, out, reads[:2]).tolist() == [0, 0]  # too few
-        ...                  and ring_reads(ring, out, reads).tolist() == [1] * 8)
-        True
-        >>> ring is None or out.tolist() == [0, 2, 4, 6, 8, 10, 12, 14]
-        True
-        >>> os.close(fd)
-    """
-    short = table[:, 3] < TURN_MAX_BYTES
-    count = int(np.count_nonzero(short))
-    done = np.zeros(len(table), np.int64)
-    if count < RING_MIN_READS:
-        return done
-    try:
-        if count == len(table):  # the usual batch: no selection (a 2-D one releases the GIL)
-            return ring.read_table(flat, table)
-        done[short] = ring.read_table(flat, table.compress(short, axis=0))
-    except OSError as exc:  # the ring, not a read: stop using rings in this process
-        uring.disable(f"io_uring failed: {exc}")
-    return done
+    read_table(out, [(raw[0], raw[1] + offset, 0, nbytes)], what="the row data")
 
 
 def map_rows(

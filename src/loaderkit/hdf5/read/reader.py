@@ -7,10 +7,10 @@ and pickling, and hands its default reads here:
 
 * ``read_one`` — one sample (per-item reads);
 * ``read_batch`` — a batch grouped into runs of consecutive rows (``runs.plan_runs``),
-  every key read into one buffer: ``os.preadv`` or a memory map for contiguous numbers (other
-  byte orders into a reused scratch buffer, converted while copied), HDF5 otherwise (which
-  converts byte order, enums and compounds itself), then split into samples and the collated
-  batch (``loaderkit.workers.collate.RowBatch``).
+  every key read into one buffer: a table of reads (``readtable.read_table``) or a memory map
+  for contiguous numbers (other byte orders into a reused scratch buffer, converted while
+  copied), HDF5 otherwise (which converts byte order, enums and compounds itself), then split
+  into samples and the collated batch (``loaderkit.workers.collate.RowBatch``).
 
 Keys whose rows span many chunks that other rows share (``SessionLayout.shares_chunks``:
 NSD's ``(750, V)`` betas with chunks ``(750, 1)``) are read apart (``widekeys``, with
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -38,10 +37,10 @@ from loaderkit.errors import ConfigError
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection, read_slab
 from loaderkit.hdf5.meta.types import Kind, RowType, Samples, dict_rows
-from loaderkit.hdf5.read import uring
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.labelkeys import served_parts, served_values
-from loaderkit.hdf5.read.rawio import pread, pread_many, ring_reads, ring_worth
+from loaderkit.hdf5.read.rawio import pread
+from loaderkit.hdf5.read.readtable import RING_MIN_READS, ShortRead, Table, read_table
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
@@ -298,25 +297,17 @@ class SessionReader(SessionFiles):
             return
         n = idx.size
         buf = out if order is None else np.empty_like(out)
-        # os.preadv takes the rows as bytes: exporting a record dtype's buffer is slow
+        # reads take the rows as bytes: exporting a record dtype's buffer is slow
         plain = buf.dtype.names is None or buf.dtype.hasobject  # objects: never read raw
         rows = buf if plain else buf.view(np.uint8).reshape(n, -1)
-        # Contiguous data, one thread reading: a ``preadv`` a run (a few microseconds each; a
-        # ring call costs more than a whole batch of them). Several threads reading at once:
-        # every system call releases the GIL, a hand-over to another thread, so a batch of
-        # many short runs goes to the kernel in one ring call (a ring per thread) or, without
-        # a ring, as page-cache copies that take turns (``pread_many``); a few long runs
-        # (block order) are still a ``preadv`` each.
-        direct, ring = self.threads_reading() < 2, None
-        if not direct and self.contiguous:
-            ring = uring.thread_ring()
-            if ring is not None and not ring_worth(starts, n, self.row_bytes[k]):
-                direct, ring = True, None
+        # Contiguous data: the runs are a table of reads (``read_table``). With other threads
+        # reading at once, every system call releases the GIL, a hand-over to another thread:
+        # the table then goes to a ring or takes turns (``shared``).
+        shared = self.threads_reading() > 1
         if (
             self.contiguous
             and order is None
-            and (direct or ring is not None)
-            and self._fill_at_once(k, idx, keys, starts, rows, ring)
+            and self._fill_at_once(k, idx, keys, starts, rows, shared)
         ):
             return
         run_keys = (keys[starts] if order is None else keys[order[starts]]).tolist()
@@ -341,22 +332,18 @@ class SessionReader(SessionFiles):
         pending: list[tuple[int, int, int]] = []
 
         def read_pending() -> None:
-            """Read ``pending`` from ``raw``: at once (ring or page-cache copies), then the rest.
-
-            Where one thread reads (``direct``), each run is one ``pread``.
-            """
+            """Read ``pending`` from ``raw``: one table; a read that fails names its rows."""
             assert raw is not None
-            if direct:
-                for a, k0, k1 in pending:
-                    self._read_rest(k, rows, raw, last, a, k0, k1, 0, index_at(k0))
-                pending.clear()
-                return
-            reads = [
-                (a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes) for a, k0, k1 in pending
+            fd, base = raw
+            table = [
+                (fd, base + a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes)
+                for a, k0, k1 in pending
             ]
-            for (a, k0, k1), got in zip(pending, pread_many(raw, rows, reads, ring), strict=True):
-                if got < (k1 - k0) * row_bytes:
-                    self._read_rest(k, rows, raw, last, a, k0, k1, got, index_at(k0))
+            try:
+                read_table(rows, table, shared=shared, what="the row data")
+            except ShortRead as exc:
+                a, k0, k1 = pending[exc.row]
+                raise self.read_error(exc, last, range(a, a + k1 - k0), index_at(k0), k) from exc
             pending.clear()
 
         try:
@@ -412,18 +399,15 @@ class SessionReader(SessionFiles):
         keys: np.ndarray,
         starts: np.ndarray,
         rows: np.ndarray,
-        ring: uring.Ring | None,
+        shared: bool,
     ) -> bool:
-        """Read every run of a batch (request order), every session's file leased at once.
+        """Read every run of a batch (request order) as one table, every file leased at once.
 
-        With a ``ring``, the runs go to the kernel in one call, arrays all the way; without
-        one, each run is one ``os.preadv`` straight into its rows (block order's few long
-        runs: a ring call costs more than they do). Every session's file is leased with one
-        hold of the file pool's mutex. Returns ``False``, having read nothing, where a session's
-        file is not open (``lease_open``) or is not read with ``preadv`` (mapped, or HDF5
-        reads it): ``_fill`` then reads the batch session by session. Nothing here releases
-        the GIL but the reads' system calls: each release is a hand-over to another thread
-        (numpy's sorts and 2-D fancy indexing release it).
+        Every session's file is leased with one hold of the file pool's mutex. Returns
+        ``False``, having read nothing, where a session's file is not open (``lease_open``) or
+        is not read raw (mapped, or HDF5 reads it): ``_fill`` then reads the batch session by
+        session. Nothing here releases the GIL but the reads' system calls: each release is
+        a hand-over to another thread (numpy's sorts and 2-D fancy indexing release it).
         """
         run_keys = keys[starts]
         slots: dict[int, int] = {}  # session: its place in order of first appearance
@@ -437,106 +421,23 @@ class SessionReader(SessionFiles):
             raws = [handle.raws[k] if handle.maps[k] is None else None for handle in leased]
             if None in raws:
                 return False
-            if ring is None:
-                self._pread_runs(k, idx, run_keys, starts, rows, raws, places)
-            else:
-                self._ring_runs(k, idx, run_keys, starts, rows, raws, places, ring)
+            row_bytes = self.row_bytes[k]
+            ring = shared and starts.size >= RING_MIN_READS  # the table may go to a ring
+            table = _run_table(run_keys, starts, idx.size, row_bytes, raws, places, ring)
+            try:
+                read_table(rows, table, shared=shared, what="the row data")
+            except ShortRead as exc:
+                r = exc.row
+                key, k0 = int(run_keys[r]), int(starts[r])
+                a = key & ROW_MASK
+                run = range(a, a + int(table[r][3]) // row_bytes)
+                raise self.read_error(exc, key >> ROW_BITS, run, int(idx[k0]), k) from exc
             for s, handle in enumerate(leased):
                 if handle.watch:  # HDF5 read chunks of it: the rows are real rows
                     self.verify(handle, sessions[s], "rows", int(idx[starts[places.index(s)]]))
             return True
         finally:
             self.file_pool.release_all(leased)
-
-    def _pread_runs(
-        self,
-        k: int,
-        idx: np.ndarray,
-        run_keys: np.ndarray,
-        starts: np.ndarray,
-        rows: np.ndarray,
-        raws: list[tuple[int, int] | None],
-        places: list[int],
-    ) -> None:
-        """One ``os.preadv`` per run into its rows; a short read is finished by ``_read_rest``."""
-        row_bytes = self.row_bytes[k]
-        bounds = starts.tolist()
-        bounds.append(idx.size)
-        with rows.reshape(-1).view(np.uint8).data as flat:
-            for r, key in enumerate(run_keys.tolist()):
-                raw = raws[places[r]]
-                assert raw is not None
-                a, k0 = key & ROW_MASK, bounds[r]
-                at, nbytes = k0 * row_bytes, (bounds[r + 1] - k0) * row_bytes
-                try:
-                    got = os.preadv(raw[0], [flat[at : at + nbytes]], raw[1] + a * row_bytes)
-                except OSError:
-                    got = 0  # read again with its context: the error names the rows
-                if got < nbytes:
-                    pos, k1 = key >> ROW_BITS, bounds[r + 1]
-                    self._read_rest(k, rows, raw, pos, a, k0, k1, got, int(idx[k0]))
-
-    def _ring_runs(
-        self,
-        k: int,
-        idx: np.ndarray,
-        run_keys: np.ndarray,
-        starts: np.ndarray,
-        rows: np.ndarray,
-        raws: list[tuple[int, int] | None],
-        places: list[int],
-        ring: uring.Ring,
-    ) -> None:
-        """Every run in one ring call (a table of reads); what it leaves, ``_read_rest`` reads."""
-        fds, bases = np.array(raws, dtype=np.int64).T  # one row per session
-        which = np.array(places)
-        row_bytes = self.row_bytes[k]
-        lengths = np.empty(starts.size, np.int64)  # rows per run (np.diff costs more)
-        np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
-        lengths[-1] = idx.size - starts[-1]
-        table = np.empty((starts.size, 4), np.int64)
-        table[:, 0] = fds[which]
-        table[:, 1] = bases[which] + (run_keys & ROW_MASK) * row_bytes
-        table[:, 2] = starts * row_bytes
-        table[:, 3] = lengths * row_bytes
-        done = ring_reads(ring, rows.reshape(-1).view(np.uint8), table)
-        for r in (done < table[:, 3]).nonzero()[0].tolist():
-            k0 = int(starts[r])
-            key = int(run_keys[r])
-            self._read_rest(
-                k,
-                rows,
-                raws[places[r]],
-                key >> ROW_BITS,
-                key & ROW_MASK,
-                k0,
-                k0 + int(lengths[r]),
-                int(done[r]),
-                int(idx[k0]),
-            )
-
-    def _read_rest(
-        self,
-        k: int,
-        rows: np.ndarray,
-        raw: tuple[int, int] | None,
-        pos: int,
-        a: int,
-        k0: int,
-        k1: int,
-        got: int,
-        index: int,
-    ) -> None:
-        """Read what a first read left of rows ``a..`` into slots ``k0:k1``; errors name them."""
-        row_bytes = self.row_bytes[k]
-        try:
-            assert raw is not None
-            rest = rows.reshape(-1).view(np.uint8)[k0 * row_bytes + got : k1 * row_bytes]
-            pread(raw, a * row_bytes + got, rest, (k1 - k0) * row_bytes - got)
-        except MemoryError:
-            raise
-        except Exception as exc:
-            raise self.read_error(exc, pos, range(a, a + k1 - k0), index, k) from exc
 
     def _done(self, handle: Handle, pos: int, index: int) -> None:
         """Release a handle read through; first check the file when HDF5 read chunks of it.
@@ -598,3 +499,48 @@ class SessionReader(SessionFiles):
             for t, sample in zip(targets[k:k2], samples, strict=True):
                 result[t] = sample
         return result
+
+
+def _run_table(
+    run_keys: np.ndarray,
+    starts: np.ndarray,
+    n: int,
+    row_bytes: int,
+    raws: list[tuple[int, int] | None],
+    places: list[int],
+    vectorised: bool,
+) -> Table:
+    """The table of a batch's runs: run ``r`` from its session's file into rows ``starts[r]..``.
+
+    Built in numpy where the table goes to a ring (``vectorised``: a few microseconds whatever
+    the number of runs), else as a list of tuples (no fixed numpy cost; a list is what the
+    reads walk anyway).
+    """
+    if vectorised:
+        fds, bases = np.array(raws, dtype=np.int64).T  # one row per session
+        which = np.array(places)
+        lengths = np.empty(starts.size, np.int64)  # rows per run (np.diff costs more)
+        np.subtract(starts[1:], starts[:-1], out=lengths[:-1])
+        lengths[-1] = n - starts[-1]
+        table = np.empty((starts.size, 4), np.int64)
+        table[:, 0] = fds[which]
+        table[:, 1] = bases[which] + (run_keys & ROW_MASK) * row_bytes
+        table[:, 2] = starts * row_bytes
+        table[:, 3] = lengths * row_bytes
+        return table
+    bounds = starts.tolist()
+    bounds.append(n)
+    rows: list[tuple[int, int, int, int]] = []
+    for r, key in enumerate(run_keys.tolist()):
+        raw = raws[places[r]]
+        assert raw is not None
+        k0 = bounds[r]
+        rows.append(
+            (
+                raw[0],
+                raw[1] + (key & ROW_MASK) * row_bytes,
+                k0 * row_bytes,
+                (bounds[r + 1] - k0) * row_bytes,
+            )
+        )
+    return rows

@@ -8,7 +8,7 @@ the ways of reading such files). The two readers here fill a buffer with any sor
 rows of one session and touch every chunk they need exactly once:
 
 * ``read_rows_raw``: unfiltered column chunks (``rawio.ChunkMap``): the chunks are read in
-  file order with a few large ``os.preadv`` calls into a bounded staging buffer, and the wanted
+  file order with a few large reads (a table a piece) into a bounded staging buffer, the wanted
   rows transposed out of it in numpy;
 * ``read_rows_hdf5``: anything else (filters, other chunk shapes): HDF5 reads boxes of whole
   chunks, every row of a band of chunks at a time
@@ -28,7 +28,8 @@ import h5py
 import numpy as np
 
 from loaderkit.hdf5.meta.columnblocks import column_blocks
-from loaderkit.hdf5.read.rawio import ChunkMap, pread
+from loaderkit.hdf5.read.rawio import ChunkMap
+from loaderkit.hdf5.read.readtable import read_table
 
 __all__ = ["BLOCK_BYTES", "BLOCK_CHUNKS", "read_rows_hdf5", "read_rows_raw"]
 
@@ -120,9 +121,12 @@ def read_rows_raw(
             stage = np.empty((min(budget, int(lengths.sum())) or 1, c0), cmap.dtype)
         for piece in _pieces(runs, budget, chunk_bytes):
             staged = stage[: sum(length for _, _, length in piece)]
-            for offset, nbytes, first in _io_groups(piece, chunk_bytes):
-                pread((cmap.fd, 0), offset, staged[first : first + nbytes // chunk_bytes], nbytes)
-                total += nbytes
+            table = [
+                (cmap.fd, offset, first * chunk_bytes, nbytes)
+                for offset, nbytes, first in _io_groups(piece, chunk_bytes)
+            ]
+            read_table(staged, table, what="the row data")
+            total += sum(nbytes for *_, nbytes in table)
             picked = staged[:, :band_rows] if local is None else staged[:, local]
             _scatter(flat[s:e], picked, piece)
     return total
