@@ -46,6 +46,11 @@ REVIEWED_LONG: dict[str, str] = {
         "docstring and example, the read-only constructor arguments, and its LoaderSupport, "
         "which calls the class's own seeded read; a split would cut the class, not a seam"
     ),
+    "hdf5/read/csrrows.py": (
+        "CSRReader, one class whose batch path is one sequence (plan from the catalog, one "
+        "table of pieces, column-id check, the session-by-session path every failure takes "
+        "and that names it): its process-local parts (read-ahead, file maps) live apart"
+    ),
     "hdf5/read/handles.py": (
         "the per-process cache of open files and its one lock discipline (the mutex, leases, "
         "retired handles, waiting for room, the fork hook): every method keeps the same "

@@ -106,8 +106,9 @@ def _cause(death: WorkerDeath, dataset: Any) -> str:
             if len(files) > _FILES_SHOWN:
                 shown += f" and {len(files) - _FILES_SHOWN} more"
             return (
-                "the worker died reading memory-mapped files (memory_map=True): a file was "
-                "truncated or changed while it was mapped"
+                "the worker died reading memory-mapped files (memory_map=True, or a CSR "
+                "matrix's warm batches unless memory_map=False): a file was truncated or "
+                "changed while it was mapped"
                 + (f" (the dataset's files: {shown})" if shown else "")
                 + ". Fix: build the dataset with memory_map=False, or do not rewrite or "
                 "truncate its files while training"

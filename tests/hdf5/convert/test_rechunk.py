@@ -27,7 +27,7 @@ import pytest
 from loaderkit import ConfigError, HDF5FileError, HDF5SessionDataset, PerformanceHint
 from loaderkit.cli import build_parser, main
 from loaderkit.hdf5 import RechunkResult, rechunk
-from loaderkit.hdf5.convert.rechunk import _verify
+from loaderkit.hdf5.convert.blockcopy import verify_copy as _verify
 from tests.hdf5.helpers import write_wide
 
 ROOT = Path(__file__).resolve().parents[3]

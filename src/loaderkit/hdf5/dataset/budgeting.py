@@ -16,6 +16,7 @@ from loaderkit.hdf5.dataset.arguments import (
     check_max_session_bytes,
 )
 from loaderkit.hdf5.read.heldsessions import HeldInfo
+from loaderkit.hdf5.read.mapped import DUPLICATES_FD
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.machine.distributed import local_world_size
 from loaderkit.plan import UNSET, PlanEntry
@@ -99,11 +100,14 @@ class DatasetBudgets:
 
     @property
     def fds_per_file(self) -> int:
-        """Descriptors one open session file holds: 2 when its rows are memory-mapped.
+        """Descriptors one open session file holds: 2 when it is memory-mapped.
 
-        Python's ``mmap`` keeps a duplicate of the file's descriptor while the map is open.
+        Python's ``mmap`` keeps a duplicate of the file's descriptor while the map is open
+        (before Python 3.13, or for ``memory_map=True``'s maps of whole rows).
         """
-        return 2 if self.memory_map and self.reader.contiguous else 1
+        if self.memory_map and self.reader.contiguous:
+            return 2
+        return 2 if self.reader.maps_whole_files and DUPLICATES_FD else 1
 
     def file_budget(self, shape: LoaderShape) -> FileBudget:
         """The ``max_open_files`` that fits a loader of ``shape`` (``fit_open_files``).

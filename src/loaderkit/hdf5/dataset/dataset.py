@@ -129,7 +129,12 @@ class HDF5SessionDataset(Dataset):
             file pages the kernel can reclaim), and every process faults each page in once.
             The file is checked before every copy, so a file truncated between reads is an
             ``HDF5FileError``; one truncated *during* a copy still ends the reading process
-            with ``SIGBUS`` (the loader's error then names memory-mapped reads). Off by default.
+            with ``SIGBUS`` (the loader's error then names memory-mapped reads). ``None``
+            (default): whole rows are read with ``os.preadv``, and a CSR matrix's (AnnData)
+            batches are copied out of a read-only map of each open file once they come from
+            the page cache alone (each file's size checked before every batch; pages that must
+            come from the disk are read with ``os.preadv``, the misses asked for together).
+            ``False``: no memory map at all.
         max_session_bytes: For keys whose rows span many chunks (NSD betas: ``(750, V)``,
             chunks ``(750, 1)``; see docs/hdf5.md): most bytes of whole sessions' rows each
             process holds in memory, so that a session is read once while its rows are
@@ -218,7 +223,7 @@ class HDF5SessionDataset(Dataset):
         sample_axis: int = 0,
         max_open_files: int | None = None,
         h5py_options: Mapping[str, Any] | None = None,
-        memory_map: bool = False,
+        memory_map: bool | None = None,
         max_session_bytes: int | None = None,
         storage_options: Mapping[str, Any] | None = None,
         cache: SessionCache | None = None,
@@ -255,6 +260,11 @@ class HDF5SessionDataset(Dataset):
         self._fields = None if fields is None else tuple(fields)
         self._sample_axis = sample_axis
         self._h5py_options: dict[str, Any] = check_options(h5py_options)
+        if memory_map not in (None, True, False):
+            raise ConfigError(
+                f"memory_map={memory_map!r}: expected True, False or None (loaderkit decides)"
+            )
+        self._memory_map_given: bool | None = memory_map
         self._memory_map = bool(memory_map)
         ids: list[Hashable] = list(self._files)
         paths = [os.fspath(p) for p in self._files.values()]
@@ -283,7 +293,7 @@ class HDF5SessionDataset(Dataset):
         )
         # the reader owns the index, the open files and the held sessions; the parts read it
         self._reader = reader = inspection.reader(
-            max_open_files or _STANDALONE_FILES, self._memory_map, max_session_bytes or 0
+            max_open_files or _STANDALONE_FILES, memory_map, max_session_bytes or 0
         )
         self._key = inspection.key
         self._sparse, self._genes, self._join = sparse, genes, join
@@ -564,8 +574,12 @@ class HDF5SessionDataset(Dataset):
 
     @property
     def memory_map(self) -> bool:
-        """Contiguous rows are read through memory maps."""
-        return self._memory_map
+        """Whether rows may be read through memory maps.
+
+        Whole rows (``memory_map=True``), or a CSR matrix's warm batches out of whole-file
+        maps (unless ``memory_map=False``).
+        """
+        return self._memory_map or self._reader.maps_whole_files
 
     @property
     def max_session_bytes(self) -> int:

@@ -143,12 +143,15 @@ class DatasetInspection:
                 f"(HDF5: {exc}).{' ' + advice if advice else ''}",
             ) from (os_error or exc)
 
-    def reader(self, max_open: int, memory_map: bool, max_session_bytes: int) -> SessionReader:
+    def reader(
+        self, max_open: int, memory_map: bool | None, max_session_bytes: int
+    ) -> SessionReader:
         """Read what every file holds (main process only) and build the reader over it.
 
         Args:
             max_open: Most files open at once per process.
-            memory_map: Read contiguous rows through memory maps.
+            memory_map: Read contiguous rows through memory maps (``None``: not whole rows;
+                a CSR reader copies warm pieces out of whole-file maps unless ``False``).
             max_session_bytes: Most bytes of whole sessions held per process.
         """
         specs = parse_keys(self.key, self.sample_axis)
@@ -230,7 +233,7 @@ class DatasetInspection:
                 open_kwargs(lay, self.h5py_options, default_read=self._item_fast) for lay in first
             ],
             max_open=max_open,
-            memory_map=memory_map,
+            memory_map=bool(memory_map),
             fast=self._item_fast,
             single=isinstance(self.key, str),
             label=f"{self.label} over {len(self._ids)} session(s)",
@@ -276,7 +279,7 @@ class DatasetInspection:
         specs: Sequence[KeySpec],
         remote: Mapping[int, RemoteRecord | CSRRecord],
         max_open: int,
-        memory_map: bool,
+        memory_map: bool | None,
         max_session_bytes: int,
     ) -> CSRReader | None:
         """The reader of a key naming a CSR group (``read.csrrows``); ``None`` for other keys.
@@ -302,6 +305,7 @@ class DatasetInspection:
             labels=found.labels,
             name=found.name,
             around=read_around(sum(sizes), memory_bytes()),
+            file_maps=memory_map is not False,
             ids=self._ids,
             paths=self._paths,
             canonical=self._canonical(records),
@@ -313,7 +317,7 @@ class DatasetInspection:
                 for rec in records
             ],
             max_open=max_open,
-            memory_map=memory_map,
+            memory_map=bool(memory_map),
             fast=True,
             single=isinstance(self.key, str),  # a tuple or mapping key: dict samples
             label=f"{self.label} over {len(self._ids)} session(s)",

@@ -11,6 +11,8 @@ through the ``SessionCopies`` protocol defined here; the remote stage provides i
 - ``readtable``: the one read primitive, ``read_table``: a table of reads into one buffer (page
   cache first, the misses asked for together, or a ring while threads read), completed or
   ``ShortRead``; the only module that calls ``os.preadv``;
+- ``mapped``: ``FileMaps``, whole-file read-only maps that serve warm tables of reads by copying
+  (each file's size checked before every table);
 - ``readahead``: the next batches' reads asked for in the sampler's order, on a background
   thread (``SamplerReadAhead``, ``Advisor``), within a stated bound;
 - ``rawio``: raw locations, memory maps, chunk maps, direct ``H5Dread``, ``pread`` (one read);

@@ -57,6 +57,7 @@ from loaderkit.hdf5.read.csrplan import (
 from loaderkit.hdf5.read.genemap import GeneMap, VarTable, gene_map
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.labelkeys import LabelKey, served_parts
+from loaderkit.hdf5.read.mapped import FileMaps
 from loaderkit.hdf5.read.readahead import SamplerReadAhead, ahead_plan
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.read.readtable import ShortRead, read_table
@@ -82,6 +83,8 @@ class CSRReader(SessionReader):
         name: The matrix's name in those dicts.
         around: Bytes read around a row the page cache misses, and why
             (``csrplan.read_around``).
+        file_maps: Warm tables of pieces are copied out of whole-file maps
+            (``mapped.FileMaps``); ``False``: every piece is read with ``os.preadv``.
         **kwargs: ``SessionReader``'s arguments.
 
     Example:
@@ -97,6 +100,7 @@ class CSRReader(SessionReader):
         labels: Sequence[LabelKey] = (),
         name: str = "X",
         around: tuple[int, str] = (0, "not decided: a missed row's bytes alone are read"),
+        file_maps: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(served=(None, None, *labels), **kwargs)
@@ -129,12 +133,16 @@ class CSRReader(SessionReader):
         #: How far ahead the sampler's coming rows are asked for (``read_ahead_watcher``).
         self.ahead = ahead_plan(sum(self.matrix_nbytes), around[0], sum(self.matrix_nbytes) / rows)
         self._ahead: CSRAhead | None = None
+        #: Whether warm tables are copied out of whole-file maps (``_file_maps``).
+        self.maps_whole_files = file_maps
+        self._maps: FileMaps | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["catalog"] = None  # read again where needed: never pickled (8 bytes a cell)
         state["_indptr_lock"] = None
         state["_ahead"] = None
+        state["_maps"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -147,6 +155,9 @@ class CSRReader(SessionReader):
         ahead, self._ahead = self.__dict__.get("_ahead"), None
         if ahead is not None:
             ahead.close()
+        maps, self._maps = self.__dict__.get("_maps"), None
+        if maps is not None:
+            maps.close()
         super().close()
 
     # ------------------------------------------------------------------ configuration
@@ -154,8 +165,13 @@ class CSRReader(SessionReader):
     def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
         """Per key, how its rows are read (``ReadPath``), what is read around a miss and ahead."""
         ahead = f"read ahead in the sampler's order (no worker processes): {self.ahead.reason}"
+        maps = (
+            "warm batches copied out of whole-file maps (memory_map=False: never)"
+            if self.maps_whole_files
+            else "every piece read with os.preadv (memory_map=False)"
+        )
         return {
-            name: path._replace(reason=f"{path.reason}; {self.around[1]}; {ahead}")
+            name: path._replace(reason=f"{path.reason}; {self.around[1]}; {ahead}; {maps}")
             if k < 2
             else path
             for k, (name, path) in enumerate(super().read_paths(handle).items())
@@ -342,6 +358,13 @@ class CSRReader(SessionReader):
         self._check_columns(cols, offsets, 0, idx.size, pos, rows, idx, np.arange(idx.size))
         return lengths, values, cols
 
+    def _file_maps(self) -> FileMaps | None:
+        """This process's whole-file maps (made at the first read), or ``None`` (not used)."""
+        maps = self._maps
+        if maps is None and self.maps_whole_files:
+            maps = self._maps = FileMaps(2 * self.cache.max_open)
+        return maps
+
     # ------------------------------------------------------------------ read ahead
 
     @property
@@ -389,7 +412,12 @@ class CSRReader(SessionReader):
         table[:, 3] = nbytes
         try:  # another thread reading too: a ring call, or copies that take turns
             read_table(
-                out, table, shared=len(self.reading) > 1, around=self.around[0], what="a piece"
+                out,
+                table,
+                shared=len(self.reading) > 1,
+                around=self.around[0],
+                what="a piece",
+                maps=self._file_maps(),
             )
         except ShortRead:
             return False  # _read_sorted reads the batch again and names what fails

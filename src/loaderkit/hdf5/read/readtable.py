@@ -11,6 +11,11 @@ is finished here, and one that cannot be finished (the file ended, an I/O error)
 
 The paths, in order:
 
+* **whole-file maps** (``mapped.FileMaps``), where the reader passes its maps and its tables
+  are warm (read from the page cache alone lately): each read is a slice copied out of a
+  read-only map of the file, no system call a read. Each file's size is checked before the
+  table (a table reaching past a file's end is read below, and its short read names it), so a
+  file truncated between tables is never a ``SIGBUS``.
 * **the ring** (``uring.thread_ring``), where other threads read now (``shared``), the calling
   thread has a ring and at least ``RING_MIN_READS`` reads are shorter than ``TURN_MAX_BYTES``:
   the short reads go to the kernel in one system call that releases the GIL once; long reads
@@ -25,9 +30,9 @@ The paths, in order:
 * **plain reads**: one ``os.preadv`` a read, where the platform or the file's filesystem has
   no ``RWF_NOWAIT`` (remembered per open file: ``refuses_nowait``), and for a table of one read.
 
-Memory maps are not a path here: a copy out of a map faults (``SIGBUS``) where the file was
-truncated under it, so maps are read only where ``memory_map=True`` asks for them, by the
-reader, after checking the file (``rawio.map_rows``, ``SessionFiles.verify``).
+A copy out of a map still faults (``SIGBUS``) where the file is truncated *during* the copy
+(microseconds a table), as ``memory_map=True``'s reads of whole rows do (``rawio.map_rows``,
+``SessionFiles.verify``); the loader's error then names memory-mapped reads.
 
 The copy turn: every ``os.preadv`` releases the GIL, and while another thread wants the GIL,
 every release hands it over and every return waits to get it back: two threads each issuing
@@ -57,6 +62,7 @@ import numpy as np
 
 from loaderkit.errors import ShortRead
 from loaderkit.hdf5.read import uring
+from loaderkit.hdf5.read.mapped import FileMaps
 
 __all__ = [
     "NOWAIT",
@@ -141,6 +147,7 @@ def read_table(
     shared: bool = False,
     around: int = 0,
     what: str = "the read",
+    maps: FileMaps | None = None,
 ) -> None:
     """Perform every read of ``table`` into ``out``, completely, or raise ``ShortRead``.
 
@@ -156,6 +163,9 @@ def read_table(
             hold it (and its neighbours: what a memory map's fault reads) rather than its
             bytes alone; 0: its bytes alone.
         what: What the reads hold, for ``ShortRead``'s message (``"the row data"``).
+        maps: The reader's whole-file maps (``mapped.FileMaps``): while its tables are warm,
+            an ``int64`` table is copied out of them (no system call a read); every table
+            read page cache first tells them how many reads missed.
 
     Raises:
         ShortRead: A read the file could not complete (it ended, or the call failed): its
@@ -183,6 +193,8 @@ def read_table(
         return
     if not (out.flags.c_contiguous and out.flags.writeable):
         raise ValueError("the destination of a table of reads must be C-contiguous and writable")
+    if maps is not None and isinstance(table, np.ndarray) and maps.serve(out, table):
+        return
     flat = out.reshape(-1).view(np.uint8)
     done: list[int] | None = None
     left: list[int] | None = None  # rows still to read (None: every row)
@@ -205,6 +217,8 @@ def read_table(
                     left, missed = _cached(view, rows, done, nowait, TURN_MAX_BYTES)
             else:
                 left, missed = _cached(view, rows, done, nowait, 0)
+            if maps is not None:
+                maps.missed(len(missed))
             if _WILLNEED is not None and (len(missed) > 1 or (around and missed)):
                 _advise(rows, missed, around, _WILLNEED)
         for i in range(count) if left is None else left:

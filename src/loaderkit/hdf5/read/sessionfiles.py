@@ -236,6 +236,10 @@ class SessionFiles:
         """Per key name, how its rows are read from ``handle``'s file (``ReadPath``)."""
         return {spec.name: path for spec, path in zip(self.specs, handle.paths, strict=False)}
 
+    #: Whether tables of reads may be copied out of whole-file maps (each mapped file then
+    #: holds a second descriptor where ``mapped.DUPLICATES_FD``); ``CSRReader`` may.
+    maps_whole_files = False
+
     def read_ahead_watcher(self) -> Any | None:
         """A watcher of the loader's coming indices that asks for their reads ahead.
 
