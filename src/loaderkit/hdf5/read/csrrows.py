@@ -362,7 +362,7 @@ class CSRReader(SessionReader):
         """This process's whole-file maps (made at the first read), or ``None`` (not used)."""
         maps = self._maps
         if maps is None and self.maps_whole_files:
-            maps = self._maps = FileMaps(2 * self.cache.max_open)
+            maps = self._maps = FileMaps(2 * self.file_pool.max_open)
         return maps
 
     # ------------------------------------------------------------------ read ahead
