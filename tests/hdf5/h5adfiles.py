@@ -31,6 +31,15 @@ def matrix(seed: int, cells: int = CELLS, genes: int = GENES) -> sp.csr_matrix:
     return m
 
 
+def uniform(seed: int, cells: int, genes: int, per: int) -> sp.csr_matrix:
+    """A float32 CSR matrix with ``per`` values in every row, at random sorted columns."""
+    rng = np.random.default_rng(seed)
+    indices = np.sort(rng.random((cells, genes)).argsort(axis=1)[:, :per], axis=1)
+    data = rng.integers(1, 9, (cells, per)).astype(np.float32)
+    indptr = np.arange(cells + 1, dtype=np.int64) * per
+    return sp.csr_matrix((data.ravel(), indices.ravel().astype(np.int32), indptr), (cells, genes))
+
+
 def write_current(
     path: Path,
     m: sp.csr_matrix,

@@ -135,14 +135,9 @@ sp = pytest.importorskip("scipy.sparse")
 
 
 def _csr_file(path: Path) -> tuple[Path, Any]:
-    from tests.hdf5.h5adfiles import write_csr
+    from tests.hdf5.h5adfiles import uniform, write_csr
 
-    rng = np.random.default_rng(3)
-    cells, genes, per = 2000, 500, 40
-    indices = np.sort(rng.random((cells, genes)).argsort(axis=1)[:, :per], axis=1)
-    data = rng.integers(1, 9, (cells, per)).astype(np.float32)
-    indptr = np.arange(cells + 1, dtype=np.int64) * per
-    m = sp.csr_matrix((data.ravel(), indices.ravel().astype(np.int32), indptr), (cells, genes))
+    m = uniform(3, cells=2000, genes=500, per=40)
     return write_csr(path, m, chunks=4096), m
 
 

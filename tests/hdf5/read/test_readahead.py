@@ -24,7 +24,7 @@ from loaderkit.hdf5.read.readahead import Advisor, SamplerReadAhead, Windows, ah
 sp = pytest.importorskip("scipy.sparse")
 pytest.importorskip("anndata")
 
-from tests.hdf5.h5adfiles import write_csr  # noqa: E402
+from tests.hdf5.h5adfiles import uniform, write_csr  # noqa: E402
 
 needs_nowait = pytest.mark.skipif(
     not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "POSIX_FADV_WILLNEED"),
@@ -70,12 +70,7 @@ def wait_resident(fd: int, offsets: list[int], seconds: float = 10.0) -> bool:
 @pytest.fixture
 def big(tmp_path: Path) -> tuple[Path, sp.csr_matrix]:
     """4,000 cells, 200 values each, contiguous: ~6 MiB of ``data`` and ``indices``."""
-    rng = np.random.default_rng(0)
-    cells, genes, per = 4000, 3000, 200
-    indices = np.sort(rng.random((cells, genes)).argsort(axis=1)[:, :per], axis=1)
-    data = rng.integers(1, 9, (cells, per)).astype(np.float32)
-    indptr = np.arange(cells + 1, dtype=np.int64) * per
-    m = sp.csr_matrix((data.ravel(), indices.ravel().astype(np.int32), indptr), (cells, genes))
+    m = uniform(0, cells=4000, genes=3000, per=200)
     return write_csr(tmp_path / "big.h5ad", m), m
 
 
