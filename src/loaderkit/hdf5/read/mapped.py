@@ -167,7 +167,7 @@ class FileMaps:
             limit[list(sizes)] = list(sizes.values())
             if not (ends <= limit[table[:, 0]]).all():
                 return False
-        with memoryview(out.reshape(-1).view(np.uint8)) as flat:
+        with out.reshape(-1).view(np.uint8).data as flat:
             if len(views) == 1:
                 (src,) = views.values()
                 for _, w, o, b in rows:
