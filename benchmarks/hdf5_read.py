@@ -28,7 +28,7 @@ Every strategy delivers each batch as a training loop receives it: one tensor, c
 torch's fetcher does (``default_collate`` of the samples; ``loaderkit.workers.collate`` for
 loaderkit's batched reads, which return the tensor they read into).
 
-Fairness: a fresh reader (fresh dataset, fresh chunk cache) per strategy and repeat, every file
+Fairness: a fresh reader (fresh dataset, fresh chunk buffer) per strategy and repeat, every file
 opened and untimed warm-up batches read first, strategies interleaved (rotated every repeat),
 median of the repeats, garbage collection off while timing, and every strategy releases a
 batch's samples before reading the next one (as torch's fetcher does; holding two batches

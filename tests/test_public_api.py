@@ -100,6 +100,76 @@ def test_performance_hints_can_be_silenced_alone() -> None:
     assert [str(w.message) for w in caught] == ["wrong"]
 
 
+def test_one_mechanism_serves_moved_attributes_and_module_names(monkeypatch) -> None:
+    import sys
+    import types
+    import warnings
+
+    import pytest
+
+    from loaderkit.errors import Moved, MovedAttribute, moved_module_getattr
+
+    class Part:
+        def figures(self) -> int:
+            return 7
+
+    class Owner:
+        part = Part()
+        figures = MovedAttribute("part.figures", "0.1.0")
+
+    module = types.ModuleType("loaderkit.fake")
+    module.NewName = int  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "loaderkit.fake", module)
+    module.__getattr__ = moved_module_getattr(  # type: ignore[method-assign]
+        "loaderkit.fake", {"OldName": Moved("NewName", "0.1.0")}
+    )
+    with pytest.warns(loaderkit.LoaderkitDeprecationWarning) as caught:
+        assert Owner().figures() == 7
+        assert module.OldName is int
+    messages = [str(w.message) for w in caught]
+    assert messages[0].startswith("Owner.figures (loaderkit 0.1.0) is now Owner.part.figures")
+    assert messages[1].startswith("loaderkit.fake.OldName (loaderkit 0.1.0) is now ")
+    assert "loaderkit.fake.NewName" in messages[1] and "next release" in messages[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Owner().part.figures() == 7 and module.NewName is int  # new names: silent
+    with pytest.raises(AttributeError, match=r"'loaderkit\.fake' has no attribute 'Other'"):
+        module.Other  # noqa: B018
+
+
+def test_deprecation_warnings_come_from_the_one_mechanism() -> None:
+    from pathlib import Path
+
+    root = Path(loaderkit.__file__).parent
+    users = sorted(
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if "LoaderkitDeprecationWarning" in path.read_text()
+    )
+    assert users == ["__init__.py", "errors.py"], users
+
+
+def test_cache_names_the_node_cache_only() -> None:
+    """The pool of open files and HDF5's chunk buffer have names of their own in the code."""
+    import re
+    from pathlib import Path
+
+    other = re.compile(
+        r"handle[ _]cache|HandleCache|cached_chunks|cache_info|LRU cache"
+        r"|(?<!raw data )(?<!get_)chunk[ _-]cache",
+        re.IGNORECASE,
+    )
+    root = Path(loaderkit.__file__).parent
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if other.search(line) and "Moved" not in line  # the released names' aliases
+    ]
+    assert found == []
+    assert other.search("the handle cache") and other.search("HDF5's chunk-cache settings")
+
+
 def test_py_typed_shipped() -> None:
     from importlib.resources import files
 

@@ -30,6 +30,11 @@ Protocol errors keep torch's and Python's types and are documented where they ar
 Filter warnings as a group (``warnings.simplefilter("ignore", LoaderkitWarning)``), or only
 the performance advice (``warnings.simplefilter("ignore", PerformanceHint)``) while keeping
 the correctness warnings.
+
+Released names that moved answer for one release through one mechanism, here: a ``Moved``
+entry (the new name and the release), read by ``MovedAttribute`` (a name on a class) or by
+``moved_module_getattr`` (a module's ``__getattr__``), with one
+``LoaderkitDeprecationWarning`` message naming the new name.
 """
 
 from __future__ import annotations
@@ -38,8 +43,9 @@ import numbers
 import os
 import sys
 import warnings
+from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "ArgumentTypeError",
@@ -51,6 +57,8 @@ __all__ = [
     "LoaderkitError",
     "LoaderkitWarning",
     "MissingKeyError",
+    "Moved",
+    "MovedAttribute",
     "PerformanceHint",
     "RaggedBatchError",
     "ResourceLeakError",
@@ -59,6 +67,7 @@ __all__ = [
     "StorageError",
     "add_note",
     "check_int",
+    "moved_module_getattr",
     "warn",
 ]
 
@@ -351,6 +360,107 @@ def warn(message: str, category: type[LoaderkitWarning] = LoaderkitWarning) -> N
         frame = frame.f_back
         level += 1
     warnings.warn(message, category, stacklevel=level)
+
+
+class Moved(NamedTuple):
+    """A released public name that moved: where it is now and the release it was in.
+
+    The one deprecation mechanism: ``MovedAttribute`` (a name on a class) and
+    ``moved_module_getattr`` (a name of a module) both read a ``Moved``, answer with what the
+    new name holds and warn once per use with ``LoaderkitDeprecationWarning``, naming the new
+    name; the old name goes in the release after ``since``.
+
+    Attributes:
+        path: The new name, dotted from the owner (``"handles.file_pool_info"`` from a
+            dataset, ``"FilePoolInfo"`` from a module).
+        since: The release whose users know the old name.
+
+    Examples:
+        >>> Moved("handles.file_pool_info", "0.1.0").path
+        'handles.file_pool_info'
+    """
+
+    path: str
+    since: str
+
+
+def _answer_moved(owner: str, old: str, moved: Moved, start: Any) -> Any:
+    """Warn that ``owner.old`` moved, then return ``moved.path`` looked up from ``start``."""
+    warn(
+        f"{owner}.{old} (loaderkit {moved.since}) is now {owner}.{moved.path}, which answers "
+        "the same; the old name goes in the next release.",
+        LoaderkitDeprecationWarning,
+    )
+    value = start
+    for name in moved.path.split("."):
+        value = getattr(value, name)
+    return value
+
+
+class MovedAttribute:
+    """A released attribute or method of a class that moved: warns, then answers the same.
+
+    A non-data descriptor: a subclass that assigns or defines the name keeps its own.
+
+    Args:
+        path: Where the name lives now, dotted from an instance (``"handles.file_pool_info"``).
+        since: The release the old name was in.
+
+    Examples:
+        >>> import warnings
+        >>> class Part:
+        ...     size = 3
+        >>> class Owner:
+        ...     part = Part()
+        ...     size = MovedAttribute("part.size", "0.1.0")
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     Owner().size
+        3
+        >>> str(caught[0].message).split(",")[0]
+        'Owner.size (loaderkit 0.1.0) is now Owner.part.size'
+    """
+
+    def __init__(self, path: str, since: str) -> None:
+        self.moved = Moved(path, since)
+        self.old = path
+        self.__doc__ = f"Deprecated (the name loaderkit {since} released): use ``{path}``."
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.old = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return _answer_moved(type(obj).__name__, self.old, self.moved, obj)
+
+
+def moved_module_getattr(module: str, table: Mapping[str, Moved]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` that answers the released names in ``table``, with a warning.
+
+    Args:
+        module: The module's name (``__name__``); each ``Moved.path`` is looked up in it.
+        table: Old name -> where it is now.
+
+    Returns:
+        The function to bind as the module's ``__getattr__``; any other missing name raises
+        ``AttributeError`` as Python does.
+
+    Examples:
+        >>> __getattr__ = moved_module_getattr("loaderkit.errors", {"Warn": Moved("warn", "0.1.0")})
+        >>> __getattr__("Nothing")
+        Traceback (most recent call last):
+        ...
+        AttributeError: module 'loaderkit.errors' has no attribute 'Nothing'
+    """
+    moved = dict(table)
+
+    def __getattr__(name: str) -> Any:
+        if name not in moved:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        return _answer_moved(module, name, moved[name], sys.modules[module])
+
+    return __getattr__
 
 
 def add_note(exc: BaseException, note: str) -> None:

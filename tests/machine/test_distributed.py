@@ -232,9 +232,11 @@ def _hdf5_rank(rank: int, world: int, paths: list[str], partition: str) -> dict[
     else:
         sampler = BlockShuffleSampler(dataset, seed=3, partition=partition)
         loader = create_dataloader(dataset, batch_size=8, sampler=sampler)
-    planned = dataset.handles.cache_info().opens  # the plan row hdf5_reads opened session 0
+    planned = dataset.handles.file_pool_info().opens  # the plan row hdf5_reads opened session 0
     indices = [int(x) for batch in loader for x in batch[:, 0]]  # column 0 = s * 1000 + row
-    opens = dataset.handles.cache_info().opens - planned  # files opened to read the rank's share
+    opens = (
+        dataset.handles.file_pool_info().opens - planned
+    )  # files opened to read the rank's share
     dataset.close()
     return {"values": indices, "opens": opens, "sampler": type(loader.sampler).__name__}
 

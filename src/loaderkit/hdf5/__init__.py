@@ -1,7 +1,7 @@
 """HDF5 session files for PyTorch: a leak-free dataset, batched reads and a block sampler.
 
 ``HDF5SessionDataset`` reads samples from many per-session HDF5 files through a bounded,
-fork-safe, thread-safe per-process cache of open files; ``BlockShuffleSampler`` shuffles
+fork-safe, thread-safe per-process pool of open files; ``BlockShuffleSampler`` shuffles
 blocks of consecutive rows so that batched reads stay sequential. See ``docs/hdf5.md``.
 
 Stages, each a folder; imports go one way, from the top of this list down:
@@ -27,40 +27,35 @@ Example:
 
 from __future__ import annotations
 
-from loaderkit.errors import HDF5FileError
+from loaderkit.errors import HDF5FileError, Moved, moved_module_getattr
 from loaderkit.hdf5.convert.rechunk import RechunkResult, rechunk
 from loaderkit.hdf5.dataset.dataset import HDF5SessionDataset
 from loaderkit.hdf5.meta.index import SampleIndex
-from loaderkit.hdf5.meta.layout import SessionLayout, default_chunk_cache
-from loaderkit.hdf5.read.handles import HandleCacheInfo
+from loaderkit.hdf5.meta.layout import SessionLayout, default_chunk_buffer
+from loaderkit.hdf5.read.handles import FilePoolInfo
 from loaderkit.hdf5.read.heldsessions import HeldInfo
 from loaderkit.hdf5.sampler import DEFAULT_BLOCK_SIZE, BlockShuffleSampler
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "BlockShuffleSampler",
+    "FilePoolInfo",
     "HDF5FileError",
     "HDF5SessionDataset",
-    "HandleCacheInfo",
     "HeldInfo",
     "RechunkResult",
     "SampleIndex",
     "SessionLayout",
-    "default_chunk_cache",
+    "default_chunk_buffer",
     "rechunk",
 ]
 
 
-def __getattr__(name: str) -> object:
-    """Released names that moved: ``CacheInfo`` (0.1.0) is ``HandleCacheInfo``, with a warning."""
-    if name == "CacheInfo":
-        from loaderkit.errors import LoaderkitDeprecationWarning, warn
-
-        warn(
-            "loaderkit.hdf5.CacheInfo (loaderkit 0.1.0) is now HandleCacheInfo (the handle "
-            "cache's figures, apart from the SessionCache's CacheStats); the old name goes in "
-            "the next release.",
-            LoaderkitDeprecationWarning,
-        )
-        return HandleCacheInfo
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: Released names that moved: each answers the same with a warning for one release.
+__getattr__ = moved_module_getattr(
+    __name__,
+    {
+        "CacheInfo": Moved("FilePoolInfo", "0.1.0"),
+        "default_chunk_cache": Moved("default_chunk_buffer", "0.1.0"),
+    },
+)

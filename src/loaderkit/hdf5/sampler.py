@@ -1,7 +1,7 @@
 """``BlockShuffleSampler``: a shuffled order that keeps HDF5 reads sequential.
 
 A uniformly shuffled order makes every batch touch as many sessions and rows as it has samples:
-one h5py call (microseconds each) per sample, and with a bounded handle cache a file reopen for
+one h5py call (microseconds each) per sample, and with a bounded file pool a file reopen for
 almost every sample. This sampler shuffles *blocks* of consecutive rows of one session instead,
 so a batch of 64 with ``block_size=16`` is four slab reads, and it interleaves the blocks of a
 small window of sessions so that neighbouring blocks, and hence batches, still mix sessions.
@@ -87,7 +87,7 @@ class BlockShuffleSampler(DistributedSampler[int]):
             construction (so ``torch.manual_seed`` makes it reproducible); with several replicas
             ``None`` means ``0``, like ``DistributedSampler``, so all ranks agree.
         window: Sessions interleaved at a time. Default: the files the dataset keeps open
-            (``SessionIndex.open_files``, its ``max_open_files``: a worker's handle cache never
+            (``SessionIndex.open_files``, its ``max_open_files``: a worker's file pool never
             thrashes), at most the number of sessions. When the dataset holds sessions in
             memory (``SessionIndex.held_sessions``: rows that span many chunks)
             and not all of them fit, at most one less than the sessions it holds (at least

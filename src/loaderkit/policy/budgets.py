@@ -51,7 +51,7 @@ FDS_FORK_INHERITED_PER_WORKER = 4
 #: before it opens anything: measured 8 to 10).
 FDS_SPAWNED_INTERPRETER = 16
 #: Share of memory the open files of one loader (all its processes together) may hold: chunk
-#: caches and HDF5's per-file state.
+#: buffers and HDF5's per-file state.
 FILE_MEMORY_SHARE = 1 / 16
 #: Memory HDF5 holds (metadata cache, free lists) once it has walked the chunk index of a
 #: dataset whose rows span many chunks: measured 14-18 MiB per open file for 40,000 and
@@ -60,7 +60,7 @@ CHUNK_INDEX_BYTES = 16 << 20
 #: Share of memory the sessions held in memory by one loader may take, all its processes
 #: together (rows that span many chunks: ``max_session_bytes``).
 SESSION_MEMORY_SHARE = 1 / 4
-#: Memory an open HDF5 file holds besides its chunk cache (measured about 0.1 MiB for
+#: Memory an open HDF5 file holds besides its chunk buffer (measured about 0.1 MiB for
 #: contiguous and 0.6 MiB for gzip-chunked session files, rounded up).
 FILE_OVERHEAD_BYTES = 1 << 20
 
@@ -175,7 +175,7 @@ def fit_open_files(
       stay within *half* the soft limit (where ``check_open_file_budget`` starts warning);
       when not even one file fits in half, what is left of the whole limit is used, down to
       1 file (``check_open_file_budget`` refuses what cannot run at all);
-    * memory, for all processes together: ``processes x files x file_bytes`` (chunk cache
+    * memory, for all processes together: ``processes x files x file_bytes`` (chunk buffer
       plus ``FILE_OVERHEAD_BYTES`` per open file) stays within ``FILE_MEMORY_SHARE`` of
       memory.
 

@@ -62,12 +62,12 @@ def test_dataset_default_fits_this_process(tmp_path: Path) -> None:
     ds = HDF5SessionDataset(paths, key="betas")
     assert ds.budgets.open_files_requested is None
     assert ds.max_open_files == 12  # every session: far under any limit here
-    assert ds.budgets.file_memory_bytes == FILE_OVERHEAD_BYTES  # contiguous: no chunk cache
+    assert ds.budgets.file_memory_bytes == FILE_OVERHEAD_BYTES  # contiguous: no chunk buffer
     explicit = HDF5SessionDataset(paths, key="betas", max_open_files=3)
     assert explicit.max_open_files == 3 and explicit.budgets.open_files_requested == 3
 
 
-def test_chunked_files_count_their_chunk_cache(tmp_path: Path) -> None:
+def test_chunked_files_count_their_chunk_buffer(tmp_path: Path) -> None:
     paths = write_sessions(tmp_path, [40] * 3, chunks=8, compression="gzip")
     ds = HDF5SessionDataset(paths, key="betas")
     assert ds.budgets.file_memory_bytes == 8 * MIB + FILE_OVERHEAD_BYTES  # HDF5's 8 MiB minimum
@@ -122,7 +122,7 @@ def test_an_explicit_value_wins(tmp_path: Path) -> None:
 
 def _open_in_worker(_: Any) -> Any:
     info = torch.utils.data.get_worker_info()
-    return info.dataset.handles.cache_info() if info is not None else None
+    return info.dataset.handles.file_pool_info() if info is not None else None
 
 
 def test_uniform_shuffle_with_defaults_never_reopens_a_file(tmp_path: Path) -> None:
@@ -155,8 +155,9 @@ def test_the_budgets_part_reads_its_reader(tmp_path: Path) -> None:
         assert budgets.reader is ds._reader
         assert budgets.fds_per_file == 1  # chunked rows: nothing memory-mapped
         assert budgets.file_memory_bytes > 0
-        budgets.set_open_files(2)  # the part applies the bound to the reader's handle cache
-        assert ds._reader.files.cache.max_open == 2 == ds.max_open_files  # the attribute reads it
+        budgets.set_open_files(2)  # the part applies the bound to the reader's file pool
+        pool = ds._reader.files.file_pool
+        assert pool.max_open == 2 == ds.max_open_files  # the attribute reads it
         assert budgets.open_files_requested == 1  # what was given stays what was given
         with pytest.raises(ConfigError, match="max_open_files"):
             budgets.set_open_files(0)

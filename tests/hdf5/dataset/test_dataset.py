@@ -19,11 +19,11 @@ from torch.utils.data import default_collate
 
 from loaderkit.errors import ConfigError, LoaderkitError, LoaderkitWarning
 from loaderkit.hdf5 import (
-    HandleCacheInfo,
+    FilePoolInfo,
     HDF5FileError,
     HDF5SessionDataset,
     SampleIndex,
-    default_chunk_cache,
+    default_chunk_buffer,
 )
 from loaderkit.hdf5.meta.diagnose import open_failure
 from tests.hdf5.helpers import (
@@ -210,7 +210,7 @@ def test_hints_are_checked_not_guessed(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- options
 
 
-def test_chunk_cache_defaults_and_explicit_options(tmp_path: Path) -> None:
+def test_chunk_buffer_defaults_and_explicit_options(tmp_path: Path) -> None:
     contiguous = write_sessions(tmp_path / "c", [4])
     chunked = write_sessions(tmp_path / "z", [40], chunks=8, compression="gzip")
     with HDF5SessionDataset(contiguous, key="betas") as ds:
@@ -218,12 +218,12 @@ def test_chunk_cache_defaults_and_explicit_options(tmp_path: Path) -> None:
     with HDF5SessionDataset(chunked, key="betas") as ds:
         layout = ds.layout(0)
         assert layout is not None and layout.chunk_rows == 8 and layout.compression == ("gzip",)
-        want = default_chunk_cache(layout)
+        want = default_chunk_buffer(layout)
         _, nslots, nbytes, _ = ds.file(0).id.get_access_plist().get_cache()
         assert (nslots, nbytes) == (want["rdcc_nslots"], want["rdcc_nbytes"])
         assert nbytes >= layout.chunk_bytes
     one_row_chunks = layout._replace(chunk_rows=1, chunk_bytes=9 << 20)
-    assert default_chunk_cache(one_row_chunks)["rdcc_nbytes"] == 1 << 20
+    assert default_chunk_buffer(one_row_chunks)["rdcc_nbytes"] == 1 << 20
     opts = {"rdcc_nbytes": 3 << 20, "rdcc_nslots": 1009, "locking": False}
     with HDF5SessionDataset(chunked, key="betas", h5py_options=opts) as ds:
         fapl = ds.file(0).id.get_access_plist()
@@ -243,14 +243,14 @@ def test_stdio_driver_warns(paths: list[Path]) -> None:
 def test_lru_statistics_and_bound(tmp_path: Path) -> None:
     p = write_sessions(tmp_path, [2, 2, 2])
     ds = HDF5SessionDataset(p, key="betas", max_open_files=2)
-    assert ds.handles.cache_info() == HandleCacheInfo(
+    assert ds.handles.file_pool_info() == FilePoolInfo(
         0, 0, 0, 0, 0, 2
     )  # nothing left open by __init__
     for i in (0, 1, 2, 0, 4, 1, 0, 2):  # sessions 0 0 1 0 2 0 0 1
         ds[i]
         assert ds.handles.open_files <= 2
         assert len(hdf5_fds(tmp_path)) <= 2
-    info = ds.handles.cache_info()
+    info = ds.handles.file_pool_info()
     # misses: s0, s1, s2 (evicts s1), s1 again (evicts s2)
     assert (info.hits, info.misses, info.evictions, info.opens) == (4, 4, 2, 4)
     assert info.open_files == 2
@@ -332,7 +332,7 @@ def test_pickle_ships_no_handles_and_large_index_is_small(tmp_path: Path) -> Non
     blob = pickle.dumps(ds)
     assert len(blob) < 20_000  # a million samples, run-length encoded
     clone = pickle.loads(blob)
-    assert clone.handles.open_files == 0 and clone.handles.cache_info().opens == 0
+    assert clone.handles.open_files == 0 and clone.handles.file_pool_info().opens == 0
     assert len(clone) == n and clone.locate(n - 1) == (1, n // 2 - 1)
     assert clone[n - 1] == (n // 2 - 1) % 256
     clone.close()
@@ -425,7 +425,7 @@ def test_threads_hammering_a_small_lru(tmp_path: Path) -> None:
         assert errors == []
         assert max(most_open) <= 2
         assert len(hdf5_fds(tmp_path)) <= 2
-        assert ds.handles.cache_info().evictions > 0
+        assert ds.handles.file_pool_info().evictions > 0
         ds.close()
 
 
@@ -470,7 +470,7 @@ def _child_read(ds: HDF5SessionDataset, index: int, queue: mp.Queue) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         before = ds.handles.open_files
-        stats = ds.handles.cache_info()
+        stats = ds.handles.file_pool_info()
         value = ds[index]
         ok = bool(np.array_equal(value, expected(ds, index)))
     queue.put(
@@ -497,7 +497,7 @@ def test_fork_child_drops_inherited_handles(paths: list[Path]) -> None:
     assert before == 0 and opens == 0 and ok
     assert caught == []  # our own inherited handles are not "foreign"
     np.testing.assert_array_equal(ds[6], expected(ds, 6))  # the parent's handles still work
-    assert ds.handles.cache_info().opens == 3
+    assert ds.handles.file_pool_info().opens == 3
 
 
 def test_fork_child_warns_about_foreign_handles(paths: list[Path]) -> None:
@@ -631,7 +631,7 @@ def test_parts_read_the_one_reader_and_its_index(tmp_path: Path) -> None:
         np.testing.assert_array_equal(clone[7], expected(ds, 7))
         clone.close()
         ds[6]
-        assert ds.handles.open_files == 1 and ds.handles.cache_info().opens == 1
+        assert ds.handles.open_files == 1 and ds.handles.file_pool_info().opens == 1
         with pytest.raises(KeyError, match=r"unknown session 'x'; sessions: \[0, 1\]"):
             ds.file("x")
 
@@ -642,8 +642,8 @@ def test_released_names_that_moved_warn_and_answer_the_same(tmp_path: Path) -> N
     paths = write_sessions(tmp_path, [5, 3])
     with HDF5SessionDataset(paths, key="betas") as ds:
         ds[0]
-        with pytest.warns(LoaderkitDeprecationWarning, match=r"moved to \.handles\.cache_info"):
-            assert ds.cache_info() == ds.handles.cache_info()
+        with pytest.warns(LoaderkitDeprecationWarning, match=r"now \S+\.handles\.file_pool_info"):
+            assert ds.cache_info() == ds.handles.file_pool_info()
         with pytest.warns(LoaderkitDeprecationWarning, match="handles.open_files"):
             assert ds.open_files == 1
         with pytest.warns(LoaderkitDeprecationWarning, match="handles.sample_nbytes"):
@@ -652,8 +652,16 @@ def test_released_names_that_moved_warn_and_answer_the_same(tmp_path: Path) -> N
             assert ds.index_arrays()[1].tolist() == ds.handles.index_arrays()[1].tolist()
     import loaderkit.hdf5
 
-    with pytest.warns(LoaderkitDeprecationWarning, match="HandleCacheInfo"):
-        assert loaderkit.hdf5.CacheInfo is HandleCacheInfo
+    with pytest.warns(LoaderkitDeprecationWarning, match=r"now loaderkit\.hdf5\.FilePoolInfo"):
+        assert loaderkit.hdf5.CacheInfo is FilePoolInfo
+    with pytest.warns(LoaderkitDeprecationWarning, match=r"now loaderkit\.hdf5\.default_chunk_buf"):
+        assert loaderkit.hdf5.default_chunk_cache is default_chunk_buffer
+    # the new names answer without a warning (warnings are errors here)
+    assert ds.handles.file_pool_info().open_files == 0
+    assert loaderkit.hdf5.FilePoolInfo is FilePoolInfo
+    assert loaderkit.hdf5.default_chunk_buffer is default_chunk_buffer
+    with pytest.raises(AttributeError, match="has no attribute 'HandleCacheInfo'"):
+        loaderkit.hdf5.HandleCacheInfo  # noqa: B018 - unreleased, renamed without an alias
 
 
 class _OwnCache(HDF5SessionDataset):

@@ -332,10 +332,10 @@ def test_column_ids_stored_out_of_order_are_served_increasing(tmp_path: Path) ->
                 assert np.array_equal(ds[i]["values"].numpy(), want[i][genes_of_row])
 
 
-def test_open_file_budget_counts_a_chunk_cache_only_for_compressed_matrices(
+def test_open_file_budget_counts_a_chunk_buffer_only_for_compressed_matrices(
     tmp_path: Path,
 ) -> None:
-    """Uncompressed values and column ids are read raw: no chunk cache fills per open file."""
+    """Uncompressed values and column ids are read raw: no chunk buffer fills per open file."""
     from loaderkit.policy.budgets import FILE_OVERHEAD_BYTES
 
     plain = [write_current(tmp_path / f"p{i}.h5ad", matrix(i)) for i in range(3)]
@@ -351,7 +351,7 @@ def test_open_file_budget_counts_a_chunk_cache_only_for_compressed_matrices(
 def test_a_shuffled_loader_gives_a_compressed_matrix_room_for_all_its_decoded_chunks(
     tmp_path: Path,
 ) -> None:
-    """Shuffled cells of a gzip matrix decode each chunk once: the chunk cache holds them all."""
+    """Shuffled cells of a gzip matrix decode each chunk once: the chunk buffer holds them all."""
     from loaderkit.support import LoaderShape
 
     big = sp.random(6000, 4000, density=0.05, format="csr", dtype=np.float32, random_state=3)
@@ -366,15 +366,17 @@ def test_a_shuffled_loader_gives_a_compressed_matrix_room_for_all_its_decoded_ch
         with create_dataloader(ds, batch_size=500, shuffle=True, seed=1) as loader:
             plan = loader.describe()
             rows = np.concatenate([dense(b) for b in loader])
-        assert f"chunk_cache         unset      {size}" in plan
+        assert f"chunk_buffer        unset      {size}" in plan
+        # no node cache here: "cache" names nothing else of loaderkit (the OS's page cache aside)
+        assert "cache" not in plan.replace("page cache", "")
         assert "decodes each chunk of the compressed matrix once" in plan
         assert ds.handles.reader.files.open_kwargs[0]["rdcc_nbytes"] == size
         assert np.array_equal(np.sort(rows, axis=0), np.sort(big.toarray(), axis=0))
         with create_dataloader(ds, batch_size=500, shuffle="block", seed=1) as loader:
-            assert "chunk_cache" not in loader.describe()
+            assert "chunk_buffer" not in loader.describe()
         assert ds.handles.reader.files.open_kwargs[0]["rdcc_nbytes"] == built  # as it was built
         tight = LoaderShape(2, memory_bytes=64 << 20, uniform_shuffle=True)
-        refused = ds.budgets.fit_chunk_cache(tight, given=False)
+        refused = ds.budgets.fit_chunk_buffer(tight, given=False)
         assert (
             refused is not None
             and refused.value == built
@@ -384,6 +386,6 @@ def test_a_shuffled_loader_gives_a_compressed_matrix_room_for_all_its_decoded_ch
         with create_dataloader(ds, batch_size=500, shuffle=True, seed=1) as loader:
             assert "rdcc_nbytes as given in h5py_options" in loader.describe()
         assert ds.handles.reader.files.open_kwargs[0]["rdcc_nbytes"] == 1 << 20
-    with HDF5SessionDataset([plain], key="X") as ds:  # uncompressed: read raw, no cache
+    with HDF5SessionDataset([plain], key="X") as ds:  # uncompressed: read raw, no buffer
         with create_dataloader(ds, batch_size=50, shuffle=True, seed=1) as loader:
-            assert "chunk_cache" not in loader.describe()
+            assert "chunk_buffer" not in loader.describe()

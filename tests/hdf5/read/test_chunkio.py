@@ -256,7 +256,7 @@ def _count_decodes(ds: HDF5SessionDataset, monkeypatch: pytest.MonkeyPatch) -> l
     calls: list[int] = []
     for pos in range(2):
         ds.__getitems__([pos * 64])  # the file open, its chunk reader built
-        reader = ds._reader.files.cache.peek(pos).chunked[0]
+        reader = ds._reader.files.file_pool.peek(pos).chunked[0]
         wrapped = []
         for code, decode in reader.filters:
             wrapped.append((code, lambda data, decode=decode: (calls.append(1), decode(data))[1]))
@@ -265,10 +265,10 @@ def _count_decodes(ds: HDF5SessionDataset, monkeypatch: pytest.MonkeyPatch) -> l
     return calls
 
 
-def test_decoded_chunks_are_kept_within_the_chunk_cache(
+def test_decoded_chunks_are_kept_within_the_chunk_buffer(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The raw path takes the place of HDF5's chunk cache: a chunk is decoded once while kept."""
+    """The raw path takes the place of HDF5's chunk buffer: a chunk is decoded once while kept."""
     paths, data = _gzip_sessions(tmp_path)
     with HDF5SessionDataset(paths, key="x") as ds:
         calls = _count_decodes(ds, monkeypatch)
@@ -277,12 +277,12 @@ def test_decoded_chunks_are_kept_within_the_chunk_cache(
             got = np.stack([np.asarray(x) for x in ds.__getitems__(order)])
             want = np.stack([data[i % 64] + i // 64 for i in order])
             np.testing.assert_array_equal(got, want)
-        assert len(calls) == 6  # each chunk decoded once, then served from the cache
-        kept = ds._reader.files.cache.peek(0).chunked[0].decoded
+        assert len(calls) == 6  # each chunk decoded once, then served from the buffer
+        kept = ds._reader.files.file_pool.peek(0).chunked[0].decoded
         assert len(kept) == 3 and not next(iter(kept.values())).flags.writeable
 
 
-def test_the_cache_is_bounded_by_rdcc_nbytes(
+def test_the_chunk_buffer_is_bounded_by_rdcc_nbytes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     paths, data = _gzip_sessions(tmp_path)
@@ -291,10 +291,10 @@ def test_the_cache_is_bounded_by_rdcc_nbytes(
     with HDF5SessionDataset(paths, key="x", h5py_options=options) as ds:
         calls = _count_decodes(ds, monkeypatch)
         for _ in range(2):
-            for row in (0, 8, 16, 0):  # 3 chunks cycling through a cache of 2
+            for row in (0, 8, 16, 0):  # 3 chunks cycling through a buffer of 2
                 np.testing.assert_array_equal(np.asarray(ds[row]), data[row])
-        reader = ds._reader.files.cache.peek(0).chunked[0]
-        assert len(reader.decoded) == 2 and reader.cache_bytes == 2 * chunk
+        reader = ds._reader.files.file_pool.peek(0).chunked[0]
+        assert len(reader.decoded) == 2 and reader.buffer_bytes == 2 * chunk
         # pass 1: 4 decodes (0 was evicted by 16); pass 2: 0 is the thread's last chunk, then
         # 8, 16 and 0 again, each evicted before its turn (least recently used first)
         assert len(calls) == 7
@@ -302,4 +302,4 @@ def test_the_cache_is_bounded_by_rdcc_nbytes(
         calls = _count_decodes(ds, monkeypatch)
         for row in (0, 8, 0, 8):
             np.testing.assert_array_equal(np.asarray(ds[row]), data[row])
-        assert len(calls) == 4 and not ds._reader.files.cache.peek(0).chunked[0].decoded
+        assert len(calls) == 4 and not ds._reader.files.file_pool.peek(0).chunked[0].decoded

@@ -198,6 +198,6 @@ def test_batches_over_more_files_than_stay_open_are_planned(tmp_path: Path) -> N
                 picked = order[start : start + 5].tolist()
                 got = np.stack([row.to_dense().numpy() for row in ds.__getitems__(picked)])
                 assert np.array_equal(got, truth[picked])
-            assert ds.handles.cache_info().open_files <= 6
+            assert ds.handles.file_pool_info().open_files <= 6
         second = planned[len(planned) // 2 :]  # every session's tables held by then
         assert all(second), f"{second.count(False)} of {len(second)} batches not planned"

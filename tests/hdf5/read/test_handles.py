@@ -21,7 +21,7 @@ from h5py import h5f
 
 from loaderkit import HDF5SessionDataset
 from loaderkit.errors import PerformanceHint
-from loaderkit.hdf5.read.handles import Handle, HandleCache
+from loaderkit.hdf5.read.handles import FilePool, Handle
 from tests.hdf5.helpers import write_wide
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
@@ -110,7 +110,7 @@ def test_many_threads_over_more_files_than_max_open_read_what_one_thread_reads(
         watcher.join()
     for batch, got in results:
         assert got.tobytes() == want[batch].tobytes()
-    info = ds.handles.cache_info()
+    info = ds.handles.file_pool_info()
     assert info.evictions > 0
     assert 0 < peak[0] <= 3  # never more than max_open_files, not even for a moment
     ds.close()
@@ -158,24 +158,24 @@ def test_close_while_threads_read_leaves_no_descriptor(tmp_path: Path) -> None:
 
 def test_an_eviction_waits_for_the_reader_of_the_file(tmp_path: Path) -> None:
     a, b = _write_files(tmp_path, 2, {})
-    cache = HandleCache(
+    pool = FilePool(
         lambda k: Handle(h5py.File([a, b][k], "r")), max_open=1, path_of=[a, b].__getitem__
     )
-    first = cache.lease(0)
+    first = pool.lease(0)
     other: list[Handle] = []
-    thread = threading.Thread(target=lambda: other.append(cache.lease(1)))
+    thread = threading.Thread(target=lambda: other.append(pool.lease(1)))
     thread.start()
     thread.join(0.3)
     assert thread.is_alive()  # waits: the bound is full and its only file is being read
     assert first.file.id.valid and first.file["x"][3, 0] == np.float32(3 * 32)
     assert _open_under(tmp_path) == 1
-    cache.release(first)  # the last reader: the evicted file is closed, the waiter opens
+    pool.release(first)  # the last reader: the evicted file is closed, the waiter opens
     thread.join(5)
     assert not thread.is_alive() and not first.file.id.valid
     assert other[0].file["x"][0, 0] == np.float32(1e5)
-    assert cache.info().evictions == 1 and _open_under(tmp_path) == 1
-    cache.release(other[0])
-    cache.close()
+    assert pool.info().evictions == 1 and _open_under(tmp_path) == 1
+    pool.release(other[0])
+    pool.close()
     assert _open_under(tmp_path) == 0
 
 
@@ -183,25 +183,25 @@ def test_lease_open_leases_every_open_file_or_none_and_release_all_gives_back(
     tmp_path: Path,
 ) -> None:
     paths = _write_files(tmp_path, 3, {})
-    cache = HandleCache(
+    pool = FilePool(
         lambda k: Handle(h5py.File(paths[k], "r")), max_open=2, path_of=paths.__getitem__
     )
-    assert cache.lease_open([0]) is None  # never opens
-    cache.release(cache.lease(0))
-    cache.release(cache.lease(1))
-    assert cache.lease_open([1, 2]) is None  # one not open: nothing leased
-    held = cache.lease_open([1, 0])
+    assert pool.lease_open([0]) is None  # never opens
+    pool.release(pool.lease(0))
+    pool.release(pool.lease(1))
+    assert pool.lease_open([1, 2]) is None  # one not open: nothing leased
+    held = pool.lease_open([1, 0])
     assert held is not None and [h.readers for h in held] == [1, 1]
     assert held[0].file.filename == str(paths[1])
-    evicting = threading.Thread(target=lambda: cache.release(cache.lease(2)))
+    evicting = threading.Thread(target=lambda: pool.release(pool.lease(2)))
     evicting.start()  # evicts the least recently used file; it waits for its reader
     evicting.join(0.3)
     assert evicting.is_alive() and _open_under(tmp_path) == 2
-    cache.release_all(held)  # the last reader of the retired file closes it
+    pool.release_all(held)  # the last reader of the retired file closes it
     evicting.join(5)
     assert not evicting.is_alive() and [h.readers for h in held] == [0, 0]
     assert _open_under(tmp_path) == 2  # never more than max_open
-    cache.close()
+    pool.close()
     assert _open_under(tmp_path) == 0
 
 

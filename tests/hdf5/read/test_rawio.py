@@ -34,7 +34,7 @@ def test_mapped_reads_equal_the_stored_rows(tmp_path: Path, order: list[int]) ->
     want = np.stack([expected(ds, i) for i in order])
     assert np.array_equal(np.stack(list(ds.__getitems__(order))), want)
     assert np.array_equal(np.stack([ds[i] for i in order]), want)
-    assert ds._reader.files.cache.get(0).maps[0] is not None  # really mapped
+    assert ds._reader.files.file_pool.get(0).maps[0] is not None  # really mapped
     ds.close()
     assert hdf5_fds(tmp_path) == []  # maps and files released
 
@@ -70,7 +70,7 @@ def test_chunked_data_is_not_mapped(tmp_path: Path) -> None:
     ds = HDF5SessionDataset(paths, key="betas", memory_map=True)
     assert ds.budgets.fds_per_file == 1
     assert np.array_equal(ds[5], expected(ds, 5))
-    assert ds._reader.files.cache.get(0).maps[0] is None
+    assert ds._reader.files.file_pool.get(0).maps[0] is None
     ds.close()
 
 

@@ -55,9 +55,9 @@ def test_a_batch_takes_each_sessions_file_once(tmp_path: Path, memory_map: bool)
     )
     indices = [0, 10, 22, 1, 11, 23, 5, 15, 25, 2]  # sessions 0, 1, 2, 0, 1, 2, ...
     ds.__getitems__(indices)  # opens the three files
-    before = ds.handles.cache_info()
+    before = ds.handles.file_pool_info()
     batch = ds.__getitems__(indices)
-    after = ds.handles.cache_info()
+    after = ds.handles.file_pool_info()
     assert torch.equal(batch.tensor, _per_item(ds, indices))
     assert (after.hits - before.hits, after.misses - before.misses) == (3, 0)
 

@@ -205,7 +205,7 @@ def test_more_sessions_than_open_files_are_read_in_turns_by_threads(
             assert np.array_equal(_batch(ds, orders[i]), wants[i])
 
     run_in_threads(read, len(orders), 4)
-    assert ds._reader.files.cache.max_open == 2
+    assert ds._reader.files.file_pool.max_open == 2
     ds.close()
 
 

@@ -305,7 +305,7 @@ def test_a_rows_layout_cache_reads_the_same_samples_row_wise(s3: Remote, tmp_pat
     for got, want in zip(ds.__getitems__(order), local.__getitems__(order), strict=True):
         assert np.array_equal(got, want)
     assert ds._reader.files.contiguous  # the copy is stored row by row: os.preadv of rows
-    handle = ds._reader.files.cache.peek(0)
+    handle = ds._reader.files.file_pool.peek(0)
     assert handle is not None and handle.raws[0] is not None
     assert [entry.layout for entry in cache.ls()] == ["rows", "rows"]
     ds.close()

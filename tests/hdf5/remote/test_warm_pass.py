@@ -56,7 +56,7 @@ def test_a_warm_pass_leases_each_session_once_in_the_loader_thread(
     loader = DataLoader(ds, batch_size=BATCH, shuffle="block", seed=0, training=True)
     first = sorted(int(v) for batch in loader for v in batch[:, 0])
     assert first == sorted(1000 * s + r for s in range(SESSIONS) for r in range(ROWS))
-    opens = ds.handles.cache_info().opens
+    opens = ds.handles.file_pool_info().opens
     calls: Counter[str] = Counter()
     _counting(monkeypatch, cache_module.SessionCache, "lease", calls)
     _counting(monkeypatch, cache_module.SessionCache, "lease_cached", calls)
@@ -77,7 +77,7 @@ def test_a_warm_pass_leases_each_session_once_in_the_loader_thread(
         # the window is computed when the session changes, not once per batch
         assert calls["_window"] <= runs + 1, (epoch, runs, calls)
         assert calls["ahead"] <= runs + 1, (epoch, runs, calls)
-    assert ds.handles.cache_info().opens == opens  # the open files (and their leases) were kept
+    assert ds.handles.file_pool_info().opens == opens  # the open files (and their leases) were kept
     assert ds.cached_sessions.stats().misses == SESSIONS  # type: ignore[union-attr]
     loader.close()
     ds.close()

@@ -15,7 +15,7 @@ adjacent rows is one read. The copy ``rechunk`` writes for such a key (``X``,
 * ``indptr``, the group's attributes and any other member copied as they are (HDF5's object
   copy), so anndata reads the copy as the same matrix, with no plugin for the values;
 * values copied in slices of whole source chunks of at most ``block_bytes``, one buffer
-  reused: memory stays within that bound plus HDF5's chunk cache, whatever ``nnz``;
+  reused: memory stays within that bound plus HDF5's chunk buffer, whatever ``nnz``;
 * the group checked first (``check_source``): its members, its shape and ``indptr`` against
   the lengths of ``data`` and ``indices``, a damaged group named by file, key and row.
 

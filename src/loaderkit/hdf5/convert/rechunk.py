@@ -29,7 +29,7 @@ or several keys (e.g. ``X`` and ``layers/counts``) stored anew in one pass over 
   source chunks where that is larger (all rows of one chunk column; the rows of one chunk).
   The peak is ``2 * block_bytes`` plus a fixed 10-20 MiB, whatever the file's size: the
   staging and comparison slices, and HDF5's own state (its metadata cache per open file, its
-  chunk cache of 1 MiB per open dataset, a few KiB per chunk a read touches, at most
+  chunk buffer of 1 MiB per open dataset, a few KiB per chunk a read touches, at most
   ``BLOCK_CHUNKS`` a block; the object copy of the other datasets runs a chunk at a time).
   Measured on a 96 MB session in chunks of whole rows with 32 MiB blocks: 72 MiB (contiguous
   copy), 83 MiB (chunked). Variable-length values (strings, ragged arrays) are read as h5py's

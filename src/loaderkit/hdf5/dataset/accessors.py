@@ -1,7 +1,7 @@
 """What an ``HDF5SessionDataset``'s files and handles say: open files, read paths, types.
 
 ``SessionHandles`` is the part the dataset shows as ``ds.handles``, over its reader: this
-process's handle cache (the open files and their counters), how each key's rows are read and
+process's file pool (the open files and their counters), how each key's rows are read and
 why (``io_paths``, the plan's ``hdf5_reads`` row, ``read_path``), and the sample's type and
 size, and what defines the samples (``samples_key``: a digest resume compares). The reader
 owns every fact it reports (session ids, the index, the open files).
@@ -20,7 +20,7 @@ from loaderkit.hdf5.meta.index import unpack_index
 from loaderkit.hdf5.meta.inventory import sample_type
 from loaderkit.hdf5.meta.types import Kind, RowType
 from loaderkit.hdf5.read.chunkio import ReadPath
-from loaderkit.hdf5.read.handles import HandleCacheInfo
+from loaderkit.hdf5.read.handles import FilePoolInfo
 from loaderkit.hdf5.read.reader import SessionReader
 
 __all__ = ["SessionHandles"]
@@ -30,15 +30,15 @@ class SessionHandles:
     """A session dataset's open files and how its rows are read (``ds.handles``).
 
     Args:
-        reader: The dataset's reader (its handle cache, records, keys and types).
+        reader: The dataset's reader (its file pool, records, keys and types).
         item_fast: The dataset reads samples with the default ``read`` (not overridden).
         mode: How the dataset's class reads batches (``hooks.read_mode``).
         transforms: The class overrides ``transform``.
         label: The dataset's class name, for messages and plan rows.
 
     Example:
-        >>> SessionHandles.cache_info.__name__
-        'cache_info'
+        >>> SessionHandles.file_pool_info.__name__
+        'file_pool_info'
     """
 
     def __init__(
@@ -112,14 +112,14 @@ class SessionHandles:
         pos = 0 if session is None else self.reader.files.position(session)
         reader = self.reader
         key = reader.files.canonical[pos]
-        was_open = reader.files.cache.peek(key) is not None
+        was_open = reader.files.file_pool.peek(key) is not None
         handle = reader.files.leased(pos, 0, -1)
         try:
             return reader.read_paths(handle)
         finally:
-            reader.files.cache.release(handle)
+            reader.files.file_pool.release(handle)
             if not was_open:
-                reader.files.cache.discard(key)
+                reader.files.file_pool.discard(key)
 
     def io_plan(self) -> list[tuple[str, bool, Any, str]]:
         """The plan row saying how rows are read (``hdf5_reads``), from the first session.
@@ -164,20 +164,20 @@ class SessionHandles:
     @property
     def open_files(self) -> int:
         """Number of files this dataset holds open in the current process."""
-        return len(self.reader.files.cache)
+        return len(self.reader.files.file_pool)
 
-    def cache_info(self) -> HandleCacheInfo:
-        """Statistics of this process's cache of open files (the handle cache).
+    def file_pool_info(self) -> FilePoolInfo:
+        """Statistics of this process's file pool (this dataset's open files).
 
         Returns:
-            ``HandleCacheInfo(hits, misses, evictions, opens, open_files, max_open_files)``;
+            ``FilePoolInfo(hits, misses, evictions, opens, open_files, max_open_files)``;
             counters start at zero in every new process (fork or spawn).
 
         Example:
-            >>> ds.handles.cache_info().opens  # doctest: +SKIP
+            >>> ds.handles.file_pool_info().opens  # doctest: +SKIP
             8
         """
-        return self.reader.files.cache.info()
+        return self.reader.files.file_pool.info()
 
     @property
     def sample_type(self) -> RowType | None:

@@ -33,8 +33,8 @@ from loaderkit.support import LoaderShape
 
 __all__ = ["DatasetBudgets"]
 
-#: HDF5's own chunk cache size (2.0 and later), used when no ``rdcc_nbytes`` is passed.
-_HDF5_DEFAULT_CACHE = 8 << 20
+#: HDF5's own chunk buffer size (2.0 and later), used when no ``rdcc_nbytes`` is passed.
+_HDF5_DEFAULT_BUFFER = 8 << 20
 
 
 class DatasetBudgets:
@@ -42,7 +42,7 @@ class DatasetBudgets:
 
     Args:
         reader: The dataset's reader (records, keys, types, open-file options); it holds the
-            values in use (its handle cache's bound, its held sessions' bound).
+            values in use (its file pool's bound, its held sessions' bound).
         memory_map: Contiguous rows are read through memory maps.
         open_files_requested: ``max_open_files`` as passed (``None``: fitted).
         session_bytes_requested: ``max_session_bytes`` as passed (``None``: fitted).
@@ -65,9 +65,9 @@ class DatasetBudgets:
         self.open_files_requested = open_files_requested
         #: ``max_session_bytes`` as passed to the dataset (``None``: fitted to the loader).
         self.session_bytes_requested = session_bytes_requested
-        # each file's chunk cache as the dataset was built (``fit_chunk_cache`` may enlarge it)
+        # each file's chunk buffer as the dataset was built (``fit_chunk_buffer`` may enlarge it)
         self._rdcc_built = [
-            int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE)) for kw in reader.files.open_kwargs
+            int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_BUFFER)) for kw in reader.files.open_kwargs
         ]
 
     # ------------------------------------------------------------------ open files
@@ -75,13 +75,13 @@ class DatasetBudgets:
     @property
     def max_open_files(self) -> int:
         """Files open at once per process, as used now."""
-        return self.reader.files.cache.max_open
+        return self.reader.files.file_pool.max_open
 
     @property
     def file_memory_bytes(self) -> int:
-        """Memory one open session file may hold (chunk cache and HDF5's per-file state).
+        """Memory one open session file may hold (chunk buffer and HDF5's per-file state).
 
-        The chunk cache counts where reads fill one (chunked data, but for the uncompressed
+        The chunk buffer counts where reads fill one (chunked data, but for the uncompressed
         values and column ids of a sparse matrix, read raw); the per-file state is
         ``loaderkit.policy.budgets.FILE_OVERHEAD_BYTES``, plus ``CHUNK_INDEX_BYTES`` when rows
         span chunks shared with other rows (every read walks the whole chunk index).
@@ -90,14 +90,14 @@ class DatasetBudgets:
             >>> ds.budgets.file_memory_bytes  # doctest: +SKIP
             9437184
         """
-        cache = 0
-        if self.reader.cached_chunks:
-            cache = max(
-                int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_CACHE))
+        buffer = 0
+        if self.reader.fills_chunk_buffer:
+            buffer = max(
+                int(kw.get("rdcc_nbytes", _HDF5_DEFAULT_BUFFER))
                 for kw in self.reader.files.open_kwargs
             )
         index = CHUNK_INDEX_BYTES if any(self.reader.files.any_wide) else 0
-        return cache + FILE_OVERHEAD_BYTES + index
+        return buffer + FILE_OVERHEAD_BYTES + index
 
     @property
     def fds_per_file(self) -> int:
@@ -173,14 +173,14 @@ class DatasetBudgets:
         self.set_open_files(budget.files)
         return PlanEntry("max_open_files", UNSET, budget.files, f"fits: {budget.reason}")
 
-    def fit_chunk_cache(self, shape: LoaderShape, given: bool) -> PlanEntry | None:
+    def fit_chunk_buffer(self, shape: LoaderShape, given: bool) -> PlanEntry | None:
         """Room for every decoded chunk of a compressed sparse matrix, for a shuffled epoch.
 
         A uniformly shuffled epoch reads each cell of a compressed matrix from a chunk it
         shares with the cells around it, in random order: with HDF5's 8 MiB a file, nearly
         every cell decodes two whole chunks (of values and of column ids). Where every file,
         open in every reading process with room for its whole decoded matrix, fits the
-        open files' share of memory (``fit_open_files``), each file's chunk cache is made
+        open files' share of memory (``fit_open_files``), each file's chunk buffer is made
         that size: each chunk is decoded once per process. Any other loader of the dataset
         gets the size the dataset was built with. A changed size applies to files opened
         from then on (this process's open files are closed).
@@ -194,12 +194,12 @@ class DatasetBudgets:
             no uniform shuffle).
         """
         sizes = self.reader.matrix_nbytes
-        if not sizes or not self.reader.cached_chunks:
+        if not sizes or not self.reader.fills_chunk_buffer:
             return None
         built = self._rdcc_built
         now = max(built)
         if given:
-            return PlanEntry("chunk_cache", now, now, "rdcc_nbytes as given in h5py_options")
+            return PlanEntry("chunk_buffer", now, now, "rdcc_nbytes as given in h5py_options")
         entry: PlanEntry | None = None
         wanted = built
         largest = max(sizes)
@@ -223,7 +223,7 @@ class DatasetBudgets:
                     f"compressed matrix once (every file open with its decoded matrix fits: "
                     f"{budget.reason})"
                 )
-                entry = PlanEntry("chunk_cache", UNSET, largest, reason)
+                entry = PlanEntry("chunk_buffer", UNSET, largest, reason)
             else:
                 reason = (
                     f"{_mib(now)} a file: {shape.processes + 1} processes x {len(sizes)} files x "
@@ -232,15 +232,14 @@ class DatasetBudgets:
                     "cells of a compressed matrix decode whole chunks (shuffle='block' reads "
                     "neighbours from one)"
                 )
-                entry = PlanEntry("chunk_cache", UNSET, now, reason)
+                entry = PlanEntry("chunk_buffer", UNSET, now, reason)
         pairs = list(zip(self.reader.files.open_kwargs, wanted, strict=True))
         if any(int(kw.get("rdcc_nbytes", -1)) != size for kw, size in pairs):
             for kw, size in pairs:
                 kw["rdcc_nbytes"] = size
-            for pos in range(
-                len(self.reader.files.ids)
-            ):  # reopened with the new size when next read
-                self.reader.files.cache.discard(pos)
+            pool = self.reader.files.file_pool
+            for pos in range(len(self.reader.files.ids)):  # reopened with the new size when read
+                pool.discard(pos)
         return entry
 
     def set_open_files(self, files: int) -> None:
@@ -256,7 +255,7 @@ class DatasetBudgets:
             ConfigError: ``files`` is not an int >= 1.
         """
         check_max_open_files(files)
-        self.reader.files.cache.max_open = files
+        self.reader.files.file_pool.max_open = files
 
     # ------------------------------------------------------------------ held sessions
 

@@ -27,9 +27,8 @@ from torch.utils.data import Dataset
 from loaderkit.errors import (
     ArgumentTypeError,
     ConfigError,
-    LoaderkitDeprecationWarning,
+    MovedAttribute,
     add_note,
-    warn,
 )
 from loaderkit.hdf5.dataset.accessors import SessionHandles
 from loaderkit.hdf5.dataset.arguments import (
@@ -78,41 +77,8 @@ def _overrides(cls: type, name: str) -> bool:
     return overrides(cls, HDF5SessionDataset, name)
 
 
-class _Moved:
-    """A released name of the dataset that moved to a part: warns, then answers the same.
-
-    A non-data descriptor: a subclass that assigns or defines the name keeps its own.
-
-    Args:
-        path: Where the name lives now, from the dataset (``"handles.cache_info"``).
-        since: The release the old name was in.
-    """
-
-    def __init__(self, path: str, since: str) -> None:
-        self.path = path
-        self.since = since
-        self.old = path
-        self.__doc__ = f"Deprecated: moved to ``{path}``."
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.old = name
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        warn(
-            f"{type(obj).__name__}.{self.old} (loaderkit {self.since}) moved to "
-            f".{self.path}, which answers the same; the old name goes in the next release.",
-            LoaderkitDeprecationWarning,
-        )
-        value = obj
-        for name in self.path.split("."):
-            value = getattr(value, name)
-        return value
-
-
 class HDF5SessionDataset(Dataset):
-    """A map-style dataset over per-session HDF5 files with a bounded per-process handle cache.
+    """A map-style dataset over per-session HDF5 files with a bounded per-process file pool.
 
     Sample ``i`` is row ``locate(i)[1]`` of the session file ``locate(i)[0]``. The index is built
     once, here, from the files' shapes (override ``build_index`` for your own) and files are
@@ -154,7 +120,7 @@ class HDF5SessionDataset(Dataset):
             records the arithmetic in its plan. An int is kept as given.
         h5py_options: Extra keyword arguments for ``h5py.File`` (``rdcc_nbytes``,
             ``rdcc_nslots``, ``locking``, ``swmr``, ``driver``, ...). They win over loaderkit's
-            defaults (see ``default_chunk_cache``). The mode is always ``"r"``.
+            defaults (see ``default_chunk_buffer``). The mode is always ``"r"``.
         memory_map: Read contiguous, unfiltered rows through a read-only memory map of each
             open file instead of ``os.preadv`` (a memory copy from the page cache, no system
             call per read; see docs/hdf5.md for when it pays). Costs: each open file holds a
@@ -362,7 +328,7 @@ class HDF5SessionDataset(Dataset):
                 reader.index = inspection.pack(index, reader)
             reader.index.setflags(write=False)
         finally:
-            reader.files.cache.close()  # never leave a file open in the constructing process
+            reader.files.file_pool.close()  # never leave a file open in the constructing process
         # on its own: the budgets left unset fitted to this process and the machine
         soft, _ = open_file_limits()
         alone = LoaderShape(open_files_soft=soft, memory_bytes=memory_bytes())
@@ -488,11 +454,11 @@ class HDF5SessionDataset(Dataset):
             return self._reader.files.handle(pos, 0, -1).file
 
     def h5dataset(self, session: Hashable, key: str | None = None) -> h5py.Dataset:
-        """Return this process's cached ``h5py.Dataset`` of ``key`` in ``session``'s file.
+        """Return this process's ``h5py.Dataset`` of ``key`` in ``session``'s file.
 
         ``key`` is one of the dataset's keys, by its name (as given to ``key=``) or its path,
         or the path of any other dataset in the file (trial ids, labels, timestamps beside
-        the per-sample data). Each is looked up once per process and open file and cached
+        the per-sample data). Each is looked up once per process and open file and kept
         with the file's handle, so it is cheaper than ``file(session)[key]`` (no name lookup
         per call); it is closed, and looked up again at the next call, when the handle is
         evicted (``max_open_files``) or ``close()`` is called. From several threads, use it
@@ -560,7 +526,7 @@ class HDF5SessionDataset(Dataset):
         overridden ``read`` / ``read_rows`` / ``__getitem__`` run under it. The default reads
         never take it (they lease their handle).
         """
-        return self._reader.files.cache.lock
+        return self._reader.files.file_pool.lock
 
     # ------------------------------------------------------------------ constructor arguments
 
@@ -671,7 +637,7 @@ class HDF5SessionDataset(Dataset):
         """This process's open files and how rows are read (``SessionHandles``).
 
         Example:
-            >>> ds.handles.open_files, ds.handles.cache_info().opens  # doctest: +SKIP
+            >>> ds.handles.open_files, ds.handles.file_pool_info().opens  # doctest: +SKIP
             (3, 8)
         """
         return self._handles
@@ -760,7 +726,7 @@ class HDF5SessionDataset(Dataset):
         sessions = len(self.session_ids)
         return (
             f"<{type(self).__name__} {sessions} session{'s' * (sessions != 1)}, {len(self)} "
-            f"samples, key {self.key!r}, {len(self._reader.files.cache)}/{self.max_open_files} "
+            f"samples, key {self.key!r}, {len(self._reader.files.file_pool)}/{self.max_open_files} "
             "files open>"
         )
 
@@ -782,11 +748,11 @@ class HDF5SessionDataset(Dataset):
         if self._item_fast:  # no lock: the handle is leased for the read
             sample = reader.read_one(i, pos, row)
         else:
-            with reader.files.cache.lock:  # user code and h5py objects handed out: serial
+            with reader.files.file_pool.lock:  # user code and h5py objects handed out: serial
                 try:
                     sample = self.read(reader.files.ids[pos], row)
                 except Exception as exc:
-                    reader.files.cache.discard(reader.files.canonical[pos])
+                    reader.files.file_pool.discard(reader.files.canonical[pos])
                     reader.files.note(exc, pos, row, i)
                     raise
         return self._transform(sample, i, pos, row) if self._transforms else sample
@@ -879,10 +845,10 @@ class HDF5SessionDataset(Dataset):
 
     # ------------------------------------------------------------------ released names moved
 
-    cache_info = _Moved("handles.cache_info", "0.1.0")
-    open_files = _Moved("handles.open_files", "0.1.0")
-    sample_nbytes = _Moved("handles.sample_nbytes", "0.1.0")
-    index_arrays = _Moved("handles.index_arrays", "0.1.0")
+    cache_info = MovedAttribute("handles.file_pool_info", "0.1.0")
+    open_files = MovedAttribute("handles.open_files", "0.1.0")
+    sample_nbytes = MovedAttribute("handles.sample_nbytes", "0.1.0")
+    index_arrays = MovedAttribute("handles.index_arrays", "0.1.0")
 
 
 class _SessionSupport(LoaderSupport):
@@ -928,7 +894,7 @@ class _SessionSupport(LoaderSupport):
     def fit(self, shape: LoaderShape) -> Fitted:
         ds = self.dataset
         cached = ds.cached_sessions
-        decoded = ds.budgets.fit_chunk_cache(shape, "rdcc_nbytes" in ds.h5py_options)
+        decoded = ds.budgets.fit_chunk_buffer(shape, "rdcc_nbytes" in ds.h5py_options)
         entries = [
             ds.budgets.fit_open_files(
                 shape, cached.open_files(shape.processes, threads=shape.threads)

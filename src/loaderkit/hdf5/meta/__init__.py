@@ -5,7 +5,7 @@ The bottom stage of ``loaderkit.hdf5``; it imports nothing else of ``loaderkit.h
 other stage imports it.
 
 - ``types``: HDF5 type -> what a sample's row becomes (``RowType``), and the types refused;
-- ``layout``: per-session layout of a key (``SessionLayout``), chunk cache, hints,
+- ``layout``: per-session layout of a key (``SessionLayout``), chunk buffer, hints,
   ``dataset_names``;
 - ``columnblocks``: blocks of whole chunks along the columns of rows that span many chunks;
 - ``filters``: whether every compression filter a dataset needs is available;

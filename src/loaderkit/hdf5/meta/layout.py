@@ -1,8 +1,8 @@
-"""Per-session layout of the ``key`` dataset: description, validation, chunk cache and advice.
+"""Per-session layout of the ``key`` dataset: description, validation, chunk buffer and advice.
 
 ``SessionLayout`` describes the dataset read in one session file (shape, dtype, chunking,
 filters); ``describe_layout`` builds it, ``check_same_rows`` validates layouts across sessions,
-``default_chunk_cache`` chooses HDF5's chunk-cache settings from it, and ``advise`` warns about
+``default_chunk_buffer`` chooses HDF5's chunk-buffer settings from it, and ``advise`` warns about
 layouts that read slowly (``read_amplification``: what one sample reads versus returns).
 """
 
@@ -27,7 +27,7 @@ __all__ = [
     "check_same_rows",
     "dataset_at",
     "dataset_names",
-    "default_chunk_cache",
+    "default_chunk_buffer",
     "describe_layout",
     "open_kwargs",
     "open_object",
@@ -36,11 +36,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Chunk cache used for chunked datasets: room for this many chunks, within the bounds below.
-_CACHE_CHUNKS = 8
-_CACHE_MIN_BYTES = 8 << 20  # HDF5 2.0's own default: never less cache than plain h5py
-_CACHE_ONE_ROW_BYTES = 1 << 20
-_CACHE_MAX_BYTES = 64 << 20
+#: Chunk buffer of chunked datasets: room for this many chunks, within the bounds below.
+_BUFFER_CHUNKS = 8
+_BUFFER_MIN_BYTES = 8 << 20  # HDF5 2.0's own default: never less than plain h5py
+_BUFFER_ONE_ROW_BYTES = 1 << 20
+_BUFFER_MAX_BYTES = 64 << 20
 #: A row touching at least this many chunks "spans many chunks": the dataset warns
 #: (``advise``); when other rows share those chunks, batches read each chunk once per session
 #: (``loaderkit.hdf5.read.widerows``) and sessions may be held in memory (``max_session_bytes``).
@@ -118,19 +118,20 @@ def _next_prime(n: int) -> int:
         n += 1
 
 
-def default_chunk_cache(layout: SessionLayout) -> dict[str, int]:
-    """The chunk-cache options loaderkit passes to ``h5py.File`` unless you pass your own.
+def default_chunk_buffer(layout: SessionLayout) -> dict[str, int]:
+    """HDF5's chunk-buffer options loaderkit passes to ``h5py.File`` unless you pass your own.
 
-    Contiguous data never goes through the chunk cache, so it gets ``rdcc_nbytes=0`` (no cache
-    memory per open file). Chunked data with several rows per chunk gets room for ``8`` chunks,
-    at least HDF5 2.0's own default of 8 MiB (so random access is never slower than with a
-    plain ``h5py.File``) and at most 64 MiB, and a prime number of hash slots about 100 times
-    the chunks that fit (at most about 100,000: the slot table is built at every open); the
-    memory bound is ``workers x max_open_files x rdcc_nbytes``. With
-    one row per chunk no chunk is ever read twice by batched reads, so 1 MiB is enough (HDF5
-    reads chunks larger than the cache straight through). Purely random per-item access to
-    compressed data benefits from a cache that holds the whole dataset; pass ``rdcc_nbytes``
-    for that.
+    The chunk buffer is what HDF5 and h5py call the raw data chunk cache (the ``rdcc_*``
+    options): decoded chunks kept per open dataset. Contiguous data never goes through it, so
+    it gets ``rdcc_nbytes=0`` (no buffer memory per open file). Chunked data with several rows
+    per chunk gets room for ``8`` chunks, at least HDF5 2.0's own default of 8 MiB (so random
+    access is never slower than with a plain ``h5py.File``) and at most 64 MiB, and a prime
+    number of hash slots about 100 times the chunks that fit (at most about 100,000: the slot
+    table is built at every open); the memory bound is ``workers x max_open_files x
+    rdcc_nbytes``. With one row per chunk no chunk is ever read twice by batched reads, so
+    1 MiB is enough (HDF5 reads chunks larger than the buffer straight through). Purely random
+    per-item access to compressed data benefits from a buffer that holds the whole dataset;
+    pass ``rdcc_nbytes`` for that.
 
     Args:
         layout: The layout of the dataset read by ``key``.
@@ -139,15 +140,15 @@ def default_chunk_cache(layout: SessionLayout) -> dict[str, int]:
         ``{"rdcc_nbytes": ..., "rdcc_nslots": ...}`` (only ``rdcc_nbytes`` for contiguous data).
 
     Example:
-        >>> default_chunk_cache(SessionLayout(10, (4,), np.dtype("f4"), None, None, ()))
+        >>> default_chunk_buffer(SessionLayout(10, (4,), np.dtype("f4"), None, None, ()))
         {'rdcc_nbytes': 0}
     """
     if layout.chunk_bytes is None:
         return {"rdcc_nbytes": 0}
     if layout.chunk_rows == 1:  # no two rows share a chunk: nothing worth keeping
-        nbytes = _CACHE_ONE_ROW_BYTES
+        nbytes = _BUFFER_ONE_ROW_BYTES
     else:
-        nbytes = min(max(_CACHE_CHUNKS * layout.chunk_bytes, _CACHE_MIN_BYTES), _CACHE_MAX_BYTES)
+        nbytes = min(max(_BUFFER_CHUNKS * layout.chunk_bytes, _BUFFER_MIN_BYTES), _BUFFER_MAX_BYTES)
     chunks = max(1, nbytes // layout.chunk_bytes)
     return {"rdcc_nbytes": int(nbytes), "rdcc_nslots": _next_prime(min(100 * chunks, _MAX_SLOTS))}
 
@@ -155,13 +156,13 @@ def default_chunk_cache(layout: SessionLayout) -> dict[str, int]:
 def open_kwargs(
     layout: SessionLayout | None, h5py_options: Mapping[str, Any], *, default_read: bool
 ) -> dict[str, Any]:
-    """Keyword arguments for ``h5py.File`` of one session: chunk cache, then the user's options.
+    """Keyword arguments for ``h5py.File`` of one session: chunk buffer, then the user's options.
 
     Args:
         layout: The session's layout (``None`` when there is no key).
         h5py_options: The user's ``h5py.File`` options; they win over loaderkit's defaults.
         default_read: Whether the dataset reads rows itself (``read`` not overridden); the
-            chunk cache of contiguous data is then switched off too.
+            chunk buffer of contiguous data is then switched off too.
 
     Returns:
         The keyword arguments.
@@ -173,7 +174,7 @@ def open_kwargs(
     """
     kwargs: dict[str, Any] = {}
     if layout is not None and (layout.chunk_bytes is not None or default_read):
-        kwargs.update(default_chunk_cache(layout))
+        kwargs.update(default_chunk_buffer(layout))
     kwargs.update(h5py_options)  # explicit user values win
     return kwargs
 

@@ -2,11 +2,11 @@
 
 Imports go down only: to ``loaderkit.hdf5.meta`` (never to ``convert``, ``remote`` or
 ``dataset``), and below the package to ``loaderkit.workers.collate`` and, for the types of a
-lease, ``loaderkit.storage``. Sessions read from a cache's local copy reach the reader through
-the ``SessionCopies`` protocol defined here; the remote stage provides it.
+lease, ``loaderkit.storage``. Sessions read from the node cache's local copy reach the reader
+through the ``SessionCopies`` protocol defined here; the remote stage provides it.
 
 - ``hooklock``: ``HookLock``, the lock around reads that run user code or hand out h5py objects;
-- ``handles``: the per-process LRU cache of open files (``HandleCache``, ``HandleCacheInfo``);
+- ``handles``: the file pool, each process's open files (``FilePool``, ``FilePoolInfo``);
 - ``uring``: many reads in one system call (Linux ``io_uring``, a ``Ring`` per thread);
 - ``readtable``: the one read primitive, ``read_table``: a table of reads into one buffer (page
   cache first, the misses asked for together, or a ring while threads read), completed or

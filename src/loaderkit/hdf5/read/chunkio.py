@@ -87,9 +87,9 @@ class ChunkReader:
         dtype: The file's element type (either byte order).
         filters: ``(filter id, decoder)`` in pipeline order.
         fill: One element of the fill value, as stored.
-        cache_bytes: Decoded chunks kept for later reads (least recently used dropped first):
-            the dataset's HDF5 chunk cache size (``rdcc_nbytes``), which these reads take the
-            place of; 0 keeps only each thread's last chunk.
+        buffer_bytes: Decoded chunks kept for later reads (least recently used dropped
+            first): the size of the dataset's HDF5 chunk buffer (``rdcc_nbytes``), which these
+            reads take the place of; 0 keeps only each thread's last chunk.
 
     Example:
         >>> ChunkReader.read.__name__
@@ -104,7 +104,7 @@ class ChunkReader:
         dtype: np.dtype,
         filters: Sequence[tuple[int, Decoder]],
         fill: np.ndarray,
-        cache_bytes: int = 0,
+        buffer_bytes: int = 0,
     ) -> None:
         self.fd = fd
         self.shape = shape
@@ -122,7 +122,7 @@ class ChunkReader:
         self.masks: np.ndarray | None = None
         #: Decoded chunks (read-only arrays, shared by every reading thread), by flat index.
         self.decoded: OrderedDict[int, np.ndarray] = OrderedDict()
-        self.cache_bytes = max(0, int(cache_bytes)) if filters else 0
+        self.buffer_bytes = max(0, int(buffer_bytes)) if filters else 0
         self._lock = threading.Lock()  # held only to look up, add or drop a decoded chunk
 
     def index(self, dset: h5py.Dataset) -> None:
@@ -194,22 +194,22 @@ class ChunkReader:
     def _chunk(
         self, flat: int, where: int, size: int, active: list[tuple[int, Decoder]]
     ) -> np.ndarray:
-        """Chunk ``flat`` decoded: the thread's last, a cached one, or read and decoded now.
+        """Chunk ``flat`` decoded: the thread's last, a kept one, or read and decoded now.
 
         The thread's last chunk serves sorted runs that share a chunk; a chunk decoded before
-        stays within ``cache_bytes``; a new one is read and decoded outside every lock.
+        stays within ``buffer_bytes``; a new one is read and decoded outside every lock.
         """
         last = getattr(_LAST, "chunk", None)
         if last is not None and last[0] is self and last[1] == flat:
             return last[2]
-        if self.cache_bytes:
+        if self.buffer_bytes:
             with self._lock:
-                cached = self.decoded.get(flat)
-                if cached is not None:
+                kept = self.decoded.get(flat)
+                if kept is not None:
                     self.decoded.move_to_end(flat)
-            if cached is not None:
-                _LAST.chunk = (self, flat, cached)
-                return cached
+            if kept is not None:
+                _LAST.chunk = (self, flat, kept)
+                return kept
         data: Any = np.empty(size, np.uint8)
         read_table(data, [(self.fd, where, 0, size)], what="a chunk")
         for _, decode in reversed(active):
@@ -222,21 +222,21 @@ class ChunkReader:
             )
         chunk = chunk.reshape(self.chunks)
         _LAST.chunk = (self, flat, chunk)
-        if self.chunk_nbytes <= self.cache_bytes:
+        if self.chunk_nbytes <= self.buffer_bytes:
             self._keep(flat, chunk)
         return chunk
 
     def _keep(self, flat: int, chunk: np.ndarray) -> None:
-        """Cache a decoded chunk; drop the least recently used beyond ``cache_bytes``."""
+        """Keep a decoded chunk; drop the least recently used beyond ``buffer_bytes``."""
         chunk.setflags(write=False)
         with self._lock:
             self.decoded[flat] = chunk
             self.decoded.move_to_end(flat)
-            while len(self.decoded) * self.chunk_nbytes > self.cache_bytes:
+            while len(self.decoded) * self.chunk_nbytes > self.buffer_bytes:
                 self.decoded.popitem(last=False)
 
     def forget(self) -> None:
-        """Drop the decoded chunks: every cached one, and the thread's last if it is one."""
+        """Drop the decoded chunks: every kept one, and the thread's last if it is one."""
         with self._lock:
             self.decoded.clear()
         last = getattr(_LAST, "chunk", None)
@@ -335,7 +335,7 @@ def chunk_reader(f: h5py.File, dset: h5py.Dataset) -> tuple[ChunkReader | None, 
         _MAX_CHUNKS
     ):
         return fallback(f"more than {_MAX_CHUNKS} chunks")
-    reader = ChunkReader(fd, shape, chunks, dtype, filters, fill, _chunk_cache_bytes(dset))
+    reader = ChunkReader(fd, shape, chunks, dtype, filters, fill, _chunk_buffer_bytes(dset))
     if filters:
         path = ReadPath(
             "decoded chunks",
@@ -347,12 +347,12 @@ def chunk_reader(f: h5py.File, dset: h5py.Dataset) -> tuple[ChunkReader | None, 
     return reader, path
 
 
-def _chunk_cache_bytes(dset: h5py.Dataset) -> int:
-    """The dataset's HDF5 chunk cache size (``rdcc_nbytes``: the file's, or the dataset's own)."""
+def _chunk_buffer_bytes(dset: h5py.Dataset) -> int:
+    """The size of the dataset's HDF5 chunk buffer (``rdcc_nbytes``: the file's, or its own)."""
     try:
         return int(dset.id.get_access_plist().get_chunk_cache()[1])
     except Exception:  # an h5py without it: only the thread's last chunk is kept
-        logger.debug("no chunk cache size for %s", dset.name, exc_info=True)
+        logger.debug("no chunk buffer size for %s", dset.name, exc_info=True)
         return 0
 
 

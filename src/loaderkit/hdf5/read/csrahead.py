@@ -90,7 +90,7 @@ class CSRAhead:
         if not keys.size:
             return left
         sessions, slot = batch_sessions(cpos, canon.size)
-        leased = reader.files.cache.lease_open(sessions.tolist())
+        leased = reader.files.file_pool.lease_open(sessions.tolist())
         if leased is None:
             return left
         try:
@@ -122,7 +122,7 @@ class CSRAhead:
                 last = -(-(where + nbytes) // windows.around) * windows.around
                 self.advisor.ask(fd, first, last - first)
         finally:
-            reader.files.cache.release_all(leased)
+            reader.files.file_pool.release_all(leased)
         return left - keys.size
 
     def _know_file(self, fd: int, pos: int) -> None:

@@ -123,10 +123,10 @@ class CSRReader(SessionReader):
         self.catalog = SpanCatalog(self.session_rows())
         self._indptr_lock = threading.Lock()
         # uncompressed values and column ids are read raw (the first read of a session aside)
-        self.cached_chunks = any(
+        self.fills_chunk_buffer = any(
             lay.compression for r in self.files.records for lay in r.layouts[:2]
         )
-        #: Per session, bytes of its values and column ids decoded (what a chunk cache holds).
+        #: Per session, bytes of its values and column ids decoded (what a chunk buffer holds).
         self.matrix_nbytes = [
             sum(lay.rows * lay.dtype.itemsize for lay in r.layouts[:2]) for r in self.files.records
         ]
@@ -307,7 +307,7 @@ class CSRReader(SessionReader):
         Every session's spans and chunk tables come from the catalog: rows back to back in
         both the file and the batch are one run, each run's part in a chunk (or stretch of
         chunks back to back) one read (``csrplan.plan_pieces``), every session's file leased
-        with one hold of the cache's mutex. Returns ``None`` where a session's ``indptr`` or
+        with one hold of the file pool's mutex. Returns ``None`` where a session's ``indptr`` or
         tables are not held yet or its file is not open, a chunk was never written, or a
         read failed or came back short: ``_read_sorted`` then reads the batch session by
         session and names what fails.
@@ -319,7 +319,7 @@ class CSRReader(SessionReader):
             return None
         begin, end = catalog.spans(cpos, rows)
         sessions, slot = batch_sessions(cpos, self._canon.size)
-        leased = self.files.cache.lease_batch(sessions.tolist())
+        leased = self.files.file_pool.lease_batch(sessions.tolist())
         if leased is None:
             return None
         self.reading.append(None)  # threads reading now: ``_read_runs`` chooses its calls by it
@@ -337,7 +337,7 @@ class CSRReader(SessionReader):
                     return None
         finally:
             self.reading.pop()
-            self.files.cache.release_all(leased)
+            self.files.file_pool.release_all(leased)
         self._check_columns(cols, offsets, 0, idx.size, pos, rows, idx, np.arange(idx.size))
         return lengths, values, cols
 
@@ -345,7 +345,7 @@ class CSRReader(SessionReader):
         """This process's whole-file maps (made at the first read), or ``None`` (not used)."""
         maps = self._maps
         if maps is None and self.maps_whole_files:
-            maps = self._maps = FileMaps(2 * self.files.cache.max_open)
+            maps = self._maps = FileMaps(2 * self.files.file_pool.max_open)
         return maps
 
     # ------------------------------------------------------------------ read ahead
@@ -451,7 +451,7 @@ class CSRReader(SessionReader):
             self.files.note(exc, pos, row, index)
             raise
         finally:
-            self.files.cache.release(handle)
+            self.files.file_pool.release(handle)
 
     def _hold_tables(self, handle: Handle, pos: int) -> None:
         """Keep where session ``pos``'s ``data`` and ``indices`` lie, if read raw uncompressed."""
@@ -522,7 +522,7 @@ class CSRReader(SessionReader):
                         rows = range(int(srows[r0]), int(srows[r1 - 1]) + 1)
                         raise self.files.read_error(exc, pos, rows, int(idx[order[r0]]), k) from exc
         except BaseException:
-            self.files.cache.release(handle)
+            self.files.file_pool.release(handle)
             raise
         if not all(done):  # the spans read built the chunk index: later batches are planned
             self._hold_tables(handle, pos)
@@ -585,7 +585,7 @@ class CSRReader(SessionReader):
         at = int(np.searchsorted(offsets, bad, side="right")) - 1
         pos = int(spos[at])
         n_vars = self.groups[pos].n_vars
-        self.files.cache.discard(self.files.canonical[pos])
+        self.files.file_pool.discard(self.files.canonical[pos])
         error = HDF5FileError(
             f"{self.files.named(pos)}, key {self.groups[pos].path!r}: row "
             f"{int(srows[at])} holds column id {int(cols[bad])}, outside 0..{n_vars - 1} "

@@ -155,14 +155,14 @@ class DenseJoinReader(SessionReader):
             pos, index = int(sessions[slots[0]]), int(idx[slots[0]])
             rows, inverse = np.unique(keys[slots] & ROW_MASK, return_inverse=True)
             try:
-                handle = self.files.cache.lease(self.files.canonical[pos])
+                handle = self.files.file_pool.lease(self.files.canonical[pos])
             except Exception as exc:
                 self.files.note(exc, pos, int(rows[0]), index)
                 raise
             try:
                 buf = self._rows(handle, pos, rows, index, wrap=True)
             except BaseException:
-                self.files.cache.release(handle)
+                self.files.file_pool.release(handle)
                 raise
             self.files.done(handle, pos, index)
             if rows.size == slots.size:  # no row twice: row i of ``buf`` is one sample's

@@ -1,23 +1,23 @@
-"""Per-process LRU cache of open HDF5 files, safe across fork and threads.
+"""The file pool: a per-process pool of open HDF5 files, safe across fork and threads.
 
-One ``HandleCache`` belongs to one dataset object in one process. It keeps at most
+One ``FilePool`` belongs to one dataset object in one process. It keeps at most
 ``max_open`` files open, closes the least recently used one *before* opening another (so the
 bound is never exceeded, not even for a moment), and keeps the ``h5py.Dataset`` object next to
 its ``h5py.File`` (looking a dataset up by name costs several row reads).
 
 Fork safety does not rely on a pid check on the hot path. A module-level
 ``os.register_at_fork(after_in_child=...)`` hook, registered once, walks a ``WeakSet`` of live
-caches in every forked child and closes the inherited handles there before anything can reopen
+pools in every forked child and closes the inherited handles there before anything can reopen
 them: HDF5 recognises a file that is already open in the process and would silently share the
-parent's open file (its file descriptor, file locks and chunk-cache settings) with the child.
+parent's open file (its file descriptor, file locks and chunk-buffer settings) with the child.
 Closing the child's copies leaves the parent's handles usable.
 
 Locks (what each guards; none is held across a read):
 
-* ``HandleCache._mutex`` (a ``threading.Lock``) guards the cache's dict of open handles, the
+* ``FilePool._mutex`` (a ``threading.Lock``) guards the pool's dict of open handles, the
   handles waiting to be closed, every handle's reader count and the statistics. It is held
   for dictionary work only, never while a file is opened, read or closed.
-* ``HandleCache.lock`` (a re-entrant ``HookLock``) serialises the reads that run user code or
+* ``FilePool.lock`` (a re-entrant ``HookLock``) serialises the reads that run user code or
   h5py objects handed out (``read``/``read_rows``/``__getitem__`` overrides, ``file()``,
   ``h5dataset()``): while any thread holds it, no handle is closed except by that thread's
   own eviction, so an ``h5py.File`` handed out stays open. The default reads never take it.
@@ -48,16 +48,16 @@ from h5py import h5f
 from loaderkit.errors import warn
 from loaderkit.hdf5.read.hooklock import HookLock
 
-__all__ = ["Handle", "HandleCache", "HandleCacheInfo", "HookLock", "foreign_file_ids"]
+__all__ = ["FilePool", "FilePoolInfo", "Handle", "HookLock", "foreign_file_ids"]
 
 logger = logging.getLogger(__name__)
 
-_LIVE_CACHES: weakref.WeakSet[HandleCache] = weakref.WeakSet()
+_LIVE_POOLS: weakref.WeakSet[FilePool] = weakref.WeakSet()
 _FORKED = False
 
 
-class HandleCacheInfo(NamedTuple):
-    """Statistics of one process's handle cache (reset in every new process).
+class FilePoolInfo(NamedTuple):
+    """Statistics of one process's file pool (reset in every new process).
 
     Attributes:
         hits: Accesses served by an already open file.
@@ -68,7 +68,7 @@ class HandleCacheInfo(NamedTuple):
         max_open_files: The bound.
 
     Example:
-        >>> HandleCacheInfo(3, misses=1, evictions=0, opens=1, open_files=1, max_open_files=8).hits
+        >>> FilePoolInfo(3, misses=1, evictions=0, opens=1, open_files=1, max_open_files=8).hits
         3
     """
 
@@ -102,13 +102,13 @@ class Handle:
         dirty: Read since it was last checked.
         chunk_maps: Per key, where its column chunks lie (``rawio.chunk_map``), built at
             the first read that needs it (``None``: not yet).
-        lease: The cache's lease on the local copy of a remote (or cached) session, held as
+        lease: The node cache's lease on the local copy of a remote (or cached) session, held as
             long as the file is open and released when it is closed (``None``: read in place).
         chunked: Per key, the ``ChunkReader`` that reads its chunks raw (``None``: none).
         paths: Per key, the ``ReadPath`` its rows are read by (how, and why).
-        readers: Threads reading through it now (leases of ``HandleCache.lease``); guarded by
-            the cache's mutex.
-        retired: Out of the cache (evicted, discarded or closed): closed by its last reader.
+        readers: Threads reading through it now (leases of ``FilePool.lease``); guarded by
+            the pool's mutex.
+        retired: Out of the pool (evicted, discarded or closed): closed by its last reader.
         guard: A lock for the state built lazily on first use (``chunk_maps``, ``others``,
             ``members``), held while building it, never while reading.
 
@@ -195,7 +195,7 @@ class Handle:
             try:
                 lease.close()  # after the file: the entry may be evicted from now on
             except Exception:
-                logger.debug("releasing a cache lease failed", exc_info=True)
+                logger.debug("releasing a node cache lease failed", exc_info=True)
 
 
 def foreign_file_ids(path: str | os.PathLike[str]) -> list[h5f.FileID]:
@@ -228,7 +228,7 @@ def foreign_file_ids(path: str | os.PathLike[str]) -> list[h5f.FileID]:
 
 
 class _Opening:
-    """A slot taken in the cache while one thread opens the file (others wait on ``done``)."""
+    """A slot taken in the pool while one thread opens the file (others wait on ``done``)."""
 
     __slots__ = ("done",)
 
@@ -240,7 +240,7 @@ class _Opening:
 _WAIT_S = 0.05
 
 
-class HandleCache:
+class FilePool:
     """A bounded, thread-safe, fork-aware LRU of open HDF5 files for one process.
 
     Args:
@@ -256,13 +256,13 @@ class HandleCache:
         >>> path = os.path.join(tempfile.mkdtemp(), "a.h5")
         >>> with h5py.File(path, "w") as f:
         ...     _ = f.create_dataset("x", data=[1, 2, 3])
-        >>> cache = HandleCache(lambda k: Handle(h5py.File(path, "r")), max_open=1,
-        ...                     path_of=lambda k: path)
-        >>> handle = cache.lease(0)
+        >>> pool = FilePool(lambda k: Handle(h5py.File(path, "r")), max_open=1,
+        ...                 path_of=lambda k: path)
+        >>> handle = pool.lease(0)
         >>> handle.file.mode, handle.readers
         ('r', 1)
-        >>> cache.release(handle)
-        >>> cache.close()
+        >>> pool.release(handle)
+        >>> pool.close()
     """
 
     def __init__(
@@ -289,7 +289,7 @@ class HandleCache:
         self.misses = 0
         self.evictions = 0
         self.opens = 0
-        _LIVE_CACHES.add(self)
+        _LIVE_POOLS.add(self)
 
     def get(self, key: Hashable) -> Handle:
         """Return the open handle for ``key``, opening it (and evicting the LRU one) if needed.
@@ -319,7 +319,7 @@ class HandleCache:
     def lease_open(self, keys: Sequence[Hashable]) -> list[Handle] | None:
         """``lease`` every key whose file is open now, or none: never opens, never waits.
 
-        One hold of the cache's mutex for a whole batch. A thread that holds leases asks
+        One hold of the pool's mutex for a whole batch. A thread that holds leases asks
         with this for more; where it gets ``None``, it releases what it holds before it
         calls ``lease`` (which may wait).
 
@@ -534,7 +534,7 @@ class HandleCache:
         self._close_ready()
 
     def close(self) -> None:
-        """Close every open handle of this process; the cache stays usable.
+        """Close every open handle of this process; the pool stays usable.
 
         Handles being read now are closed by their readers when they finish (their reads
         complete); files being opened now stay with the threads that open them.
@@ -559,15 +559,15 @@ class HandleCache:
         open_keys = ", ".join(repr(k) for k in keys[:8])
         more = ", ..." if len(keys) > 8 else ""
         return (
-            f"<HandleCache {len(self)}/{self.max_open} open [{open_keys}{more}], "
+            f"<FilePool {len(self)}/{self.max_open} open [{open_keys}{more}], "
             f"hits={self.hits} misses={self.misses} evictions={self.evictions} pid={os.getpid()}>"
         )
 
-    def info(self) -> HandleCacheInfo:
-        """Return the statistics of this process as a ``HandleCacheInfo``."""
+    def info(self) -> FilePoolInfo:
+        """Return the statistics of this process as a ``FilePoolInfo``."""
         open_files = len(self)
         with self._mutex:
-            return HandleCacheInfo(
+            return FilePoolInfo(
                 self.hits, self.misses, self.evictions, self.opens, open_files, self.max_open
             )
 
@@ -601,8 +601,8 @@ class HandleCache:
 def _after_fork_in_child() -> None:
     global _FORKED
     _FORKED = True
-    for cache in list(_LIVE_CACHES):
-        cache._after_fork()
+    for pool in list(_LIVE_POOLS):
+        pool._after_fork()
 
 
 if hasattr(os, "register_at_fork"):

@@ -1,6 +1,6 @@
 """``HookLock``: the re-entrant lock around reads that run user code or hand out h5py objects.
 
-The handle cache (``loaderkit.hdf5.read.handles``) closes retired files only while it can take
+The file pool (``loaderkit.hdf5.read.handles``) closes retired files only while it can take
 this lock, and closes those left waiting when the outermost holder lets go of it.
 """
 
@@ -15,9 +15,9 @@ _get_ident = threading.get_ident
 
 
 class HookLock:
-    """A re-entrant lock that tells the cache when its owner lets go of it entirely.
+    """A re-entrant lock that tells the file pool when its owner lets go of it entirely.
 
-    Held by reads that run user code or use h5py objects handed out; the handle cache closes
+    Held by reads that run user code or use h5py objects handed out; the file pool closes
     retired handles only while it can take this lock (so never under another thread's hook),
     and closes those left waiting when the outermost holder releases it.
 
@@ -49,7 +49,7 @@ class HookLock:
         return got
 
     def release(self, *, notify: bool = True) -> None:
-        """Release it once; the outermost release lets the cache close what waits."""
+        """Release it once; the outermost release lets the file pool close what waits."""
         self._depth -= 1
         outermost = self._depth == 0
         if outermost:

@@ -68,7 +68,7 @@ def take_mapped(
             np.take(mapped, rows[k0:k1], axis=0, out=segment, mode="clip")
         finally:
             mapped = None  # no view left: a retired handle's map closes at release
-            files.cache.release(handle)
+            files.file_pool.release(handle)
     if order is not None:
         out[order] = target
     return True

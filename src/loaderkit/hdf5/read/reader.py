@@ -1,7 +1,7 @@
 """``SessionReader``: reads rows of one or several keys from session files; every reader's base.
 
 The reader holds its files as a part (``sessionfiles.SessionFiles``: how each key is stored
-and typed, what every file held when the index was built, the per-process handle cache, the
+and typed, what every file held when the index was built, the per-process file pool, the
 checks that make a changed file an ``HDF5FileError`` naming what changed, the error context).
 ``HDF5SessionDataset`` keeps its hooks, accessors and pickling, and hands its default reads here:
 
@@ -93,8 +93,8 @@ class SessionReader:
         self.served = tuple(served) or (None,) * len(files.specs)
         self.single = single
         self.type_error = type_error
-        #: Reads fill a chunk cache per open file (HDF5's, or decoded chunks).
-        self.cached_chunks = files.chunked
+        #: Reads fill a chunk buffer per open file (HDF5's, or decoded chunks).
+        self.fills_chunk_buffer = files.chunked
         #: What decides a sample's content besides the index, as bytes a resumed state must
         #: share (a matrix's column map: ``configure``).
         self.content_parts: list[bytes] = []
@@ -112,7 +112,7 @@ class SessionReader:
         #: Columns of a matrix's sample (``None``: rows served as stored, ``files.types``).
         self.n_out: int | None = None if self.genes is None else self.genes.n_out
         #: Per session, bytes of a sparse matrix's values and column ids decoded (what a
-        #: chunk cache holds of it); ``None``: no sparse matrix.
+        #: chunk buffer holds of it); ``None``: no sparse matrix.
         self.matrix_nbytes: list[int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -223,7 +223,7 @@ class SessionReader:
         The handle is leased for the read, unless this thread holds the hook lock (a subclass's
         ``read`` calling ``super().read()``): no handle is closed under it.
         """
-        locked = self.files.cache.lock.held()
+        locked = self.files.file_pool.lock.held()
         handle = (
             self.files.handle(pos, row, index) if locked else self.files.leased(pos, row, index)
         )
@@ -237,7 +237,7 @@ class SessionReader:
             raise self.files.read_error(exc, pos, range(row, row + 1), index) from exc
         finally:
             if not locked:
-                self.files.cache.release(handle)
+                self.files.file_pool.release(handle)
         return served_values(
             self.served, keys, values, (pos, row), self.files.ids, self.files.paths
         )
@@ -382,7 +382,7 @@ class SessionReader:
             return int(idx[slot] if order is None else idx[order[slot]])
 
         mapped_checked: set[int] = set()
-        get, canonical = self.files.cache.lease, self.files.canonical
+        get, canonical = self.files.file_pool.lease, self.files.canonical
         last = -1
         handle: Handle | None = None
         raw: tuple[int, int] | None = None
@@ -451,7 +451,7 @@ class SessionReader:
                 handle = None
         finally:
             if handle is not None:
-                self.files.cache.release(handle)
+                self.files.file_pool.release(handle)
         if order is not None:
             out[order] = buf
 
@@ -466,9 +466,9 @@ class SessionReader:
     ) -> bool:
         """Read every run of a batch (request order) as one table, every file leased at once.
 
-        Every session's file is leased with one hold of the cache's mutex. Returns ``False``,
-        having read nothing, where a session's file is not open (``lease_open``) or is not
-        read raw (mapped, or HDF5 reads it): ``_fill`` then reads the batch session by
+        Every session's file is leased with one hold of the file pool's mutex. Returns
+        ``False``, having read nothing, where a session's file is not open (``lease_open``) or
+        is not read raw (mapped, or HDF5 reads it): ``_fill`` then reads the batch session by
         session. Nothing here releases the GIL but the reads' system calls: each release is
         a hand-over to another thread (numpy's sorts and 2-D fancy indexing release it).
         """
@@ -477,7 +477,7 @@ class SessionReader:
         places = [slots.setdefault(p, len(slots)) for p in (run_keys >> ROW_BITS).tolist()]
         sessions = list(slots)
         canonical = self.files.canonical
-        leased = self.files.cache.lease_open([canonical[pos] for pos in sessions])
+        leased = self.files.file_pool.lease_open([canonical[pos] for pos in sessions])
         if leased is None:
             return False
         try:
@@ -502,7 +502,7 @@ class SessionReader:
                     )
             return True
         finally:
-            self.files.cache.release_all(leased)
+            self.files.file_pool.release_all(leased)
 
 
 def _run_table(

@@ -23,7 +23,7 @@ The paths, in order:
   ``preadv`` a read costs less than a ring call.
 * **page cache first**: each read is one ``os.preadv`` with ``RWF_NOWAIT``, which copies what
   the page cache holds and returns at once where a page would have to come from the disk;
-  every read the cache missed is asked for at once (``posix_fadvise`` ``WILLNEED``: the kernel
+  every read the page cache missed is asked for at once (``posix_fadvise`` ``WILLNEED``: the kernel
   queues them and returns, so the disk serves them together rather than at queue depth 1),
   then read. Where other threads read now, the copies shorter than ``TURN_MAX_BYTES`` run
   under one process-wide lock (*the copy turn*, below); longer ones are read outside it.

@@ -114,7 +114,7 @@ def read_runs(
                     f"samples, expected {k2 - k}."
                 )
         except Exception as exc:
-            files.cache.discard(files.canonical[pos])
+            files.file_pool.discard(files.canonical[pos])
             files.note(exc, pos, a, int(idx[targets[k]]))
             raise
         for t, sample in zip(targets[k:k2], samples, strict=True):

@@ -2,7 +2,7 @@
 
 The part a ``loaderkit.hdf5.read.reader.SessionReader`` holds as ``files`` (the functions of
 ``loaderkit.hdf5.read.widekeys`` read over it too): what the files hold (keys, types,
-records), the per-process handle cache and how a file is (re)opened and compared with its
+records), the per-process file pool and how a file is (re)opened and compared with its
 ``SessionRecord``, the sessions held in memory, the error context every read failure gets,
 and the read of one run of rows from an open file.
 
@@ -40,7 +40,7 @@ from loaderkit.hdf5.meta.types import Kind, RowType
 from loaderkit.hdf5.read.chunkio import ChunkReader, ReadPath, choose_path
 from loaderkit.hdf5.read.copies import SessionCopies
 from loaderkit.hdf5.read.genemap import where_sessions
-from loaderkit.hdf5.read.handles import Handle, HandleCache
+from loaderkit.hdf5.read.handles import FilePool, Handle
 from loaderkit.hdf5.read.heldsessions import HeldSessions
 from loaderkit.hdf5.read.rawio import (
     map_rows,
@@ -138,7 +138,7 @@ class SessionFiles:
         self.row_bytes = [
             int(np.prod(rt.row_shape, dtype=np.int64)) * rt.read_dtype.itemsize for rt in self.types
         ]
-        self.cache = HandleCache(
+        self.file_pool = FilePool(
             self._open, max_open, self.paths.__getitem__, on_evict=self._evicted
         )
         #: Per key, how a message names its rows when they are ragged (``None``: not ragged).
@@ -185,7 +185,7 @@ class SessionFiles:
 
     def close(self) -> None:
         """Close this process's open files and drop the sessions held in memory."""
-        self.cache.close()
+        self.file_pool.close()
         self.held.clear()
 
     def position(self, session: Hashable) -> int:
@@ -204,14 +204,14 @@ class SessionFiles:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["cache"] = self.cache.max_open  # handles never travel: only the bound
+        state["file_pool"] = self.file_pool.max_open  # handles never travel: only the bound
         state["held"] = self.held.max_bytes  # nor held rows
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.cache = HandleCache(
-            self._open, int(state["cache"]), self.paths.__getitem__, on_evict=self._evicted
+        self.file_pool = FilePool(
+            self._open, int(state["file_pool"]), self.paths.__getitem__, on_evict=self._evicted
         )
         self.held = HeldSessions(int(state["held"]))
 
@@ -272,7 +272,7 @@ class SessionFiles:
             key: Which key was being read.
         """
         if isinstance(exc, HDF5FileError):
-            self.cache.discard(self.canonical[pos])
+            self.file_pool.discard(self.canonical[pos])
             return exc
         try:
             cause, changed = self._read_cause(pos, key, rows)
@@ -280,7 +280,7 @@ class SessionFiles:
             logger.debug("checking why a read failed failed", exc_info=True)
             cause, changed = "", False
         what = f"row {rows.start}" if len(rows) == 1 else f"rows {rows.start}..{rows[-1]}"
-        self.cache.discard(self.canonical[pos])
+        self.file_pool.discard(self.canonical[pos])
         name = self.specs[key].name if self.specs else None
         path = self.paths[pos]
         advice = (
@@ -299,7 +299,7 @@ class SessionFiles:
 
     def _read_cause(self, pos: int, key: int, rows: range) -> tuple[str, bool]:
         """Why a read failed, as far as checks establish it, and whether the file changed."""
-        entry = self.cache.peek(self.canonical[pos])
+        entry = self.file_pool.peek(self.canonical[pos])
         if entry is not None and entry.identity is not None:
             try:
                 now = identity_of(self.paths[pos] if entry.lease is None else entry.file.filename)
@@ -313,7 +313,7 @@ class SessionFiles:
         return fletcher_damage(entry.datasets[key], self.specs[key].axis, rows), False
 
     def _open(self, pos: int) -> Handle:
-        """Open session ``pos``'s file and check it against its record (the cache's opener).
+        """Open session ``pos``'s file and check it against its record (the file pool's opener).
 
         A session read through a ``SessionCache`` (``sources``) is leased first: h5py opens
         the local copy, and the handle holds the lease until it is closed.
@@ -494,18 +494,18 @@ class SessionFiles:
     def handle(self, pos: int, row: int, index: int) -> Handle:
         """The open handle of session ``pos`` (caller holds the lock); errors get the context."""
         try:
-            return self.cache.get(self.canonical[pos])
+            return self.file_pool.get(self.canonical[pos])
         except Exception as exc:
             self.note(exc, pos, row, index)
             raise
 
     def leased(self, pos: int, row: int, index: int) -> Handle:
-        """Session ``pos``'s handle with a lease (``cache.release`` it); errors get the context.
+        """Session ``pos``'s handle with a lease (``file_pool.release`` it); errors get the context.
 
         No lock is held while reading through it: the lease keeps the file open.
         """
         try:
-            return self.cache.lease(self.canonical[pos])
+            return self.file_pool.lease(self.canonical[pos])
         except Exception as exc:
             self.note(exc, pos, row, index)
             raise
@@ -531,7 +531,7 @@ class SessionFiles:
                 return
             now = Identity(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
             now_text = ", ".join(changes(ident, now))
-        self.cache.discard(self.canonical[pos])
+        self.file_pool.discard(self.canonical[pos])
         lost = f"{what} for dataset index {index} may hold other data or zeros and"
         raise self.changed(pos, "while it was being read", now_text, lost, index)
 
@@ -544,7 +544,7 @@ class SessionFiles:
             if handle.watch:
                 self.verify(handle, pos, "rows", index)
         finally:
-            self.cache.release(handle)
+            self.file_pool.release(handle)
 
     def changed(self, pos: int, when: str, now_text: str, lost: str, index: int) -> HDF5FileError:
         """The ``HDF5FileError`` to raise: session ``pos``'s file changed ``when``.
@@ -561,7 +561,7 @@ class SessionFiles:
         return error
 
     def _evicted(self, handle: Handle) -> None:
-        """Check a handle read in this batch before the cache closes it (``on_evict``)."""
+        """Check a handle read in this batch before the file pool closes it (``on_evict``)."""
         if handle.dirty:
             pos = handle.position
             self.verify(handle, pos, "rows", -1)

@@ -82,7 +82,7 @@ def _held(files: SessionFiles, pos: int, index: int) -> HeldSession | None:
         try:
             held = _read_session(files, handle, pos, index, nbytes)
         finally:
-            files.cache.release(handle)
+            files.file_pool.release(handle)
         return held
 
 
@@ -104,7 +104,7 @@ def _check_held(files: SessionFiles, held: HeldSession, pos: int, index: int) ->
         return
     files.held.release(held)
     files.held.discard(pos)
-    files.cache.discard(files.canonical[pos])
+    files.file_pool.discard(files.canonical[pos])
     lost = f"the row for dataset index {index}"
     raise files.changed(pos, "after its rows were read into memory", now_text, lost, index)
 
@@ -169,7 +169,7 @@ def read_wide(
             raise files.read_error(exc, pos, span, index, k) from exc
         files.verify(handle, pos, "rows", index)
     finally:
-        files.cache.release(handle)
+        files.file_pool.release(handle)
 
 
 def fill_wide(
@@ -225,6 +225,6 @@ def fill_wide(
             if handle.watch:
                 files.verify(handle, pos, "rows", index)
         finally:
-            files.cache.release(handle)
+            files.file_pool.release(handle)
     if not ordered:
         out[order] = buf

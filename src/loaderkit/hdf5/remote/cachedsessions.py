@@ -84,7 +84,7 @@ class CachedSessions:
         rows = max(
             (rec.layouts[0].rows for rec in self.reader.files.records if rec.layouts), default=1
         )
-        horizon = (self.reader.files.cache.max_open + sources.cache.prefetch + 1) * max(rows, 1)
+        horizon = (self.reader.files.file_pool.max_open + sources.cache.prefetch + 1) * max(rows, 1)
         return OrderWatcher(
             sources, functools.partial(session_positions, self.reader.index), horizon
         )
@@ -125,7 +125,7 @@ class CachedSessions:
         capacity = limits.max_bytes.value // largest
         cache.limits = fit_to_readers(limits, capacity, ranks, readers, largest)
         room = capacity - ranks * window_sessions(cache.prefetch, readers)
-        if threads > 0:  # one handle cache: its files are shared by the threads
+        if threads > 0:  # one file pool: its files are shared by the threads
             return max(1, room // ranks)
         return max(1, room // (ranks * max(1, num_workers)))
 
@@ -197,7 +197,7 @@ class CachedSessions:
         )
         where = (
             "in the main process, in the loader's order (each worker's reads find the files "
-            f"there); at most {self.reader.files.cache.max_open} open per process"
+            f"there); at most {self.reader.files.file_pool.max_open} open per process"
             if num_workers > 0
             else "in this process, in the loader's order"
         )
