@@ -141,6 +141,13 @@ def _csr_file(path: Path) -> tuple[Path, Any]:
     return write_csr(path, m, chunks=4096), m
 
 
+@pytest.fixture
+def no_slow_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No copy counts as slow: on a busy machine a descheduled copy would end the warm state."""
+    monkeypatch.setattr(FileMaps, "SLOW", float("inf"))
+
+
+@pytest.mark.usefixtures("no_slow_copies")
 def test_a_csr_reader_copies_warm_batches_out_of_maps_and_rows_stay_equal(
     tmp_path: Path,
 ) -> None:
@@ -171,6 +178,7 @@ def test_memory_map_false_reads_every_piece_with_preadv(tmp_path: Path) -> None:
         HDF5SessionDataset([path], key="X", memory_map="yes")  # type: ignore[arg-type]
 
 
+@pytest.mark.usefixtures("no_slow_copies")
 def test_a_file_truncated_while_maps_serve_is_a_named_error_not_sigbus(tmp_path: Path) -> None:
     path, _ = _csr_file(tmp_path / "m.h5ad")
     with HDF5SessionDataset([path], key="X") as ds:
