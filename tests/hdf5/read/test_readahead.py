@@ -93,6 +93,20 @@ def test_windows_are_asked_once_and_done_when_the_data_is_covered() -> None:
     assert not seen.new("f", np.array([8192]), np.array([1])).any()
 
 
+def test_a_wide_read_marks_every_window_it_spans() -> None:
+    seen = Windows(4096)
+    seen.add("f", 40_000, np.array([0]), np.array([40_000]))  # windows 0..9
+    assert seen.new("f", np.array([100]), np.array([20_000])).tolist() == [True]  # 0..4
+    assert not seen.done
+    assert seen.new("f", np.array([4096 * 5, 4096 * 2]), np.array([5, 5])).tolist() == [
+        True,
+        False,
+    ]
+    assert not seen.done  # 6..9 left
+    seen.new("f", np.array([4096 * 6]), np.array([4096 * 4]))
+    assert seen.done
+
+
 @needs_nowait
 def test_advisor_brings_pages_in_on_its_own_thread(big: tuple[Path, sp.csr_matrix]) -> None:
     path, _ = big

@@ -150,13 +150,15 @@ class Windows:
         first, last = first[at], last[at]
         _, keep = np.unique(first * seen.size + last, return_index=True)
         out[at[keep]] = True
-        before = int(np.count_nonzero(seen))
-        seen[first[keep]] = True
-        seen[last[keep]] = True
-        for a, b in zip(first[keep].tolist(), last[keep].tolist(), strict=True):
-            if b > a + 1:  # a read over more than two windows (wide rows): the middle ones
-                seen[a:b] = True
-        self._left -= int(np.count_nonzero(seen)) - before
+        first, last = first[keep], last[keep]
+        marks = [first, last]
+        wide = np.flatnonzero(last > first + 1)  # reads over more than two windows (wide rows)
+        ends = zip(first[wide].tolist(), last[wide].tolist(), strict=True)
+        marks += [np.arange(a + 1, b) for a, b in ends]
+        windows = np.unique(np.concatenate(marks))
+        windows = windows[~seen[windows]]
+        seen[windows] = True
+        self._left -= windows.size
         return out
 
     @property
