@@ -84,15 +84,13 @@ def test_maps_serve_only_warm_tables_and_stop_after_a_slow_copy(tmp_path: Path) 
     table = _table(fd, [(1, 0, 4)])
     try:
         assert not maps.serve(out, table)
-        for _ in range(FileMaps.WARM_AFTER - 1):
-            maps.missed(0)
-        maps.missed(3)  # a miss starts the count again
+        maps.missed(0, FileMaps.WARM_READS - 1)
+        maps.missed(3, 64)  # a miss starts the count again
+        maps.missed(0, FileMaps.WARM_READS - 1)
         assert not maps.warm
-        for _ in range(FileMaps.WARM_AFTER):
-            maps.missed(0)
+        maps.missed(0, 1)  # reads in a row, however many tables they came in
         assert maps.serve(out, table) and out.tolist() == [1, 2, 3, 4]
-        for _ in range(FileMaps.WARM_AFTER):  # warm again, whatever that copy's time was
-            maps.missed(0)
+        maps.missed(0, FileMaps.WARM_READS)  # warm again, whatever that copy's time was
         maps.SLOW = 0.0  # every copy is "slow": as if a page came from the disk
         assert maps.serve(out, table) and not maps.warm
         assert not maps.serve(out, table)
@@ -184,7 +182,7 @@ def test_a_file_truncated_while_maps_serve_is_a_named_error_not_sigbus(tmp_path:
     with HDF5SessionDataset([path], key="X") as ds:
         reader = ds.handles.reader
         rows = list(range(1500, 2000, 3))
-        for _ in range(FileMaps.WARM_AFTER + 2):
+        for _ in range(-(-FileMaps.WARM_READS // (2 * len(rows))) + 2):  # two reads a row
             ds.__getitems__(rows)
         assert reader._maps is not None and reader._maps.warm
         with h5py.File(path, "r") as f:

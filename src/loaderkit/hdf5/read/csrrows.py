@@ -66,6 +66,9 @@ from loaderkit.workers.collate import RowBatch
 
 __all__ = ["FORMS", "CSRReader"]
 
+#: Where a batch's column ids start in its buffer, after its values: a cache line's multiple.
+_ALIGN = 64
+
 
 class CSRReader(SessionReader):
     """Reads rows of a CSR group: keys 0 and 1 are its ``data`` and ``indices``.
@@ -280,6 +283,8 @@ class CSRReader(SessionReader):
         ``int32`` or ``int64`` (as the file stores them, int64 for other integer types).
         """
         got = self._read_planned(idx, keys)
+        if got is None and self._hold_sessions(idx, keys):  # its sessions' first batch here
+            got = self._read_planned(idx, keys)
         lengths, values, cols = got if got is not None else self._read_sorted(idx, keys)
         total = values.size
         if self.files.types[0].swap:
@@ -291,13 +296,24 @@ class CSRReader(SessionReader):
             values, cols = sorted_rows(lengths, values, cols)
         return lengths, values, cols
 
-    def _buffers(self, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(offsets, values, column ids)``: each row's first element and the empty buffers."""
+    def _buffers(
+        self, lengths: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, int]]:
+        """Each row's first element, and the empty values and column ids, in one buffer.
+
+        One buffer (a worker's slot) for both, so that a batch's reads are one table.
+
+        Returns:
+            ``(offsets, values, column ids, (the buffer, the ids' first byte in it))``.
+        """
         offsets = np.zeros(lengths.size + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         total = int(offsets[-1])
-        values = part_buffer(total, self.files.types[0].read_dtype)  # a worker's slot
-        return offsets, values, part_buffer(total, self.files.types[1].read_dtype)
+        kinds = self.files.types[0].read_dtype, self.files.types[1].read_dtype
+        ids_at = -(-total * kinds[0].itemsize // _ALIGN) * _ALIGN
+        block = part_buffer(ids_at + total * kinds[1].itemsize, np.dtype(np.uint8))
+        values = block[: total * kinds[0].itemsize].view(kinds[0])
+        return offsets, values, block[ids_at:].view(kinds[1]), (block, ids_at)
 
     def _read_planned(
         self, idx: np.ndarray, keys: np.ndarray
@@ -322,19 +338,23 @@ class CSRReader(SessionReader):
         leased = self.files.file_pool.lease_batch(sessions.tolist())
         if leased is None:
             return None
-        self.reading.append(None)  # threads reading now: ``_read_runs`` chooses its calls by it
+        self.reading.append(None)  # threads reading now: ``_read_table`` chooses its calls by it
         try:
             lengths = end - begin
-            offsets, values, cols = self._buffers(lengths)  # after the lease: taken once
+            offsets, values, cols, (block, ids_at) = self._buffers(lengths)  # after the lease
             fds = np.array([[_fd_of(h, k) for h in leased] for k in (0, 1)], np.int64)
             brk = np.flatnonzero((begin[1:] != end[:-1]) | (cpos[1:] != cpos[:-1])) + 1
             first = np.concatenate(([0], brk))
             length = np.concatenate((end[brk - 1], end[-1:])) - begin[first]
             first, length = first[length > 0], length[length > 0]
             runs = (cpos[first], begin[first], length, offsets[first])
-            for k, out in ((0, values), (1, cols)):
-                if not self._read_runs(out, fds[k], slot[first], *runs, k):
-                    return None
+            values_reads = self._plan_runs(fds[0], slot[first], *runs, 0)
+            ids_reads = self._plan_runs(fds[1], slot[first], *runs, 1)
+            if values_reads is None or ids_reads is None:
+                return None
+            ids_reads[:, 2] += ids_at  # both keys' reads: one table into one buffer
+            if not self._read_table(block, np.concatenate((values_reads, ids_reads))):
+                return None
         finally:
             self.reading.pop()
             self.files.file_pool.release_all(leased)
@@ -366,6 +386,35 @@ class CSRReader(SessionReader):
             self._ahead = CSRAhead(self, self.ahead, self.around[0])
         return self._ahead.watcher(self.index)
 
+    def _plan_runs(
+        self,
+        fds: np.ndarray,
+        slot: np.ndarray,
+        cpos: np.ndarray,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        at: np.ndarray,
+        k: int,
+    ) -> np.ndarray | None:
+        """The table of reads of key ``k``'s runs (every length > 0), planned from the catalog.
+
+        Run ``i``: elements ``starts[i]..`` of canonical session ``cpos[i]``'s file
+        ``fds[slot[i]]``, to element ``at[i]`` of the key's buffer (byte offsets from it).
+        ``None`` where a chunk was never written or a file is not read raw (fd < 0).
+        """
+        item = self.files.types[k].read_dtype.itemsize
+        where, into, nbytes, run = plan_pieces(
+            *self.catalog.table(k, cpos), starts, lengths, at, item
+        )
+        if where.size and (int(where.min()) < 0 or int(fds.min()) < 0):
+            return None
+        table = np.empty((where.size, 4), np.int64)
+        table[:, 0] = fds[slot[run]]
+        table[:, 1] = where
+        table[:, 2] = into
+        table[:, 3] = nbytes
+        return table
+
     def _read_runs(
         self,
         out: np.ndarray,
@@ -377,22 +426,15 @@ class CSRReader(SessionReader):
         at: np.ndarray,
         k: int,
     ) -> bool:
-        """Read runs of key ``k`` (every length > 0) into ``out``, planned from the catalog.
+        """Read key ``k``'s runs into ``out`` (``_plan_runs``'s arguments).
 
-        Run ``i``: elements ``starts[i]..`` of canonical session ``cpos[i]``'s file
-        ``fds[slot[i]]``, to element ``at[i]`` of ``out``. ``False`` where a chunk was never
-        written, a file is not read raw (fd < 0), or a read failed or came back short.
+        ``False`` where they cannot be planned, or a read failed or came back short.
         """
-        where, into, nbytes, run = plan_pieces(
-            *self.catalog.table(k, cpos), starts, lengths, at, out.itemsize
-        )
-        if where.size and (int(where.min()) < 0 or int(fds.min()) < 0):
-            return False
-        table = np.empty((where.size, 4), np.int64)
-        table[:, 0] = fds[slot[run]]
-        table[:, 1] = where
-        table[:, 2] = into
-        table[:, 3] = nbytes
+        table = self._plan_runs(fds, slot, cpos, starts, lengths, at, k)
+        return table is not None and self._read_table(out, table)
+
+    def _read_table(self, out: np.ndarray, table: np.ndarray) -> bool:
+        """Read ``table`` into ``out``; ``False`` where a read failed or came back short."""
         try:  # another thread reading too: a ring call, or copies that take turns
             read_table(
                 out,
@@ -426,7 +468,7 @@ class CSRReader(SessionReader):
                 self._held_indptr(int(spos[s0]), int(srows[s0]), int(idx[order[s0]]))
         begin, end = self.catalog.spans(cspos, srows)  # each row's span, sorted order
         lengths = end - begin
-        offsets, values, cols = self._buffers(lengths)
+        offsets, values, cols, _ = self._buffers(lengths)
         for s0, s1 in segments:
             self._read_session(idx, order, spos, srows, begin, end, offsets, s0, s1, values, cols)
         if not np.array_equal(order, np.arange(n)):  # request order: one gather
@@ -439,6 +481,30 @@ class CSRReader(SessionReader):
             take = np.repeat(starts - shift[:-1], lengths) + np.arange(values.size)
             values, cols = values[take], cols[take]
         return lengths, values, cols
+
+    def _hold_sessions(self, idx: np.ndarray, keys: np.ndarray) -> bool:
+        """Hold the spans and chunk tables of every session of a batch, to plan it at once.
+
+        A process's first batches are then one table too, their misses asked for together,
+        not a session at a time. ``False`` where a session's cannot be held (compressed
+        chunks, a damaged index): the batch is read session by session, and errors named.
+        """
+        pos = keys >> ROW_BITS
+        cpos = self._canon[pos]
+        catalog = self.catalog
+        for i in np.unique(cpos, return_index=True)[1].tolist():
+            p, row, index, canonical = int(pos[i]), int(keys[i] & ROW_MASK), int(idx[i]), cpos[i]
+            if catalog.ptr_base[canonical] < 0:
+                self._held_indptr(p, row, index)
+            if (catalog.table_base[:, canonical] < 0).any():
+                handle = self.files.leased(p, row, index)
+                try:
+                    self._hold_tables(handle, p)
+                finally:
+                    self.files.file_pool.release(handle)
+                if (catalog.table_base[:, canonical] < 0).any():
+                    return False
+        return True
 
     def _held_indptr(self, pos: int, row: int, index: int) -> np.ndarray:
         held = self.catalog.indptr(self.files.canonical[pos])
@@ -454,10 +520,21 @@ class CSRReader(SessionReader):
             self.files.file_pool.release(handle)
 
     def _hold_tables(self, handle: Handle, pos: int) -> None:
-        """Keep where session ``pos``'s ``data`` and ``indices`` lie, if read raw uncompressed."""
+        """Keep where session ``pos``'s ``data`` and ``indices`` lie, if read raw uncompressed.
+
+        Their chunks are indexed first: a session's first rows are then read as one table too
+        (its misses asked for at once), not a read at a time.
+        """
         parts: list[tuple[int, np.ndarray]] = []
         for k in (0, 1):
             raw, chunked = handle.raws[k], handle.chunked[k]
+            if chunked is not None and not chunked.filters:
+                try:
+                    self.files.index_chunks(handle, k)
+                except MemoryError:
+                    raise
+                except Exception:  # a damaged chunk index: the reads (``fill_run``) name it
+                    return
             if raw is not None:
                 parts.append((CONTIGUOUS, np.array([raw[1]], np.int64)))
             elif raw_chunks(chunked, self.files.types[k].read_dtype):

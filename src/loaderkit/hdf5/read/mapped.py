@@ -16,10 +16,10 @@ A map follows its descriptor: when the number names another file (the old one cl
 number reused), the map is made again.
 
 A copy whose page is not in the page cache waits for the disk inside the copy, one page at a
-time. Maps serve tables only while the reads are warm (``serve``): once ``WARM_AFTER`` tables
-in a row were read from the page cache alone (``missed(0)``, told by ``read_table``), until a
-copy runs slower than ``SLOW`` seconds a MiB (a page came from the disk); meanwhile reads go
-page cache first, and their misses are asked for together.
+time. Maps serve tables only while the reads are warm (``serve``): once ``WARM_READS`` reads
+in a row came from the page cache alone (``missed``, told by ``read_table``: four batches of 64
+rows, or one large batch), until a copy runs slower than ``SLOW`` seconds a MiB (a page came
+from the disk); meanwhile reads go page cache first, and their misses are asked for together.
 
 Example:
     >>> import numpy as np, os, tempfile
@@ -29,8 +29,7 @@ Example:
     >>> table = np.array([[fd, 4, 0, 3], [fd, 20, 3, 3]], np.int64)
     >>> maps.serve(out, table)  # not warm yet: read_table reads it
     False
-    >>> for _ in range(FileMaps.WARM_AFTER):
-    ...     maps.missed(0)
+    >>> maps.missed(0, FileMaps.WARM_READS)  # that many reads from the page cache alone
     >>> maps.serve(out, table)
     True
     >>> out.tolist()
@@ -91,8 +90,8 @@ class FileMaps:
         max_files: Maps kept at most; the least recently used is dropped beyond it.
     """
 
-    #: Tables in a row read from the page cache alone before maps serve them.
-    WARM_AFTER = 4
+    #: Reads in a row from the page cache alone before maps serve tables.
+    WARM_READS = 512
     #: Seconds a MiB above which a copy is taken to have waited for the disk (500 MiB/s,
     #: far below any copy from memory).
     SLOW = 2e-3
@@ -158,29 +157,27 @@ class FileMaps:
             if got is None:
                 return False
             views[fd], sizes[fd] = got
-        ends = table[:, 1] + table[:, 3]
-        if len(sizes) == 1:
-            if int(ends.max()) > next(iter(sizes.values())):
-                return False  # truncated: the caller's read names it
-        else:
-            limit = np.zeros(max(sizes) + 1, np.int64)
-            limit[list(sizes)] = list(sizes.values())
-            if not (ends <= limit[table[:, 0]]).all():
-                return False
+        # a read past a file's end (truncated: the caller's read names it) is refused before
+        # its copy; a negative offset would wrap
         with out.reshape(-1).view(np.uint8).data as flat:
             if len(views) == 1:
                 (src,) = views.values()
+                (size,) = sizes.values()
                 for _, w, o, b in rows:
+                    if w < 0 or w + b > size:
+                        return False
                     flat[o : o + b] = src[w : w + b]
             else:
                 for fd, w, o, b in rows:
+                    if w < 0 or w + b > sizes[fd]:
+                        return False
                     flat[o : o + b] = views[fd][w : w + b]
         return True
 
-    def missed(self, count: int) -> None:
-        """A table read page cache first missed the page cache ``count`` times."""
-        self._clean = 0 if count else self._clean + 1
-        self.warm = self._clean >= self.WARM_AFTER
+    def missed(self, count: int, reads: int) -> None:
+        """A table of ``reads`` reads, read page cache first, missed it ``count`` times."""
+        self._clean = 0 if count else self._clean + reads
+        self.warm = self._clean >= self.WARM_READS
 
     def serve(self, out: np.ndarray, table: np.ndarray) -> bool:
         """``copy`` where the reads are warm; ``False`` (read it otherwise) where not.

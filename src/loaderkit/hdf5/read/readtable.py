@@ -218,7 +218,7 @@ def read_table(
             else:
                 left, missed = _cached(view, rows, done, nowait, 0)
             if maps is not None:
-                maps.missed(len(missed))
+                maps.missed(len(missed), count)
             if _WILLNEED is not None and (len(missed) > 1 or (around and missed)):
                 _advise(rows, missed, around, _WILLNEED)
         for i in range(count) if left is None else left:

@@ -602,6 +602,13 @@ class SessionFiles:
             return out if out.ndim or rt.kind is Kind.STRUCT else out[()]
         return dset[()]
 
+    def index_chunks(self, handle: Handle, k: int) -> None:
+        """Build key ``k``'s chunk index in ``handle`` (once; one thread, under h5py's lock)."""
+        chunked = handle.chunked[k]
+        if chunked is not None and chunked.offsets is None:
+            with handle.guard:
+                chunked.index(handle.datasets[k])
+
     def fill_run(
         self,
         handle: Handle,
@@ -628,9 +635,7 @@ class SessionFiles:
         dset = handle.datasets[k]
         chunked = handle.chunked[k]
         if chunked is not None and target.dtype == chunked.dtype and target.flags.c_contiguous:
-            if chunked.offsets is None:
-                with handle.guard:  # one thread indexes the chunks, under h5py's lock
-                    chunked.index(dset)
+            self.index_chunks(handle, k)
             chunked.read(a, length, target)  # no lock: os.pread and codecs
             return
         if spec.axis:
