@@ -239,6 +239,13 @@ def test_column_ids_out_of_range_fail_at_the_read(tmp_path: Path) -> None:
             ds.__getitems__([10, 30, 31])
         with pytest.raises(HDF5FileError, match="row 30"):
             ds[30]
+    with h5py.File(path, "r+") as f:
+        f["X/indices"][m.indptr[30] + 1] = 3
+        f["X/indices"][m.indptr[40]] = -2  # negative: as far outside as a large id
+    with HDF5SessionDataset([path], key="X") as ds:
+        ds.__getitems__([10, 30, 31])
+        with pytest.raises(HDF5FileError, match=r"row 40 holds column id -2, outside 0..49"):
+            ds.__getitems__([40, 10])
 
 
 def test_truncated_file_is_an_error_never_a_short_row(tmp_path: Path) -> None:

@@ -94,6 +94,10 @@ def test_the_catalog_holds_sessions_as_they_come() -> None:
     for pos in range(3):  # the table array grows; what was held stays
         catalog.hold_tables(pos, [(8, np.arange(700) + pos), (CONTIGUOUS, np.array([pos]))])
     assert catalog.known(np.array([0, 2]))
+    assert not catalog.known(np.array([0, 1]))  # session 1's tables, not its indptr
+    catalog.hold_indptr(1, np.array([0, 1, 3]))
+    catalog.hold_indptr(1, np.array([0, 1, 3]))  # again: nothing changes
+    assert catalog.known(np.array([1])) and not catalog._unknown  # every session: no look-up
     elems, bases, tables = catalog.table(0, np.array([1, 2]))
     assert elems.tolist() == [8, 8] and tables[bases].tolist() == [1, 2]
     elems, bases, tables = catalog.table(1, np.array([2]))

@@ -111,6 +111,8 @@ class SpanCatalog:
         #: Every chunk table back to back: file offsets of chunks (-1: never written).
         self.tables = np.empty(0, np.int64)
         self._tables_used = 0
+        #: Sessions whose ``indptr`` or chunk tables are not held yet (0: ``known`` is true).
+        self._unknown = len(sizes)
         self._lock = threading.Lock()
 
     def indptr(self, pos: int) -> np.ndarray | None:
@@ -132,13 +134,14 @@ class SpanCatalog:
                 at = int(self._ptr_at[pos])
                 self._ptrs[at : at + indptr.size] = indptr
                 self.ptr_base[pos] = at  # last: known only once written
+                self._unknown -= bool((self.table_base[:, pos] >= 0).all())
         held = self.indptr(pos)
         assert held is not None
         return held
 
     def known(self, positions: np.ndarray) -> bool:
         """Whether every session of ``positions`` has its ``indptr`` and chunk tables held."""
-        return bool(
+        return not self._unknown or bool(
             (self.ptr_base[positions] >= 0).all() and (self.table_base[:, positions] >= 0).all()
         )
 
@@ -163,6 +166,7 @@ class SpanCatalog:
             for k, ((elems, _), base) in enumerate(zip(parts, bases, strict=True)):
                 self.chunk_elems[k, pos] = elems
                 self.table_base[k, pos] = base  # last: known only once written
+            self._unknown -= bool(self.ptr_base[pos] >= 0)
 
     def spans(self, spos: np.ndarray, srows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(begin, end)`` of rows ``srows`` of sessions ``spos`` (every ``indptr`` held)."""

@@ -651,7 +651,12 @@ class CSRReader(SessionReader):
         """``HDF5FileError`` naming the first row of ``s0:s1`` with a column id out of range."""
         part = cols[int(offsets[s0]) : int(offsets[s1])]
         limit: Any = self._n_vars_max
-        if not part.size or (int(part.min()) >= 0 and int(part.max()) < self._n_vars_min):
+        if not part.size:
+            return
+        if part.dtype.kind == "i":  # one pass: a negative id is a huge one unsigned
+            if int(part.view(part.dtype.str.replace("i", "u")).max()) < self._n_vars_min:
+                return
+        elif int(part.min()) >= 0 and int(part.max()) < self._n_vars_min:
             return
         if self._n_vars_min != self._n_vars_max:  # each file's own width
             limit = np.repeat(self.genes.n_vars[spos[s0:s1]], np.diff(offsets[s0 : s1 + 1]))
