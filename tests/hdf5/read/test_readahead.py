@@ -240,7 +240,7 @@ def test_batches_larger_than_the_horizon_all_come(big: tuple[Path, sp.csr_matrix
     path, m = big
     with HDF5SessionDataset([path], key="X") as ds:
         reader = ds.handles.reader
-        reader.ahead = reader.ahead._replace(samples=16)  # a horizon below one batch
+        reader.ahead_plan = reader.ahead_plan._replace(samples=16)  # a horizon below one batch
         loader = DataLoader(ds, batch_size=300, shuffle=True, num_workers=0)
         sizes = [batch.shape[0] for batch in loader]
         assert sum(sizes) == m.shape[0] and len(sizes) == len(loader)

@@ -135,7 +135,9 @@ class CSRReader(SessionReader):
         ]
         rows = max(sum(self.session_rows()), 1)
         #: How far ahead the sampler's coming rows are asked for (``read_ahead_watcher``).
-        self.ahead = ahead_plan(sum(self.matrix_nbytes), around[0], sum(self.matrix_nbytes) / rows)
+        self.ahead_plan = ahead_plan(
+            sum(self.matrix_nbytes), around[0], sum(self.matrix_nbytes) / rows
+        )
         self._ahead: CSRAhead | None = None
         #: Whether warm tables are copied out of whole-file maps (``_file_maps``).
         self.maps_whole_files = file_maps
@@ -168,7 +170,7 @@ class CSRReader(SessionReader):
 
     def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
         """Per key, how its rows are read (``ReadPath``), what is read around a miss and ahead."""
-        ahead = f"read ahead in the sampler's order (no worker processes): {self.ahead.reason}"
+        ahead = f"read ahead in the sampler's order (no worker processes): {self.ahead_plan.reason}"
         maps = (
             "warm batches copied out of whole-file maps (memory_map=False: never)"
             if self.maps_whole_files
@@ -383,7 +385,7 @@ class CSRReader(SessionReader):
     def read_ahead_watcher(self) -> SamplerReadAhead | None:
         """A watcher that asks for the coming batches' reads (``csrahead``), for a pass."""
         if self._ahead is None:
-            self._ahead = CSRAhead(self, self.ahead, self.around[0])
+            self._ahead = CSRAhead(self, self.ahead_plan, self.around[0])
         return self._ahead.watcher(self.index)
 
     def _plan_runs(
