@@ -417,24 +417,6 @@ class CSRReader(SessionReader):
         table[:, 3] = nbytes
         return table
 
-    def _read_runs(
-        self,
-        out: np.ndarray,
-        fds: np.ndarray,
-        slot: np.ndarray,
-        cpos: np.ndarray,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        at: np.ndarray,
-        k: int,
-    ) -> bool:
-        """Read key ``k``'s runs into ``out`` (``_plan_runs``'s arguments).
-
-        ``False`` where they cannot be planned, or a read failed or came back short.
-        """
-        table = self._plan_runs(fds, slot, cpos, starts, lengths, at, k)
-        return table is not None and self._read_table(out, table)
-
     def _read_table(self, out: np.ndarray, table: np.ndarray) -> bool:
         """Read ``table`` into ``out``; ``False`` where a read failed or came back short."""
         try:  # another thread reading too: a ring call, or copies that take turns
@@ -581,9 +563,13 @@ class CSRReader(SessionReader):
                 )
                 runs = (begin[first], end[last - 1] - begin[first], offsets[first])
                 zero, where = np.zeros(first.size, np.int64), np.full(first.size, canonical)
+                tables = [
+                    self._plan_runs(np.array([_fd_of(handle, k)]), zero, where, *runs, k)
+                    for k in (0, 1)
+                ]
                 done = [
-                    self._read_runs(out, np.array([_fd_of(handle, k)]), zero, where, *runs, k)
-                    for k, out in ((0, values), (1, cols))
+                    table is not None and self._read_table(out, table)
+                    for table, out in zip(tables, (values, cols), strict=True)
                 ]
             for r0, r1 in zip(firsts, lasts, strict=True):
                 a, length = int(begin[r0]), int(end[r1 - 1] - begin[r0])
