@@ -18,7 +18,9 @@ import pytest
 
 from loaderkit import DataLoader
 from loaderkit.hdf5 import HDF5SessionDataset
+from loaderkit.hdf5.read.csrahead import CSRAhead
 from loaderkit.hdf5.read.csrplan import AROUND
+from loaderkit.hdf5.read.mapped import FileMaps
 from loaderkit.hdf5.read.readahead import Advisor, SamplerReadAhead, Windows, ahead_plan
 
 sp = pytest.importorskip("scipy.sparse")
@@ -201,6 +203,27 @@ def test_a_second_pass_asks_nothing_once_every_window_was(
         assert reader._ahead is not None and reader._ahead.windows is not None
         assert reader._ahead.windows.done
         assert reader.read_ahead_watcher() is None
+
+
+def test_nothing_is_asked_while_the_reads_come_from_the_page_cache(
+    big: tuple[Path, sp.csr_matrix], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(FileMaps, "SLOW", float("inf"))  # a busy machine's copy stays warm
+    path, _ = big
+    with HDF5SessionDataset([path], key="X") as ds:
+        reader = ds.handles.reader
+        rows = list(range(0, 3000, 11))
+        for _ in range(-(-FileMaps.WARM_READS // (2 * len(rows))) + 1):
+            ds.__getitems__(rows)  # the file was just written: in the page cache
+        assert reader.reads_warm()
+        ahead = CSRAhead(reader, reader.ahead_plan, reader.around[0])
+        asked: list[object] = []
+        monkeypatch.setattr(ahead.advisor, "ask", lambda *args: asked.append(args) or 0)
+        keys = np.asarray(reader.index[:64], np.int64)
+        assert ahead.advise(keys) == 0 and not asked  # warm: nothing to ask
+        reader._maps.missed(1, 1)  # a read missed the page cache: asked again
+        assert ahead.advise(keys) == 0 and asked
+        ahead.close()
 
 
 def test_rows_too_big_for_memory_ask_their_own_pages(big: tuple[Path, sp.csr_matrix]) -> None:

@@ -43,6 +43,9 @@ class AheadSource(Protocol):
     def raw_fd(self, handle: Handle, k: int) -> int:
         """The descriptor key ``k`` is read from raw in ``handle`` (-1: not read raw)."""
 
+    def reads_warm(self) -> bool:
+        """Whether its reads come from the page cache alone lately (nothing to ask ahead)."""
+
 
 #: Bytes of a page: where the files do not fit in memory, a read is asked for by its pages.
 PAGE = 4096
@@ -76,11 +79,16 @@ class CSRAhead:
     def advise(self, keys: np.ndarray) -> int:
         """Ask the kernel, in the background, for the ``data``/``indices`` bytes of rows ``keys``.
 
+        Nothing is asked while the reader's reads come from the page cache alone (its
+        whole-file maps are warm): the files are in, and a read that misses later ends that.
+
         Returns:
             How many of ``keys`` were not asked for (their spans not held, or their file not
-            open in this process); 0: all were.
+            open in this process); 0: all were, or need not be.
         """
         reader, windows = self.reader, self.windows
+        if reader.reads_warm():  # the files are in the page cache: the rows are asked for
+            return 0
         catalog, canon = reader.catalog, reader.canonical_positions
         cpos = canon[keys >> ROW_BITS]
         held = (catalog.ptr_base[cpos] >= 0) & (catalog.table_base[:, cpos] >= 0).all(axis=0)

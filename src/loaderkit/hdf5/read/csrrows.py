@@ -382,6 +382,11 @@ class CSRReader(SessionReader):
         """The descriptor key ``k`` is read from raw in ``handle`` (-1: not read raw)."""
         return _fd_of(handle, k)
 
+    def reads_warm(self) -> bool:
+        """Whether this process's reads come from the page cache alone lately (maps serve)."""
+        maps = self._maps
+        return maps is not None and maps.warm
+
     def read_ahead_watcher(self) -> SamplerReadAhead | None:
         """A watcher that asks for the coming batches' reads (``csrahead``), for a pass."""
         if self._ahead is None:
