@@ -476,11 +476,14 @@ class CSRReader(SessionReader):
 
         A process's first batches are then one table too, their misses asked for together,
         not a session at a time. ``False`` where a session's cannot be held (compressed
-        chunks, a damaged index): the batch is read session by session, and errors named.
+        chunks, a damaged index) or all were (the plan failed otherwise): the batch is read
+        session by session, and errors named.
         """
         pos = keys >> ROW_BITS
         cpos = self._canon[pos]
         catalog = self.catalog
+        if catalog.known(cpos):
+            return False
         for i in np.unique(cpos, return_index=True)[1].tolist():
             p, row, index, canonical = int(pos[i]), int(keys[i] & ROW_MASK), int(idx[i]), cpos[i]
             if catalog.ptr_base[canonical] < 0:
