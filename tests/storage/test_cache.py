@@ -260,8 +260,9 @@ def test_a_full_disk_mid_download_is_named_and_leaves_nothing(
 
 def test_min_free_refuses_a_download_the_disk_cannot_hold(bucket: Bucket, cache_dir: Path) -> None:
     (info,) = _put(bucket, 1, 10 * KIB)
-    free = shutil.disk_usage(cache_dir).free
-    cache = SessionCache(cache_dir, max_bytes=GiB, min_free=free - 5 * KIB, room_timeout=5)
+    # the whole disk kept free: no download fits, however much other processes free meanwhile
+    total = shutil.disk_usage(cache_dir).total
+    cache = SessionCache(cache_dir, max_bytes=GiB, min_free=total, room_timeout=5)
     with pytest.raises(StorageError, match="does not fit the cache") as error:
         cache.lease(info, bucket.options)  # nothing to evict, nothing in use: no waiting
     assert error.value.errno == errno.ENOSPC and cache.stats().seconds_waiting == 0
