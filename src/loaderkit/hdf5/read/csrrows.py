@@ -124,6 +124,9 @@ class CSRReader(SessionReader):
         widths = [group.n_vars for group in self.groups] or [0]
         self._n_vars_min, self._n_vars_max = min(widths), max(widths)
         self.catalog = SpanCatalog(self.session_rows())
+        #: Per session, whether its chunk tables cannot be held (compressed chunks): its
+        #: batches are read session by session, not tried again every batch.
+        self._unplanned = np.zeros(self._canon.size, bool)
         self._indptr_lock = threading.Lock()
         # uncompressed values and column ids are read raw (the first read of a session aside)
         self.fills_chunk_buffer = any(
@@ -482,7 +485,7 @@ class CSRReader(SessionReader):
         pos = keys >> ROW_BITS
         cpos = self._canon[pos]
         catalog = self.catalog
-        if catalog.known(cpos):
+        if catalog.known(cpos) or self._unplanned[cpos].any():
             return False
         for i in np.unique(cpos, return_index=True)[1].tolist():
             p, row, index, canonical = int(pos[i]), int(keys[i] & ROW_MASK), int(idx[i]), cpos[i]
@@ -495,6 +498,7 @@ class CSRReader(SessionReader):
                 finally:
                     self.files.file_pool.release(handle)
                 if (catalog.table_base[:, canonical] < 0).any():
+                    self._unplanned[canonical] = True
                     return False
         return True
 
