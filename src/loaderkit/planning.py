@@ -56,6 +56,7 @@ from loaderkit.policy.budgets import (
     check_open_file_budget,
     check_session_memory,
     check_shared_memory,
+    memory_words,
 )
 from loaderkit.policy.memory import advise_copy_on_read, resolve_gc_freeze
 from loaderkit.support import LoaderShape, LoaderSupport, answers, support_of
@@ -347,11 +348,14 @@ def _check_resources(
         platform.shm_bytes,
         pool_slots=res.handoff_slots,
         memory_bytes=platform.memory_bytes,
+        memory_source=platform.memory_source,
     )
     if shm.level == "warn":
         found.warnings.append(shm.message)
     if held.held_bytes:
-        memory = check_session_memory(num_workers, held.held_bytes, platform.memory_bytes)
+        memory = check_session_memory(
+            num_workers, held.held_bytes, platform.memory_bytes, platform.memory_source
+        )
         if memory.level == "warn":
             found.warnings.append(memory.message)
 
@@ -365,6 +369,26 @@ def _note_torch(platform: PlatformInfo, found: Findings) -> None:
     if fallback is not None and key not in _WARNED_FALLBACKS:
         _WARNED_FALLBACKS.add(key)
         found.warnings.append(fallback)
+
+
+def _note_limits(platform: PlatformInfo, found: Findings) -> None:
+    """The plan's rows ``memory`` and ``cpus``, with where each figure came from.
+
+    Every fitted budget starts from the one, every worker and thread count from the other:
+    a cgroup limit on the process's path, physical memory, the CPU affinity.
+    """
+    if platform.memory_bytes is not None:
+        reason = (
+            f"{platform.memory_source}: held sessions, open files' chunk buffers, reads around "
+            "a miss and ahead, and the slot pool are fitted to it"
+        )
+        found.entries.insert(
+            1, PlanEntry("memory", UNSET, memory_words(platform.memory_bytes), reason)
+        )
+    found.entries.insert(
+        2 if platform.memory_bytes is not None else 1,
+        PlanEntry("cpus", UNSET, platform.usable_cpus, platform.cpus_source),
+    )
 
 
 def _plan_header(platform: PlatformInfo, dist: DistInfo) -> str:
@@ -427,6 +451,7 @@ def plan_loader(
 
     found = Findings(warnings=list(res.warnings), entries=list(res.entries))
     _note_torch(platform, found)
+    _note_limits(platform, found)
     fit_torch_arguments(torch_arguments(res).kwargs(), platform)  # refused before any side effect
     checks = pickle_checks(dataset, request, res)
     res = fit_start_method_to(res, platform, checks, found)
@@ -442,6 +467,7 @@ def plan_loader(
                 memory_bytes=platform.memory_bytes,
                 open_fds=platform.open_fds,
                 uniform_shuffle=_shuffles_uniformly(res),
+                memory_source=platform.memory_source,
             )
         )
         found.entries.extend(fitted.entries)

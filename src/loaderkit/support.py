@@ -102,7 +102,10 @@ class LoaderShape:
         threads: Worker threads (``worker_method="thread"``), sharing one process's files.
         start_method: How worker processes start (``None``: no workers).
         open_files_soft: The soft descriptor limit (``None``: unlimited).
-        memory_bytes: Memory of the machine or container (``None``: unknown).
+        memory_bytes: Memory the loader's processes may use together
+            (``PlatformInfo.memory_bytes``: the lowest cgroup limit on the process's path, else
+            physical memory; ``None``: unknown).
+        memory_source: Where ``memory_bytes`` came from (``PlatformInfo.memory_source``).
         open_fds: Descriptors the main process holds now (``None``: unknown).
         uniform_shuffle: The order draws every batch from anywhere in the dataset.
 
@@ -118,6 +121,7 @@ class LoaderShape:
     memory_bytes: int | None = None
     open_fds: int | None = None
     uniform_shuffle: bool = False
+    memory_source: str | None = None
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,8 @@ def test_recommended_num_workers(make_platform) -> None:
     assert recommended_num_workers(p32, local_world_size=4) == 7
     assert recommended_num_workers(p32, local_world_size=8) == 3
     assert recommended_num_workers(make_platform(usable_cpus=2, is_windows=False)) == 1
-    assert recommended_num_workers(make_platform(usable_cpus=1, is_windows=False)) == 1
+    assert recommended_num_workers(make_platform(usable_cpus=1, is_windows=False)) == 0
+    assert recommended_num_workers(p32, local_world_size=32) == 0  # one CPU a rank
     per_node = make_platform(usable_cpus=16, is_windows=False, local_world_size=8)
     assert recommended_num_workers(per_node) == 1
     windows = make_platform(usable_cpus=16, is_windows=True, os_name="Windows")
@@ -125,7 +126,7 @@ def test_recommended_num_workers(make_platform) -> None:
 
 
 def test_recommended_num_workers_detects_by_default() -> None:
-    assert recommended_num_workers() >= 1
+    assert recommended_num_workers() == recommended_num_workers(detect_platform())
 
 
 # ---------------------------------------------------------------- CUDA in a forked child

@@ -6,6 +6,9 @@ Modules:
 
 - ``platform``: ``PlatformInfo`` and ``detect_platform()``: the OS, start methods, CPUs,
   memory, limits, CUDA, torch's fallbacks (the only module that reads the machine).
+- ``cgroups``: the memory limit and CPU quota on the process's own cgroup path (v1 and v2,
+  Slurm's and systemd's nested paths, containers), read from ``/proc/self`` and the cgroup
+  filesystems (``platform`` asks it; detection only).
 - ``distributed``: rank, world and local world (the only reader of ``RANK``, ``WORLD_SIZE``,
   ``LOCAL_WORLD_SIZE`` and ``torch.distributed``).
 - ``intraop_threads``: torch's intra-op thread count, and lowering it while a pass runs.

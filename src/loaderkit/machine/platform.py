@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from loaderkit import _torch
+from loaderkit.machine.cgroups import cpu_quota, memory_limit, quota_cpus
 from loaderkit.machine.distributed import launcher_int
 from loaderkit.machine.intraop_threads import torch_threads
 
@@ -34,6 +35,8 @@ __all__ = [
     "memory_bytes",
     "open_descriptors",
     "open_file_limits",
+    "process_cpus",
+    "process_memory",
     "resolve_start_method",
 ]
 
@@ -53,7 +56,8 @@ class PlatformInfo:
             ``multiprocessing_context`` passed to the loader), ``"global"`` (set with
             ``multiprocessing.set_start_method`` to another method than the interpreter's
             default) or ``"default"`` (the interpreter's default).
-        usable_cpus: CPUs this process may run on (CPU affinity / cgroup cpuset aware).
+        usable_cpus: CPUs this process may run on: its CPU affinity (a cgroup cpuset, taskset),
+            or the CPU quota on its own cgroup path rounded up, when lower (``process_cpus``).
         cpu_count: Logical CPUs of the machine (``os.cpu_count()``).
         cuda_available: ``torch.cuda.is_available()``.
         cuda_device_count: Number of visible CUDA devices.
@@ -70,8 +74,9 @@ class PlatformInfo:
             True) but cannot be initialised here, so anything that touches it (pinning a
             batch, a ``.to("cuda")``) raises "Cannot re-initialize CUDA in forked subprocess".
             ``False`` by default, so hand-made ``PlatformInfo`` objects keep their meaning.
-        memory_bytes: Memory this process may use: the machine's physical memory, or the
-            container's cgroup limit when lower; ``None`` when unknown (the default).
+        memory_bytes: Memory this process may use: the lowest limit on its own cgroup path up
+            to the root (a Slurm job's, a systemd scope's, a container's), else physical
+            memory (``process_memory``); ``None`` when unknown (the default).
         open_fds: Descriptors this process held when detected (its own share of its
             ``RLIMIT_NOFILE``, which every process has separately); ``None`` when unknown (the
             default: the budgets then assume ``loaderkit.policy.budgets.FDS_MAIN_PROCESS``).
@@ -91,6 +96,13 @@ class PlatformInfo:
         cuda_initialized: CUDA is initialised in this process (``torch.cuda.is_initialized()``):
             a worker forked from it cannot use CUDA, so loaderkit never puts ``fork`` in
             place of a spawn-like default then. ``False`` by default.
+        memory_source: Where ``memory_bytes`` came from: ``"physical memory"``, or the cgroup
+            and file of the limit (``"cgroup v1 /slurm/uid_0/job_7 memory.limit_in_bytes"``);
+            ``"given"`` (the default) for a hand-made ``PlatformInfo``.
+        cpu_quota: The lowest CPU quota on the process's cgroup path, in CPUs (0.5: half a
+            CPU); ``None`` where there is none (the default).
+        cpus_source: Which limit decided ``usable_cpus``: the CPU affinity, or the quota and
+            its cgroup; ``"given"`` (the default) for a hand-made ``PlatformInfo``.
 
     Examples:
         >>> info = detect_platform()
@@ -124,6 +136,9 @@ class PlatformInfo:
     torch_loader_args: frozenset[str] | None = None
     numpy_bools_collate: bool = True
     cuda_initialized: bool = False
+    memory_source: str = "given"
+    cpu_quota: float | None = None
+    cpus_source: str = "given"
 
     @property
     def cuda_usable(self) -> bool:
@@ -293,36 +308,85 @@ def open_descriptors() -> int | None:
         return None
 
 
-#: cgroup files holding a container's memory limit (v2, then v1).
-_CGROUP_MEMORY_LIMITS = (
-    "/sys/fs/cgroup/memory.max",
-    "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-)
+def _physical_memory() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # pragma: no cover - psutil is a dependency; never fail detection
+        return None
+
+
+def process_memory() -> tuple[int | None, str]:
+    """Memory this process may use, and where that figure came from.
+
+    The lowest memory limit on the process's own cgroup path up to the root
+    (``loaderkit.machine.cgroups.memory_limit``: a Slurm job, a systemd scope, a container),
+    else physical memory.
+
+    Returns:
+        ``(bytes, source)``: ``source`` is ``"cgroup v1 /path memory.limit_in_bytes"`` (or
+        v2's ``memory.max`` / ``memory.high``), ``"physical memory"``, or ``"unknown"`` with
+        ``None`` bytes.
+
+    Examples:
+        >>> nbytes, source = process_memory()
+        >>> (nbytes or 1) > 0 and (source == "physical memory" or source.startswith("cgroup"))
+        True
+    """
+    physical = _physical_memory()
+    limit = memory_limit(physical)
+    if limit is not None:
+        return int(limit.value), limit.source
+    if physical is None:  # pragma: no cover - psutil is a dependency
+        return None, "unknown"
+    return physical, "physical memory"
 
 
 def memory_bytes() -> int | None:
-    """Memory this process may use: physical memory, or a lower cgroup (container) limit.
+    """Memory this process may use (``process_memory``'s bytes).
 
     Examples:
         >>> (memory_bytes() or 1) > 0
         True
     """
-    try:
-        import psutil
+    return process_memory()[0]
 
-        total: int | None = int(psutil.virtual_memory().total)
-    except Exception:  # pragma: no cover - psutil is a dependency; never fail detection
-        total = None
-    for path in _CGROUP_MEMORY_LIMITS:
-        try:
-            with open(path) as handle:
-                text = handle.read().strip()
-        except OSError:
-            continue
-        if text.isdigit() and (total is None or int(text) < total):
-            total = int(text)
-        break
-    return total
+
+def process_cpus() -> tuple[int, float | None, str]:
+    """CPUs this process may use: its CPU affinity, or its cgroup's CPU quota when lower.
+
+    A quota (``cpu.max``, ``cpu.cfs_quota_us``: a Kubernetes CPU limit, a Slurm or systemd
+    ``CPUQuota``) lets the process's threads run that many CPUs' worth of time, whichever
+    CPUs they run on: more busy threads than the quota rounded up only wait for their turn.
+
+    Returns:
+        ``(cpus, quota, source)``: the whole CPUs (at least 1), the quota in CPUs (``None``:
+        none on the path), and which limit decided.
+
+    Examples:
+        >>> cpus, quota, source = process_cpus()
+        >>> cpus >= 1 and (source.startswith("CPU affinity") or source.startswith("cgroup"))
+        True
+    """
+    affinity = _usable_cpus()
+    total = max(1, os.cpu_count() or 1)
+    quota = cpu_quota()
+    if quota is None:
+        return affinity, None, f"CPU affinity: {affinity} of {total} CPUs"
+    cpus = quota_cpus(quota.value)
+    if cpus < affinity:
+        return (
+            cpus,
+            quota.value,
+            f"{quota.source}: a quota of {quota.value:g} CPU(s), rounded up "
+            f"(CPU affinity: {affinity} of {total})",
+        )
+    return (
+        affinity,
+        quota.value,
+        f"CPU affinity: {affinity} of {total} CPUs (a quota of {quota.value:g} at {quota.source})",
+    )
 
 
 def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
@@ -350,12 +414,14 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
     shm_total, shm_free = _shm()
     soft, hard = open_file_limits()
     threads, threads_chosen = torch_threads()
+    cpus, quota, cpus_source = process_cpus()
+    memory, memory_source = process_memory()
     return PlatformInfo(
         os_name=os_name,
         is_windows=sys.platform == "win32",
         start_method=start_method,
         start_method_source=source,
-        usable_cpus=_usable_cpus(),
+        usable_cpus=cpus,
         cpu_count=max(1, os.cpu_count() or 1),
         cuda_available=cuda_available,
         cuda_device_count=torch.cuda.device_count() if cuda_available else 0,
@@ -367,7 +433,7 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
         torch_version=str(torch.__version__),
         local_world_size=launcher_int("LOCAL_WORLD_SIZE"),
         cuda_bad_fork=_torch.in_bad_fork(),
-        memory_bytes=memory_bytes(),
+        memory_bytes=memory,
         open_fds=open_descriptors(),
         torch_threads=threads,
         torch_threads_chosen=threads_chosen,
@@ -375,4 +441,7 @@ def detect_platform(multiprocessing_context: Any = None) -> PlatformInfo:
         torch_loader_args=_torch.loader_parameters(),
         numpy_bools_collate=_torch.NUMPY_BOOLS_COLLATE,
         cuda_initialized=bool(torch.cuda.is_initialized()),
+        memory_source=memory_source,
+        cpu_quota=quota,
+        cpus_source=cpus_source,
     )

@@ -19,6 +19,8 @@ count, persistence, start method, torch's threads, the hand-off, what spawn pick
 ``sampling`` (shuffling, samplers, sharding, seeds), ``resolve`` (all of them in order, pinning
 and collation), ``memory`` (forked workers' memory: the copy-on-read advice, ``gc.freeze()``),
 ``budgets`` (will a loader fit the open-file limit and shared memory; also used by ``hdf5``),
+``held`` (the bytes of whole sessions each process may hold in memory, fitted to the memory
+the process may use),
 ``start_method`` (``fork`` where the interpreter's spawn-like default would break the script).
 
 Decisions and checks made before a start. Imports go down only: to ``loaderkit.machine``

@@ -1,16 +1,19 @@
-"""Resource budgets: will a loader fit the machine's open-file limit and shared memory?
+"""Resource budgets: will a loader fit the open-file limit, shared memory and memory?
 
 Descriptors are budgeted per process (``RLIMIT_NOFILE`` is each process's own): the main
 process and each worker are checked separately against the soft limit.
 
 Pure arithmetic over numbers the caller gathered (worker count, files per process, limits from
 ``PlatformInfo``): the loader's planning turns a verdict into an error or a warning, and
-``loaderkit doctor`` reports it with advice. Nothing here reads the machine.
+``loaderkit doctor`` reports it with advice. Nothing here reads the machine. What whole
+sessions a loader may hold in memory is fitted in ``held``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from loaderkit.policy.held import memory_words, size_words
 
 __all__ = [
     "CHUNK_INDEX_BYTES",
@@ -21,16 +24,13 @@ __all__ = [
     "FDS_SPAWNED_INTERPRETER",
     "FILE_MEMORY_SHARE",
     "FILE_OVERHEAD_BYTES",
-    "SESSION_MEMORY_SHARE",
     "BudgetVerdict",
     "FileBudget",
     "LoaderFds",
-    "SessionBudget",
     "check_open_file_budget",
     "check_session_memory",
     "check_shared_memory",
     "fit_open_files",
-    "fit_session_bytes",
     "loader_fds",
 ]
 
@@ -57,9 +57,6 @@ FILE_MEMORY_SHARE = 1 / 16
 #: dataset whose rows span many chunks: measured 14-18 MiB per open file for 40,000 and
 #: 200,000 chunks alike (h5py 3.16 / HDF5 2.0).
 CHUNK_INDEX_BYTES = 16 << 20
-#: Share of memory the sessions held in memory by one loader may take, all its processes
-#: together (rows that span many chunks: ``max_session_bytes``).
-SESSION_MEMORY_SHARE = 1 / 4
 #: Memory an open HDF5 file holds besides its chunk buffer (measured about 0.1 MiB for
 #: contiguous and 0.6 MiB for gzip-chunked session files, rounded up).
 FILE_OVERHEAD_BYTES = 1 << 20
@@ -164,6 +161,7 @@ def fit_open_files(
     *,
     main_fds: int | None = None,
     start_method: str = "fork",
+    memory_source: str | None = None,
 ) -> FileBudget:
     """Files per process that fit the descriptor limit and memory: all sessions when they fit.
 
@@ -192,6 +190,8 @@ def fit_open_files(
         fds_per_file: Descriptors one open file holds (2 when its rows are memory-mapped).
         main_fds: Descriptors the main process holds now (``PlatformInfo.open_fds``).
         start_method: How workers start (see ``loader_fds``).
+        memory_source: Where ``memory_bytes`` came from (``PlatformInfo.memory_source``), for
+            the reason.
 
     Returns:
         The ``FileBudget``.
@@ -235,7 +235,8 @@ def fit_open_files(
             (
                 by_memory,
                 f"{processes} processes x {{files}} files x {file_bytes / mib:.1f} MiB <= "
-                f"{share / mib:.0f} MiB ({FILE_MEMORY_SHARE:.3g} of {memory_bytes / mib:.0f} MiB)",
+                f"{share / mib:.0f} MiB ({FILE_MEMORY_SHARE:.3g} of "
+                f"{memory_words(memory_bytes, memory_source)})",
             )
         )
     files = min([sessions, *(bound for bound, _ in bounds)])
@@ -248,100 +249,11 @@ def fit_open_files(
     return FileBudget(files, f"{head}: {checks}" if checks else head)
 
 
-@dataclass(frozen=True)
-class SessionBudget:
-    """How many bytes of whole sessions each process of a loader may hold in memory, and why.
-
-    Attributes:
-        bytes: ``max_session_bytes``: most bytes held at once per process (0: none).
-        sessions: Whole sessions of the largest size that fit at once.
-        reason: The arithmetic, for the plan.
-
-    Example:
-        >>> SessionBudget(1 << 30, 1, "1 of 37 sessions per process").sessions
-        1
-    """
-
-    bytes: int
-    sessions: int
-    reason: str
-
-
-def _size(nbytes: int) -> str:
-    """Bytes as MiB or GiB for messages."""
-    if nbytes >= 1 << 30:
-        return f"{nbytes / (1 << 30):.2f} GiB"
-    return f"{nbytes / (1 << 20):.1f} MiB"
-
-
-def fit_session_bytes(
-    session_bytes: int, sessions: int, num_workers: int, memory_bytes: int | None
-) -> SessionBudget:
-    """Bytes of whole sessions each process may hold: as many sessions as fit a share of memory.
-
-    When one row spans many chunks (NSD betas), reading any rows of a session reads every
-    chunk of it, so a process that holds the session's rows in memory reads it once while
-    its rows are served. Every process of the loader (the main one and each worker) may hold
-    ``bytes``; all of them together stay within ``SESSION_MEMORY_SHARE`` of memory. The
-    budget is a whole number of the largest sessions, at most all of them; none fits, 0:
-    rows are then read batch by batch, each batch reading every chunk of its sessions once.
-
-    Args:
-        session_bytes: Bytes of the largest session's rows held in memory (0: nothing to
-            hold, no key's rows span many chunks).
-        sessions: Session files of the dataset.
-        num_workers: Worker processes of the loader (0: the main process only).
-        memory_bytes: Memory of the machine or container (``None``: unknown; nothing held).
-
-    Returns:
-        The ``SessionBudget``.
-
-    Examples:
-        >>> budget = fit_session_bytes(30 << 20, 4, 2, 24 << 30)
-        >>> budget.bytes == 4 * (30 << 20), budget.sessions
-        (True, 4)
-        >>> fit_session_bytes(1 << 30, 37, 2, 24 << 30).sessions  # 6 GiB / 3 processes
-        2
-        >>> fit_session_bytes(1 << 30, 37, 8, 16 << 30).bytes  # 4 GiB / 9 processes < 1 GiB
-        0
-    """
-    processes = max(0, num_workers) + 1
-    if session_bytes <= 0:
-        return SessionBudget(0, 0, "no key's rows span many chunks: nothing to hold")
-    if memory_bytes is None:
-        return SessionBudget(
-            0, 0, "the machine's memory is unknown: nothing held (pass max_session_bytes=)"
-        )
-    share = int(memory_bytes * SESSION_MEMORY_SHARE)
-    per_process = share // processes
-    fit = min(max(1, sessions), per_process // session_bytes)
-    arithmetic = (
-        f"{processes} processes x {{held}} <= {_size(share)} ({SESSION_MEMORY_SHARE:.3g} of "
-        f"{_size(memory_bytes)})"
-    )
-    if fit == 0:
-        return SessionBudget(
-            0,
-            0,
-            f"one session's rows ({_size(session_bytes)}) do not fit: "
-            + arithmetic.format(held=_size(session_bytes))
-            + " fails; each batch reads its sessions' chunks once",
-        )
-    held = fit * session_bytes
-    head = (
-        f"all {fit} sessions per process"
-        if fit >= sessions
-        else f"{fit} of {sessions} sessions per process"
-    )
-    return SessionBudget(
-        held,
-        fit,
-        f"{head} ({fit} x {_size(session_bytes)}): " + arithmetic.format(held=_size(held)),
-    )
-
-
 def check_session_memory(
-    num_workers: int, max_session_bytes: int, memory_bytes: int | None
+    num_workers: int,
+    max_session_bytes: int,
+    memory_bytes: int | None,
+    memory_source: str | None = None,
 ) -> BudgetVerdict:
     """Compare the sessions all processes of a loader may hold with the machine's memory.
 
@@ -360,8 +272,9 @@ def check_session_memory(
     if memory_bytes is None or total == 0:
         return BudgetVerdict("ok", "nothing to check")
     message = (
-        f"{processes} processes x max_session_bytes={_size(max_session_bytes)} = "
-        f"{_size(total)} of session rows may be held in memory, of {_size(memory_bytes)}"
+        f"{processes} processes x max_session_bytes={size_words(max_session_bytes)} = "
+        f"{size_words(total)} of session rows may be held in memory, of "
+        f"{memory_words(memory_bytes, memory_source)}"
     )
     if total > memory_bytes // 2:
         return BudgetVerdict(
@@ -519,6 +432,7 @@ def check_shared_memory(
     *,
     pool_slots: int = 0,
     memory_bytes: int | None = None,
+    memory_source: str | None = None,
 ) -> BudgetVerdict:
     """Compare the batches in flight with the size of ``/dev/shm``, and the slot pool with RAM.
 
@@ -550,9 +464,9 @@ def check_shared_memory(
     if pool and memory_bytes and pool > memory_bytes // 4:
         return BudgetVerdict(
             "warn",
-            f"{pool_text}that is more than a quarter of this machine's "
-            f"{memory_bytes / mib:.0f} MiB. Fix: lower num_workers, prefetch_factor or "
-            "batch_size.",
+            f"{pool_text}that is more than a quarter of the "
+            f"{memory_words(memory_bytes, memory_source)} this process may use. Fix: lower "
+            "num_workers, prefetch_factor or batch_size.",
             pool,
             memory_bytes,
         )

@@ -50,11 +50,13 @@ def recommended_num_workers(
 ) -> int:
     """The worker count ``num_workers="auto"`` uses.
 
-    The usable CPUs (CPU affinity, not ``os.cpu_count()``) are shared between the processes of
-    this node (``local_world_size``, default ``LOCAL_WORLD_SIZE`` from the launcher, else 1);
-    each rank keeps one CPU for its own training loop and gets the rest as workers, at least 1
-    and at most ``MAX_AUTO_WORKERS``. The answer is 0 on Windows while the zero-worker
-    policy is on.
+    The usable CPUs (``PlatformInfo.usable_cpus``: the CPU affinity, or the cgroup's CPU quota
+    when lower; not ``os.cpu_count()``) are shared between the processes of this node
+    (``local_world_size``, default ``LOCAL_WORLD_SIZE`` from the launcher, else 1); each rank
+    keeps one CPU for its own training loop and gets the rest as workers, at most
+    ``MAX_AUTO_WORKERS``. A rank with one CPU or less gets none: a worker process would only
+    take turns with the training loop on that CPU, and hold memory of its own. The answer is
+    0 on Windows while the zero-worker policy is on.
 
     Args:
         platform: The platform to decide for (detected when ``None``).
@@ -70,6 +72,8 @@ def recommended_num_workers(
         >>> p = replace(detect_platform(), usable_cpus=32, is_windows=False)
         >>> recommended_num_workers(p, local_world_size=4)
         7
+        >>> recommended_num_workers(replace(p, usable_cpus=1))  # e.g. a quota of half a CPU
+        0
     """
     if platform is None:
         from loaderkit.machine.platform import detect_platform
@@ -81,7 +85,7 @@ def recommended_num_workers(
     if ranks < 1:
         raise ConfigError(f"local_world_size must be >= 1, got {ranks}")
     per_rank = platform.usable_cpus // ranks
-    return max(1, min(MAX_AUTO_WORKERS, per_rank - 1))
+    return max(0, min(MAX_AUTO_WORKERS, per_rank - 1))
 
 
 def resolve_num_workers(
@@ -114,10 +118,16 @@ def resolve_num_workers(
         if _windows_forbids_workers(platform, force_zero_workers_on_windows):
             return Decision(0, "'auto' on Windows: worker processes are off (zero-worker policy)")
         ranks = local_world_size or platform.local_world_size or 1
+        cpus = platform.usable_cpus
+        outcome = (
+            "no worker processes (one CPU or less a rank)"
+            if value == 0
+            else f"at most {MAX_AUTO_WORKERS}"
+        )
         return Decision(
             value,
-            f"'auto': {platform.usable_cpus} usable CPUs / {ranks} local rank(s), one kept for "
-            f"the training loop, capped at {MAX_AUTO_WORKERS}",
+            f"'auto': {cpus} usable CPU{'s' if cpus != 1 else ''} ({platform.cpus_source}) / "
+            f"{ranks} local rank(s), one kept for the training loop: {outcome}",
         )
     if (
         isinstance(requested, int)

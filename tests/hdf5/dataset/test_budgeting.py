@@ -46,7 +46,7 @@ def test_descriptor_bound() -> None:
 def test_memory_bound() -> None:
     budget = fit_open_files(64, 3, None, 9 * MIB, 2 << 30)  # 1/16 of 2 GiB = 128 MiB
     assert budget.files == (128 * MIB) // (4 * 9 * MIB)
-    assert "128 MiB (0.0625 of 2048 MiB)" in budget.reason
+    assert "128 MiB (0.0625 of 2.00 GiB)" in budget.reason
 
 
 def test_never_below_one_and_unbounded_without_limits() -> None:

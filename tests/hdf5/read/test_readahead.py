@@ -26,6 +26,7 @@ from loaderkit.hdf5.read.readahead import Advisor, SamplerReadAhead, Windows, ah
 sp = pytest.importorskip("scipy.sparse")
 pytest.importorskip("anndata")
 
+from tests.conftest import fake_platform  # noqa: E402
 from tests.hdf5.h5adfiles import uniform, write_csr  # noqa: E402
 
 needs_nowait = pytest.mark.skipif(
@@ -230,8 +231,10 @@ def test_rows_too_big_for_memory_ask_their_own_pages(big: tuple[Path, sp.csr_mat
     path, m = big
     with HDF5SessionDataset([path], key="X") as ds:
         reader = ds.handles.reader
-        reader.around = (0, "as if the files did not fit in memory")
-        loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=0)
+        small = fake_platform(memory_bytes=path.stat().st_size * 2, memory_source="a job")
+        loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=0, platform=small)
+        assert reader.around[0] == 0 and "of files over a quarter" in reader.around[1]
+        assert "(a job)" in loader.plan["hdf5_reads"].reason  # the figure's source is said
         got = np.concatenate([b.to_dense().numpy().sum(axis=1) for b in loader])
         assert reader._ahead is not None and reader._ahead.windows is None
         assert reader._ahead.advisor.asked > 0

@@ -32,7 +32,8 @@ from loaderkit import (
 )
 from loaderkit.hdf5.meta.columnblocks import chunks_per_row, column_blocks
 from loaderkit.hdf5.read.widerows import BLOCK_BYTES
-from loaderkit.policy.budgets import check_session_memory, fit_session_bytes
+from loaderkit.policy.budgets import check_session_memory
+from loaderkit.policy.held import fit_session_bytes
 from tests.conftest import fake_platform
 from tests.hdf5.helpers import record_worker_start, report_collate, write_wide
 from tests.helpers import tiered

@@ -25,10 +25,9 @@ from loaderkit.policy.budgets import (
     FILE_MEMORY_SHARE,
     FILE_OVERHEAD_BYTES,
     FileBudget,
-    SessionBudget,
     fit_open_files,
-    fit_session_bytes,
 )
+from loaderkit.policy.held import SessionBudget, fit_session_bytes
 from loaderkit.support import LoaderShape
 
 __all__ = ["DatasetBudgets"]
@@ -138,6 +137,7 @@ class DatasetBudgets:
             self.fds_per_file,
             main_fds=shape.open_fds,
             start_method=shape.start_method or "fork",
+            memory_source=shape.memory_source,
         )
 
     def fit_open_files(self, shape: LoaderShape, cached: int | None = None) -> PlanEntry:
@@ -213,6 +213,7 @@ class DatasetBudgets:
                 self.fds_per_file,
                 main_fds=shape.open_fds,
                 start_method=shape.start_method or "fork",
+                memory_source=shape.memory_source,
             )
             need = (shape.processes + 1) * len(sizes) * (largest + FILE_OVERHEAD_BYTES)
             memory = shape.memory_bytes  # unknown: nothing enlarged
@@ -241,6 +242,18 @@ class DatasetBudgets:
             for pos in range(len(self.reader.files.ids)):  # reopened with the new size when read
                 pool.discard(pos)
         return entry
+
+    def fit_reads(self, shape: LoaderShape) -> None:
+        """Fit what the reader reads around a miss and ahead to ``shape``'s memory.
+
+        The same memory figure as every other budget (``SessionReader.fit_memory``): where
+        the files fit a quarter of it a missed row's neighbours are read with it, else the
+        row's bytes alone; what is asked ahead at once stays within a part of it.
+
+        Args:
+            shape: The loader's processes and the memory they may use.
+        """
+        self.reader.fit_memory(shape.memory_bytes, shape.memory_source)
 
     def set_open_files(self, files: int) -> None:
         """Keep at most ``files`` files open per process from now on.
@@ -290,7 +303,11 @@ class DatasetBudgets:
         """
         held = [n for n in self.reader.files.session_nbytes if n]
         return fit_session_bytes(
-            max(held, default=0), len(held), shape.processes, shape.memory_bytes
+            max(held, default=0),
+            len(held),
+            shape.processes,
+            shape.memory_bytes,
+            shape.memory_source,
         )
 
     def fit_session_bytes(self, shape: LoaderShape) -> PlanEntry | None:

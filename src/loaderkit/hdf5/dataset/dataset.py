@@ -55,7 +55,7 @@ from loaderkit.hdf5.read.csrrows import FORMS
 from loaderkit.hdf5.read.runs import plan_runs, read_runs
 from loaderkit.hdf5.remote.cachedsessions import CachedSessions
 from loaderkit.hdf5.remote.sources import SessionSources, session_names
-from loaderkit.machine.platform import memory_bytes, open_file_limits
+from loaderkit.machine.platform import open_file_limits, process_memory
 from loaderkit.plan import UNSET, PlanEntry
 from loaderkit.storage import SessionCache
 from loaderkit.support import DatasetResources, Fitted, LoaderShape, LoaderSupport, SessionIndex
@@ -331,9 +331,11 @@ class HDF5SessionDataset(Dataset):
             reader.files.file_pool.close()  # never leave a file open in the constructing process
         # on its own: the budgets left unset fitted to this process and the machine
         soft, _ = open_file_limits()
-        alone = LoaderShape(open_files_soft=soft, memory_bytes=memory_bytes())
+        memory, source = process_memory()
+        alone = LoaderShape(open_files_soft=soft, memory_bytes=memory, memory_source=source)
         self._budgets.fit_open_files(alone, self._cached.open_files(0))
         self._budgets.fit_session_bytes(alone)
+        self._budgets.fit_reads(alone)
 
     # ------------------------------------------------------------------ hooks
 
@@ -894,6 +896,7 @@ class _SessionSupport(LoaderSupport):
     def fit(self, shape: LoaderShape) -> Fitted:
         ds = self.dataset
         cached = ds.cached_sessions
+        ds.budgets.fit_reads(shape)  # before io_plan below says what is read around and ahead
         decoded = ds.budgets.fit_chunk_buffer(shape, "rdcc_nbytes" in ds.h5py_options)
         entries = [
             ds.budgets.fit_open_files(

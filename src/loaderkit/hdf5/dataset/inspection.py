@@ -38,7 +38,6 @@ from loaderkit.hdf5.meta.layout import (
     open_kwargs,
 )
 from loaderkit.hdf5.meta.types import RowType
-from loaderkit.hdf5.read.csrplan import read_around
 from loaderkit.hdf5.read.csrrows import CSRReader
 from loaderkit.hdf5.read.csrsessions import CSRSessions, csr_sessions
 from loaderkit.hdf5.read.densejoin import DenseJoinReader, check_matrix, is_dense_matrix
@@ -53,7 +52,6 @@ from loaderkit.hdf5.remote.remotemeta import (
     tree_names,
 )
 from loaderkit.hdf5.remote.sources import SessionSources
-from loaderkit.machine.platform import memory_bytes
 from loaderkit.storage import ObjectInfo
 
 __all__ = ["DatasetInspection"]
@@ -303,7 +301,7 @@ class DatasetInspection:
             table=found.vars,
             labels=found.labels,
             name=found.name,
-            around=read_around(sum(sizes), memory_bytes()),
+            file_bytes=sum(sizes),
             file_maps=memory_map is not False,
             ids=self._ids,
             paths=self._paths,

@@ -52,7 +52,7 @@ CONTIGUOUS = 1 << 62
 AROUND = 128 << 10
 
 
-def read_around(file_bytes: int, memory: int | None) -> tuple[int, str]:
+def read_around(file_bytes: int, memory: int | None, source: str | None = None) -> tuple[int, str]:
     """How much to read where a row's bytes are not in the page cache, and why.
 
     A shuffled epoch reads every row of the files once, in random order. Where the files
@@ -66,7 +66,9 @@ def read_around(file_bytes: int, memory: int | None) -> tuple[int, str]:
 
     Args:
         file_bytes: Bytes of the files read.
-        memory: Memory of this machine or container (``machine.platform.memory_bytes``).
+        memory: Memory this process may use (``PlatformInfo.memory_bytes``: the lowest
+            cgroup limit on its path, else physical memory).
+        source: Where ``memory`` came from (``PlatformInfo.memory_source``), for the reason.
 
     Example:
         >>> read_around(512 << 20, 24 << 30)[0], read_around(512 << 30, 24 << 30)[0]
@@ -75,7 +77,8 @@ def read_around(file_bytes: int, memory: int | None) -> tuple[int, str]:
     size = f"{file_bytes / 2**20:,.0f} MiB of files"
     if memory is None:
         return 0, f"{size}, memory unknown: a missed row's bytes alone are read"
-    limit = f"a quarter of {memory / 2**30:,.1f} GiB of memory"
+    size_of = f"{memory / 2**30:,.2f} GiB" if memory >= 1 << 30 else f"{memory / 2**20:,.0f} MiB"
+    limit = f"a quarter of {size_of} of memory" + (f" ({source})" if source else "")
     if file_bytes <= memory // 4:
         return AROUND, (f"{size} within {limit}: {AROUND >> 10} KiB read around a missed row")
     return 0, f"{size} over {limit}: a missed row's bytes alone are read"

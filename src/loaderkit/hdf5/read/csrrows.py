@@ -53,12 +53,13 @@ from loaderkit.hdf5.read.csrplan import (
     batch_sessions,
     plan_pieces,
     raw_chunks,
+    read_around,
 )
 from loaderkit.hdf5.read.genemap import GeneMap, VarTable
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.labelkeys import LabelKey, served_parts
 from loaderkit.hdf5.read.mapped import FileMaps
-from loaderkit.hdf5.read.readahead import SamplerReadAhead, ahead_plan
+from loaderkit.hdf5.read.readahead import AheadPlan, SamplerReadAhead, ahead_plan
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.read.readtable import ShortRead, read_table
 from loaderkit.hdf5.read.runs import plan_runs
@@ -109,13 +110,16 @@ class CSRReader(SessionReader):
         table: VarTable,
         labels: Sequence[LabelKey] = (),
         name: str = "X",
-        around: tuple[int, str] = (0, "not decided: a missed row's bytes alone are read"),
+        file_bytes: int = 0,
         file_maps: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(served=(None, None, *labels), table=table, name=name, **kwargs)
-        #: Bytes read around a row the page cache misses, and why (``csrplan.read_around``).
-        self.around = around
+        #: Bytes of the session files (what reads around a miss are fitted against).
+        self.file_bytes = file_bytes
+        #: Bytes read around a row the page cache misses, and why (``csrplan.read_around``;
+        #: ``fit_memory`` decides it).
+        self.around: tuple[int, str] = (0, "memory not known yet: a missed row's bytes alone")
         self.groups = list(groups)
         #: The keys beside the matrix (``specs[2:]``).
         self.labels = list(labels)
@@ -136,11 +140,9 @@ class CSRReader(SessionReader):
         self.matrix_nbytes = [
             sum(lay.rows * lay.dtype.itemsize for lay in r.layouts[:2]) for r in self.files.records
         ]
-        rows = max(sum(self.session_rows()), 1)
-        #: How far ahead the sampler's coming rows are asked for (``read_ahead_watcher``).
-        self.ahead_plan = ahead_plan(
-            sum(self.matrix_nbytes), around[0], sum(self.matrix_nbytes) / rows
-        )
+        #: How far ahead the sampler's coming rows are asked for (``read_ahead_watcher``;
+        #: ``fit_memory`` fits it).
+        self.ahead_plan = self._ahead_plan(None)
         self._ahead: CSRAhead | None = None
         #: Whether warm tables are copied out of whole-file maps (``_file_maps``).
         self.maps_whole_files = file_maps
@@ -170,6 +172,29 @@ class CSRReader(SessionReader):
         super().close()
 
     # ------------------------------------------------------------------ configuration
+
+    def _ahead_plan(self, memory: int | None) -> AheadPlan:
+        rows = max(sum(self.session_rows()), 1)
+        total = sum(self.matrix_nbytes)
+        return ahead_plan(total, self.around[0], total / rows, memory)
+
+    def fit_memory(self, memory: int | None, source: str | None = None) -> None:
+        """Fit the bytes read around a missed row and the read-ahead to ``memory``.
+
+        ``csrplan.read_around`` (the neighbours of a miss are read where the files fit a
+        quarter of memory) and ``readahead.ahead_plan`` (what is asked ahead at once) from the
+        memory this process may use; a read-ahead already started in this process is stopped,
+        to start again with the new plan.
+
+        Args:
+            memory: ``PlatformInfo.memory_bytes`` (``None``: unknown, nothing read around).
+            source: Where that figure came from (a cgroup limit, physical memory).
+        """
+        self.around = read_around(self.file_bytes, memory, source)
+        self.ahead_plan = self._ahead_plan(memory)
+        ahead, self._ahead = self.__dict__.get("_ahead"), None
+        if ahead is not None:
+            ahead.close()
 
     def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
         """Per key, how its rows are read (``ReadPath``), what is read around a miss and ahead."""

@@ -62,23 +62,30 @@ class AheadPlan(NamedTuple):
     reason: str
 
 
-def ahead_plan(file_bytes: int, around: int, row_bytes: float) -> AheadPlan:
+def ahead_plan(
+    file_bytes: int, around: int, row_bytes: float, memory: int | None = None
+) -> AheadPlan:
     """How many samples to draw ahead, and the page cache that may take at once.
 
     Where the files fit in memory (``around`` > 0), every window of the files is asked for
     at most once per process: at most the files themselves are asked, whatever the depth;
     4,096 samples keep the disk busy through a cold epoch's first batches. Else each
     sample asks its own bytes (``row_bytes``, rounded up to pages): as many samples as fit
-    ``AHEAD_BYTES``.
+    ``AHEAD_BYTES``, or a sixteenth of ``memory`` where that is less (the page cache asked
+    ahead is charged to the process's memory cgroup: a job's limit bounds it too).
 
     Args:
         file_bytes: Bytes of the files read.
         around: The window a read is widened to (``csrplan.read_around``); 0: none.
         row_bytes: Mean bytes a row as stored.
+        memory: Memory this process may use (``PlatformInfo.memory_bytes``; ``None``:
+            unknown).
 
     Example:
         >>> ahead_plan(512 << 30, 0, 6400).samples
         8192
+        >>> ahead_plan(512 << 30, 0, 6400, memory=256 << 20).samples  # 16 MiB: a sixteenth
+        2048
     """
     if around:
         samples = 4096
@@ -89,7 +96,8 @@ def ahead_plan(file_bytes: int, around: int, row_bytes: float) -> AheadPlan:
         )
         return AheadPlan(samples, bound, why)
     per = -(-max(int(row_bytes), 1) // 4096) * 4096
-    samples = int(min(max(AHEAD_BYTES // per, MIN_SAMPLES), MAX_SAMPLES))
+    room = AHEAD_BYTES if memory is None else min(AHEAD_BYTES, memory // 16)
+    samples = int(min(max(room // per, MIN_SAMPLES), MAX_SAMPLES))
     why = (
         f"{samples:,} samples drawn ahead, their rows' pages asked: at most "
         f"{samples * per / 2**20:,.0f} MiB of page cache at once"

@@ -173,6 +173,16 @@ class SessionReader:
     def _serve_columns(self, genes: GeneMap) -> None:
         """After ``configure``: what a reader needs to serve ``genes`` (nothing here)."""
 
+    def fit_memory(self, memory: int | None, source: str | None = None) -> None:
+        """Fit what is read around a miss and ahead to the memory the process may use.
+
+        Nothing here: rows are read as asked (``CSRReader`` reads around and ahead).
+
+        Args:
+            memory: ``PlatformInfo.memory_bytes`` (``None``: unknown).
+            source: Where that figure came from, for the plan.
+        """
+
     def read_ahead_watcher(self) -> Any | None:
         """A watcher of the loader's coming indices that asks for their reads ahead.
 

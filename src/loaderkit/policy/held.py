@@ -1,0 +1,141 @@
+"""Sessions held in memory: how many bytes of whole sessions each process of a loader may hold.
+
+Where one row spans many chunks (NSD's betas), a process that holds a session's rows in
+memory reads the session once while its rows are served (``max_session_bytes``). The budget
+is a share of the memory the process may use (``PlatformInfo.memory_bytes``: the lowest
+cgroup limit on its path, else physical memory), shared by the loader's processes; every
+reason names that figure and where it came from (``memory_words``). Pure arithmetic: nothing
+here reads the machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "SESSION_MEMORY_SHARE",
+    "SessionBudget",
+    "fit_session_bytes",
+    "memory_words",
+    "size_words",
+]
+
+#: Share of memory the sessions held in memory by one loader may take, all its processes
+#: together (rows that span many chunks: ``max_session_bytes``).
+SESSION_MEMORY_SHARE = 1 / 4
+
+
+@dataclass(frozen=True)
+class SessionBudget:
+    """How many bytes of whole sessions each process of a loader may hold in memory, and why.
+
+    Attributes:
+        bytes: ``max_session_bytes``: most bytes held at once per process (0: none).
+        sessions: Whole sessions of the largest size that fit at once.
+        reason: The arithmetic, for the plan.
+
+    Example:
+        >>> SessionBudget(1 << 30, 1, "1 of 37 sessions per process").sessions
+        1
+    """
+
+    bytes: int
+    sessions: int
+    reason: str
+
+
+def size_words(nbytes: int) -> str:
+    """Bytes as MiB or GiB for messages.
+
+    Example:
+        >>> size_words(3 << 29), size_words(40 << 20)
+        ('1.50 GiB', '40.0 MiB')
+    """
+    if nbytes >= 1 << 30:
+        return f"{nbytes / (1 << 30):.2f} GiB"
+    return f"{nbytes / (1 << 20):.1f} MiB"
+
+
+def memory_words(memory_bytes: int, source: str | None = None) -> str:
+    """The memory figure budgets are fitted to, with where it came from, for messages.
+
+    Examples:
+        >>> memory_words(1536 << 20, "cgroup v1 /slurm/uid_0/job_7 memory.limit_in_bytes")
+        '1.50 GiB (cgroup v1 /slurm/uid_0/job_7 memory.limit_in_bytes)'
+        >>> memory_words(24 << 30)
+        '24.00 GiB'
+    """
+    return f"{size_words(memory_bytes)} ({source})" if source else size_words(memory_bytes)
+
+
+def fit_session_bytes(
+    session_bytes: int,
+    sessions: int,
+    num_workers: int,
+    memory_bytes: int | None,
+    memory_source: str | None = None,
+) -> SessionBudget:
+    """Bytes of whole sessions each process may hold: as many sessions as fit a share of memory.
+
+    When one row spans many chunks (NSD betas), reading any rows of a session reads every
+    chunk of it, so a process that holds the session's rows in memory reads it once while
+    its rows are served. Every process of the loader (the main one and each worker) may hold
+    ``bytes``; all of them together stay within ``SESSION_MEMORY_SHARE`` of memory. The
+    budget is a whole number of the largest sessions, at most all of them; none fits, 0:
+    rows are then read batch by batch, each batch reading every chunk of its sessions once.
+
+    Args:
+        session_bytes: Bytes of the largest session's rows held in memory (0: nothing to
+            hold, no key's rows span many chunks).
+        sessions: Session files of the dataset.
+        num_workers: Worker processes of the loader (0: the main process only).
+        memory_bytes: Memory this process may use (``PlatformInfo.memory_bytes``; ``None``:
+            unknown, nothing held).
+        memory_source: Where ``memory_bytes`` came from, for the reason.
+
+    Returns:
+        The ``SessionBudget``.
+
+    Examples:
+        >>> budget = fit_session_bytes(30 << 20, 4, 2, 24 << 30)
+        >>> budget.bytes == 4 * (30 << 20), budget.sessions
+        (True, 4)
+        >>> fit_session_bytes(1 << 30, 37, 2, 24 << 30).sessions  # 6 GiB / 3 processes
+        2
+        >>> fit_session_bytes(1 << 30, 37, 8, 16 << 30).bytes  # 4 GiB / 9 processes < 1 GiB
+        0
+    """
+    processes = max(0, num_workers) + 1
+    if session_bytes <= 0:
+        return SessionBudget(0, 0, "no key's rows span many chunks: nothing to hold")
+    if memory_bytes is None:
+        return SessionBudget(
+            0, 0, "the machine's memory is unknown: nothing held (pass max_session_bytes=)"
+        )
+    share = int(memory_bytes * SESSION_MEMORY_SHARE)
+    per_process = share // processes
+    fit = min(max(1, sessions), per_process // session_bytes)
+    arithmetic = (
+        f"{processes} processes x {{held}} <= {size_words(share)} ({SESSION_MEMORY_SHARE:.3g} of "
+        f"{memory_words(memory_bytes, memory_source)})"
+    )
+    if fit == 0:
+        return SessionBudget(
+            0,
+            0,
+            f"one session's rows ({size_words(session_bytes)}) do not fit: "
+            + arithmetic.format(held=size_words(session_bytes))
+            + " fails; nothing held: each batch reads its sessions' chunks once",
+        )
+    held = fit * session_bytes
+    head = (
+        f"all {fit} sessions per process"
+        if fit >= sessions
+        else f"{fit} of {sessions} sessions per process"
+    )
+    return SessionBudget(
+        held,
+        fit,
+        f"{head} ({fit} x {size_words(session_bytes)}): "
+        + arithmetic.format(held=size_words(held)),
+    )
