@@ -476,3 +476,16 @@ def test_compare_last_commit_against_the_working_tree(tmp_path: Path) -> None:
         # each side's own copy: HEAD exported, the working tree's src/ copied
         assert "/base/src/loaderkit/" in case["base_runs"][0]["loaderkit"]
         assert "/head/src/loaderkit/" in case["head_runs"][0]["loaderkit"]
+
+
+@slow
+def test_job_limits(tmp_path: Path) -> None:
+    data = _run("job_limits.py", tmp_path)
+    if "unavailable" in data:
+        pytest.skip(data["unavailable"])
+    job = [row for row in data["rows"] if row["view"] == "seen as the job"]
+    assert len(job) == 4 and all(row["exit"] == 0 for row in job), job
+    assert all(row["peak_anon_mib"] < data["limit_mib"] for row in job)
+    assert all(row["samples"] == 6 * 750 for row in job)
+    alone = [r for r in data["rows"] if r["view"] == "seen as the machine" and r["workers"] == 0]
+    assert all(row["exit"] in (137, -9) for row in alone), alone  # every session held: killed

@@ -323,3 +323,26 @@ def test_a_hand_made_platform_says_its_figures_were_given() -> None:
     with create_dataloader(list(range(4)), platform=info) as loader:
         row = loader.plan["memory"]
         assert row.value == "1.00 GiB" and row.reason.startswith("given")
+
+
+def test_info_and_doctor_say_the_job_limits() -> None:
+    from loaderkit.cli.doctor import run_checks
+
+    job = dataclasses.replace(
+        detect_platform(),
+        memory_bytes=3 * GIB // 2,
+        memory_source="cgroup v1 /slurm/uid_0/job_7 memory.limit_in_bytes",
+        usable_cpus=1,
+        cpu_count=64,
+        cpu_quota=0.5,
+        cpus_source="cgroup v1 /slurm/uid_0/job_7 cpu.cfs_quota_us: a quota of 0.5 CPU(s)",
+        local_world_size=None,
+    )
+    checks = {check.name: check for check in run_checks(job)}
+    assert checks["memory"].finding == (
+        "1.50 GiB (cgroup v1 /slurm/uid_0/job_7 memory.limit_in_bytes)"
+    )
+    assert "fitted to it" in checks["memory"].advice
+    workers = checks["workers"]
+    assert workers.status == "warn" and "cpu.cfs_quota_us" in workers.finding
+    assert "-> 0" in workers.finding and "CPU quota" in workers.advice

@@ -67,7 +67,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     for name, version in software_versions().items():
         print(f"{name:<8}  {version}")
     print(f"\nstart method in effect: {platform.start_method} ({platform.start_method_source})")
-    print(f"usable CPUs: {platform.usable_cpus} of {platform.cpu_count}")
+    print(f"usable CPUs: {platform.usable_cpus} of {platform.cpu_count} ({platform.cpus_source})")
+    if platform.memory_bytes is not None:
+        print(f"memory: {platform.memory_bytes / 2**30:.2f} GiB ({platform.memory_source})")
     cuda = f"yes, {platform.cuda_device_count} device(s)" if platform.cuda_available else "no"
     print(f"CUDA: {cuda}")
     print(f"recommended num_workers: {recommended_num_workers(platform)}\n")

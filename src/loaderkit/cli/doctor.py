@@ -115,7 +115,8 @@ def _start_method(p: PlatformInfo) -> Check:
 def _workers(p: PlatformInfo) -> Check:
     recommended = _recommended(p, force_zero_workers_on_windows=None)
     finding = (
-        f"{p.usable_cpus} usable of {p.cpu_count} CPUs; num_workers='auto' -> {recommended}"
+        f"{p.usable_cpus} usable of {p.cpu_count} CPUs ({p.cpus_source}); "
+        f"num_workers='auto' -> {recommended}"
         + (f" per rank ({p.local_world_size} local ranks)" if p.local_world_size else "")
     )
     if p.is_windows:
@@ -128,14 +129,40 @@ def _workers(p: PlatformInfo) -> Check:
             "only for such datasets, force_zero_workers_on_windows=True for no workers",
         )
     if p.usable_cpus < p.cpu_count:
+        limit = (
+            "a CPU quota on this process's cgroup (a container's CPU limit, a Slurm or "
+            "systemd CPUQuota)"
+            if p.cpus_source.startswith("cgroup")
+            else "CPU affinity (taskset, cgroup cpuset, a job scheduler)"
+        )
         return Check(
             "workers",
             WARN,
             finding,
-            "CPU affinity (taskset, cgroup cpuset, a job scheduler) restricts this "
-            "process; worker counts based on os.cpu_count() would oversubscribe it",
+            f"{limit} restricts this process; worker counts based on os.cpu_count() would "
+            "oversubscribe it (num_workers='auto' follows it)",
         )
     return Check("workers", PASS, finding, "use num_workers='auto' to follow the CPUs you have")
+
+
+def _memory(p: PlatformInfo) -> Check:
+    if p.memory_bytes is None:
+        return Check(
+            "memory",
+            WARN,
+            "unknown",
+            "loaderkit holds no session in memory and reads no more than asked; pass "
+            "max_session_bytes= to hold sessions",
+        )
+    finding = f"{p.memory_bytes / _GIB:.2f} GiB ({p.memory_source})"
+    advice = (
+        "a limit on this process's own cgroup (a job, a scope, a container): every budget "
+        "loaderkit fits (held sessions, open files, reads around a miss and ahead, batch "
+        "slots) is fitted to it, for the main process and its workers together"
+        if p.memory_source.startswith("cgroup")
+        else "no cgroup limit on this process's path: budgets are fitted to the machine's memory"
+    )
+    return Check("memory", PASS, finding, advice)
 
 
 def _shared_memory(p: PlatformInfo) -> Check:
@@ -388,6 +415,7 @@ def run_checks(
     return [
         _start_method(platform),
         _workers(platform),
+        _memory(platform),
         _shared_memory(platform),
         _open_files(platform, max_open_files),
         _cuda(platform),
