@@ -11,13 +11,19 @@ import pytest
 import torch
 
 from loaderkit import PlatformInfo, detect_platform, recommended_num_workers
-from loaderkit.machine.platform import default_start_method, resolve_start_method
+from loaderkit.machine.platform import (
+    default_start_method,
+    process_cpus,
+    process_memory,
+    resolve_start_method,
+)
 
 
 def test_detect_platform_reads_this_machine() -> None:
     info = detect_platform()
     assert isinstance(info, PlatformInfo)
-    assert info.usable_cpus == len(os.sched_getaffinity(0))
+    assert info.usable_cpus == process_cpus()[0] <= len(os.sched_getaffinity(0))
+    assert (info.memory_bytes, info.memory_source) == process_memory()
     assert info.cpu_count == os.cpu_count()
     assert info.cuda_available == torch.cuda.is_available()
     assert info.torch_version == torch.__version__
