@@ -70,6 +70,7 @@ REVIEWED_LONG: dict[str, str] = {
 LAYERS: tuple[str, ...] = (
     "errors",  # every exception and warning; imports nothing
     "plan",  # Plan, PlanEntry, Decision; imports nothing
+    "batches",  # the finished-batch contract (RowBatch, BatchMemory): imports torch only
     "support",  # LoaderSupport: what a loader asks of a dataset; imports errors and plan
     "_torch",  # torch's private API
     "machine",  # what this machine and torch are
@@ -613,3 +614,21 @@ def test_tests_mirror_the_package() -> None:
             continue
         assert folder.name in stages, f"tests/hdf5/{folder.name}/ names no hdf5/ stage folder"
         assert (folder / "__init__.py").is_file(), f"tests/hdf5/{folder.name}/ has no __init__.py"
+
+
+def test_readers_never_reach_into_the_worker_transport() -> None:
+    """``hdf5`` writes batches where the loader's ``BatchMemory`` says (``loaderkit.batches``):
+    no module of it imports ``loaderkit.workers`` or asks torch which process it is in."""
+    modules = _modules()
+    known = set(modules)
+    reaching = {}
+    for name, path in modules.items():
+        if not _inside(name, "loaderkit.hdf5"):
+            continue
+        source = path.read_text()
+        found = {m for m in imports_of(source, name, known) if _inside(m, "loaderkit.workers")}
+        if "get_worker_info" in source:
+            found.add("torch's get_worker_info")
+        if found:
+            reaching[name] = sorted(found)
+    assert reaching == {}

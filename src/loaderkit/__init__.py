@@ -6,9 +6,10 @@ decision is recorded in ``loader.plan``.
 
 The package root is the front door (this module, ``factory``, ``loader``, ``planning`` with
 the checks before workers start in ``checks``, ``passes``), the leaves every layer may use
-(``errors``, ``plan``) and what a loader asks of a dataset (``support``: ``LoaderSupport``);
-the rest lives in a folder per stage of the data's way, lowest
-first: ``machine`` (what this machine and torch are), ``workers`` (what runs in worker
+(``errors``, ``plan``), the finished-batch contract (``batches``: ``RowBatch``, and the
+``BatchMemory`` a reading process writes batches in) and what a loader asks of a dataset
+(``support``: ``LoaderSupport``); the rest lives in a folder per stage of the data's way,
+lowest first: ``machine`` (what this machine and torch are), ``workers`` (what runs in worker
 processes and threads, and the hand-off), ``memory`` (what processes hold), ``order`` (which
 samples, in what order), ``policy`` (decisions and checks before a start), ``device`` (to the
 GPU), ``singlecell`` (a batch of counts normalised), ``storage`` (where files live), ``hdf5``
@@ -17,6 +18,7 @@ torch's private API. ``docs/architecture.md`` draws the flow.
 """
 
 from loaderkit import singlecell as singlecell
+from loaderkit.batches.contract import Padded
 from loaderkit.device.prefetch import DevicePrefetcher
 from loaderkit.device.transfer import to_device
 from loaderkit.errors import (
@@ -55,7 +57,7 @@ from loaderkit.plan import Plan, PlanEntry
 from loaderkit.policy import recommended_num_workers
 from loaderkit.storage import CacheStats, SessionCache
 from loaderkit.support import LoaderSupport, SessionIndex
-from loaderkit.workers.collate import Padded, pad_collate
+from loaderkit.workers.collate import pad_collate
 
 __version__ = "0.1.0"
 

@@ -23,12 +23,16 @@ planning, the block sampler and sample seeding ask a dataset, each with an answe
 * ``read_seeded(indices, seed_sample)``: a batch read at once with each sample's random step
   seeded (``sample_seeding=True``);
 * ``prefetch_watcher()`` and ``cache_stats()``: a node cache fetched ahead in the loader's
-  order, and its counters (``describe()``).
+  order, and its counters (``describe()``);
+* ``use_batch_memory(memory)``: where this process writes the batches it reads from now on
+  (``loaderkit.batches.BatchMemory``: a worker's batch slot), handed over by the loader as
+  each worker process starts.
 
 A dataset without ``loader_support()`` gets ``LoaderSupport.of(dataset)``, which reads the
 plain attributes such a dataset may have (``thread_safe = True``, ``max_open_files``,
 ``fds_per_file``, ``sample_nbytes``). ``loaderkit.HDF5SessionDataset`` implements the whole
-protocol. This module imports nothing of torch or of the rest of loaderkit but the plan.
+protocol. This module imports nothing of torch or of the rest of loaderkit but the plan and
+the batch contract (``loaderkit.batches``).
 
 Example:
     >>> class Tokens:
@@ -47,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from loaderkit.batches.contract import BatchMemory
 from loaderkit.errors import ArgumentTypeError
 from loaderkit.plan import PlanEntry
 
@@ -231,6 +236,15 @@ class LoaderSupport:
     def cache_stats(self) -> Any | None:
         """Counters of a node cache the dataset reads through (``None``: none)."""
         return None
+
+    def use_batch_memory(self, memory: BatchMemory) -> None:
+        """Write the batches this process reads from now on where ``memory`` says.
+
+        Called by the loader in each worker process as it starts (the worker's batch slot,
+        ``loaderkit.workers.collate.WorkerMemory``); a dataset that never asked stays with
+        plain memory (``loaderkit.batches.PLAIN``). Nothing here: a dataset that reads
+        batches into buffers of its own (``RowBatch``) overrides it.
+        """
 
     def empty_reason(self) -> str | None:
         """Why the dataset has no sample, when it has none (``None``: nothing to add).

@@ -16,7 +16,7 @@ Stages, each a folder; imports go one way, from the top of this list down:
 ``sampler`` stands apart (it reads the dataset's public accessors only). Each folder's
 ``__init__`` maps its modules. Below the package, imports go to ``loaderkit.storage``,
 ``loaderkit.policy.budgets``, ``loaderkit.order`` (seeds, global batches),
-``loaderkit.workers`` (batch buffers), ``loaderkit.machine`` and ``loaderkit.errors``;
+``loaderkit.batches`` (the finished-batch contract), ``loaderkit.machine`` and ``loaderkit.errors``;
 ``planning`` and the command line use it.
 
 Example:

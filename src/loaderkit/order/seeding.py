@@ -38,6 +38,8 @@ from loaderkit import _torch
 from loaderkit.errors import check_int
 from loaderkit.machine.distributed import process_rank_and_world
 from loaderkit.order.determinism import DeterminismReport, check_determinism
+from loaderkit.support import support_of
+from loaderkit.workers.collate import WorkerMemory
 from loaderkit.workers.threadworkers import current_worker
 from loaderkit.workers.worker import share_batches
 
@@ -270,8 +272,9 @@ class WorkerInit:
         world_size: World size at that time.
         user_fn: The caller's ``worker_init_fn`` (runs after seeding), or ``None``.
         shared_batches: The loader's ``collate_fn`` returns natively read batches as they are
-            (``loaderkit.workers.collate.collate``): the worker then allocates them in shared memory
-            (``loaderkit.workers.worker.share_batches``).
+            (``loaderkit.workers.collate.collate``): the worker then allocates them in shared
+            memory where no batch slot serves. A worker process hands its dataset its
+            ``WorkerMemory`` (``LoaderSupport.use_batch_memory``) as it starts.
         freeze_gc: Call ``gc.freeze()`` first, so the worker's garbage collector never writes
             to the objects it inherited (``loaderkit.policy.memory.resolve_gc_freeze``).
     """
@@ -293,6 +296,8 @@ class WorkerInit:
             )
         if not thread:
             share_batches(self.shared_batches)
+            if info is not None:  # where this worker writes its batches, handed to the dataset
+                support_of(info.dataset).use_batch_memory(WorkerMemory(self.shared_batches))
         if self.user_fn is not None:
             self.user_fn(worker_id)
 

@@ -1,10 +1,11 @@
 """Batches read straight into their final tensor, and the collate function that keeps them.
 
-torch's fetcher hands a dataset's ``__getitems__`` result to ``collate_fn``. A dataset that can
-read a whole batch into one buffer (``HDF5SessionDataset`` with its default reads) allocates
-that buffer as ``default_collate`` would allocate the batch (in shared memory inside a worker,
-so sending it to the main process copies nothing), fills it from the file, and returns a
-``RowBatch``: a list of per-sample views of the buffer, carrying the buffer itself.
+The contract (``RowBatch``, ``BatchMemory``) is written in ``loaderkit.batches.contract``;
+this module holds the loader's side of it. A dataset that reads a whole batch into one buffer
+(``HDF5SessionDataset`` with its default reads) writes it where the loader's ``BatchMemory``
+says (``WorkerMemory`` in a worker process: its batch slot, so sending the batch to the main
+process copies nothing), fills it from the file, and returns a ``RowBatch``: a list of
+per-sample views of the buffer, carrying the buffer itself.
 
 * ``collate`` (the ``collate_fn`` loaderkit fills in when you leave it unset and the dataset
   reads batches natively) returns that buffer as the batch: no split, no stack, no copy.
@@ -15,16 +16,17 @@ so sending it to the main process copies nothing), fills it from the file, and r
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, NamedTuple, cast
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch.utils.data import get_worker_info
 
 from loaderkit import _torch
+from loaderkit.batches.contract import PLAIN, Padded, PlainMemory, RowBatch, torch_dtype
 from loaderkit.errors import RaggedBatchError
 from loaderkit.workers import worker
 from loaderkit.workers.worker import share_batches
@@ -32,6 +34,7 @@ from loaderkit.workers.worker import share_batches
 __all__ = [
     "Padded",
     "RowBatch",
+    "WorkerMemory",
     "batch_buffer",
     "collate",
     "pad_collate",
@@ -39,102 +42,6 @@ __all__ = [
     "stack_sparse",
     "torch_dtype",
 ]
-
-
-class RowBatch(list[Any]):
-    """The samples of a batch read in place; ``collate`` returns the batch it was read into.
-
-    A real ``list`` of samples for any ``collate_fn``. For dict samples (compound rows,
-    several keys) the samples are built only when something looks at them (the first
-    ``len``, index, iteration, ``sort``...): ``collate`` never does, so batched reads make no
-    per-sample Python objects. Pickling gives a plain list.
-
-    Attributes:
-        tensor: What ``collate`` returns: the whole batch tensor ``(len(self), *sample_shape)``
-            for numeric rows, a dict of per-field (or per-key) batches for compound rows and
-            several keys, a list of ``str`` for strings; ``None`` when the rows cannot be
-            stacked (ragged rows: ``collate`` raises ``RaggedBatchError``).
-        ragged: For ragged rows, what to call them in the error (``"'spikes' of <dataset>"``).
-
-    Examples:
-        >>> tensor, rows = batch_buffer(2, (3,), np.dtype("f4"))
-        >>> rows[:] = 1.0
-        >>> batch = RowBatch(tensor, rows)
-        >>> len(batch), batch[0].tolist(), collate(batch) is tensor
-        (2, [1.0, 1.0, 1.0], True)
-        >>> lazy = RowBatch({"x": tensor}, lambda: [{"x": row} for row in rows])
-        >>> collate(lazy) is lazy.tensor, len(lazy), sorted(lazy[0])
-        (True, 2, ['x'])
-    """
-
-    def __init__(
-        self,
-        tensor: Any,
-        rows: Iterable[Any] | Callable[[], Iterable[Any]],
-        *,
-        ragged: str | None = None,
-    ) -> None:
-        self.tensor = tensor
-        self.ragged = ragged
-        self._build: Callable[[], Iterable[Any]] | None = None
-        if callable(rows):
-            super().__init__()
-            self._build = rows
-        else:
-            super().__init__(rows)
-
-    def _materialize(self) -> None:
-        build = self.__dict__.get("_build")
-        if build is not None:
-            self._build = None
-            list.extend(self, build())
-
-    def __reduce_ex__(self, protocol: Any) -> Any:
-        self._materialize()
-        return (list, (list(list.__iter__(self)),))
-
-    def __repr__(self) -> str:
-        self._materialize()
-        return list.__repr__(self)
-
-
-def _materializing(name: str) -> Callable[..., Any]:
-    method = getattr(list, name)
-
-    def wrapper(self: RowBatch, *args: Any, **kwargs: Any) -> Any:
-        self._materialize()
-        return method(self, *args, **kwargs)
-
-    wrapper.__name__ = name
-    wrapper.__doc__ = method.__doc__
-    return wrapper
-
-
-for _name in (
-    "__len__", "__getitem__", "__iter__", "__reversed__", "__contains__", "__eq__", "__ne__",
-    "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__mul__", "__rmul__", "__iadd__",
-    "__imul__", "__setitem__", "__delitem__", "__bool__", "append", "extend", "insert", "pop",
-    "remove", "index", "count", "sort", "reverse", "copy", "clear",
-):  # fmt: skip
-    if hasattr(list, _name):
-        setattr(RowBatch, _name, _materializing(_name))
-RowBatch.__hash__ = None
-
-
-class Padded(NamedTuple):
-    """A batch of variable-length samples padded to the longest: what ``pad_collate`` returns.
-
-    Attributes:
-        values: ``(batch, longest, ...)``, the samples padded at the end of their first axis.
-        lengths: ``(batch,)`` int64, each sample's own length.
-
-    Examples:
-        >>> Padded(torch.zeros(2, 3), torch.tensor([3, 1])).lengths.tolist()
-        [3, 1]
-    """
-
-    values: torch.Tensor
-    lengths: torch.Tensor
 
 
 def _as_tensor(sample: Any) -> torch.Tensor | None:
@@ -191,68 +98,70 @@ def pad_collate(batch: Any, padding_value: float = 0) -> Any:
     return _torch.default_collate(samples)
 
 
-@functools.lru_cache(maxsize=64)
-def torch_dtype(dtype: np.dtype) -> torch.dtype | None:
-    """The torch dtype holding ``dtype``'s values as they are, or ``None`` (no such dtype).
+@dataclass(frozen=True)
+class WorkerMemory:
+    """The ``BatchMemory`` a loaderkit loader hands each of its worker processes.
 
-    Only native-byte-order numeric types qualify: what ``torch.from_numpy`` accepts.
+    A batch buffer lies in the worker's batch slot (the slot pool, ``loaderkit.workers.worker``),
+    so the batch reaches the main process without a copy and without a new shared-memory
+    segment; where no slot serves (the pool off, none free, the first batch that sizes them)
+    and the loader keeps batches as read (``shared``: its ``collate_fn`` is ``collate``), the
+    storage is created in shared memory (torch would move any other tensor there first); else
+    plain memory (``PLAIN``). The loader's worker start (``loaderkit.order.seeding.WorkerInit``)
+    hands it over through ``LoaderSupport.use_batch_memory``.
 
-    Examples:
-        >>> torch_dtype(np.dtype("f4")), torch_dtype(np.dtype(">f4"))
-        (torch.float32, None)
+    Attributes:
+        shared: Allocate in shared memory where no slot serves.
+
+    Example:
+        >>> tensor, array = WorkerMemory(shared=False).buffer(2, (3,), np.dtype("f4"))
+        >>> tensor.shape  # in the main process: no slot, plain memory
+        torch.Size([2, 3])
     """
-    if dtype.fields is not None or dtype.kind not in "biufc" or not dtype.isnative:
-        return None
-    try:
-        return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
-    except TypeError:
-        return None
+
+    shared: bool = False
+
+    def buffer(
+        self, n: int, shape: tuple[int, ...], dtype: np.dtype
+    ) -> tuple[torch.Tensor, np.ndarray]:
+        """The batch buffer (``loaderkit.batches.BatchMemory.buffer``)."""
+        kind = torch_dtype(dtype)
+        if kind is None:
+            raise TypeError(f"no torch dtype holds {dtype} as it is")
+        block = worker.allocate(n * math.prod(shape) * dtype.itemsize)
+        if block is not None:  # the worker's batch slot: no new shared memory per batch
+            array = block.view(dtype).reshape(n, *shape)
+            return torch.from_numpy(array), array
+        if self.shared:
+            tensor = _torch.new_shared_tensor(kind, (n, *shape))
+            return tensor, tensor.numpy()
+        return PLAIN.buffer(n, shape, dtype)
+
+    def __reduce__(self) -> Any:
+        return (_plain_memory, ())  # a copy of the dataset elsewhere writes plain memory
+
+
+def _plain_memory() -> PlainMemory:
+    """``PLAIN`` (what a pickled ``WorkerMemory`` becomes)."""
+    return PLAIN
 
 
 def batch_buffer(
     n: int, shape: tuple[int, ...], dtype: np.dtype
 ) -> tuple[torch.Tensor, np.ndarray]:
-    """A batch tensor allocated as ``default_collate`` allocates one, and a numpy view of it.
+    """A batch buffer as this process's worker state says: ``WorkerMemory`` in a worker.
 
-    Inside a worker of a loaderkit loader with the slot pool (``loaderkit.workers.worker``) it lies
-    in the worker's batch slot, so the batch reaches the main process without a copy and without a
-    new shared-memory segment. Inside a worker of a loader that keeps the batch as read
-    (``share_batches``) without the pool, the storage is created in shared memory (torch moves
-    any other tensor into shared memory first). Otherwise it is a numpy allocation shared with
-    torch (huge pages for large batches).
-
-    Args:
-        n: Samples in the batch.
-        shape: Shape of one sample.
-        dtype: A numpy dtype ``torch_dtype`` accepts.
-
-    Returns:
-        ``(tensor, array)`` sharing one buffer of shape ``(n, *shape)``.
-
-    Raises:
-        TypeError: ``dtype`` has no torch equivalent.
+    For code that has no ``BatchMemory`` handed to it: inside a torch worker, the worker's slot
+    or shared memory as ``share_batches`` says; elsewhere plain memory.
 
     Examples:
         >>> tensor, array = batch_buffer(4, (2, 2), np.dtype("i2"))
         >>> tensor.shape, tensor.dtype, array.shape
         (torch.Size([4, 2, 2]), torch.int16, (4, 2, 2))
     """
-    kind = torch_dtype(dtype)
-    if kind is None:
-        raise TypeError(f"no torch dtype holds {dtype} as it is")
-    in_worker = get_worker_info() is not None
-    block = worker.allocate(n * math.prod(shape) * dtype.itemsize) if in_worker else None
-    if block is not None:
-        # the worker's batch slot (loaderkit's hand-off): no new shared memory per batch
-        array = block.view(dtype).reshape(n, *shape)
-        return torch.from_numpy(array), array
-    if in_worker and worker.shared_batches():
-        tensor = _torch.new_shared_tensor(kind, (n, *shape))
-        return tensor, tensor.numpy()
-    # numpy's allocator asks for huge pages on large arrays: a batch of many MiB is faulted in
-    # far fewer pages than torch.empty's, and torch shares the memory as it is
-    array = np.empty((n, *shape), dtype=dtype)
-    return torch.from_numpy(array), array
+    if get_worker_info() is None:
+        return PLAIN.buffer(n, shape, dtype)
+    return WorkerMemory(shared=worker.shared_batches()).buffer(n, shape, dtype)
 
 
 def stack_sparse(samples: Sequence[torch.Tensor]) -> torch.Tensor:

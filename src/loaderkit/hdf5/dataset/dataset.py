@@ -24,6 +24,7 @@ import h5py
 import numpy as np
 from torch.utils.data import Dataset
 
+from loaderkit.batches.contract import BatchMemory
 from loaderkit.errors import (
     ArgumentTypeError,
     ConfigError,
@@ -786,7 +787,7 @@ class HDF5SessionDataset(Dataset):
 
         With the default reads (*batch-native*), indices are grouped by session, consecutive
         rows are read as one slab into one batch buffer (in shared memory inside a worker):
-        a ``loaderkit.workers.collate.RowBatch``, the samples in request order, which
+        a ``loaderkit.batches.RowBatch``, the samples in request order, which
         ``loaderkit.workers.collate.collate`` returns as the batch it was read into (see
         docs/hdf5.md). ``transform``, when overridden, runs on each row after the read; a
         subclass that overrides ``read`` or ``__getitem__`` (not ``read_rows``) gets
@@ -946,3 +947,6 @@ class _SessionSupport(LoaderSupport):
 
     def cache_stats(self) -> Any | None:
         return self.dataset.cached_sessions.stats()
+
+    def use_batch_memory(self, memory: BatchMemory) -> None:
+        self.dataset.handles.reader.use_memory(memory)

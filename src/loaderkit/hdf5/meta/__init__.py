@@ -1,7 +1,7 @@
 """What session files hold: types, layouts, filters, the index, and why a file fails.
 
 The bottom stage of ``loaderkit.hdf5``; it imports nothing else of ``loaderkit.hdf5`` (only
-``loaderkit.errors``, ``loaderkit.workers`` for batch building, and h5py/numpy/torch). Every
+``loaderkit.errors``, ``loaderkit.batches`` for batch building, and h5py/numpy/torch). Every
 other stage imports it.
 
 - ``types``: HDF5 type -> what a sample's row becomes (``RowType``), and the types refused;

@@ -8,7 +8,7 @@ HDF5 (``os.preadv``, memory maps) land in a buffer of the file's byte order (``r
 are converted while they are copied into the native batch (``RowType.swap``).
 
 =============================  ==============================  ================================
-HDF5 type                      sample (``ds[i]``)              batch (``loaderkit.workers.collate``)
+HDF5 type                      sample (``ds[i]``)              batch (``loaderkit.batches``)
 =============================  ==============================  ================================
 integer, float, complex,       numpy array (numpy scalar for   one tensor
 bool, enum, bitfield; any      1-D datasets), native order
@@ -41,11 +41,11 @@ import h5py
 import numpy as np
 import torch
 from h5py import h5t
-from torch.utils.data import default_collate, get_worker_info
+from torch.utils.data import default_collate
 
+from loaderkit.batches.contract import torch_dtype
 from loaderkit.errors import ConfigError, HDF5FileError
 from loaderkit.hdf5.meta.diagnose import repair_advice, type_damage
-from loaderkit.workers.collate import torch_dtype
 
 __all__ = [
     "Kind",
@@ -114,7 +114,7 @@ class _Columns:
         columns: np.ndarray = np.ndarray((), dtype, buffer=raw)
         # torch's own shared storage (a worker without batch slots) needs tensor views of it;
         # anywhere else a tensor over the numpy view is the same memory, made in one call
-        torch_views = get_worker_info() is not None and flat.is_shared()
+        torch_views = flat.is_shared()
         out: dict[str, tuple[Samples, torch.Tensor]] = {}
         for name, kind in zip(self.names, self._kinds, strict=True):
             array = columns[name]
@@ -325,8 +325,8 @@ class RowType:
 
         Args:
             values: The rows, ``(n, *row_shape)`` of ``read_dtype`` (or ``mem_dtype``).
-            alloc: Allocates a batch tensor and its numpy view (``collate.batch_buffer``
-                puts it in shared memory inside a worker).
+            alloc: Allocates a batch tensor and its numpy view (a ``BatchMemory``'s
+                ``buffer``: a worker's batch slot).
 
         Returns:
             ``(samples, collated)``: a function that builds one sample per row (dict samples

@@ -1,9 +1,11 @@
 """Reading rows out of session files: handles, raw I/O, runs, row readers, held sessions.
 
 Imports go down only: to ``loaderkit.hdf5.meta`` (never to ``convert``, ``remote`` or
-``dataset``), and below the package to ``loaderkit.workers.collate`` and, for the types of a
-lease, ``loaderkit.storage``. Sessions read from the node cache's local copy reach the reader
-through the ``SessionCopies`` protocol defined here; the remote stage provides it.
+``dataset``), and below the package to ``loaderkit.batches`` (a batch's contract and the
+``BatchMemory`` it is written in, handed over by the loader: readers never ask which process
+they are in) and, for the types of a lease, ``loaderkit.storage``. Sessions read from the
+node cache's local copy reach the reader through the ``SessionCopies`` protocol defined here;
+the remote stage provides it.
 
 - ``hooklock``: ``HookLock``, the lock around reads that run user code or hand out h5py objects;
 - ``handles``: the file pool, each process's open files (``FilePool``, ``FilePoolInfo``);

@@ -6,7 +6,8 @@ what the dataset's ``sparse=`` option makes of them:
 
 * ``"csr"``: one ``torch.sparse_csr_tensor`` ``(batch, columns)`` over those arrays (no dense
   intermediate), a sample a 1-D ``torch.sparse_coo_tensor``;
-* ``"dense"``: rows scattered into a zeroed batch buffer (``batch_buffer``: a worker's slot);
+* ``"dense"``: rows scattered into a zeroed batch buffer (the ``BatchMemory`` handed over: a
+  worker's slot);
 * ``"tokens"``: per row ``{"genes": int64 ids, "values": values}``, a batch padded at the end
   with 0 as ``pad_collate`` pads it.
 
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from loaderkit.workers.collate import Padded, RowBatch, batch_buffer
+from loaderkit.batches.contract import PLAIN, BatchMemory, Padded, RowBatch
 
 __all__ = ["FORMS", "matrix_batch", "part_buffer", "row_samples", "sorted_rows"]
 
@@ -35,12 +36,11 @@ __all__ = ["FORMS", "matrix_batch", "part_buffer", "row_samples", "sorted_rows"]
 FORMS = ("csr", "dense", "tokens")
 
 
-def part_buffer(n: int, dtype: np.dtype) -> np.ndarray:
-    """``n`` elements for a part of a sparse batch: in a worker, in its batch slot.
+def part_buffer(n: int, dtype: np.dtype, memory: BatchMemory = PLAIN) -> np.ndarray:
+    """``n`` elements for a part of a sparse batch, in ``memory`` (a worker's batch slot).
 
     A batch's values, column ids and row offsets read into the slot cross to the main
-    process as they are (``batch_buffer``); elsewhere, or for a type torch has not, a
-    plain allocation.
+    process as they are; for a type torch has not, a plain allocation the batch copies.
 
     Example:
         >>> part_buffer(3, np.dtype("f4")).shape
@@ -48,7 +48,7 @@ def part_buffer(n: int, dtype: np.dtype) -> np.ndarray:
     """
     if dtype.isnative:
         try:
-            return batch_buffer(n, (), dtype)[1]
+            return memory.buffer(n, (), dtype)[1]
         except TypeError:  # no torch dtype: an allocation the batch copies once
             pass
     return np.empty(n, dtype)
@@ -132,7 +132,12 @@ _SORT_BLOCK = 1 << 15
 
 
 def matrix_batch(
-    form: str, n_out: int, lengths: np.ndarray, values: np.ndarray, cols: np.ndarray
+    form: str,
+    n_out: int,
+    lengths: np.ndarray,
+    values: np.ndarray,
+    cols: np.ndarray,
+    memory: BatchMemory = PLAIN,
 ) -> RowBatch:
     """The rows as one batch in ``form``; the samples built only when something asks.
 
@@ -142,16 +147,17 @@ def matrix_batch(
         lengths: Stored values of each row.
         values: The values, row after row.
         cols: Their column ids (``int32`` or ``int64``).
+        memory: Where the batch is written (``BatchMemory``).
     """
     n = lengths.size
     if form == "dense":
-        tensor, out = batch_buffer(n, (n_out,), values.dtype)
+        tensor, out = memory.buffer(n, (n_out,), values.dtype)
         out.fill(0)
         out[np.repeat(np.arange(n), lengths), cols] = values
         return RowBatch(tensor, list(out))
     if form == "tokens":
         return RowBatch(_padded(lengths, values, cols), lambda: _tokens(lengths, values, cols))
-    crow = part_buffer(n + 1, cols.dtype)
+    crow = part_buffer(n + 1, cols.dtype, memory)
     crow[0] = 0
     np.cumsum(lengths, out=crow[1:])
     tensor = torch.sparse_csr_tensor(

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from loaderkit.batches.contract import RowBatch
 from loaderkit.errors import HDF5FileError
 from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
@@ -63,7 +64,6 @@ from loaderkit.hdf5.read.readahead import AheadPlan, SamplerReadAhead, ahead_pla
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.read.readtable import ShortRead, read_table
 from loaderkit.hdf5.read.runs import plan_runs
-from loaderkit.workers.collate import RowBatch
 
 __all__ = ["FORMS", "CSRReader"]
 
@@ -286,7 +286,9 @@ class CSRReader(SessionReader):
             ]
         finally:
             self.reading.pop()
-        parts = served_parts(self.served[2:], parts, keys, self.files.ids, self.files.paths)
+        parts = served_parts(
+            self.served[2:], parts, keys, self.files.ids, self.files.paths, self.memory
+        )
         names = [self.name, *(label.name for label in self.labels)]
         batch = dict(zip(names, [matrix.tensor, *(part[1] for part in parts)], strict=True))
         ragged = next(
@@ -297,7 +299,7 @@ class CSRReader(SessionReader):
 
     def _matrix_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
         """The matrix's rows of ``keys`` as one batch in this reader's form."""
-        return matrix_batch(self.form, self.n_out, *self.gather(idx, keys))
+        return matrix_batch(self.form, self.n_out, *self.gather(idx, keys), self.memory)
 
     def _samples(self, lengths: np.ndarray, values: np.ndarray, cols: np.ndarray) -> list[Any]:
         """Per-row samples in this reader's form."""
@@ -341,7 +343,7 @@ class CSRReader(SessionReader):
         total = int(offsets[-1])
         kinds = self.files.types[0].read_dtype, self.files.types[1].read_dtype
         ids_at = -(-total * kinds[0].itemsize // _ALIGN) * _ALIGN
-        block = part_buffer(ids_at + total * kinds[1].itemsize, np.dtype(np.uint8))
+        block = part_buffer(ids_at + total * kinds[1].itemsize, np.dtype(np.uint8), self.memory)
         values = block[: total * kinds[0].itemsize].view(kinds[0])
         return offsets, values, block[ids_at:].view(kinds[1]), (block, ids_at)
 

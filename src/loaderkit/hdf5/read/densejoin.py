@@ -36,7 +36,6 @@ from loaderkit.hdf5.read.genemap import GeneMap, VarTable
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.read.readtable import ShortRead, read_table
-from loaderkit.workers.collate import batch_buffer
 
 __all__ = ["DenseJoinReader", "check_matrix", "is_dense_matrix"]
 
@@ -147,7 +146,7 @@ class DenseJoinReader(SessionReader):
     ) -> tuple[Samples, Any]:
         if k:
             return super()._read_key(k, idx, keys, order, starts)
-        tensor, out = batch_buffer(idx.size, (self.n_out,), self.stored.mem_dtype)
+        tensor, out = self.memory.buffer(idx.size, (self.n_out,), self.stored.mem_dtype)
         sessions = keys >> ROW_BITS
         by = np.argsort(sessions, kind="stable")
         cuts = np.flatnonzero(sessions[by][1:] != sessions[by][:-1]) + 1

@@ -30,6 +30,7 @@ from typing import Any
 import h5py
 import numpy as np
 
+from loaderkit.batches.contract import PLAIN, BatchMemory
 from loaderkit.errors import ConfigError, HDF5FileError
 from loaderkit.hdf5.meta.anndata import (
     ObsColumn,
@@ -40,7 +41,6 @@ from loaderkit.hdf5.meta.anndata import (
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
 from loaderkit.hdf5.meta.types import Samples
-from loaderkit.workers.collate import batch_buffer
 
 __all__ = ["LabelColumns", "LabelKey", "missing_masks", "served_parts", "served_values"]
 
@@ -83,6 +83,7 @@ class LabelKey:
         keys: np.ndarray,
         ids: Sequence[Hashable],
         paths: Sequence[str],
+        memory: BatchMemory = PLAIN,
     ) -> tuple[Samples, Any]:
         """A batch of packed ``keys`` as read (samples and batch) as served.
 
@@ -92,7 +93,7 @@ class LabelKey:
         """
         if self.categories is None:
             return self.with_missing(part, keys)
-        tensor, codes = batch_buffer(keys.size, (), np.dtype(np.int64))
+        tensor, codes = memory.buffer(keys.size, (), np.dtype(np.int64))
         np.copyto(codes, np.asarray(part[1]))
         self.shared_codes(codes, keys >> ROW_BITS, keys & ROW_MASK, ids, paths)
         return functools.partial(list, codes), tensor
@@ -210,13 +211,15 @@ def served_parts(
     keys: np.ndarray,
     ids: Sequence[Hashable],
     paths: Sequence[str],
+    memory: BatchMemory = PLAIN,
 ) -> list[tuple[Samples, Any]]:
     """Every key's batch of packed ``keys`` (samples and batch, as read) as served.
 
-    ``served``: per key, its ``LabelKey`` (``None``: served as read).
+    ``served``: per key, its ``LabelKey`` (``None``: served as read); ``memory``: where a
+    categorical's codes are written.
     """
     return [
-        part if label is None else label.batch(part, keys, ids, paths)
+        part if label is None else label.batch(part, keys, ids, paths, memory)
         for label, part in zip(served, parts, strict=True)
     ]
 

@@ -10,7 +10,8 @@ checks that make a changed file an ``HDF5FileError`` naming what changed, the er
   every key read into one buffer: a table of reads (``readtable.read_table``) or a memory map
   for contiguous numbers (other byte orders into a reused scratch buffer, converted while
   copied), HDF5 otherwise (which converts byte order, enums and compounds itself), then split
-  into samples and the collated batch (``loaderkit.workers.collate.RowBatch``).
+  into samples and the collated batch (``loaderkit.batches.RowBatch``), written where the
+  loader's ``BatchMemory`` says (``use_memory``: a worker's batch slot).
 
 Keys whose rows span many chunks that other rows share are read apart (``widekeys``). What
 the dataset asks of any reader (``configure``, ``genes``, ``n_out``, ``matrix_nbytes``,
@@ -26,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from loaderkit.batches.contract import PLAIN, BatchMemory, RowBatch
 from loaderkit.errors import ConfigError
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK, decode_index, encode_index
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection, read_slab
@@ -41,7 +43,6 @@ from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.read.scratch import ScratchRows
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
-from loaderkit.workers.collate import RowBatch, batch_buffer
 
 __all__ = ["KeySpec", "SessionReader", "SessionRecord"]
 
@@ -114,11 +115,15 @@ class SessionReader:
         #: Per session, bytes of a sparse matrix's values and column ids decoded (what a
         #: chunk buffer holds of it); ``None``: no sparse matrix.
         self.matrix_nbytes: list[int] | None = None
+        #: Where batches are written in this process (``use_memory``; plain memory until
+        #: the loader hands over a worker's batch slot). Never pickled.
+        self.memory: BatchMemory = PLAIN
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["index"] = encode_index(self.index)  # a million samples in a few kilobytes
         state["reading"] = None
+        state["memory"] = PLAIN  # a worker's slot is its own: a copy elsewhere writes plainly
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -172,6 +177,14 @@ class SessionReader:
 
     def _serve_columns(self, genes: GeneMap) -> None:
         """After ``configure``: what a reader needs to serve ``genes`` (nothing here)."""
+
+    def use_memory(self, memory: BatchMemory) -> None:
+        """Write the batches this process reads from now on where ``memory`` says.
+
+        Args:
+            memory: A ``loaderkit.batches.BatchMemory`` (a worker's batch slot, or ``PLAIN``).
+        """
+        self.memory = memory
 
     def fit_memory(self, memory: int | None, source: str | None = None) -> None:
         """Fit what is read around a miss and ahead to the memory the process may use.
@@ -312,7 +325,8 @@ class SessionReader:
             parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(files.specs))]
         finally:
             reading.pop()
-        parts = served_parts(self.served, parts, keys, files.ids, files.paths)  # anndata columns
+        # anndata columns
+        parts = served_parts(self.served, parts, keys, files.ids, files.paths, self.memory)
         if self.single:  # the rows (views of the batch, or dicts) only when something asks
             return RowBatch(parts[0][1], parts[0][0], ragged=files.ragged_names[0])
         names = [spec.name for spec in files.specs]
@@ -332,7 +346,7 @@ class SessionReader:
         files = self.files
         rt, n = files.types[k], idx.size
         if rt.kind is Kind.NUMBER and not files.specs[k].members:
-            tensor, out = batch_buffer(n, rt.row_shape, rt.mem_dtype)
+            tensor, out = self.memory.buffer(n, rt.row_shape, rt.mem_dtype)
             stored = self.scratch.rows(n, rt.read_dtype, rt.row_shape) if rt.swap else out
             mapped = files.memory_map and files.contiguous
             if not (mapped and take_mapped(files, k, idx, keys, stored, self.scratch)):
@@ -349,7 +363,7 @@ class SessionReader:
         self._fill(k, idx, keys, order, starts, out)
         if k in files.uneven:  # per-sample datasets of differing shapes: never stacked
             return functools.partial(list, [rt.sample(v) for v in out]), None
-        return rt.batch(out, batch_buffer)
+        return rt.batch(out, self.memory.buffer)
 
     def _fill(
         self,
