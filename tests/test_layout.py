@@ -46,10 +46,15 @@ REVIEWED_LONG: dict[str, str] = {
         "docstring and example, the read-only constructor arguments, and its LoaderSupport, "
         "which calls the class's own seeded read; a split would cut the class, not a seam"
     ),
-    "hdf5/read/csrrows.py": (
-        "CSRReader, one class whose batch path is one sequence (plan from the catalog, one "
+    "hdf5/anndata/csrmatrix.py": (
+        "CSRMatrix, one class whose batch path is one sequence (plan from the catalog, one "
         "table of pieces, column-id check, the session-by-session path every failure takes "
         "and that names it): its process-local parts (read-ahead, file maps) live apart"
+    ),
+    "hdf5/read/reader.py": (
+        "the reader contract (a Protocol: declarations only) beside SessionReader, the one "
+        "class that answers it for rows as stored; its read paths (_fill, _fill_at_once, "
+        "stored_rows) share its files part, scratch rows and counters of threads reading"
     ),
     "hdf5/read/handles.py": (
         "the per-process cache of open files and its one lock discipline (the mutex, leases, "
@@ -98,6 +103,7 @@ LAYERS: tuple[str, ...] = (
 HDF5_LAYERS: tuple[str, ...] = (
     "meta",  # what session files hold; imports nothing else of hdf5
     "read",  # rows read out of the files
+    "anndata",  # AnnData's own: .h5ad matrices, genes, the per-cell columns beside them
     "convert",  # files rewritten row by row
     "remote",  # sessions read through the node cache
     "dataset",  # HDF5SessionDataset
@@ -632,3 +638,44 @@ def test_readers_never_reach_into_the_worker_transport() -> None:
         if found:
             reaching[name] = sorted(found)
     assert reaching == {}
+
+
+def _imports_into(package: str, outside: str) -> dict[str, list[str]]:
+    """Per module of ``outside`` (not of ``package``), the import lines that reach ``package``."""
+    found: dict[str, list[str]] = {}
+    for name, path in _modules().items():
+        if not _inside(name, outside) or _inside(name, package):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            target = None
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                target = node.module
+            elif isinstance(node, ast.Import):
+                target = next((a.name for a in node.names if _inside(a.name, package)), None)
+            if target is not None and _inside(target, package):
+                found.setdefault(name, []).append(f"{node.lineno}: {target}")
+    return found
+
+
+def test_anndata_has_its_own_room_entered_by_a_few_doors() -> None:
+    """The rest of ``hdf5/`` reaches the AnnData package through its front door, from a few
+    modules; the row reader's stage never does (it knows nothing of AnnData)."""
+    found = _imports_into("loaderkit.hdf5.anndata", "loaderkit.hdf5")
+    assert not [name for name in found if _inside(name, "loaderkit.hdf5.read")], found
+    lines = [line for lines in found.values() for line in lines]
+    assert len(lines) <= 4 and len(found) <= 4, found
+    assert all(line.endswith(": loaderkit.hdf5.anndata") for line in lines), found
+    assert len(list((HDF5 / "read").glob("*.py"))) <= 19
+
+
+def test_no_reader_reads_keys_by_offsets() -> None:
+    """A matrix part and the row reader beside it are two parts with their own keys: no
+    ``specs[2:]``, ``range(2, ...)`` or ``k + 2`` that reads the keys after a matrix's."""
+    offsets = re.compile(r"\[\s*2\s*:\s*\]|range\(\s*2\s*,|\bk\s*\+\s*2\b")
+    found = []
+    for folder in ("read", "anndata"):
+        for path in sorted((HDF5 / folder).glob("*.py")):
+            for lineno, line in enumerate(path.read_text().splitlines(), 1):
+                if offsets.search(line.split("#")[0]):
+                    found.append(f"{folder}/{path.name}:{lineno}: {line.strip()}")
+    assert found == []

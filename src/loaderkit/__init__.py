@@ -39,7 +39,7 @@ from loaderkit.errors import (
 )
 from loaderkit.factory import create_dataloader
 from loaderkit.hdf5 import BlockShuffleSampler, HDF5SessionDataset
-from loaderkit.hdf5.dataset.weights import balanced_weights
+from loaderkit.hdf5.anndata import balanced_weights
 from loaderkit.loader import DataLoader
 from loaderkit.machine.platform import PlatformInfo, detect_platform
 from loaderkit.memory.leakcheck import LeakCheck

@@ -10,7 +10,9 @@ Stages, each a folder; imports go one way, from the top of this list down:
 - ``remote``: sessions read through ``loaderkit.storage.SessionCache`` (sources, the order
   watcher, remote metadata);
 - ``convert``: files rewritten row by row (``loaderkit rechunk``, the cache's rows layout);
-- ``read``: handles, raw I/O, runs, row and wide-row readers, held sessions;
+- ``anndata``: AnnData's own: ``.h5ad`` CSR and dense matrices, their genes (``join=``,
+  ``genes=``), the per-cell columns beside them, ``cells=``, balanced draws;
+- ``read``: handles, raw I/O, runs, the row reader and its contract, held sessions;
 - ``meta``: what files hold (types, layouts, filters, the index, diagnoses).
 
 ``sampler`` stands apart (it reads the dataset's public accessors only). Each folder's

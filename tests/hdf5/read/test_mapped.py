@@ -153,7 +153,7 @@ def test_a_csr_reader_copies_warm_batches_out_of_maps_and_rows_stay_equal(
     with HDF5SessionDataset([path], key="X") as ds:
         assert ds.memory_map  # unset: loaderkit's choice, maps for warm CSR batches
         served = []
-        reader = ds.handles.reader
+        reader = ds.handles.reader.matrix  # the CSR matrix part
         perm = np.random.default_rng(0).permutation(2000)
         batches = [perm[i : i + 32].tolist() for i in range(0, 2000, 32)] * 2
         loader = DataLoader(ds, batch_sampler=batches, num_workers=0)
@@ -171,7 +171,7 @@ def test_memory_map_false_reads_every_piece_with_preadv(tmp_path: Path) -> None:
         for _ in range(3):
             for _batch in DataLoader(ds, batch_size=64, shuffle=True):
                 pass
-        assert ds.handles.reader._maps is None
+        assert ds.handles.reader.matrix._maps is None
     with pytest.raises(ConfigError, match="memory_map='yes'"):
         HDF5SessionDataset([path], key="X", memory_map="yes")  # type: ignore[arg-type]
 
@@ -180,7 +180,7 @@ def test_memory_map_false_reads_every_piece_with_preadv(tmp_path: Path) -> None:
 def test_a_file_truncated_while_maps_serve_is_a_named_error_not_sigbus(tmp_path: Path) -> None:
     path, _ = _csr_file(tmp_path / "m.h5ad")
     with HDF5SessionDataset([path], key="X") as ds:
-        reader = ds.handles.reader
+        reader = ds.handles.reader.matrix  # the CSR matrix part
         rows = list(range(1500, 2000, 3))
         for _ in range(-(-FileMaps.WARM_READS // (2 * len(rows))) + 2):  # two reads a row
             ds.__getitems__(rows)

@@ -18,8 +18,8 @@ import pytest
 
 from loaderkit import DataLoader
 from loaderkit.hdf5 import HDF5SessionDataset
-from loaderkit.hdf5.read.csrahead import CSRAhead
-from loaderkit.hdf5.read.csrplan import AROUND
+from loaderkit.hdf5.anndata.ahead import CSRAhead
+from loaderkit.hdf5.anndata.csrplan import AROUND
 from loaderkit.hdf5.read.mapped import FileMaps
 from loaderkit.hdf5.read.readahead import Advisor, SamplerReadAhead, Windows, ahead_plan
 
@@ -174,7 +174,7 @@ def test_a_loader_reads_the_next_batches_ahead(big: tuple[Path, sp.csr_matrix]) 
         assert np.array_equal(first.to_dense().numpy(), m[batches[0]].toarray())
         evict(path)  # what the first read brought in is gone: only advice brings pages now
         next(it)  # batch 1 is read, batch 2.. are asked for again as they are drawn
-        reader = ds.handles.reader
+        reader = ds.handles.reader.matrix  # the CSR matrix part
         fd = os.open(path, os.O_RDONLY)
         try:
             with __import__("h5py").File(path, "r") as f:
@@ -199,11 +199,11 @@ def test_a_second_pass_asks_nothing_once_every_window_was(
         loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=0)
         for _ in loader:
             pass
-        reader = ds.handles.reader
+        reader = ds.handles.reader.matrix  # the CSR matrix part
         assert reader.around[0]  # a small file: it fits in memory
         assert reader._ahead is not None and reader._ahead.windows is not None
         assert reader._ahead.windows.done
-        assert reader.read_ahead_watcher() is None
+        assert ds.handles.reader.read_ahead_watcher() is None
 
 
 def test_nothing_is_asked_while_the_reads_come_from_the_page_cache(
@@ -212,7 +212,7 @@ def test_nothing_is_asked_while_the_reads_come_from_the_page_cache(
     monkeypatch.setattr(FileMaps, "SLOW", float("inf"))  # a busy machine's copy stays warm
     path, _ = big
     with HDF5SessionDataset([path], key="X") as ds:
-        reader = ds.handles.reader
+        reader = ds.handles.reader.matrix  # the CSR matrix part
         rows = list(range(0, 3000, 11))
         for _ in range(-(-FileMaps.WARM_READS // (2 * len(rows))) + 1):
             ds.__getitems__(rows)  # the file was just written: in the page cache
@@ -220,7 +220,7 @@ def test_nothing_is_asked_while_the_reads_come_from_the_page_cache(
         ahead = CSRAhead(reader, reader.ahead_plan, reader.around[0])
         asked: list[object] = []
         monkeypatch.setattr(ahead.advisor, "ask", lambda *args: asked.append(args) or 0)
-        keys = np.asarray(reader.index[:64], np.int64)
+        keys = np.asarray(ds.handles.reader.index[:64], np.int64)
         assert ahead.advise(keys) == 0 and not asked  # warm: nothing to ask
         reader._maps.missed(1, 1)  # a read missed the page cache: asked again
         assert ahead.advise(keys) == 0 and asked
@@ -230,7 +230,7 @@ def test_nothing_is_asked_while_the_reads_come_from_the_page_cache(
 def test_rows_too_big_for_memory_ask_their_own_pages(big: tuple[Path, sp.csr_matrix]) -> None:
     path, m = big
     with HDF5SessionDataset([path], key="X") as ds:
-        reader = ds.handles.reader
+        reader = ds.handles.reader.matrix  # the CSR matrix part
         small = fake_platform(memory_bytes=path.stat().st_size * 2, memory_source="a job")
         loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=0, platform=small)
         assert reader.around[0] == 0 and "of files over a quarter" in reader.around[1]
@@ -265,7 +265,7 @@ def test_thread_workers_and_processes_read_the_same_rows(big: tuple[Path, sp.csr
 def test_batches_larger_than_the_horizon_all_come(big: tuple[Path, sp.csr_matrix]) -> None:
     path, m = big
     with HDF5SessionDataset([path], key="X") as ds:
-        reader = ds.handles.reader
+        reader = ds.handles.reader.matrix  # the CSR matrix part
         reader.ahead_plan = reader.ahead_plan._replace(samples=16)  # a horizon below one batch
         loader = DataLoader(ds, batch_size=300, shuffle=True, num_workers=0)
         sizes = [batch.shape[0] for batch in loader]

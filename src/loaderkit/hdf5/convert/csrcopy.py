@@ -4,7 +4,7 @@ Many public ``.h5ad`` files store ``X`` (anndata's ``csr_matrix`` group: ``data`
 ``indptr``, attributes ``encoding-type`` and ``shape``) gzip-compressed in small chunks: a
 cell's row then costs decompressing every chunk its span touches, through HDF5. loaderkit
 reads uncompressed ``data`` and ``indices`` from their raw bytes (``os.preadv``, no HDF5
-call; ``loaderkit.hdf5.read.csrplan``), and a contiguous dataset is one "chunk": a run of
+call; ``loaderkit.hdf5.anndata.csrplan``), and a contiguous dataset is one "chunk": a run of
 adjacent rows is one read. The copy ``rechunk`` writes for such a key (``X``,
 ``layers/<name>``, ``raw/X``, or the legacy ``h5sparse_format: csr`` groups) has:
 
@@ -36,8 +36,8 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import HDF5FileError
+from loaderkit.hdf5.anndata import CSRGroup, check_csr, sparse_group
 from loaderkit.hdf5.convert.h5copy import copy_attrs, create_like, reading, row_blocks
-from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr, sparse_group
 
 __all__ = ["VALUES", "check_source", "copy_values", "create_csr", "value_chunks", "values_nbytes"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,9 +21,33 @@ from loaderkit.hdf5.meta.inventory import sample_type
 from loaderkit.hdf5.meta.types import Kind, RowType
 from loaderkit.hdf5.read.chunkio import ReadPath
 from loaderkit.hdf5.read.handles import FilePoolInfo
-from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.read.reader import Reader
 
-__all__ = ["SessionHandles"]
+__all__ = ["AnnDataFacts", "SessionHandles"]
+
+
+class AnnDataFacts(Protocol):
+    """What ``SessionHandles`` asks of a dataset's AnnData part (``anndata.AnnDataReader``).
+
+    Example:
+        >>> sorted(name for name in vars(AnnDataFacts) if not name.startswith("_"))
+        ['genes', 'n_out', 'served']
+    """
+
+    @property
+    def genes(self) -> Any:
+        """The served columns and where each file's go (``genemap.GeneMap``), or ``None``."""
+        ...
+
+    @property
+    def n_out(self) -> int | None:
+        """Columns of a matrix's sample (``None``: no matrix)."""
+        ...
+
+    @property
+    def served(self) -> tuple[Any, ...]:
+        """Per key, how a per-cell anndata column is served (``labels.LabelKey``) or ``None``."""
+        ...
 
 
 class SessionHandles:
@@ -31,6 +55,7 @@ class SessionHandles:
 
     Args:
         reader: The dataset's reader (its file pool, records, keys and types).
+        anndata: The dataset's AnnData part (genes, served columns, labels), or ``None``.
         item_fast: The dataset reads samples with the default ``read`` (not overridden).
         mode: How the dataset's class reads batches (``hooks.read_mode``).
         transforms: The class overrides ``transform``.
@@ -43,14 +68,16 @@ class SessionHandles:
 
     def __init__(
         self,
-        reader: SessionReader,
+        reader: Reader,
         *,
+        anndata: AnnDataFacts | None = None,
         item_fast: bool,
         mode: ReadMode,
         transforms: bool,
         label: str,
     ) -> None:
         self.reader = reader
+        self.anndata = anndata
         self.item_fast = item_fast
         self.mode = mode
         self.transforms = transforms
@@ -229,7 +256,7 @@ class SessionHandles:
             >>> ds.handles.var_names[:2]  # doctest: +SKIP
             ['MIR1302-2HG', 'FAM138A']
         """
-        genes = self.reader.genes
+        genes = None if self.anndata is None else self.anndata.genes
         names = None if genes is None else genes.var_names
         return list(names) if names else None
 
@@ -246,7 +273,7 @@ class SessionHandles:
             >>> ds.handles.columns[:2]  # doctest: +SKIP
             ['CD3E', 'MS4A1']
         """
-        genes = self.reader.genes
+        genes = None if self.anndata is None else self.anndata.genes
         names = None if genes is None else genes.columns
         return list(names) if names is not None else None
 
@@ -266,7 +293,7 @@ class SessionHandles:
             >>> ds.handles.categories("obs/cell_type")  # doctest: +SKIP
             ['B', 'T', 'NK']
         """
-        served = self.reader.served
+        served = () if self.anndata is None else self.anndata.served
         found = [label for label in served if label is not None and label.categories is not None]
         for label in found:
             if key in (label.name, label.path):
@@ -280,7 +307,7 @@ class SessionHandles:
     @property
     def n_vars(self) -> int:
         """Columns of a sample: of a matrix key after ``genes``/``join``, else a row's elements."""
-        out = self.reader.n_out
+        out = None if self.anndata is None else self.anndata.n_out
         if out is not None:
             return out
         shape = self.reader.files.types[0].row_shape if self.reader.files.types else ()

@@ -17,7 +17,7 @@ from loaderkit.hdf5.dataset.arguments import (
 )
 from loaderkit.hdf5.read.heldsessions import HeldInfo
 from loaderkit.hdf5.read.mapped import DUPLICATES_FD
-from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.read.reader import Reader
 from loaderkit.machine.distributed import local_world_size
 from loaderkit.plan import UNSET, PlanEntry
 from loaderkit.policy.budgets import (
@@ -53,7 +53,7 @@ class DatasetBudgets:
 
     def __init__(
         self,
-        reader: SessionReader,
+        reader: Reader,
         memory_map: bool,
         open_files_requested: int | None = None,
         session_bytes_requested: int | None = None,

@@ -31,6 +31,7 @@ from loaderkit.errors import (
     MovedAttribute,
     add_note,
 )
+from loaderkit.hdf5.anndata import FORMS, CellChoice, matrix_arguments_refused
 from loaderkit.hdf5.dataset.accessors import SessionHandles
 from loaderkit.hdf5.dataset.arguments import (
     check_max_open_files,
@@ -39,7 +40,6 @@ from loaderkit.hdf5.dataset.arguments import (
     normalize_files,
 )
 from loaderkit.hdf5.dataset.budgeting import DatasetBudgets
-from loaderkit.hdf5.dataset.cells import CellChoice
 from loaderkit.hdf5.dataset.inspection import DatasetInspection
 from loaderkit.hdf5.dataset.readmode import ReadMode, overrides, read_mode, uses_default_read
 from loaderkit.hdf5.meta.index import (
@@ -52,7 +52,6 @@ from loaderkit.hdf5.meta.index import (
     unpack_index,
 )
 from loaderkit.hdf5.meta.layout import SessionLayout
-from loaderkit.hdf5.read.csrrows import FORMS
 from loaderkit.hdf5.read.runs import plan_runs, read_runs
 from loaderkit.hdf5.remote.cachedsessions import CachedSessions
 from loaderkit.hdf5.remote.sources import SessionSources, session_names
@@ -176,7 +175,7 @@ class HDF5SessionDataset(Dataset):
             ``ds.handles.var_names`` is the joined index.
         cells: Only the cells (rows of ``key``) this function chooses, for ``.h5ad`` files:
             called once per file, here, as ``cells(obs)`` with the file's obs as a read-only
-            mapping column name -> numpy array (``loaderkit.hdf5.meta.obs.ObsTable``: a
+            mapping column name -> numpy array (``loaderkit.hdf5.anndata.obs.ObsTable``: a
             column is read when asked for; categoricals as their names, missing ``None``;
             the index as ``"_index"``), it returns a boolean mask of the file's cells or
             sorted unique positions. Sample ``i`` is the ``i``-th chosen cell in file order;
@@ -292,17 +291,22 @@ class HDF5SessionDataset(Dataset):
             columns=genes is not None or join is not None,
         )
         # the reader owns the index, the open files and the held sessions; the parts read it
-        self._reader = reader = inspection.reader(
+        self._reader, self._anndata = inspection.reader(
             max_open_files or _STANDALONE_FILES, memory_map, max_session_bytes or 0
         )
+        reader = self._reader
         self._key = inspection.key
         self._sparse, self._genes, self._join = sparse, genes, join
-        reader.configure(sparse, genes, join)  # a matrix's served columns; else refused
+        if self._anndata is not None:  # a matrix's served columns and form
+            self._anndata.configure(sparse, genes, join)
+        elif sparse != "csr" or genes is not None or join is not None:
+            raise matrix_arguments_refused(sparse, reader.files.key_names)
         reader.files.sources = sources
         if sources is not None:
             sources.use_keys(reader.files.specs)
         self._handles = SessionHandles(
             reader,
+            anndata=self._anndata,
             item_fast=self._item_fast,
             mode=self._mode,
             transforms=self._transforms,
@@ -873,8 +877,8 @@ class _SessionSupport(LoaderSupport):
 
     @property
     def missing_values(self) -> bool:  # type: ignore[override]
-        served = self.dataset._reader.served
-        return any(label is not None and label.masks is not None for label in served)
+        anndata = self.dataset._anndata
+        return anndata is not None and anndata.missing_values
 
     def read_path(self) -> tuple[str, str] | None:
         return self.dataset.handles.read_path

@@ -17,9 +17,25 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError, warn
+from loaderkit.hdf5.anndata import (
+    AnnDataReader,
+    CellChoice,
+    CSRGroup,
+    CSRMatrix,
+    CSRSessions,
+    DenseColumns,
+    LabelColumns,
+    LabelKey,
+    VarTableBuilder,
+    check_matrix,
+    choose_cells,
+    csr_sessions,
+    gene_map,
+    is_dense_matrix,
+    var_names,
+    var_path,
+)
 from loaderkit.hdf5.convert.rowcache import cached_record
-from loaderkit.hdf5.dataset.cells import CellChoice, choose_cells
-from loaderkit.hdf5.meta.anndata import CSRGroup, var_names, var_path
 from loaderkit.hdf5.meta.diagnose import metadata_errors, open_diagnosis
 from loaderkit.hdf5.meta.index import (
     pack_index,
@@ -38,12 +54,8 @@ from loaderkit.hdf5.meta.layout import (
     open_kwargs,
 )
 from loaderkit.hdf5.meta.types import RowType
-from loaderkit.hdf5.read.csrrows import CSRReader
-from loaderkit.hdf5.read.csrsessions import CSRSessions, csr_sessions
-from loaderkit.hdf5.read.densejoin import DenseJoinReader, check_matrix, is_dense_matrix
-from loaderkit.hdf5.read.genemap import VarTableBuilder, gene_map, where_sessions
-from loaderkit.hdf5.read.labelkeys import LabelColumns
-from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.read.reader import Reader, SessionReader
+from loaderkit.hdf5.read.sessionfiles import where_sessions
 from loaderkit.hdf5.remote.remotemeta import (
     MetaStore,
     RemoteRecord,
@@ -76,7 +88,7 @@ class DatasetInspection:
         custom_index: The dataset's class overrides ``build_index``.
         label: The dataset's class name, for messages.
         columns: ``join=`` or ``genes=`` was given: a dense anndata matrix's files are aligned
-            by their var indexes (``read.densejoin``), so their widths may differ.
+            by their var indexes (``anndata.densejoin``), so their widths may differ.
 
     Example:
         >>> DatasetInspection.reader.__name__
@@ -142,8 +154,12 @@ class DatasetInspection:
 
     def reader(
         self, max_open: int, memory_map: bool | None, max_session_bytes: int
-    ) -> SessionReader:
+    ) -> tuple[Reader, AnnDataReader | None]:
         """Read what every file holds (main process only) and build the reader over it.
+
+        Returns:
+            The reader, and the same reader as the AnnData part where the keys are AnnData's
+            (a matrix whose columns are genes, per-cell anndata columns), else ``None``.
 
         Args:
             max_open: Most files open at once per process.
@@ -158,8 +174,8 @@ class DatasetInspection:
             self.key = found
         kept = self._remote_records(specs)
         csr = self._csr_reader(specs, kept, max_open, memory_map, max_session_bytes)
-        if csr is not None:  # AnnData's CSR matrix: its own reader (read.csrrows)
-            return csr
+        if csr is not None:  # AnnData's CSR matrix: its own part (anndata.csrmatrix)
+            return csr, csr
         records: list[SessionRecord] = []
         resolved: list[KeySpec] = list(specs)
         uneven = [False] * len(specs)
@@ -214,11 +230,8 @@ class DatasetInspection:
             if not spec.members:
                 advise([rec.layouts[k] for rec in records], self._ids, self._paths, spec.path)
         first = [rec.layouts[0] if rec.layouts else None for rec in records]
-        kwargs: dict[str, Any] = {}
-        if var_table is not None:  # a dense matrix aligned by its genes (read.densejoin)
-            kwargs = {"table": var_table.table(), "name": resolved[0].name}
-        return (DenseJoinReader if kwargs else SessionReader)(
-            **kwargs,
+        rows = SessionReader(
+            keys=_beside(len(resolved), DenseColumns.keys if var_table is not None else ()),
             ids=self._ids,
             paths=self._paths,
             canonical=self._canonical(records),
@@ -236,8 +249,18 @@ class DatasetInspection:
             label=f"{self.label} over {len(self._ids)} session(s)",
             uneven=[k for k, odd in enumerate(uneven) if odd],
             max_session_bytes=max_session_bytes,
-            served=served,
         )
+        if var_table is not None:  # a dense matrix aligned by its genes (anndata.densejoin)
+            table = var_table.table()
+            dense = DenseColumns(rows, table)
+            reader = AnnDataReader(
+                rows, matrix=dense, served=served, table=table, name=resolved[0].name
+            )
+            return reader, reader
+        if any(label is not None for label in served):  # per-cell anndata columns
+            reader = AnnDataReader(rows, matrix=None, served=served)
+            return reader, reader
+        return rows, None
 
     def _var_table(self, specs: Sequence[KeySpec]) -> VarTableBuilder:
         """An empty table of var indexes: a dense matrix under ``join=``/``genes=``.
@@ -278,8 +301,8 @@ class DatasetInspection:
         max_open: int,
         memory_map: bool | None,
         max_session_bytes: int,
-    ) -> CSRReader | None:
-        """The reader of a key naming a CSR group (``read.csrrows``); ``None`` for other keys.
+    ) -> AnnDataReader | None:
+        """The reader of a key naming a CSR group (``anndata.csrmatrix``); ``None`` for other keys.
 
         Files read in place are inspected by ``csr_sessions``; files read through the node
         cache one by one (``_cached_csr``: URLs from their kept ``RemoteRecord``).
@@ -296,13 +319,8 @@ class DatasetInspection:
         check_rows(records, parts, files)
         types = row_types(records, parts, None, files, self._open_for_inspection, known)
         sizes = [rec.identity.size for rec in records if rec.identity is not None]
-        return CSRReader(
-            groups=found.groups,
-            table=found.vars,
-            labels=found.labels,
-            name=found.name,
-            file_bytes=sum(sizes),
-            file_maps=memory_map is not False,
+        rows = SessionReader(
+            keys=_beside(len(parts), CSRMatrix.keys),  # the labels beside the matrix
             ids=self._ids,
             paths=self._paths,
             canonical=self._canonical(records),
@@ -320,6 +338,19 @@ class DatasetInspection:
             label=f"{self.label} over {len(self._ids)} session(s)",
             max_session_bytes=max_session_bytes,
         )
+        # messages name the matrix and its labels, not its data and indices
+        rows.files.key_names = [found.name, *(label.name for label in found.labels)]
+        matrix = CSRMatrix(
+            files=rows.files,
+            groups=found.groups,
+            table=found.vars,
+            file_bytes=sum(sizes),
+            file_maps=memory_map is not False,
+        )
+        served: list[LabelKey | None] = [None] * len(parts)  # the matrix's keys: as read
+        for k, label in zip(rows.keys, found.labels, strict=True):
+            served[k] = label
+        return AnnDataReader(rows, matrix=matrix, served=served, table=found.vars, name=found.name)
 
     def _cached_csr(
         self,
@@ -476,7 +507,7 @@ class DatasetInspection:
             "several as key=('a', 'b'), or a group whose datasets are the samples."
         )
 
-    def choose_cells(self, fn: Any, reader: SessionReader) -> tuple[np.ndarray, CellChoice]:
+    def choose_cells(self, fn: Any, reader: Reader) -> tuple[np.ndarray, CellChoice]:
         """The packed, read-only index of the cells ``cells=fn`` chose in every file.
 
         Each file is opened once more, here, for its obs (``cells.choose_cells``).
@@ -485,7 +516,7 @@ class DatasetInspection:
             fn, self._ids, self._paths, reader.session_rows(), self._open_for_inspection
         )
 
-    def pack(self, index: Any, reader: SessionReader) -> np.ndarray:
+    def pack(self, index: Any, reader: Reader) -> np.ndarray:
         """The packed, read-only index of what ``build_index`` returned (checked)."""
         records = reader.files.records
         check_rows = self._item_fast and all(rec.layouts for rec in records)
@@ -497,6 +528,16 @@ class DatasetInspection:
             key=self._key_name(reader),
         )
 
-    def _key_name(self, reader: SessionReader) -> str | None:
+    def _key_name(self, reader: Reader) -> str | None:
         specs = reader.files.specs
         return specs[0].path if len(specs) == 1 else None if not specs else str(self.key)
+
+
+def _beside(n_keys: int, matrix_keys: Sequence[int]) -> list[int]:
+    """The keys of ``n_keys`` a matrix part reading ``matrix_keys`` leaves to the row reader.
+
+    Example:
+        >>> _beside(4, (0, 1))
+        [2, 3]
+    """
+    return [k for k in range(n_keys) if k not in matrix_keys]

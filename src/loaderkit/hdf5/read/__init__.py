@@ -1,4 +1,4 @@
-"""Reading rows out of session files: handles, raw I/O, runs, row readers, held sessions.
+"""Reading rows out of session files: handles, raw I/O, runs, the row reader, held sessions.
 
 Imports go down only: to ``loaderkit.hdf5.meta`` (never to ``convert``, ``remote`` or
 ``dataset``), and below the package to ``loaderkit.batches`` (a batch's contract and the
@@ -24,26 +24,13 @@ the remote stage provides it.
 - ``widerows``: rows that span many chunks, each chunk read once;
 - ``heldsessions``: whole sessions held in memory (``HeldSessions``, ``HeldInfo``);
 - ``copies``: ``SessionCopies``, what a reader needs of sessions read from a local copy;
-- ``labelkeys``: ``LabelKey``, per-cell anndata columns as every reader serves them (a
-  categorical's codes on one shared list, ``None`` where a value is missing), and
-  ``LabelColumns``, which finds them file by file;
 - ``sessionfiles``: ``SessionFiles``, the part a reader holds: its files, what they hold, the
   open handles and their checks;
 - ``widekeys``: keys whose rows span many chunks, read apart (functions over that part);
 - ``scratch``: ``ScratchRows``, a reused per-thread buffer of rows converted after reading;
 - ``mappedrows``: a batch's rows gathered from memory maps;
-- ``reader``: ``SessionReader``, the default reads of one or several keys, and the base every
-  reader class derives from directly: what the dataset asks of a reader, declared;
-- ``csrforms``: what a batch of CSR rows becomes (sparse CSR tensor, dense rows, tokens);
-- ``csrplan``: where a batch of CSR rows lies (``SpanCatalog``: indptr and chunk tables);
-- ``genemap``: which column of each file a batch column is (``join=``, ``genes=``): one lookup
-  array per distinct var index, applied per batch;
-- ``csrahead``: ``CSRAhead``, a CSR reader's coming rows planned and asked for ahead;
-- ``csrrows``: ``CSRReader``, rows of CSR matrices (AnnData) read as runs of their spans.
-- ``csrsessions``: ``csr_sessions``, what every file holds of a CSR key (shape, ``indptr``,
-  ``var``) and of the per-cell keys beside it (``labelkeys``), inspected once where the
-  dataset is constructed.
-- ``densejoin``: ``DenseJoinReader``, a dense anndata matrix (``X``, ``layers/<name>``,
-  ``raw/X``) under ``join=``/``genes=``: each file's rows at its own width, scattered into the
-  served columns with ``genemap``'s lookup arrays.
+- ``reader``: ``Reader``, the contract every reader answers (declared, nothing AnnData in it),
+  ``SessionReader``, the rows of one or several keys read as stored, and ``row_batch``, keys'
+  parts made into a finished batch. The AnnData package (``loaderkit.hdf5.anndata``) composes
+  a ``SessionReader``; nothing here imports it.
 """

@@ -5,7 +5,7 @@ for, the disk serves them while the process waits, and the process computes whil
 waits. The loader knows the coming batches before torch asks for them (``order.lookahead``
 draws the sampler's indices ahead and tells the dataset's watcher). ``SamplerReadAhead`` is
 that watcher for a reader that can plan a batch's reads without reading them
-(``CSRReader.advise``): the reads of every batch drawn go to the kernel as
+(``ahead.CSRAhead.advise``): the reads of every batch drawn go to the kernel as
 ``posix_fadvise(WILLNEED)`` on a background thread (``Advisor``), so the disk fetches them
 while the current batches are read and computed. The pages land in the page cache (shared,
 reclaimable: not the process's memory); what is asked ahead at once is bounded (``ahead_plan``).
@@ -279,7 +279,7 @@ class SamplerReadAhead:
     the watcher stays quiet for the pass (each worker reads its own batch's misses together).
 
     Args:
-        advise: Asks for the reads of packed row keys (``CSRReader.advise``); returns how
+        advise: Asks for the reads of packed row keys (``ahead.CSRAhead.advise``); returns how
             many of them it could not plan yet (0: all asked for).
         done: Whether nothing is left to ask (every window of the files was).
         index: The dataset's packed index (dataset index -> row key).

@@ -1,4 +1,4 @@
-"""``SessionReader``: reads rows of one or several keys from session files; every reader's base.
+"""``SessionReader``, rows of keys of session files read as stored; ``Reader``, the contract.
 
 The reader holds its files as a part (``sessionfiles.SessionFiles``: how each key is stored
 and typed, what every file held when the index was built, the per-process file pool, the
@@ -10,20 +10,20 @@ checks that make a changed file an ``HDF5FileError`` naming what changed, the er
   every key read into one buffer: a table of reads (``readtable.read_table``) or a memory map
   for contiguous numbers (other byte orders into a reused scratch buffer, converted while
   copied), HDF5 otherwise (which converts byte order, enums and compounds itself), then split
-  into samples and the collated batch (``loaderkit.batches.RowBatch``), written where the
-  loader's ``BatchMemory`` says (``use_memory``: a worker's batch slot).
+  into samples and the collated batch (``loaderkit.batches.RowBatch``, ``row_batch``), written
+  where the loader's ``BatchMemory`` says (``use_memory``: a worker's batch slot).
 
 Keys whose rows span many chunks that other rows share are read apart (``widekeys``). What
-the dataset asks of any reader (``configure``, ``genes``, ``n_out``, ``matrix_nbytes``,
-``sparse_samples``...) is declared here, answered as for rows served as stored;
-``csrrows.CSRReader`` and ``densejoin.DenseJoinReader`` are its direct subclasses.
+the dataset, its budgets and the loader ask of any reader is ``Reader``, a ``Protocol`` with
+nothing AnnData in it. The AnnData package's reader holds a ``SessionReader`` for the keys
+beside its matrix (``keys=``, the same ``files``) and reads the matrix itself; none subclasses it.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -33,9 +33,7 @@ from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK, decode_index, encode_i
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord, axis_selection, read_slab
 from loaderkit.hdf5.meta.types import Kind, Samples, dict_rows
 from loaderkit.hdf5.read.chunkio import ReadPath
-from loaderkit.hdf5.read.genemap import GeneMap, VarTable, gene_map
 from loaderkit.hdf5.read.handles import Handle
-from loaderkit.hdf5.read.labelkeys import LabelKey, served_parts, served_values
 from loaderkit.hdf5.read.mappedrows import take_mapped
 from loaderkit.hdf5.read.rawio import pread
 from loaderkit.hdf5.read.readtable import RING_MIN_READS, ShortRead, Table, read_table
@@ -44,76 +42,140 @@ from loaderkit.hdf5.read.scratch import ScratchRows
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
 
-__all__ = ["KeySpec", "SessionReader", "SessionRecord"]
+__all__ = ["KeySpec", "Reader", "SessionReader", "SessionRecord", "row_batch"]
+
+
+class Reader(Protocol):
+    """What the dataset, its budgets and the loader ask of any reader: the declared contract.
+
+    ``SessionReader`` answers it for keys read as stored; the AnnData package's reader
+    (``loaderkit.hdf5.anndata.keyreader.AnnDataReader``) answers it by composing a matrix part
+    with a ``SessionReader`` for the keys beside the matrix. Nothing in it is AnnData's: a
+    matrix's genes, forms and labels are that package's own part.
+
+    Example:
+        >>> isinstance(SessionReader, type) and "read_batch" in Reader.__dict__
+        True
+    """
+
+    #: The files part: specs, types, records, the per-process file pool, checks, errors.
+    files: SessionFiles
+    #: The dataset's packed index (``meta.index``), set by the dataset after construction.
+    index: np.ndarray
+    #: What decides a sample's content besides the index, as bytes a resumed state shares.
+    content_parts: list[bytes]
+
+    @property
+    def fills_chunk_buffer(self) -> bool:
+        """Reads fill a chunk buffer per open file (HDF5's, or decoded chunks)."""
+        ...
+
+    @property
+    def maps_whole_files(self) -> bool:
+        """Warm tables of reads may be copied out of whole-file maps (a second descriptor)."""
+        ...
+
+    @property
+    def matrix_nbytes(self) -> list[int] | None:
+        """Per session, bytes a chunk buffer holds of the reads (``None``: the layouts say)."""
+        ...
+
+    @property
+    def sparse_samples(self) -> bool:
+        """Whether samples are sparse tensors (not dense rows)."""
+        ...
+
+    def read_one(self, index: int, pos: int, row: int) -> Any:
+        """Sample ``index`` (session ``pos``, ``row``)."""
+        ...
+
+    def read_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
+        """The samples of packed ``keys`` (dataset indices ``idx``) as one finished batch."""
+        ...
+
+    def use_memory(self, memory: BatchMemory) -> None:
+        """Write the batches read in this process where ``memory`` says."""
+        ...
+
+    def fit_memory(self, memory: int | None, source: str | None = None) -> None:
+        """Fit what is read around a miss and ahead to the memory the process may use."""
+        ...
+
+    def read_ahead_watcher(self) -> Any | None:
+        """A watcher of the loader's coming indices that asks for their reads ahead."""
+        ...
+
+    def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
+        """Per key name, how its rows are read from ``handle``'s file."""
+        ...
+
+    def session_rows(self) -> list[int]:
+        """Samples per session the default ``build_index`` counts."""
+        ...
+
+    def chunk_rows(self) -> list[int]:
+        """Rows per storage chunk of each session: where blocks are cut."""
+        ...
+
+    def threads_reading(self) -> int:
+        """How many threads are inside a batch read now."""
+        ...
+
+    def close(self) -> None:
+        """Close this process's open files and drop what is held in memory."""
+        ...
 
 
 class SessionReader:
-    """Default reads of ``HDF5SessionDataset``, and the contract every reader answers.
+    """Rows of the keys of session files read as stored: the default reads of the dataset.
 
-    Its files, their handles and checks are a part it holds (``files``).
+    Its files, their handles and checks are a part it holds (``files``); the keys it reads
+    are ``keys`` (all of the files' keys, or those another reader leaves to it).
 
     Args:
-        served: Per key, the ``labelkeys.LabelKey`` of a per-cell anndata column (a
-            categorical's codes shared across files, ``None`` where a value is missing);
-            ``None`` (or empty: every key) where rows are served as stored.
         single: A sample is one key's row, not a dict of keys.
         type_error: Why the keys' rows cannot be typed (a type no torch dtype holds, rows that
-            differ between sessions), kept for a subclass that overrides ``read``: the base
-            ``read`` raises it when called, an override that converts the rows itself works.
-        table: A matrix key's var indexes, one per file (``genemap.VarTable``): its columns
-            are genes, served as ``configure`` decides; ``None``: rows served as stored.
-        name: The matrix's name (messages, dict samples); ``None``: the first key's.
+            differ between sessions), kept for a subclass that overrides ``read``: ``read_one``
+            raises it when called, an override that converts the rows itself works.
+        files: The files part to read through (shared with a reader that holds this one);
+            ``None``: made here from ``kwargs``.
+        keys: The positions of the files' keys this reader reads (``None``: every key).
         **kwargs: The arguments of ``sessionfiles.SessionFiles`` (the files part).
 
     Example:
-        >>> SessionReader.read_one.__name__, SessionReader.forms
-        ('read_one', ('csr',))
+        >>> SessionReader.read_one.__name__, SessionReader.maps_whole_files
+        ('read_one', False)
     """
 
-    #: The forms a matrix's rows are served in (``configure``'s ``form``; ``sparse=``).
-    forms: tuple[str, ...] = ("csr",)
-    #: Whether tables of reads may be copied out of whole-file maps (each mapped file then
-    #: holds a second descriptor where ``mapped.DUPLICATES_FD``); ``CSRReader`` may.
+    #: Tables of reads are never copied out of whole-file maps here.
     maps_whole_files = False
 
     def __init__(
         self,
         *,
-        served: Sequence[LabelKey | None] = (),
         single: bool,
         type_error: Exception | None = None,
-        table: VarTable | None = None,
-        name: str | None = None,
+        files: SessionFiles | None = None,
+        keys: Sequence[int] | None = None,
         **kwargs: Any,
     ) -> None:
-        self.files = files = SessionFiles(**kwargs)
+        self.files = files = SessionFiles(**kwargs) if files is None else files
+        #: The files' keys this reader reads, in sample order.
+        self.keys = tuple(range(len(files.specs))) if keys is None else tuple(keys)
         #: The dataset's packed index: sample ``i`` is ``(index[i] >> ROW_BITS, index[i] &
         #: ROW_MASK)``, (session position, row); read-only once the dataset set it.
         self.index: np.ndarray = np.empty(0, np.int64)
-        #: Per key, how an anndata column's rows are served (``LabelKey``; ``None``: as stored).
-        self.served = tuple(served) or (None,) * len(files.specs)
         self.single = single
         self.type_error = type_error
         #: Reads fill a chunk buffer per open file (HDF5's, or decoded chunks).
         self.fills_chunk_buffer = files.chunked
-        #: What decides a sample's content besides the index, as bytes a resumed state must
-        #: share (a matrix's column map: ``configure``).
+        #: What decides a sample's content besides the index (nothing: rows as stored).
         self.content_parts: list[bytes] = []
         #: Per thread: the reused buffer of rows that need converting.
         self.scratch = ScratchRows()
         #: One entry per thread inside a batch read now (``list.append``/``pop`` are atomic).
         self.reading: list[None] = []
-        self.table = table
-        self.name = name if name is not None else (files.key_names or [""])[0]
-        #: How a matrix's rows are served (one of ``forms``).
-        self.form = "csr"
-        #: A matrix's served columns, and where each file's go (``configure``); ``None``:
-        #: rows served as stored.
-        self.genes: GeneMap | None = None if table is None else GeneMap.plain(table)
-        #: Columns of a matrix's sample (``None``: rows served as stored, ``files.types``).
-        self.n_out: int | None = None if self.genes is None else self.genes.n_out
-        #: Per session, bytes of a sparse matrix's values and column ids decoded (what a
-        #: chunk buffer holds of it); ``None``: no sparse matrix.
+        #: Rows as stored: the layouts say what a chunk buffer holds.
         self.matrix_nbytes: list[int] | None = None
         #: Where batches are written in this process (``use_memory``; plain memory until
         #: the loader hands over a worker's batch slot). Never pickled.
@@ -133,50 +195,18 @@ class SessionReader:
 
     @property
     def sparse_samples(self) -> bool:
-        """Whether samples are rows of a sparse matrix (CSR tensors, not dense rows)."""
+        """Rows as stored are dense: ``False``."""
         return False
 
-    def configure(self, form: str = "csr", genes: Any = None, join: str | None = None) -> None:
-        """Serve a matrix's rows as ``form``, the columns ``join`` and ``genes`` give.
+    @property
+    def names(self) -> list[str]:
+        """The names of this reader's keys (a dict sample's keys), in ``keys`` order."""
+        return [self.files.specs[k].name for k in self.keys]
 
-        Args:
-            form: One of ``forms`` (``sparse=``): a sparse matrix's ``"csr"``, ``"dense"`` or
-                ``"tokens"``; a dense matrix is served dense (only the default, ``"csr"``).
-            genes: ``None`` (every column), var names (a name twice: two columns), integer
-                positions or a boolean mask (``genemap.gene_map``).
-            join: ``None`` (the files share one var index), ``"outer"`` or ``"inner"``.
-
-        Raises:
-            ConfigError: Any of them given where rows are served as stored (no matrix), a
-                form this matrix has not, an unknown join, files whose var indexes differ
-                without ``join=`` or ``genes=`` names, or a ``genes=`` that selects no column
-                of the files (each named by ``gene_map``).
-        """
-        if self.table is None:
-            if form != "csr" or genes is not None or join is not None:
-                names = self.files.key_names
-                raise ConfigError(
-                    f"sparse={form!r}, genes= and join= apply to an anndata matrix (sparse= to "
-                    "a CSR one; genes= and join= to X, layers/<name> or raw/X, dense too, as "
-                    f"the first key); key {names[0] if len(names) == 1 else names!r} is none: "
-                    "leave them unset (its rows are read as stored)."
-                )
-            return
-        if form not in self.forms:
-            if len(self.forms) > 1:
-                raise ConfigError(f"sparse={form!r}: expected one of {list(self.forms)}.")
-            raise ConfigError(
-                f"sparse={form!r} applies to a sparse (CSR) matrix; key {self.name!r} is a "
-                "dense matrix, served as dense rows: leave sparse= unset."
-            )
-        self.form = form
-        self.genes = gene_map(self.table, join, genes, key=self.name, where=self.files.where())
-        self.n_out = self.genes.n_out
-        self.content_parts = [b"columns", *self.genes.digest_parts()]
-        self._serve_columns(self.genes)
-
-    def _serve_columns(self, genes: GeneMap) -> None:
-        """After ``configure``: what a reader needs to serve ``genes`` (nothing here)."""
+    @property
+    def ragged_names(self) -> list[str | None]:
+        """Per key of ``keys``, its name where its rows may differ in shape (else ``None``)."""
+        return [self.files.ragged_names[k] for k in self.keys]
 
     def use_memory(self, memory: BatchMemory) -> None:
         """Write the batches this process reads from now on where ``memory`` says.
@@ -189,7 +219,7 @@ class SessionReader:
     def fit_memory(self, memory: int | None, source: str | None = None) -> None:
         """Fit what is read around a miss and ahead to the memory the process may use.
 
-        Nothing here: rows are read as asked (``CSRReader`` reads around and ahead).
+        Nothing here: rows are read as asked (a CSR matrix reads around and ahead).
 
         Args:
             memory: ``PlatformInfo.memory_bytes`` (``None``: unknown).
@@ -199,7 +229,7 @@ class SessionReader:
     def read_ahead_watcher(self) -> Any | None:
         """A watcher of the loader's coming indices that asks for their reads ahead.
 
-        ``None`` here: rows are read when their batch comes (``CSRReader`` reads ahead).
+        ``None`` here: rows are read when their batch comes (a CSR matrix reads ahead).
         """
         return None
 
@@ -235,13 +265,13 @@ class SessionReader:
         """
         if self.type_error is not None:
             raise ConfigError(str(self.type_error))
-        values = self.read_keys(index, pos, row, range(len(self.files.specs)))
+        values = self.read_keys(index, pos, row, self.keys)
         if self.single:
             return values[0]
-        return {spec.name: value for spec, value in zip(self.files.specs, values, strict=True)}
+        return dict(zip(self.names, values, strict=True))
 
     def read_keys(self, index: int, pos: int, row: int, keys: Sequence[int]) -> list[Any]:
-        """Row ``row`` of session ``pos`` of each key in ``keys`` as served; errors name the row.
+        """Row ``row`` of session ``pos`` of each of the files' keys ``keys``; errors name the row.
 
         The handle is leased for the read, unless this thread holds the hook lock (a subclass's
         ``read`` calling ``super().read()``): no handle is closed under it.
@@ -261,9 +291,7 @@ class SessionReader:
         finally:
             if not locked:
                 self.files.file_pool.release(handle)
-        return served_values(
-            self.served, keys, values, (pos, row), self.files.ids, self.files.paths
-        )
+        return values
 
     def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
         rt = self.files.types[k]
@@ -315,25 +343,79 @@ class SessionReader:
         Returns:
             A ``RowBatch``: the samples in request order, and the collated batch.
         """
-        n, files = idx.size, self.files
-        order, starts = plan_runs(keys, sort=files.chunked, always=files.contiguous)
+        return row_batch(self.names, self.read_parts(idx, keys), self.ragged_names, self.single)
+
+    def read_parts(self, idx: np.ndarray, keys: np.ndarray) -> list[tuple[Samples, Any]]:
+        """Per key of ``keys`` (this reader's), its samples and batch of packed ``keys``.
+
+        Each part is ``(samples, batch)``: a function that makes the per-row samples, and the
+        key's collated batch (``None`` where its rows differ in shape). ``row_batch`` makes
+        the finished batch of parts.
+        """
+        order, starts = plan_runs(keys, sort=self.files.chunked, always=self.files.contiguous)
         if starts is None:
-            starts = np.arange(n)
+            starts = np.arange(idx.size)
         reading = self.reading
         reading.append(None)  # threads reading now: ``_fill`` chooses its system calls by it
         try:
-            parts = [self._read_key(k, idx, keys, order, starts) for k in range(len(files.specs))]
+            return [self._read_key(k, idx, keys, order, starts) for k in self.keys]
         finally:
             reading.pop()
-        # anndata columns
-        parts = served_parts(self.served, parts, keys, files.ids, files.paths, self.memory)
-        if self.single:  # the rows (views of the batch, or dicts) only when something asks
-            return RowBatch(parts[0][1], parts[0][0], ragged=files.ragged_names[0])
-        names = [spec.name for spec in files.specs]
-        batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
-        ragged = next((files.ragged_names[k] for k, p in enumerate(parts) if p[1] is None), None)
-        rows = functools.partial(dict_rows, names, [part[0] for part in parts])
-        return RowBatch(None if ragged else batch, rows, ragged=ragged)
+
+    def stored_rows(
+        self, handle: Handle, k: int, pos: int, rows: np.ndarray, index: int, *, wrap: bool
+    ) -> np.ndarray:
+        """Rows ``rows`` (sorted, unique) of key ``k`` of session ``pos``, at its own shape.
+
+        The file's own row shape (``records``), not the one every session shares: a dense
+        matrix's files may differ in width (the AnnData package maps their columns). Contiguous
+        rows are one table of reads (a read a run); else memory maps, raw chunks or HDF5.
+
+        Args:
+            handle: Session ``pos``'s open file, leased by the caller.
+            k: The key.
+            pos: The session.
+            rows: The rows to read.
+            index: The dataset index of the first, for errors.
+            wrap: Name the file and rows in an ``HDF5FileError`` (``False``: raise as read).
+        """
+        shape = self.files.records[pos].layouts[k].row_shape
+        dtype = self.files.types[k].read_dtype
+        buf = np.empty((rows.size, *shape), dtype)
+        row_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        cuts = (np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1).tolist()
+        mapped, raw = handle.maps[k], handle.raws[k]
+        if mapped is not None:
+            self.files.verify(handle, pos, "rows", index)  # never fault on a truncated map
+        runs = list(zip([0, *cuts], [*cuts, rows.size], strict=True))
+        firsts = rows[[k0 for k0, _ in runs]].tolist()
+        if raw is not None and mapped is None:  # contiguous: the runs are one table of reads
+            fd, base = raw
+            table = [
+                (fd, base + a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes)
+                for a, (k0, k1) in zip(firsts, runs, strict=True)
+            ]
+            try:
+                read_table(buf, table, what="the row data")
+            except ShortRead as exc:
+                if not wrap:
+                    raise
+                a, (k0, k1) = firsts[exc.row], runs[exc.row]
+                raise self.files.read_error(exc, pos, range(a, a + k1 - k0), index, k) from exc
+            return buf
+        for a, (k0, k1) in zip(firsts, runs, strict=True):
+            try:
+                if mapped is not None:
+                    buf[k0:k1] = mapped[a : a + k1 - k0]
+                else:  # raw chunks or HDF5: the dataset's own shape
+                    self.files.fill_run(handle, k, pos, a, k1 - k0, buf[k0:k1], index)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                if not wrap:
+                    raise
+                raise self.files.read_error(exc, pos, range(a, a + k1 - k0), index, k) from exc
+        return buf
 
     def _read_key(
         self,
@@ -527,6 +609,35 @@ class SessionReader:
             return True
         finally:
             self.files.file_pool.release_all(leased)
+
+
+def row_batch(
+    names: Sequence[str],
+    parts: Sequence[tuple[Samples, Any]],
+    ragged: Sequence[str | None],
+    single: bool,
+) -> RowBatch:
+    """The finished batch of keys' parts (``read_parts``): one key's, or a dict of keys.
+
+    Args:
+        names: Per part, its key's name (a dict batch's keys).
+        parts: Per key, ``(samples, batch)``; a batch ``None`` where the key's rows differ in
+            shape (the batch is then the samples, collated by the loader's ``collate_fn``).
+        ragged: Per part, the name to give where its rows differ in shape.
+        single: A sample is the first part's row, not a dict.
+
+    Example:
+        >>> import functools, torch
+        >>> batch = row_batch(["x"], [(functools.partial(list, [1]), torch.ones(1))], [None], True)
+        >>> batch.tensor
+        tensor([1.])
+    """
+    if single:  # the rows (views of the batch, or dicts) only when something asks
+        return RowBatch(parts[0][1], parts[0][0], ragged=ragged[0])
+    batch = {name: part[1] for name, part in zip(names, parts, strict=True)}
+    odd = next((name for name, part in zip(ragged, parts, strict=True) if part[1] is None), None)
+    rows = functools.partial(dict_rows, list(names), [part[0] for part in parts])
+    return RowBatch(None if odd else batch, rows, ragged=odd)
 
 
 def _run_table(

@@ -39,7 +39,6 @@ from loaderkit.hdf5.meta.layout import SessionLayout, dataset_at, open_object
 from loaderkit.hdf5.meta.types import Kind, RowType
 from loaderkit.hdf5.read.chunkio import ChunkReader, ReadPath, choose_path
 from loaderkit.hdf5.read.copies import SessionCopies
-from loaderkit.hdf5.read.genemap import where_sessions
 from loaderkit.hdf5.read.handles import FilePool, Handle
 from loaderkit.hdf5.read.heldsessions import HeldSessions
 from loaderkit.hdf5.read.rawio import (
@@ -50,7 +49,7 @@ from loaderkit.hdf5.read.rawio import (
     read_direct,
 )
 
-__all__ = ["SessionFiles"]
+__all__ = ["SessionFiles", "where_sessions"]
 
 
 logger = logging.getLogger(__name__)
@@ -59,6 +58,16 @@ logger = logging.getLogger(__name__)
 #: destination); smaller ones go through h5py's Cython fast path and one copy, which has less
 #: per-call overhead. Measured with ``benchmarks/hdf5_read.py`` (see docs/hdf5.md).
 _DIRECT_READ_BYTES = 256 * 1024
+
+
+def where_sessions(ids: Sequence[Hashable], paths: Sequence[str]) -> list[str]:
+    """Per session, how a message names it (``gene_map``'s ``where``): id and path.
+
+    Example:
+        >>> where_sessions(["s1", 2], ["a.h5ad", "b.h5ad"])
+        ["session 's1' (a.h5ad)", 'session 2 (b.h5ad)']
+    """
+    return [f"session {sid!r} ({path})" for sid, path in zip(ids, paths, strict=True)]
 
 
 class SessionFiles:

@@ -21,7 +21,7 @@ import functools
 import numpy as np
 
 from loaderkit.hdf5.meta.index import ROW_BITS
-from loaderkit.hdf5.read.reader import SessionReader
+from loaderkit.hdf5.read.reader import Reader
 from loaderkit.hdf5.remote.sources import OrderWatcher, SessionSources
 from loaderkit.machine.distributed import local_world_size
 from loaderkit.storage import CacheStats, SessionCache
@@ -48,7 +48,7 @@ class CachedSessions:
         'plan_rows'
     """
 
-    def __init__(self, sources: SessionSources | None, reader: SessionReader) -> None:
+    def __init__(self, sources: SessionSources | None, reader: Reader) -> None:
         self.sources = sources
         self.reader = reader
 

@@ -6,7 +6,7 @@ Runs in the process that constructs the dataset (the main process), once per obj
   cache: only the superblock, object headers, B-trees and attributes are fetched, never the
   rows), runs the same inspection as for a local file (``inventory.inspect_session``) and the row
   types (``types.row_type``), several objects at once in a small thread pool;
-- a key naming a CSR group (AnnData ``.h5ad``) is inspected as ``read.csrsessions.csr_sessions``
+- a key naming a CSR group (AnnData ``.h5ad``) is inspected as ``anndata.sessions.csr_sessions``
   inspects a local file (its ``indptr`` checked, its ``var`` index read): a ``RemoteRecord``
   whose ``group`` is that group;
 - the result is kept in ``<cache dir>/meta/<key>.json``, ``<key>`` a hash of the URL, the
@@ -41,15 +41,14 @@ import h5py
 import torch
 
 from loaderkit.errors import ConfigError, HDF5FileError, LoaderkitError, MissingKeyError
+from loaderkit.hdf5.anndata import CSRGroup, csr_sessions
 from loaderkit.hdf5.convert.rowcache import cached_record
-from loaderkit.hdf5.meta.anndata import CSRGroup
 from loaderkit.hdf5.meta.diagnose import Identity
 from loaderkit.hdf5.meta.filters import Filter, check_available, needed_filters
 from loaderkit.hdf5.meta.inventory import inspect_session
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
 from loaderkit.hdf5.meta.layout import SessionLayout, dataset_names
 from loaderkit.hdf5.meta.types import Kind, RowType, row_type, where
-from loaderkit.hdf5.read.csrsessions import csr_sessions
 from loaderkit.storage import ObjectInfo
 from loaderkit.storage.datarecords import RecordCodec, RecordError
 from loaderkit.storage.filesystems import filesystem_for, strip
@@ -281,7 +280,7 @@ def inspect_remote(
 ) -> dict[int, RemoteRecord]:
     """Each object's record: from ``store``, else read through fsspec and kept.
 
-    Where the key names a CSR group (``read.csrrows``), the record's ``group`` is that group.
+    Where the key names a CSR group (``anndata.csrmatrix``), the record's ``group`` is that group.
 
     Args:
         infos: Position -> the object as listed.

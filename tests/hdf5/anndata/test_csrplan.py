@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from loaderkit import HDF5SessionDataset
-from loaderkit.hdf5.read import uring
-from loaderkit.hdf5.read.csrplan import (
+from loaderkit.hdf5.anndata.csrmatrix import CSRMatrix
+from loaderkit.hdf5.anndata.csrplan import (
     AROUND,
     CONTIGUOUS,
     SpanCatalog,
@@ -22,7 +22,7 @@ from loaderkit.hdf5.read.csrplan import (
     plan_pieces,
     read_around,
 )
-from loaderkit.hdf5.read.csrrows import CSRReader
+from loaderkit.hdf5.read import uring
 from tests.hdf5.h5adfiles import matrix, write_csr
 
 
@@ -113,8 +113,8 @@ def test_reading_around_is_chosen_by_whether_the_files_fit_in_memory() -> None:
 
 def _planned(ds: HDF5SessionDataset) -> list[bool]:
     """Whether each batch ``ds`` reads from now on was planned (``_read_planned``)."""
-    reader = ds.handles.reader
-    assert isinstance(reader, CSRReader)
+    reader = ds.handles.reader.matrix  # the AnnData reader's matrix part
+    assert isinstance(reader, CSRMatrix)
     planned: list[bool] = []
     original = reader._read_planned
 
@@ -138,7 +138,7 @@ def test_every_batch_is_planned_from_the_catalog_the_first_once_its_sessions_are
     truth = np.concatenate([m.toarray()] * 2)
     with HDF5SessionDataset(paths, key="X") as ds:
         planned = _planned(ds)
-        reader = ds.handles.reader
+        reader = ds.handles.reader.matrix  # the CSR matrix part
         sorted_reads: list[int] = []
         original = reader._read_sorted
         reader._read_sorted = lambda idx, keys: sorted_reads.append(1) or original(idx, keys)  # type: ignore[method-assign]
@@ -190,7 +190,7 @@ def test_while_another_thread_reads_a_batch_goes_through_the_ring(
     monkeypatch.setattr(uring.Ring, "read_table", counted)
     truth = np.concatenate([m.toarray()] * 2)
     with HDF5SessionDataset(paths, key="X") as ds:
-        reader = ds.handles.reader
+        reader = ds.handles.reader.matrix  # the CSR matrix part
         ds.__getitems__(list(range(0, len(ds), 5)))  # the catalog filled: both files
         reader.reading.append(None)  # as if another thread were reading
         try:

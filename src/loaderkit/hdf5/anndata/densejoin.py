@@ -3,15 +3,15 @@
 anndata writes a dense ``X`` (and dense ``layers/<name>``, ``raw/X``) as a plain ``(n_obs,
 n_vars)`` dataset; its columns are the genes of ``var`` (``raw/var`` for ``raw/X``). Files
 collected from many studies hold other genes, in other orders, so their widths differ.
-``DenseJoinReader`` is the ``SessionReader`` of such a key when the dataset is given ``join=``
+``DenseColumns`` is the matrix part of such a key's reader when the dataset is given ``join=``
 or ``genes=``: the served columns are ``genemap.gene_map``'s, exactly as for a CSR key (the same
 meaning, order and refusals). A batch's rows of each file are read at that file's own width
 (contiguous rows: one table of reads, a read a run; else memory maps, raw chunks or HDF5, as
 any key), then their served columns taken with that file's lookup array (one ``np.take`` and one row
 scatter into the ``(batch, n_out)`` batch per file and batch, no per-cell Python). A gene a
 file lacks reads 0; a gene served twice is given twice. Keys beside the matrix (``obs``
-columns, ``obsm`` embeddings) are read by the base reads. Without ``join=``/``genes=`` dense
-keys keep the plain ``SessionReader``.
+columns, ``obsm`` embeddings) are read by the row reader the AnnData reader holds. Without
+``join=``/``genes=`` a dense key is read as stored.
 
 Example:
     >>> is_dense_matrix("layers/counts"), is_dense_matrix("obsm/X_pca")
@@ -27,17 +27,16 @@ from typing import Any
 
 import numpy as np
 
+from loaderkit.batches.contract import PLAIN, BatchMemory, RowBatch
 from loaderkit.errors import ConfigError
+from loaderkit.hdf5.anndata.genemap import GeneMap, VarTable
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
 from loaderkit.hdf5.meta.layout import check_same_rows
-from loaderkit.hdf5.meta.types import Samples
-from loaderkit.hdf5.read.genemap import GeneMap, VarTable
-from loaderkit.hdf5.read.handles import Handle
+from loaderkit.hdf5.read.chunkio import ReadPath
 from loaderkit.hdf5.read.reader import SessionReader
-from loaderkit.hdf5.read.readtable import ShortRead, read_table
 
-__all__ = ["DenseJoinReader", "check_matrix", "is_dense_matrix"]
+__all__ = ["DenseColumns", "check_matrix", "is_dense_matrix"]
 
 
 def is_dense_matrix(path: str) -> bool:
@@ -103,50 +102,103 @@ def check_matrix(
         check_same_rows([ref, layout], key, [ids[first], ids[pos]], [paths[first], paths[pos]])
 
 
-class DenseJoinReader(SessionReader):
-    """Reads a dense anndata matrix (key 0) whose served columns ``configure`` decides.
+class DenseColumns:
+    """The served columns of a dense anndata matrix (the files' key 0): a column-mapping step.
 
-    Built with the arguments of ``SessionReader``, ``table`` (each session's var index and
-    width) and ``name`` (the matrix's) among them. ``configure`` (the base's) accepts only the
-    form ``"csr"``, its default: a dense key is served dense.
+    The matrix part of ``reader.AnnDataReader`` where a dense key is given ``join=`` or
+    ``genes=``: each file's rows are read at that file's own width by the row reader
+    (``SessionReader.stored_rows``), then mapped onto the served columns (``serve``).
+
+    Args:
+        rows: The row reader over the same files (it reads the keys beside the matrix).
+        table: Each session's var index and width.
 
     Example:
-        >>> DenseJoinReader.forms
-        ('csr',)
+        >>> DenseColumns.keys, DenseColumns.forms
+        ((0,), ('csr',))
     """
 
-    table: VarTable  # a matrix: its columns always mapped (``configure``), samples sized
-    genes: GeneMap
-    n_out: int
+    #: The files' key this step serves: the matrix.
+    keys = (0,)
+    #: A dense key is served dense: only the default form (``sparse=``) is accepted.
+    forms = ("csr",)
+    #: Samples are dense rows.
+    sparse_samples = False
 
-    def __init__(self, *, table: VarTable, name: str, **kwargs: Any) -> None:
-        super().__init__(table=table, name=name, **kwargs)
+    def __init__(self, rows: SessionReader, table: VarTable) -> None:
+        self.rows = rows
+        self.files = files = rows.files
+        self.table = table
         #: The matrix's rows as the first file stores them (its width, its dtype).
-        self.stored = self.files.types[0]
+        self.stored = files.types[0]
+        self.genes = GeneMap.plain(table)
+        self.n_out = self.genes.n_out
+        #: Where batches are written in this process (``AnnDataReader.use_memory``).
+        self.memory: BatchMemory = PLAIN
         self._lookups: list[tuple[np.ndarray, np.ndarray] | None] = []
-        self.files.keep_in_runs(0)  # read here, file by file at its own width: never held
+        files.keep_in_runs(0)  # read here, file by file at its own width: never held
 
-    def _serve_columns(self, genes: GeneMap) -> None:
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["memory"] = PLAIN  # a worker's slot is its own
+        return state
+
+    def serve(self, form: str, genes: GeneMap) -> None:
         """A sample is the served columns: key 0's row type and size, each file's lookup."""
+        self.genes, self.n_out = genes, genes.n_out
         types = list(self.files.types)
         types[0] = dataclasses.replace(self.stored, row_shape=(genes.n_out,))
         self.files.types = tuple(types)
         self.files.row_bytes[0] = genes.n_out * self.stored.read_dtype.itemsize
         self._lookups = _lookups(genes)
 
+    def use_memory(self, memory: BatchMemory) -> None:
+        """Write the batches this process reads where ``memory`` says."""
+        self.memory = memory
+
+    # ------------------------------------------------------------------ as the rows are read
+
+    maps_whole_files = False
+    matrix_nbytes = None
+
+    @property
+    def fills_chunk_buffer(self) -> bool:
+        """As the row reader's reads: the matrix is read through it."""
+        return self.rows.fills_chunk_buffer
+
+    @property
+    def reading(self) -> list[None]:
+        """The row reader's threads reading now (the matrix is read through it)."""
+        return self.rows.reading
+
+    def fit_memory(self, memory: int | None, source: str | None) -> None:
+        """Nothing to fit: rows are read as asked."""
+
+    def read_ahead_watcher(self, index: np.ndarray) -> None:
+        """``None``: rows are read when their batch comes."""
+        return None
+
+    def read_path(self, path: ReadPath) -> ReadPath:
+        """How the matrix's rows are read: as the files say, file by file at its own width."""
+        return path
+
+    def session_rows(self) -> list[int]:
+        """Rows per session: the row reader's count (the matrix's rows)."""
+        return self.rows.session_rows()
+
+    def chunk_rows(self) -> list[int]:
+        """Rows per storage chunk of each session: the row reader's count."""
+        return self.rows.chunk_rows()
+
+    def close(self) -> None:
+        """Nothing held apart from the files (the row reader closes them)."""
+
     # ------------------------------------------------------------------ reads
 
-    def _read_key(
-        self,
-        k: int,
-        idx: np.ndarray,
-        keys: np.ndarray,
-        order: np.ndarray | None,
-        starts: np.ndarray,
-    ) -> tuple[Samples, Any]:
-        if k:
-            return super()._read_key(k, idx, keys, order, starts)
+    def read_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
+        """The served columns of packed ``keys``'s rows (dataset indices ``idx``), one batch."""
         tensor, out = self.memory.buffer(idx.size, (self.n_out,), self.stored.mem_dtype)
+        files = self.files
         sessions = keys >> ROW_BITS
         by = np.argsort(sessions, kind="stable")
         cuts = np.flatnonzero(sessions[by][1:] != sessions[by][:-1]) + 1
@@ -154,72 +206,40 @@ class DenseJoinReader(SessionReader):
             pos, index = int(sessions[slots[0]]), int(idx[slots[0]])
             rows, inverse = np.unique(keys[slots] & ROW_MASK, return_inverse=True)
             try:
-                handle = self.files.file_pool.lease(self.files.canonical[pos])
+                handle = files.file_pool.lease(files.canonical[pos])
             except Exception as exc:
-                self.files.note(exc, pos, int(rows[0]), index)
+                files.note(exc, pos, int(rows[0]), index)
                 raise
             try:
-                buf = self._rows(handle, pos, rows, index, wrap=True)
+                buf = self.rows.stored_rows(handle, 0, pos, rows, index, wrap=True)
             except BaseException:
-                self.files.file_pool.release(handle)
+                files.file_pool.release(handle)
                 raise
-            self.files.done(handle, pos, index)
+            files.done(handle, pos, index)
             if rows.size == slots.size:  # no row twice: row i of ``buf`` is one sample's
                 slots[inverse.reshape(-1)] = slots.copy()
                 self._scatter(out, slots, buf, pos)
             else:
                 self._scatter(out, slots, buf[inverse.reshape(-1)], pos)
-        return functools.partial(list, out), tensor
+        return RowBatch(tensor, functools.partial(list, out))
 
-    def _one(self, handle: Handle, k: int, pos: int, row: int, index: int) -> Any:
-        if k:
-            return super()._one(handle, k, pos, row, index)
-        buf = self._rows(handle, pos, np.array([row], np.int64), index, wrap=False)
+    def read_one(self, index: int, pos: int, row: int) -> np.ndarray:
+        """The served columns of row ``row`` of session ``pos`` (dataset index ``index``).
+
+        The handle is leased for the read, unless this thread holds the hook lock (a
+        subclass's ``read`` calling ``super().read()``): no handle is closed under it.
+        """
+        files = self.files
+        locked = files.file_pool.lock.held()
+        handle = files.handle(pos, row, index) if locked else files.leased(pos, row, index)
+        try:
+            buf = self.rows.stored_rows(handle, 0, pos, np.array([row], np.int64), index, wrap=True)
+        finally:
+            if not locked:
+                files.file_pool.release(handle)
         out = np.empty((1, self.n_out), self.stored.mem_dtype)
         self._scatter(out, np.zeros(1, np.intp), buf, pos)
         return out[0]
-
-    def _rows(
-        self, handle: Handle, pos: int, rows: np.ndarray, index: int, *, wrap: bool
-    ) -> np.ndarray:
-        """Rows ``rows`` (sorted, unique) of session ``pos``'s matrix, at its own width."""
-        width = self.table.n_vars[pos]
-        dtype = self.stored.read_dtype
-        buf = np.empty((rows.size, width), dtype)
-        row_bytes = width * dtype.itemsize
-        cuts = (np.flatnonzero(rows[1:] != rows[:-1] + 1) + 1).tolist()
-        mapped, raw = handle.maps[0], handle.raws[0]
-        if mapped is not None:
-            self.files.verify(handle, pos, "rows", index)  # never fault on a truncated map
-        runs = list(zip([0, *cuts], [*cuts, rows.size], strict=True))
-        firsts = rows[[k0 for k0, _ in runs]].tolist()
-        if raw is not None and mapped is None:  # contiguous: the runs are one table of reads
-            fd, base = raw
-            table = [
-                (fd, base + a * row_bytes, k0 * row_bytes, (k1 - k0) * row_bytes)
-                for a, (k0, k1) in zip(firsts, runs, strict=True)
-            ]
-            try:
-                read_table(buf, table, what="the row data")
-            except ShortRead as exc:
-                if not wrap:
-                    raise
-                a, (k0, k1) = firsts[exc.row], runs[exc.row]
-                raise self.files.read_error(exc, pos, range(a, a + k1 - k0), index, 0) from exc
-            return buf
-        for a, (k0, k1) in zip(firsts, runs, strict=True):
-            try:
-                if mapped is not None:
-                    buf[k0:k1] = mapped[a : a + k1 - k0]
-                else:  # raw chunks or HDF5: the dataset's own shape
-                    self.files.fill_run(handle, 0, pos, a, k1 - k0, buf[k0:k1], index)
-            except MemoryError:
-                raise
-            except Exception as exc:
-                if not wrap:
-                    raise
-                raise self.files.read_error(exc, pos, range(a, a + k1 - k0), index, 0) from exc
-        return buf
 
     def _scatter(self, out: np.ndarray, slots: np.ndarray, buf: np.ndarray, pos: int) -> None:
         """``out[slots]`` = the served columns of ``buf``'s rows (session ``pos``'s).

@@ -1,9 +1,9 @@
 """What every session file holds of a key naming a CSR group, and of the per-cell keys beside it.
 
 ``csr_sessions`` opens each file once where the dataset is constructed: the group's encoding
-and shape (``loaderkit.hdf5.meta.anndata.sparse_group``), its ``indptr`` checked against
+and shape (``loaderkit.hdf5.anndata.encoding.sparse_group``), its ``indptr`` checked against
 ``data``/``indices``, each session's ``var`` index (a ``genemap.VarTable``), and every other key
-(``obs/<column>``, ``obsm/<name>``) as a ``labelkeys.LabelKey``: one value per cell, a
+(``obs/<column>``, ``obsm/<name>``) as a ``labels.LabelKey``: one value per cell, a
 categorical's codes mapped onto one category list shared by every file, a
 ``nullable-string-array``'s ``values`` read as strings with its ``mask`` held (``None`` where
 it says missing), as every reader serves such keys.
@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError
-from loaderkit.hdf5.meta.anndata import (
+from loaderkit.hdf5.anndata.csrmatrix import CSRMatrix
+from loaderkit.hdf5.anndata.encoding import (
     CSRGroup,
     anndata_column,
     check_csr,
@@ -30,17 +31,17 @@ from loaderkit.hdf5.meta.anndata import (
     var_names,
     var_path,
 )
+from loaderkit.hdf5.anndata.genemap import VarTable, VarTableBuilder
+from loaderkit.hdf5.anndata.labels import LabelColumns, LabelKey
 from loaderkit.hdf5.meta.inventory import inspect_session
 from loaderkit.hdf5.meta.keyspecs import KeySpec, SessionRecord
-from loaderkit.hdf5.read.genemap import VarTable, VarTableBuilder
-from loaderkit.hdf5.read.labelkeys import LabelColumns, LabelKey
 
 __all__ = ["CSRSessions", "csr_sessions"]
 
 
 @dataclass(frozen=True)
 class CSRSessions:
-    """What ``csr_sessions`` found: the ``CSRReader``'s arguments.
+    """What ``csr_sessions`` found: the arguments of a CSR key's reader and its parts.
 
     Attributes:
         records: Per session, the ``SessionRecord`` of every key in ``specs``.
@@ -48,7 +49,7 @@ class CSRSessions:
         groups: Per session, its ``CSRGroup``.
         vars: Each session's var index (``genemap.VarTable``): whether the files share one,
             or how ``join=``/``genes=`` align them, is the reader's ``configure``'s to say.
-        labels: The keys beside the matrix, in the order given (``specs[2:]``).
+        labels: The keys beside the matrix, in the order given (the specs after the matrix's).
         name: The matrix's name in a sample's dict.
 
     Example:
@@ -132,11 +133,14 @@ def csr_sessions(
         with open_file(pos) as f:
             group = _group(f, key, sid, path, ids[0], paths[0])
             var_table.add(var_names(f, var_path(key)), group.n_vars)
-            parts = [KeySpec(spec.name, group.data), KeySpec(f"{spec.name}/indices", group.indices)]
-            parts += columns.resolve(f, sid, path)
+            matrix = [  # the files' keys the matrix part reads (``CSRMatrix.keys``)
+                KeySpec(spec.name, group.data),
+                KeySpec(f"{spec.name}/indices", group.indices),
+            ]
+            parts = [*matrix, *columns.resolve(f, sid, path)]
             # a missing key: KeyError
             record, _, _ = inspect_session(f, parts, sid, path, identity=identity)
-        for s, layout in zip(others, record.layouts[2:], strict=True):
+        for s, layout in zip(others, record.layouts[len(matrix) :], strict=True):
             if layout.rows != group.n_obs:
                 raise ConfigError(
                     f"key {s.path!r} of session {sid!r} ({path}) has {layout.rows} rows, but "
@@ -146,7 +150,7 @@ def csr_sessions(
                 )
         records.append(record)
         groups.append(group)
-    found_labels = columns.labels(records, ids, paths, offset=2)
+    found_labels = columns.labels(records, ids, paths, offset=len(CSRMatrix.keys))
     labels = [label for label in found_labels if label is not None]  # every key beside it
     return CSRSessions(records, parts, groups, var_table.table(), labels, spec.name)
 

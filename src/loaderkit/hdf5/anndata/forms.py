@@ -1,6 +1,6 @@
 """What a batch of CSR rows becomes: a sparse CSR tensor, dense rows, or (gene ids, values).
 
-The reads (``csrrows.CSRReader.gather``) give a batch as three arrays in request order: each
+The reads (``csrmatrix.CSRMatrix.gather``) give a batch as three arrays in request order: each
 row's number of stored values, the values and their column ids, back to back. ``FORMS`` are
 what the dataset's ``sparse=`` option makes of them:
 

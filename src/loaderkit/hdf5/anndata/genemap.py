@@ -33,16 +33,16 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from loaderkit.errors import ConfigError
-from loaderkit.hdf5.meta.anndata import var_difference
+from loaderkit.hdf5.anndata.encoding import var_difference
 
-__all__ = ["JOINS", "GeneMap", "VarTable", "VarTableBuilder", "gene_map", "where_sessions"]
+__all__ = ["JOINS", "GeneMap", "VarTable", "VarTableBuilder", "gene_map"]
 
 #: The values ``join=`` takes (anndata's words); ``None`` is "the files share one var index".
 JOINS = ("outer", "inner")
@@ -190,7 +190,7 @@ class GeneMap:
 
         A value whose column is left out is dropped; one served ``k`` times is given ``k``
         times. Column ids come back increasing only where they were and no gene is
-        reordered; the caller sorts (``csrforms.sorted_rows``).
+        reordered; the caller sorts (``forms.sorted_rows``).
         """
         if self.lut is None:
             return lengths, values, cols
@@ -219,16 +219,6 @@ def _row_counts(lengths: np.ndarray, weight: np.ndarray) -> np.ndarray:
     crow = np.zeros(lengths.size + 1, np.int64)
     np.cumsum(lengths, out=crow[1:])
     return ends[crow[1:]] - ends[crow[:-1]]
-
-
-def where_sessions(ids: Sequence[Hashable], paths: Sequence[str]) -> list[str]:
-    """Per session, how a message names it (``gene_map``'s ``where``): id and path.
-
-    Example:
-        >>> where_sessions(["s1", 2], ["a.h5ad", "b.h5ad"])
-        ["session 's1' (a.h5ad)", 'session 2 (b.h5ad)']
-    """
-    return [f"session {sid!r} ({path})" for sid, path in zip(ids, paths, strict=True)]
 
 
 def gene_map(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from loaderkit.errors import ConfigError, HDF5FileError
-from loaderkit.hdf5.meta.anndata import (
+from loaderkit.hdf5.anndata.encoding import (
     CSRGroup,
     categories,
     check_csr,
@@ -88,7 +88,7 @@ def test_var_difference_says_how() -> None:
 def test_a_var_index_written_with_pandas_3_is_read(tmp_path: Path) -> None:
     """anndata with pandas 3 stores string columns as ``nullable-string-array`` groups."""
     from loaderkit import HDF5SessionDataset
-    from loaderkit.hdf5.meta.anndata import categories, var_names
+    from loaderkit.hdf5.anndata.encoding import categories, var_names
     from tests.hdf5.h5adfiles import matrix
 
     path = tmp_path / "p3.h5ad"
@@ -127,7 +127,7 @@ def test_a_var_index_written_with_pandas_3_is_read(tmp_path: Path) -> None:
 
 def test_obs_columns_of_strings_with_missing_values(tmp_path: Path) -> None:
     """A ``nullable-string-array`` is its ``values`` and ``mask``; nullable numbers refused."""
-    from loaderkit.hdf5.meta.anndata import ObsColumn, obs_column
+    from loaderkit.hdf5.anndata.encoding import ObsColumn, obs_column
     from tests.hdf5.h5adfiles import write_nullable_strings
 
     path = tmp_path / "o.h5ad"

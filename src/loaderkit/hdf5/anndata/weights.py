@@ -2,7 +2,7 @@
 
 For class-balanced draws with ``loaderkit.WeightedSampler``: each file's category codes are
 read once (one vectorised read per file), mapped onto one category list shared by the files
-by name (``loaderkit.hdf5.meta.anndata.shared_categories``: files may list other categories,
+by name (``loaderkit.hdf5.anndata.encoding.shared_categories``: files may list other categories,
 in another order), then onto the dataset's samples through its session index (each sample's
 file and row), so a dataset whose samples are some of the rows gets weights over those.
 """
@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from loaderkit.errors import ArgumentTypeError, ConfigError, HDF5FileError, MissingKeyError
-from loaderkit.hdf5.meta.anndata import obs_column, shared_categories
+from loaderkit.hdf5.anndata.encoding import obs_column, shared_categories
 
 __all__ = ["balanced_weights", "category_codes"]
 

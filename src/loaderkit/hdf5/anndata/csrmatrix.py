@@ -1,54 +1,40 @@
 """Rows of CSR matrices (AnnData ``.h5ad``): a batch's spans of ``data``/``indices`` read raw.
 
-``CSRReader`` is the ``SessionReader`` of a key that names a CSR group
-(``loaderkit.hdf5.meta.anndata.CSRGroup``). Its two keys are the group's ``data`` and
-``indices``; row ``r`` is the span ``[indptr[r], indptr[r+1])`` of both. ``indptr`` is read
-once per session and process and held, with where the two datasets' chunks lie, in a
-``csrplan.SpanCatalog``. A batch is planned from it at once, whatever the number of sessions
-it draws from: rows back to back in both the file and the batch are one run, each run's part
-in a chunk one read of a table (``csrplan.plan_pieces``, ``readtable.read_table``: page cache
-first, the misses asked for together), straight into one values buffer and one column-id
-buffer in request order. Until a session's tables are held, and for compressed chunks, a
-short read or any error, the batch is read session by session in sorted order, through the
-base's chunk index and codecs (decoded in the reading thread, outside every lock), and every
-error names its file and rows. Column ids are checked per batch (one vectorised pass): a
-damaged file is an ``HDF5FileError`` naming the row, never a wrong row.
+``CSRMatrix`` is the matrix part of the reader of a key that names a CSR group
+(``encoding.CSRGroup``). Its two keys are the group's ``data`` and ``indices``; row ``r`` is
+the span ``[indptr[r], indptr[r+1])`` of both. ``indptr`` is read once per session and
+process and held, with where the two datasets' chunks lie, in a ``csrplan.SpanCatalog``. A
+batch is planned from it at once, whatever the number of sessions it draws from: rows back to
+back in both the file and the batch are one run, each run's part in a chunk one read of a
+table (``csrplan.plan_pieces``, ``readtable.read_table``: page cache first, the misses asked
+for together), straight into one values buffer and one column-id buffer in request order.
+Until a session's tables are held, and for compressed chunks, a short read or any error, the
+batch is read session by session in sorted order, through the files' chunk index and codecs
+(decoded in the reading thread, outside every lock), and every error names its file and rows.
+Column ids are checked per batch (one vectorised pass): a damaged file is an
+``HDF5FileError`` naming the row, never a wrong row.
 
-Keys beside the matrix (``labels``: ``obs`` columns, ``obsm`` embeddings) are keys 2.. read and
-served by the base's reads (``labelkeys.LabelKey``, as beside any matrix); samples and batches
-are then dicts. What the matrix's batch becomes (``form``: sparse CSR tensor, dense rows,
-tokens) is ``csrforms``'. A gene subset (``configure``) keeps some columns, renumbered.
+The keys beside the matrix are not this part's: ``reader.AnnDataReader`` reads them with the
+row reader it holds. What the matrix's batch becomes (``form``: sparse CSR tensor, dense rows,
+tokens) is ``forms``'. A gene subset (``serve``) keeps some columns, renumbered.
 
 Example:
-    >>> from loaderkit.hdf5.meta.anndata import CSRGroup
-    >>> CSRReader.read_batch.__name__, FORMS
+    >>> CSRMatrix.read_batch.__name__, FORMS
     ('read_batch', ('csr', 'dense', 'tokens'))
 """
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from loaderkit.batches.contract import RowBatch
+from loaderkit.batches.contract import PLAIN, BatchMemory, RowBatch
 from loaderkit.errors import HDF5FileError
-from loaderkit.hdf5.meta.anndata import CSRGroup, check_csr
-from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
-from loaderkit.hdf5.meta.types import dict_rows
-from loaderkit.hdf5.read.chunkio import ReadPath
-from loaderkit.hdf5.read.csrahead import CSRAhead
-from loaderkit.hdf5.read.csrforms import (
-    FORMS,
-    matrix_batch,
-    part_buffer,
-    row_samples,
-    sorted_rows,
-)
-from loaderkit.hdf5.read.csrplan import (
+from loaderkit.hdf5.anndata.ahead import CSRAhead
+from loaderkit.hdf5.anndata.csrplan import (
     CONTIGUOUS,
     SpanCatalog,
     batch_sessions,
@@ -56,74 +42,76 @@ from loaderkit.hdf5.read.csrplan import (
     raw_chunks,
     read_around,
 )
-from loaderkit.hdf5.read.genemap import GeneMap, VarTable
+from loaderkit.hdf5.anndata.encoding import CSRGroup, check_csr
+from loaderkit.hdf5.anndata.forms import FORMS, matrix_batch, part_buffer, row_samples, sorted_rows
+from loaderkit.hdf5.anndata.genemap import GeneMap, VarTable
+from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
+from loaderkit.hdf5.read.chunkio import ReadPath
 from loaderkit.hdf5.read.handles import Handle
-from loaderkit.hdf5.read.labelkeys import LabelKey, served_parts
 from loaderkit.hdf5.read.mapped import FileMaps
 from loaderkit.hdf5.read.readahead import AheadPlan, SamplerReadAhead, ahead_plan
-from loaderkit.hdf5.read.reader import SessionReader
 from loaderkit.hdf5.read.readtable import ShortRead, read_table
-from loaderkit.hdf5.read.runs import plan_runs
+from loaderkit.hdf5.read.sessionfiles import SessionFiles
 
-__all__ = ["FORMS", "CSRReader"]
+__all__ = ["FORMS", "CSRMatrix"]
 
 #: Where a batch's column ids start in its buffer, after its values: a cache line's multiple.
 _ALIGN = 64
 
 
-class CSRReader(SessionReader):
-    """Reads rows of a CSR group: keys 0 and 1 are its ``data`` and ``indices``.
+class CSRMatrix:
+    """Rows of a CSR group: the files' keys ``keys`` (0 and 1) are its ``data`` and ``indices``.
 
-    Built with the arguments of ``SessionReader`` (``specs``: the group's ``data`` then
-    ``indices``; ``records``: what each file held of them) and:
+    The matrix part of ``reader.AnnDataReader``: it reads through the files part it is given
+    (the one the row reader of the keys beside the matrix shares) and serves the columns
+    ``serve`` decides, in one of ``FORMS``.
 
     Args:
+        files: The files part (``specs``: the group's ``data`` then ``indices``, then the keys
+            beside the matrix, which this part never reads).
         groups: Per session, its ``CSRGroup`` (rows, columns, path).
-        table: Each session's var index (``genemap.VarTable``); ``configure`` decides which
-            of each file's columns are served, and where.
-        labels: The per-cell keys beside the matrix, read as keys 2.. (``specs[2:]``) by the
-            base's reads. Unless ``single`` (the key was one path), samples and batches are
-            dicts ``{name: value}``.
-        name: The matrix's name in those dicts.
-        around: Bytes read around a row the page cache misses, and why
-            (``csrplan.read_around``).
+        table: Each session's var index (``genemap.VarTable``).
+        file_bytes: Bytes of the session files (what reads around a miss are fitted against).
         file_maps: Warm tables of pieces are copied out of whole-file maps
             (``mapped.FileMaps``); ``False``: every piece is read with ``os.preadv``.
-        **kwargs: ``SessionReader``'s arguments.
 
     Example:
-        >>> CSRReader.session_rows.__name__
-        'session_rows'
+        >>> CSRMatrix.keys, CSRMatrix.forms
+        ((0, 1), ('csr', 'dense', 'tokens'))
     """
 
+    #: The files' keys this part reads: the group's ``data`` and ``indices``.
+    keys = (0, 1)
+    #: The forms a batch is served in (``sparse=``).
     forms = FORMS
-    #: A CSR matrix's columns are always mapped (``configure``), its samples always sized.
-    table: VarTable
-    genes: GeneMap
-    n_out: int
-    matrix_nbytes: list[int]
 
     def __init__(
         self,
         *,
+        files: SessionFiles,
         groups: Sequence[CSRGroup],
         table: VarTable,
-        labels: Sequence[LabelKey] = (),
-        name: str = "X",
         file_bytes: int = 0,
         file_maps: bool = True,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(served=(None, None, *labels), table=table, name=name, **kwargs)
+        self.files = files
         #: Bytes of the session files (what reads around a miss are fitted against).
         self.file_bytes = file_bytes
         #: Bytes read around a row the page cache misses, and why (``csrplan.read_around``;
         #: ``fit_memory`` decides it).
         self.around: tuple[int, str] = (0, "memory not known yet: a missed row's bytes alone")
         self.groups = list(groups)
-        #: The keys beside the matrix (``specs[2:]``).
-        self.labels = list(labels)
-        self.files.key_names = [name, *(label.name for label in self.labels)]  # not data/indices
+        self.table = table
+        #: How a batch is served (one of ``forms``; ``serve``).
+        self.form = "csr"
+        #: The served columns, and where each file's go (``serve``).
+        self.genes = GeneMap.plain(table)
+        #: Columns of a sample.
+        self.n_out = self.genes.n_out
+        #: One entry per thread inside a batch read now (``list.append``/``pop`` are atomic).
+        self.reading: list[None] = []
+        #: Where batches are written in this process (``AnnDataReader.use_memory``).
+        self.memory: BatchMemory = PLAIN
         self._canon = np.asarray(self.files.canonical, np.int64)
         widths = [group.n_vars for group in self.groups] or [0]
         self._n_vars_min, self._n_vars_max = min(widths), max(widths)
@@ -149,7 +137,9 @@ class CSRReader(SessionReader):
         self._maps: FileMaps | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
+        state = self.__dict__.copy()
+        state["reading"] = None
+        state["memory"] = PLAIN  # a worker's slot is its own
         state["catalog"] = None  # read again where needed: never pickled (8 bytes a cell)
         state["_indptr_lock"] = None
         state["_ahead"] = None
@@ -157,21 +147,29 @@ class CSRReader(SessionReader):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
+        self.__dict__.update(state)
+        self.reading = []
         self.catalog = SpanCatalog(self.session_rows())
         self._indptr_lock = threading.Lock()
 
     def close(self) -> None:
-        """Stop reading ahead, then close this process's open files (the base's ``close``)."""
+        """Stop reading ahead and drop this process's whole-file maps (the files stay open)."""
         ahead, self._ahead = self.__dict__.get("_ahead"), None
         if ahead is not None:
             ahead.close()
         maps, self._maps = self.__dict__.get("_maps"), None
         if maps is not None:
             maps.close()
-        super().close()
 
     # ------------------------------------------------------------------ configuration
+
+    def serve(self, form: str, genes: GeneMap) -> None:
+        """Serve batches as ``form`` (one of ``forms``), the columns ``genes`` maps."""
+        self.form, self.genes, self.n_out = form, genes, genes.n_out
+
+    def use_memory(self, memory: BatchMemory) -> None:
+        """Write the batches this process reads where ``memory`` says."""
+        self.memory = memory
 
     def _ahead_plan(self, memory: int | None) -> AheadPlan:
         rows = max(sum(self.session_rows()), 1)
@@ -196,20 +194,15 @@ class CSRReader(SessionReader):
         if ahead is not None:
             ahead.close()
 
-    def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
-        """Per key, how its rows are read (``ReadPath``), what is read around a miss and ahead."""
+    def read_path(self, path: ReadPath) -> ReadPath:
+        """How the matrix's rows are read: ``path``, with what is read around a miss and ahead."""
         ahead = f"read ahead in the sampler's order (no worker processes): {self.ahead_plan.reason}"
         maps = (
             "warm batches copied out of whole-file maps (memory_map=False: never)"
             if self.maps_whole_files
             else "every piece read with os.preadv (memory_map=False)"
         )
-        return {
-            name: path._replace(reason=f"{path.reason}; {self.around[1]}; {ahead}; {maps}")
-            if k < 2
-            else path
-            for k, (name, path) in enumerate(super().read_paths(handle).items())
-        }
+        return path._replace(reason=f"{path.reason}; {self.around[1]}; {ahead}; {maps}")
 
     def session_rows(self) -> list[int]:
         """Rows (cells) per session: the groups' ``shape[0]``."""
@@ -225,7 +218,7 @@ class CSRReader(SessionReader):
 
     @property
     def sparse_samples(self) -> bool:
-        """Whether samples are sparse rows: the ``"csr"`` form (``configure``)."""
+        """Whether samples are sparse rows: the ``"csr"`` form (``serve``)."""
         return self.form == "csr"
 
     # ------------------------------------------------------------------ indptr
@@ -249,53 +242,20 @@ class CSRReader(SessionReader):
     # ------------------------------------------------------------------ reads
 
     def read_one(self, index: int, pos: int, row: int) -> Any:
-        """Sample ``index`` (session ``pos``, ``row``) in this reader's form.
-
-        Unless the key was one path (``single``), ``{name: row, label: value...}``: a
-        categorical's value its shared code (``numpy.int64``), others as the base reads them.
-        """
+        """Row ``row`` of session ``pos`` (dataset index ``index``) in this part's form."""
         lengths, values, cols = self.gather(
             np.array([index], np.int64), np.array([(pos << ROW_BITS) | row], np.int64)
         )
-        sample = self._samples(lengths, values, cols)[0]
-        if self.single:
-            return sample
-        got = self.read_keys(index, pos, row, range(2, len(self.files.specs)))
-        return {self.name: sample, **dict(zip(self.files.key_names[1:], got, strict=True))}
+        return self._samples(lengths, values, cols)[0]
 
     def read_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
-        """The rows of ``keys`` (dataset indices ``idx``) as one batch in this reader's form.
-
-        Unless ``single``, a dict batch ``{name: matrix batch, label: batch...}`` (the labels
-        read and served by the base's, a categorical's codes as shared int64 codes).
+        """The rows of ``keys`` (dataset indices ``idx``) as one batch in this part's form.
 
         Returns:
             A ``RowBatch`` whose ``tensor`` is the batch (``collate`` returns it) and whose
             samples are built only when something asks for them.
         """
-        matrix = self._matrix_batch(idx, keys)
-        if self.single:
-            return matrix
-        order, starts = plan_runs(keys, sort=self.files.chunked, always=self.files.contiguous)
-        if starts is None:
-            starts = np.arange(idx.size)
-        self.reading.append(None)  # threads reading now: ``_fill`` chooses its calls by it
-        try:
-            parts = [
-                self._read_key(k, idx, keys, order, starts) for k in range(2, len(self.files.specs))
-            ]
-        finally:
-            self.reading.pop()
-        parts = served_parts(
-            self.served[2:], parts, keys, self.files.ids, self.files.paths, self.memory
-        )
-        names = [self.name, *(label.name for label in self.labels)]
-        batch = dict(zip(names, [matrix.tensor, *(part[1] for part in parts)], strict=True))
-        ragged = next(
-            (self.files.ragged_names[k + 2] for k, p in enumerate(parts) if p[1] is None), None
-        )
-        rows = functools.partial(dict_rows, names, [matrix.copy, *(part[0] for part in parts)])
-        return RowBatch(None if ragged else batch, rows, ragged=ragged)
+        return self._matrix_batch(idx, keys)
 
     def _matrix_batch(self, idx: np.ndarray, keys: np.ndarray) -> RowBatch:
         """The matrix's rows of ``keys`` as one batch in this reader's form."""
@@ -417,11 +377,15 @@ class CSRReader(SessionReader):
         maps = self._maps
         return maps is not None and maps.warm
 
-    def read_ahead_watcher(self) -> SamplerReadAhead | None:
-        """A watcher that asks for the coming batches' reads (``csrahead``), for a pass."""
+    def read_ahead_watcher(self, index: np.ndarray) -> SamplerReadAhead | None:
+        """A watcher that asks for the coming batches' reads (``ahead``), for a pass.
+
+        Args:
+            index: The dataset's packed index (what the loader's indices name).
+        """
         if self._ahead is None:
             self._ahead = CSRAhead(self, self.ahead_plan, self.around[0])
-        return self._ahead.watcher(self.index)
+        return self._ahead.watcher(index)
 
     def _plan_runs(
         self,

@@ -4,11 +4,11 @@ A key of an AnnData file that is one value per cell (``obs/<column>``, ``obs/_in
 ``obsm/<name>``) is read by the reader's own row reads from one dataset: a categorical's
 ``codes``, a ``nullable-string-array``'s ``values``, or the dataset itself. What turns those
 rows into the values served is a ``LabelKey``, the same beside a CSR matrix
-(``csrrows.CSRReader``), beside a dense matrix or embedding, or alone
+(``csrmatrix.CSRMatrix``), beside a dense matrix or embedding, or alone
 (``reader.SessionReader``): a categorical's codes mapped onto one category list shared by
 every file (the union, first seen first, as anndata's ``concat``), ``None`` where a
 ``nullable-string-array``'s mask says missing. ``LabelColumns`` finds those keys file by file
-where the dataset is constructed (``csrsessions.csr_sessions`` and the dense inspection), and
+where the dataset is constructed (``sessions.csr_sessions`` and the dense inspection), and
 refuses by name a key stored one way in one file and another way in the next.
 
 Example:
@@ -32,7 +32,7 @@ import numpy as np
 
 from loaderkit.batches.contract import PLAIN, BatchMemory
 from loaderkit.errors import ConfigError, HDF5FileError
-from loaderkit.hdf5.meta.anndata import (
+from loaderkit.hdf5.anndata.encoding import (
     ObsColumn,
     anndata_column,
     obs_column,
@@ -253,7 +253,7 @@ class LabelColumns:
         specs: The keys to look at.
         every: Every key is a per-cell column (the keys beside a CSR matrix: a group that is
             not one value per cell is refused by name). ``False``: only keys stored with an
-            anndata column encoding (``meta.anndata.anndata_column``: categoricals, anndata
+            anndata column encoding (``anndata.encoding.anndata_column``: categoricals, anndata
             0.7's categoricals, nullable columns, fields of anndata < 0.7's compound ``obs``)
             are; others are read as any HDF5 key.
 
@@ -281,7 +281,7 @@ class LabelColumns:
         Raises:
             ConfigError: A key stored otherwise than in the first file (a categorical in one
                 file and not in the other, strings with a mask and without), or a key that is
-                not one value per cell (``meta.anndata.obs_column``).
+                not one value per cell (``anndata.encoding.obs_column``).
             HDF5FileError: A damaged categorical or ``nullable-string-array`` column.
         """
         here: list[ObsColumn | None] = []

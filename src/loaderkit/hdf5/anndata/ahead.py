@@ -1,6 +1,6 @@
 """The CSR reader's reads asked for ahead: coming rows' spans planned, never read here.
 
-``CSRAhead`` is what a ``CSRReader`` reads ahead with (``readahead`` says why and how). Given
+``CSRAhead`` is what a ``CSRMatrix`` reads ahead with (``readahead`` says why and how). Given
 the packed keys of rows the sampler drew, it plans their ``data`` and ``indices`` pieces from
 the reader's ``SpanCatalog`` (as a read would, ``csrplan.plan_pieces``), widens them to the
 read-around windows where the files fit in memory (each window asked once per process,
@@ -20,8 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
+from loaderkit.hdf5.anndata.csrplan import SpanCatalog, batch_sessions, plan_pieces
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
-from loaderkit.hdf5.read.csrplan import SpanCatalog, batch_sessions, plan_pieces
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.readahead import Advisor, AheadPlan, SamplerReadAhead, Windows
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
@@ -30,7 +30,7 @@ __all__ = ["AheadSource", "CSRAhead"]
 
 
 class AheadSource(Protocol):
-    """What ``CSRAhead`` reads of its reader (``CSRReader`` has it)."""
+    """What ``CSRAhead`` reads of its reader (``CSRMatrix`` has it)."""
 
     catalog: SpanCatalog
     #: Its files: the open ones (``cache``) and the keys' row types (``types``, as stored).

@@ -39,7 +39,7 @@ import h5py
 import numpy as np
 
 from loaderkit.errors import ConfigError
-from loaderkit.hdf5.meta.anndata import NULLABLE_STRINGS, obs_column, string_array
+from loaderkit.hdf5.anndata.encoding import NULLABLE_STRINGS, obs_column, string_array
 
 __all__ = ["INDEX", "ObsTable"]
 

@@ -1,7 +1,7 @@
 """``cells=``: the cells of each file a dataset serves, chosen once by a function of its obs.
 
 ``choose_cells`` runs where the dataset is built (the main process): for every file it calls
-the user's function once with that file's ``obs`` (``loaderkit.hdf5.meta.obs.ObsTable``,
+the user's function once with that file's ``obs`` (``loaderkit.hdf5.anndata.obs.ObsTable``,
 columns read only when asked for), checks what it returned (a boolean mask over the file's
 cells, or sorted unique positions) and packs the chosen rows into the dataset's index
 (``position << ROW_BITS | row``). Nothing else is kept: the function is not (spawn workers get
@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from loaderkit.errors import ConfigError, add_note
+from loaderkit.hdf5.anndata.obs import ObsTable
 from loaderkit.hdf5.meta.index import ROW_BITS
-from loaderkit.hdf5.meta.obs import ObsTable
 
 __all__ = ["CellChoice", "choose_cells"]
 
