@@ -47,9 +47,9 @@ REVIEWED_LONG: dict[str, str] = {
         "which calls the class's own seeded read; a split would cut the class, not a seam"
     ),
     "hdf5/anndata/csrmatrix.py": (
-        "CSRMatrix, one class whose batch path is one sequence (plan from the catalog, one "
-        "table of pieces, column-id check, the session-by-session path every failure takes "
-        "and that names it): its process-local parts (read-ahead, file maps) live apart"
+        "CSRMatrix, one class whose batch path is one plan (the catalog taught the batch's "
+        "sessions, runs, one table of pieces, the runs decoded where they cannot be read raw, "
+        "the column-id check): its process-local parts (read-ahead, file maps) live apart"
     ),
     "hdf5/read/reader.py": (
         "the reader contract (a Protocol: declarations only) beside SessionReader, the one "

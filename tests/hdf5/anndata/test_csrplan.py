@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -111,24 +112,30 @@ def test_reading_around_is_chosen_by_whether_the_files_fit_in_memory() -> None:
     assert around == 0 and "memory unknown" in why
 
 
-def _planned(ds: HDF5SessionDataset) -> list[bool]:
-    """Whether each batch ``ds`` reads from now on was planned (``_read_planned``)."""
+def _reads(ds: HDF5SessionDataset) -> tuple[list[int], list[int]]:
+    """Tables of pieces read, and runs decoded one by one, from now on (``_read_table``,
+    ``_span``): what ``CSRMatrix._read``'s one plan did with each batch."""
     reader = ds.handles.reader.matrix  # the AnnData reader's matrix part
     assert isinstance(reader, CSRMatrix)
-    planned: list[bool] = []
-    original = reader._read_planned
+    tables: list[int] = []
+    decoded: list[int] = []
+    read_table, span = reader._read_table, reader._span
 
-    def spy(idx: np.ndarray, keys: np.ndarray) -> object:
-        got = original(idx, keys)
-        planned.append(got is not None)
-        return got
+    def table_spy(out: np.ndarray, table: np.ndarray) -> bool:
+        tables.append(len(table))
+        return read_table(out, table)
 
-    reader._read_planned = spy  # type: ignore[method-assign]
-    return planned
+    def span_spy(*args: object) -> None:
+        decoded.append(1)
+        span(*args)  # type: ignore[arg-type]
+
+    reader._read_table = table_spy  # type: ignore[method-assign]
+    reader._span = span_spy  # type: ignore[method-assign]
+    return tables, decoded
 
 
 @pytest.mark.parametrize("chunks", [7, None])  # 7: spans cross chunk bounds; None: contiguous
-def test_every_batch_is_planned_from_the_catalog_the_first_once_its_sessions_are_held(
+def test_every_batch_is_one_table_planned_from_the_catalog_the_first_too(
     tmp_path: Path, chunks: int | None
 ) -> None:
     m = matrix(3)
@@ -137,20 +144,55 @@ def test_every_batch_is_planned_from_the_catalog_the_first_once_its_sessions_are
         paths.append(write_csr(tmp_path / f"s{s}.h5ad", m, chunks))
     truth = np.concatenate([m.toarray()] * 2)
     with HDF5SessionDataset(paths, key="X") as ds:
-        planned = _planned(ds)
-        reader = ds.handles.reader.matrix  # the CSR matrix part
-        sorted_reads: list[int] = []
-        original = reader._read_sorted
-        reader._read_sorted = lambda idx, keys: sorted_reads.append(1) or original(idx, keys)  # type: ignore[method-assign]
+        tables, decoded = _reads(ds)
         order = np.random.default_rng(1).permutation(len(ds))
         for start in range(0, order.size, 48):
             picked = order[start : start + 48].tolist()
             got = np.stack([row.to_dense().numpy() for row in ds.__getitems__(picked)])
             assert np.array_equal(got, truth[picked])
-        # the first batch: not planned until its sessions' spans and chunk tables are held
-        assert planned == [False] + [True] * -(-order.size // 48)
-        assert not sorted_reads  # no batch read session by session
+        # the catalog learns a batch's sessions before it is planned: every batch one table
+        assert len(tables) == -(-order.size // 48) and not decoded
         assert "KiB read around a missed row" in ds.handles.io_paths()["X"].reason
+
+
+def test_compressed_sessions_are_decoded_run_by_run_beside_planned_ones(tmp_path: Path) -> None:
+    """A session whose chunks are compressed is decoded (in file order); the raw one beside it
+    in the same batch is still one table."""
+    m = matrix(4)
+    raw = write_csr(tmp_path / "raw.h5ad", m, 7)
+    packed = tmp_path / "packed.h5ad"
+    with h5py.File(packed, "w") as f:
+        group = f.create_group("X")
+        group.attrs["encoding-type"] = "csr_matrix"
+        group.attrs["encoding-version"] = "0.1.0"
+        group.attrs["shape"] = np.array(m.shape)
+        group.create_dataset("data", data=m.data, chunks=(7,), compression="gzip")
+        group.create_dataset("indices", data=m.indices, chunks=(7,), compression="gzip")
+        group.create_dataset("indptr", data=m.indptr)
+    truth = np.concatenate([m.toarray()] * 2)
+    with HDF5SessionDataset([raw, packed], key="X") as ds:
+        tables, decoded = _reads(ds)
+        order = np.random.default_rng(3).permutation(len(ds))
+        for start in range(0, order.size, 32):
+            picked = order[start : start + 32].tolist()
+            got = np.stack([row.to_dense().numpy() for row in ds.__getitems__(picked)])
+            assert np.array_equal(got, truth[picked])
+        assert tables and decoded  # both cases of the one plan
+
+
+def test_a_batch_over_more_sessions_than_open_files_is_read_session_by_session(
+    tmp_path: Path,
+) -> None:
+    m = matrix(5)
+    paths = [write_csr(tmp_path / f"f{s}.h5ad", m, 7) for s in range(5)]
+    truth = np.concatenate([m.toarray()] * 5)
+    with HDF5SessionDataset(paths, key="X", max_open_files=2) as ds:
+        tables, decoded = _reads(ds)
+        picked = np.random.default_rng(5).permutation(len(ds))[:64].tolist()
+        got = np.stack([row.to_dense().numpy() for row in ds.__getitems__(picked)])
+        assert np.array_equal(got, truth[picked])
+        assert len(tables) == 5 and not decoded  # a table a session, each leased in turn
+        assert ds.handles.open_files <= 2
 
 
 def test_rows_across_one_chunk_end_are_one_read_where_the_chunks_lie_back_to_back() -> None:
@@ -220,7 +262,7 @@ def test_batches_over_more_files_than_stay_open_are_planned(tmp_path: Path) -> N
     paths = [write_csr(tmp_path / f"s{s}.h5ad", m, 7) for s, m in enumerate(ms)]
     truth = np.concatenate([m.toarray() for m in ms])
     with HDF5SessionDataset(paths, key="X", max_open_files=6) as ds:
-        planned = _planned(ds)
+        tables, decoded = _reads(ds)
         for epoch in range(2):
             order = np.random.default_rng(epoch).permutation(len(ds))
             for start in range(0, order.size, 5):
@@ -228,5 +270,5 @@ def test_batches_over_more_files_than_stay_open_are_planned(tmp_path: Path) -> N
                 got = np.stack([row.to_dense().numpy() for row in ds.__getitems__(picked)])
                 assert np.array_equal(got, truth[picked])
             assert ds.handles.file_pool_info().open_files <= 6
-        second = planned[len(planned) // 2 :]  # every session's tables held by then
-        assert all(second), f"{second.count(False)} of {len(second)} batches not planned"
+        # every batch one table (its closed files opened for it), none decoded
+        assert len(tables) == 2 * -(-len(ds) // 5) and not decoded

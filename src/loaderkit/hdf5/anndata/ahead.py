@@ -1,9 +1,9 @@
 """The CSR reader's reads asked for ahead: coming rows' spans planned, never read here.
 
 ``CSRAhead`` is what a ``CSRMatrix`` reads ahead with (``readahead`` says why and how). Given
-the packed keys of rows the sampler drew, it plans their ``data`` and ``indices`` pieces from
-the reader's ``SpanCatalog`` (as a read would, ``csrplan.plan_pieces``), widens them to the
-read-around windows where the files fit in memory (each window asked once per process,
+the packed keys of rows the sampler drew, it plans their ``data`` and ``indices`` pieces
+from the reader's ``SpanCatalog`` (the table a read reads, ``csrplan.piece_table``), widens
+them to the read-around windows where the files fit in memory (each window asked once per process,
 ``Windows``) or to their pages where they do not, and hands them to the background
 ``Advisor``. Rows whose spans are not held yet, or whose file is not open in this process,
 are left: the watcher asks for them again later, and the read reads them as any.
@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from loaderkit.hdf5.anndata.csrplan import SpanCatalog, batch_sessions, plan_pieces
+from loaderkit.hdf5.anndata.csrplan import SpanCatalog, batch_sessions, piece_table
 from loaderkit.hdf5.meta.index import ROW_BITS, ROW_MASK
 from loaderkit.hdf5.read.handles import Handle
 from loaderkit.hdf5.read.readahead import Advisor, AheadPlan, SamplerReadAhead, Windows
@@ -108,10 +108,8 @@ class CSRAhead:
             for k in (0, 1):
                 fds = np.array([reader.raw_fd(h, k) for h in leased], np.int64)
                 item = reader.files.types[k].read_dtype.itemsize
-                where, _, nbytes, run = plan_pieces(
-                    *catalog.table(k, cpos), begin, lengths, begin, item
-                )
-                fd, file = fds[slot[run]], sessions[slot[run]]
+                table, run = piece_table(catalog, k, fds, slot, cpos, begin, lengths, begin, item)
+                fd, where, nbytes, file = table[:, 0], table[:, 1], table[:, 3], sessions[slot[run]]
                 good = (where >= 0) & (fd >= 0)
                 if not good.all():
                     where, nbytes, fd, file = where[good], nbytes[good], fd[good], file[good]

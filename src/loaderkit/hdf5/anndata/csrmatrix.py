@@ -3,14 +3,17 @@
 ``CSRMatrix`` is the matrix part of the reader of a key that names a CSR group
 (``encoding.CSRGroup``). Its two keys are the group's ``data`` and ``indices``; row ``r`` is
 the span ``[indptr[r], indptr[r+1])`` of both. ``indptr`` is read once per session and
-process and held, with where the two datasets' chunks lie, in a ``csrplan.SpanCatalog``. A
-batch is planned from it at once, whatever the number of sessions it draws from: rows back to
-back in both the file and the batch are one run, each run's part in a chunk one read of a
-table (``csrplan.plan_pieces``, ``readtable.read_table``: page cache first, the misses asked
-for together), straight into one values buffer and one column-id buffer in request order.
-Until a session's tables are held, and for compressed chunks, a short read or any error, the
-batch is read session by session in sorted order, through the files' chunk index and codecs
-(decoded in the reading thread, outside every lock), and every error names its file and rows.
+process and held, with where the two datasets' chunks lie, in a ``csrplan.SpanCatalog``.
+
+A batch is read by one plan (``_read``), whatever the number of sessions it draws from: the
+catalog learns the batch's sessions first (``_know``); rows back to back in both the file and
+the batch are one run (``csrplan.batch_runs``), each run's part in a chunk one read of a table
+(``csrplan.piece_table``, the read-ahead's table too; ``readtable.read_table``: page cache
+first, the misses asked for together), straight into one values buffer and one column-id
+buffer in request order. Its cases: the batch's files leased at once, or each session's in
+turn where they cannot all be open; runs of compressed chunks, of a chunk never written or of
+a table that came back short decoded one by one in file order through the files' chunk index
+and codecs (in the reading thread, outside every lock), every error naming its file and rows.
 Column ids are checked per batch (one vectorised pass): a damaged file is an
 ``HDF5FileError`` naming the row, never a wrong row.
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,8 +40,9 @@ from loaderkit.hdf5.anndata.ahead import CSRAhead
 from loaderkit.hdf5.anndata.csrplan import (
     CONTIGUOUS,
     SpanCatalog,
+    batch_runs,
     batch_sessions,
-    plan_pieces,
+    piece_table,
     raw_chunks,
     read_around,
 )
@@ -274,10 +278,7 @@ class CSRMatrix:
         increasing within a row but for the ``"dense"`` form (which scatters them), and are
         ``int32`` or ``int64`` (as the file stores them, int64 for other integer types).
         """
-        got = self._read_planned(idx, keys)
-        if got is None and self._hold_sessions(idx, keys):  # its sessions' first batch here
-            got = self._read_planned(idx, keys)
-        lengths, values, cols = got if got is not None else self._read_sorted(idx, keys)
+        lengths, values, cols = self._read(idx, keys)
         total = values.size
         if self.files.types[0].swap:
             values = values.astype(self.files.types[0].mem_dtype)
@@ -307,51 +308,166 @@ class CSRMatrix:
         values = block[: total * kinds[0].itemsize].view(kinds[0])
         return offsets, values, block[ids_at:].view(kinds[1]), (block, ids_at)
 
-    def _read_planned(
-        self, idx: np.ndarray, keys: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """Read a batch in request order with one ``os.preadv`` a piece, planned at once.
+    def _read(self, idx: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Read rows ``keys`` (dataset indices ``idx``) in request order: one plan a batch.
 
-        Every session's spans and chunk tables come from the catalog: rows back to back in
-        both the file and the batch are one run, each run's part in a chunk (or stretch of
-        chunks back to back) one read (``csrplan.plan_pieces``), every session's file leased
-        with one hold of the file pool's mutex. Returns ``None`` where a session's ``indptr`` or
-        tables are not held yet or its file is not open, a chunk was never written, or a
-        read failed or came back short: ``_read_sorted`` then reads the batch session by
-        session and names what fails.
+        The plan: every row's span from the catalog (``_know`` teaches it the batch's sessions
+        first), runs of spans back to back in both the file and the batch
+        (``csrplan.batch_runs``), each run's pieces in each key's chunks
+        (``csrplan.piece_table``, what the read-ahead asks for too) read as one table into one
+        buffer for values and column ids (``read_table``: page cache first, the misses asked
+        for together). The batch's files are leased at once; where they cannot be (more
+        sessions than files open at once, other threads' files in the way), each session's
+        runs are read in turn, the same way. ``_runs`` reads a lease's runs.
+
+        Returns:
+            ``(lengths, values, column ids)`` as stored, in request order.
         """
-        catalog = self.catalog
+        n = idx.size
         pos, rows = keys >> ROW_BITS, keys & ROW_MASK
         cpos = self._canon[pos]  # where each row's file is held: its canonical session
-        if not catalog.known(cpos):
-            return None
-        begin, end = catalog.spans(cpos, rows)
+        self._know(idx, pos, rows, cpos)
+        begin, end = self.catalog.spans(cpos, rows)
+        lengths = end - begin
+        first, stop, length = batch_runs(cpos, begin, end)
         sessions, slot = batch_sessions(cpos, self._canon.size)
-        leased = self.files.file_pool.lease_batch(sessions.tolist())
-        if leased is None:
-            return None
         self.reading.append(None)  # threads reading now: ``_read_table`` chooses its calls by it
         try:
-            lengths = end - begin
-            offsets, values, cols, (block, ids_at) = self._buffers(lengths)  # after the lease
-            fds = np.array([[_fd_of(h, k) for h in leased] for k in (0, 1)], np.int64)
-            brk = np.flatnonzero((begin[1:] != end[:-1]) | (cpos[1:] != cpos[:-1])) + 1
-            first = np.concatenate(([0], brk))
-            length = np.concatenate((end[brk - 1], end[-1:])) - begin[first]
-            first, length = first[length > 0], length[length > 0]
-            runs = (cpos[first], begin[first], length, offsets[first])
-            values_reads = self._plan_runs(fds[0], slot[first], *runs, 0)
-            ids_reads = self._plan_runs(fds[1], slot[first], *runs, 1)
-            if values_reads is None or ids_reads is None:
-                return None
-            ids_reads[:, 2] += ids_at  # both keys' reads: one table into one buffer
-            if not self._read_table(block, np.concatenate((values_reads, ids_reads))):
-                return None
+            leased = self.files.file_pool.lease_batch(sessions.tolist())
+            if leased is not None:
+                try:
+                    buffers = self._buffers(lengths)  # after the lease: a worker's slot waits
+                    runs = _Runs(first, stop, length, slot[first], begin[first])
+                    self._runs(leased, runs, idx, pos, rows, buffers)
+                finally:
+                    self.files.file_pool.release_all(leased)
+            else:  # session by session, each file leased (and opened) in turn
+                buffers = self._buffers(lengths)
+                for s in range(sessions.size):
+                    mine = slot[first] == s
+                    if not mine.any():
+                        continue
+                    at = int(first[mine][0])
+                    p, index = int(pos[at]), int(idx[at])
+                    handle = self.files.leased(p, int(rows[at]), index)
+                    try:
+                        runs = _Runs(
+                            first[mine],
+                            stop[mine],
+                            length[mine],
+                            np.zeros(int(mine.sum()), np.int64),
+                            begin[first[mine]],
+                        )
+                        self._runs([handle], runs, idx, pos, rows, buffers)
+                    except BaseException:
+                        self.files.file_pool.release(handle)
+                        raise
+                    self.files.done(handle, p, index)
         finally:
             self.reading.pop()
-            self.files.file_pool.release_all(leased)
-        self._check_columns(cols, offsets, 0, idx.size, pos, rows, idx, np.arange(idx.size))
+        offsets, values, cols, _ = buffers
+        self._check_columns(cols, offsets, 0, n, pos, rows, idx, np.arange(n))
         return lengths, values, cols
+
+    def _runs(
+        self,
+        leased: Sequence[Handle],
+        runs: _Runs,
+        idx: np.ndarray,
+        pos: np.ndarray,
+        rows: np.ndarray,
+        buffers: tuple[np.ndarray, np.ndarray, np.ndarray, tuple[np.ndarray, int]],
+    ) -> None:
+        """Read ``runs`` from the files ``leased`` (run ``i``'s is ``leased[runs.slot[i]]``).
+
+        Runs in sessions whose chunk tables are held are one table of pieces (both keys);
+        the rest — compressed chunks, a chunk never written, a table that came back short —
+        are read run by run through the files' chunk index and codecs (``_span``), in file
+        order, and every error names its file and rows.
+        """
+        offsets, values, cols, (block, ids_at) = buffers
+        catalog = self.catalog
+        cpos = self._canon[pos[runs.first]]
+        planned = (catalog.table_base[:, cpos] >= 0).all(axis=0) & ~self._unplanned[cpos]
+        if planned.any():
+            fds = np.array([[_fd_of(h, k) for h in leased] for k in self.keys], np.int64)
+            at = offsets[runs.first[planned]]
+            tables = []
+            for k in self.keys:
+                item = self.files.types[k].read_dtype.itemsize
+                table, _ = piece_table(
+                    catalog,
+                    k,
+                    fds[k],
+                    runs.slot[planned],
+                    cpos[planned],
+                    runs.start[planned],
+                    runs.length[planned],
+                    at,
+                    item,
+                )
+                tables.append(table)
+            tables[1][:, 2] += ids_at  # both keys' reads: one table into one buffer
+            table = np.concatenate(tables)
+            readable = not table.size or (
+                int(table[:, 1].min()) >= 0 and int(table[:, 0].min()) >= 0
+            )
+            if not (readable and self._read_table(block, table)):
+                planned[:] = False  # read again run by run: what fails is named
+        left = np.flatnonzero(~planned)
+        if not left.size:
+            return
+        left = left[np.lexsort((runs.start[left], cpos[left]))]  # file order: chunks decoded once
+        verified: set[int] = set()
+        for r in left.tolist():
+            handle = leased[int(runs.slot[r])]
+            r0, r1 = int(runs.first[r]), int(runs.stop[r])
+            p, index = int(pos[r0]), int(idx[r0])
+            if p not in verified and any(m is not None for m in handle.maps):
+                self.files.verify(handle, p, "rows", index)  # never fault on a truncated map
+                verified.add(p)
+            a, length, o0 = int(runs.start[r]), int(runs.length[r]), int(offsets[r0])
+            for k, out in zip(self.keys, (values, cols), strict=True):
+                try:
+                    self._span(handle, k, p, a, length, out[o0 : o0 + length], index)
+                except MemoryError:
+                    raise
+                except Exception as exc:
+                    named = range(int(rows[r0]), int(rows[r1 - 1]) + 1)
+                    raise self.files.read_error(exc, p, named, index, k) from exc
+        for c in np.unique(cpos[left]).tolist():  # the spans read built the chunk index
+            if not self._unplanned[c] and (catalog.table_base[:, c] < 0).any():
+                r = int(left[cpos[left] == c][0])
+                self._hold_tables(leased[int(runs.slot[r])], int(pos[runs.first[r]]))
+
+    def _know(self, idx: np.ndarray, pos: np.ndarray, rows: np.ndarray, cpos: np.ndarray) -> None:
+        """Teach the catalog the batch's sessions: each one's ``indptr`` and chunk tables.
+
+        A session whose chunks are not read raw (compressed) is marked: its runs are always
+        decoded. A process's first batches are then one table too, their misses asked for together,
+        not a session at a time. A damaged index is left to the reads, which name it.
+        """
+        catalog = self.catalog
+        if catalog.known(cpos):
+            return
+        tables = (catalog.table_base[:, cpos] >= 0).all(axis=0) | self._unplanned[cpos]
+        need = (catalog.ptr_base[cpos] < 0) | ~tables
+        for i in np.unique(cpos[need], return_index=True)[1].tolist():
+            i = int(np.flatnonzero(need)[i])
+            p, row, index, c = int(pos[i]), int(rows[i]), int(idx[i]), int(cpos[i])
+            handle = self.files.leased(p, row, index)
+            try:
+                try:
+                    self.indptr(handle, p)
+                except Exception as exc:
+                    self.files.note(exc, p, row, index)
+                    raise
+                if (catalog.table_base[:, c] < 0).any() and not self._unplanned[c]:
+                    self._hold_tables(handle, p)
+                    if (catalog.table_base[:, c] < 0).any():
+                        self._unplanned[c] = True
+            finally:
+                self.files.file_pool.release(handle)
 
     def _file_maps(self) -> FileMaps | None:
         """This process's whole-file maps (made at the first read), or ``None`` (not used)."""
@@ -387,35 +503,6 @@ class CSRMatrix:
             self._ahead = CSRAhead(self, self.ahead_plan, self.around[0])
         return self._ahead.watcher(index)
 
-    def _plan_runs(
-        self,
-        fds: np.ndarray,
-        slot: np.ndarray,
-        cpos: np.ndarray,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        at: np.ndarray,
-        k: int,
-    ) -> np.ndarray | None:
-        """The table of reads of key ``k``'s runs (every length > 0), planned from the catalog.
-
-        Run ``i``: elements ``starts[i]..`` of canonical session ``cpos[i]``'s file
-        ``fds[slot[i]]``, to element ``at[i]`` of the key's buffer (byte offsets from it).
-        ``None`` where a chunk was never written or a file is not read raw (fd < 0).
-        """
-        item = self.files.types[k].read_dtype.itemsize
-        where, into, nbytes, run = plan_pieces(
-            *self.catalog.table(k, cpos), starts, lengths, at, item
-        )
-        if where.size and (int(where.min()) < 0 or int(fds.min()) < 0):
-            return None
-        table = np.empty((where.size, 4), np.int64)
-        table[:, 0] = fds[slot[run]]
-        table[:, 1] = where
-        table[:, 2] = into
-        table[:, 3] = nbytes
-        return table
-
     def _read_table(self, out: np.ndarray, table: np.ndarray) -> bool:
         """Read ``table`` into ``out``; ``False`` where a read failed or came back short."""
         try:  # another thread reading too: a ring call, or copies that take turns
@@ -428,83 +515,8 @@ class CSRMatrix:
                 maps=self._file_maps(),
             )
         except ShortRead:
-            return False  # _read_sorted reads the batch again and names what fails
+            return False  # ``_runs`` reads the runs again one by one and names what fails
         return True
-
-    def _read_sorted(
-        self, idx: np.ndarray, keys: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Read a batch session by session in sorted order, then put it in request order.
-
-        The path of a batch the catalog cannot plan yet (it holds what this path reads) and
-        of every failure: each error names its file and rows.
-        """
-        n = idx.size
-        order = np.argsort(keys, kind="stable")
-        skeys = keys[order]
-        spos, srows = skeys >> ROW_BITS, skeys & ROW_MASK
-        cuts = (np.flatnonzero(spos[1:] != spos[:-1]) + 1).tolist()
-        segments = list(zip([0, *cuts], [*cuts, n], strict=True))
-        cspos = self._canon[spos]
-        for s0, _ in segments:
-            if self.catalog.ptr_base[cspos[s0]] < 0:
-                self._held_indptr(int(spos[s0]), int(srows[s0]), int(idx[order[s0]]))
-        begin, end = self.catalog.spans(cspos, srows)  # each row's span, sorted order
-        lengths = end - begin
-        offsets, values, cols, _ = self._buffers(lengths)
-        for s0, s1 in segments:
-            self._read_session(idx, order, spos, srows, begin, end, offsets, s0, s1, values, cols)
-        if not np.array_equal(order, np.arange(n)):  # request order: one gather
-            inverse = np.empty(n, np.int64)
-            inverse[order] = np.arange(n)
-            lengths = lengths[inverse]
-            starts = offsets[:-1][inverse]
-            shift = np.zeros(n + 1, np.int64)
-            np.cumsum(lengths, out=shift[1:])
-            take = np.repeat(starts - shift[:-1], lengths) + np.arange(values.size)
-            values, cols = values[take], cols[take]
-        return lengths, values, cols
-
-    def _hold_sessions(self, idx: np.ndarray, keys: np.ndarray) -> bool:
-        """Hold the spans and chunk tables of every session of a batch, to plan it at once.
-
-        A process's first batches are then one table too, their misses asked for together,
-        not a session at a time. ``False`` where a session's cannot be held (compressed
-        chunks, a damaged index) or all were (the plan failed otherwise): the batch is read
-        session by session, and errors named.
-        """
-        pos = keys >> ROW_BITS
-        cpos = self._canon[pos]
-        catalog = self.catalog
-        if catalog.known(cpos) or self._unplanned[cpos].any():
-            return False
-        for i in np.unique(cpos, return_index=True)[1].tolist():
-            p, row, index, canonical = int(pos[i]), int(keys[i] & ROW_MASK), int(idx[i]), cpos[i]
-            if catalog.ptr_base[canonical] < 0:
-                self._held_indptr(p, row, index)
-            if (catalog.table_base[:, canonical] < 0).any():
-                handle = self.files.leased(p, row, index)
-                try:
-                    self._hold_tables(handle, p)
-                finally:
-                    self.files.file_pool.release(handle)
-                if (catalog.table_base[:, canonical] < 0).any():
-                    self._unplanned[canonical] = True
-                    return False
-        return True
-
-    def _held_indptr(self, pos: int, row: int, index: int) -> np.ndarray:
-        held = self.catalog.indptr(self.files.canonical[pos])
-        if held is not None:
-            return held
-        handle = self.files.leased(pos, row, index)
-        try:
-            return self.indptr(handle, pos)
-        except Exception as exc:
-            self.files.note(exc, pos, row, index)
-            raise
-        finally:
-            self.files.file_pool.release(handle)
 
     def _hold_tables(self, handle: Handle, pos: int) -> None:
         """Keep where session ``pos``'s ``data`` and ``indices`` lie, if read raw uncompressed.
@@ -529,73 +541,6 @@ class CSRMatrix:
             else:
                 return
         self.catalog.hold_tables(self.files.canonical[pos], parts)
-
-    def _read_session(
-        self,
-        idx: np.ndarray,
-        order: np.ndarray,
-        spos: np.ndarray,
-        srows: np.ndarray,
-        begin: np.ndarray,
-        end: np.ndarray,
-        offsets: np.ndarray,
-        s0: int,
-        s1: int,
-        values: np.ndarray,
-        cols: np.ndarray,
-    ) -> None:
-        """Read sorted rows ``s0:s1`` (one session) as runs of adjacent spans; check columns."""
-        pos = int(spos[s0])
-        breaks = np.flatnonzero(begin[s0 + 1 : s1] != end[s0 : s1 - 1]) + s0 + 1
-        firsts = [s0, *breaks.tolist()]
-        lasts = [*breaks.tolist(), s1]
-        index = int(idx[order[s0]])
-        handle = self.files.leased(pos, int(srows[s0]), index)
-        try:
-            if any(m is not None for m in handle.maps):  # never fault on a truncated map
-                self.files.verify(handle, pos, "rows", index)
-            canonical = self.files.canonical[pos]
-            if self.catalog.table_base[1, canonical] < 0:
-                self._hold_tables(handle, pos)
-            done = [False, False]
-            if self.catalog.table_base[1, canonical] >= 0:  # read raw: planned, as a batch is
-                first, last = np.array(firsts, np.int64), np.array(lasts, np.int64)
-                first, last = (
-                    first[end[last - 1] > begin[first]],
-                    last[end[last - 1] > begin[first]],
-                )
-                runs = (begin[first], end[last - 1] - begin[first], offsets[first])
-                zero, where = np.zeros(first.size, np.int64), np.full(first.size, canonical)
-                tables = [
-                    self._plan_runs(np.array([_fd_of(handle, k)]), zero, where, *runs, k)
-                    for k in (0, 1)
-                ]
-                done = [
-                    table is not None and self._read_table(out, table)
-                    for table, out in zip(tables, (values, cols), strict=True)
-                ]
-            for r0, r1 in zip(firsts, lasts, strict=True):
-                a, length = int(begin[r0]), int(end[r1 - 1] - begin[r0])
-                if not length:
-                    continue
-                o0 = int(offsets[r0])
-                for k, out in ((0, values), (1, cols)):
-                    if done[k]:
-                        continue
-                    try:
-                        self._span(handle, k, pos, a, length, out[o0 : o0 + length], index)
-                    except MemoryError:
-                        raise
-                    except Exception as exc:
-                        rows = range(int(srows[r0]), int(srows[r1 - 1]) + 1)
-                        raise self.files.read_error(exc, pos, rows, int(idx[order[r0]]), k) from exc
-        except BaseException:
-            self.files.file_pool.release(handle)
-            raise
-        if not all(done):  # the spans read built the chunk index: later batches are planned
-            self._hold_tables(handle, pos)
-        self.files.done(handle, pos, index)
-        self._check_columns(cols, offsets, s0, s1, spos, srows, idx, order)
 
     def _span(
         self, handle: Handle, k: int, pos: int, a: int, length: int, out: np.ndarray, index: int
@@ -676,3 +621,13 @@ def _fd_of(handle: Handle, k: int) -> int:
     if raw is not None:
         return raw[0]
     return chunked.fd if chunked is not None else -1
+
+
+class _Runs(NamedTuple):
+    """A batch's runs (``csrplan.batch_runs``), each with where it is read from."""
+
+    first: np.ndarray  # its first row (request order)
+    stop: np.ndarray  # the row after its last
+    length: np.ndarray  # its elements
+    slot: np.ndarray  # its file among the leased ones
+    start: np.ndarray  # its first element in the session's datasets

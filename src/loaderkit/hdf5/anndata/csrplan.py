@@ -39,7 +39,9 @@ __all__ = [
     "AROUND",
     "CONTIGUOUS",
     "SpanCatalog",
+    "batch_runs",
     "batch_sessions",
+    "piece_table",
     "plan_pieces",
     "raw_chunks",
     "read_around",
@@ -293,6 +295,80 @@ def raw_chunks(chunked: Any, dtype: np.dtype) -> bool:
         and len(chunked.shape) == 1
         and chunked.dtype == dtype
     )
+
+
+def batch_runs(
+    cpos: np.ndarray, begin: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch's runs: rows back to back in both the file and the batch (request order).
+
+    Args:
+        cpos: Per row, its canonical session.
+        begin: Per row, its span's first element (``SpanCatalog.spans``).
+        end: Per row, its span's end.
+
+    Returns:
+        ``(first, stop, length)`` per run with elements: its first row, the row after its
+        last, and its elements. Rows without elements are in no run.
+
+    Example:
+        >>> import numpy as np
+        >>> cpos, begin = np.array([0, 0, 0, 1]), np.array([0, 5, 9, 0])
+        >>> runs = batch_runs(cpos, begin, np.array([5, 9, 12, 4]))
+        >>> [a.tolist() for a in runs]  # rows 0-2 back to back; row 3 another file
+        [[0, 3], [3, 4], [12, 4]]
+    """
+    if not begin.size:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    brk = np.flatnonzero((begin[1:] != end[:-1]) | (cpos[1:] != cpos[:-1])) + 1
+    first = np.concatenate(([0], brk))
+    stop = np.concatenate((brk, [begin.size]))
+    length = end[stop - 1] - begin[first]
+    keep = length > 0
+    return first[keep], stop[keep], length[keep]
+
+
+def piece_table(
+    catalog: SpanCatalog,
+    k: int,
+    fds: np.ndarray,
+    slot: np.ndarray,
+    cpos: np.ndarray,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    at: np.ndarray,
+    item: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The table of reads of key ``k``'s runs: what a batch reads and the read-ahead asks for.
+
+    Run ``i``: elements ``starts[i]..`` (``lengths[i] > 0``) of canonical session ``cpos[i]``'s
+    file, open as ``fds[slot[i]]``, to element ``at[i]`` of the key's buffer. Its pieces
+    (``plan_pieces``) are the table's rows: ``(fd, file offset, buffer byte offset, bytes)``.
+
+    Returns:
+        ``(table, run)``: the table, and each row's run. A row whose file offset is < 0 (a
+        chunk never written) or whose fd is < 0 (not read raw) cannot be read as planned.
+
+    Example:
+        >>> import numpy as np
+        >>> catalog = SpanCatalog([4])
+        >>> int(catalog.hold_indptr(0, np.array([0, 2, 3, 3, 6]))[-1])
+        6
+        >>> catalog.hold_tables(0, [(CONTIGUOUS, np.array([100])), (CONTIGUOUS, np.array([200]))])
+        >>> one = np.zeros(1, np.int64)
+        >>> table, run = piece_table(
+        ...     catalog, 1, np.array([7]), one, one, np.array([2]), np.array([4]), one, 4)
+        >>> table.tolist()
+        [[7, 208, 0, 16]]
+    """
+    where, into, nbytes, run = plan_pieces(*catalog.table(k, cpos), starts, lengths, at, item)
+    table = np.empty((where.size, 4), np.int64)
+    table[:, 0] = fds[slot[run]]
+    table[:, 1] = where
+    table[:, 2] = into
+    table[:, 3] = nbytes
+    return table, run
 
 
 def batch_sessions(cpos: np.ndarray, sessions: int) -> tuple[np.ndarray, np.ndarray]:
