@@ -583,7 +583,6 @@ ARGUMENTS = {
     "sparse",
     "genes",
     "join",
-    "cells",
 }
 #: Released in 0.1.0 and moved to a part: each warns for one release.
 MOVED = {"cache_info", "open_files", "sample_nbytes", "index_arrays"}

@@ -73,8 +73,8 @@ def test_a_mask_gives_anndatas_rows_in_file_order(paths: list[Path]) -> None:
         assert len(ds) == truth.shape[0] > 0
         assert np.array_equal(np.stack([ds[i] for i in range(len(ds))]), truth)
         assert np.array_equal(np.stack(ds.__getitems__([*range(len(ds))])), truth)
-        assert ds.cells is not None and sum(ds.cells.chosen) == len(ds)
-        assert ds.cells.cells == (200, 200, 200)
+        assert ds.handles.cells is not None and sum(ds.handles.cells.chosen) == len(ds)
+        assert ds.handles.cells.cells == (200, 200, 200)
         session, row = ds.locate(len(ds) - 1)
         assert session == 2 and row == int(np.flatnonzero(b_cells(_obs(paths[2])))[-1])
     with HDF5SessionDataset(paths, key="X", cells=b_cells) as csr:  # the CSR form: same rows
@@ -109,7 +109,7 @@ def test_positions_choose_rows_of_a_dense_x_with_labels_beside_it(tmp_path: Path
         truth = anndata.read_h5ad(files[0]).X[chosen[0]]
         assert np.array_equal(np.stack([ds[i]["X"] for i in range(3)]), truth)
         assert [int(ds[i]["obs/n"]) for i in range(3)] == [0, 0, 0]
-        assert ds.cells is not None and ds.cells.chosen == (3, 0)
+        assert ds.handles.cells is not None and ds.handles.cells.chosen == (3, 0)
 
 
 def test_obs_columns_read_as_pandas_shows_them(tmp_path: Path) -> None:
@@ -228,7 +228,9 @@ def test_a_node_cache_and_a_function_that_is_not_one_are_refused(
 
 def test_no_chosen_cell_is_an_empty_dataset(paths: list[Path]) -> None:
     with HDF5SessionDataset(paths, key="X", cells=lambda obs: np.zeros(0, np.int64)) as ds:
-        assert len(ds) == 0 and ds.cells is not None and ds.cells.chosen == (0, 0, 0)
+        assert (
+            len(ds) == 0 and ds.handles.cells is not None and ds.handles.cells.chosen == (0, 0, 0)
+        )
         with pytest.raises(ConfigError, match="has no samples: cells= chose no cell") as info:
             DataLoader(ds, batch_size=4, shuffle=True)
         assert "0 of 600 cells in 3 files" in str(info.value)
@@ -246,7 +248,7 @@ def test_the_function_is_not_kept_and_the_dataset_pickles(paths: list[Path]) -> 
 def test_the_plan_says_what_each_file_gave(paths: list[Path], tmp_path: Path) -> None:
     copies = [shutil.copy(p, tmp_path / f"{k}{p.name}") for k in "abc" for p in paths]
     with HDF5SessionDataset(copies, key="X", cells=b_cells) as ds:
-        chosen = ds.cells.chosen if ds.cells is not None else ()
+        chosen = ds.handles.cells.chosen if ds.handles.cells is not None else ()
         with DataLoader(ds, batch_size=8) as loader:
             row = loader.plan["cells"]
         assert row.value == len(ds) == sum(chosen)

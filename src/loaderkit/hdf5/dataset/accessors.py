@@ -82,6 +82,9 @@ class SessionHandles:
         self.mode = mode
         self.transforms = transforms
         self.label = label
+        #: How many cells each file gave to ``cells=`` (an ``anndata.cells.CellChoice``:
+        #: ``chosen``, ``cells``, ``summary()``); ``None``: every cell, no ``cells=``.
+        self.cells: Any = None
         self._samples_key: str | None = None
 
     def sample_parts(self) -> list[bytes | memoryview]:

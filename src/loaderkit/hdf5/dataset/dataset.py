@@ -31,7 +31,6 @@ from loaderkit.errors import (
     MovedAttribute,
     add_note,
 )
-from loaderkit.hdf5.anndata import FORMS, CellChoice, matrix_arguments_refused
 from loaderkit.hdf5.dataset.accessors import SessionHandles
 from loaderkit.hdf5.dataset.arguments import (
     check_max_open_files,
@@ -179,7 +178,7 @@ class HDF5SessionDataset(Dataset):
             column is read when asked for; categoricals as their names, missing ``None``;
             the index as ``"_index"``), it returns a boolean mask of the file's cells or
             sorted unique positions. Sample ``i`` is the ``i``-th chosen cell in file order;
-            the function is not kept (``self.cells`` counts what each file gave). Local
+            the function is not kept (``handles.cells`` counts what each file gave). Local
             files without ``cache=`` only; not with an overridden ``build_index``.
 
     Raises:
@@ -231,8 +230,7 @@ class HDF5SessionDataset(Dataset):
         join: str | None = None,
         cells: Callable[[Mapping[str, np.ndarray]], Any] | None = None,
     ) -> None:
-        if sparse not in FORMS:
-            raise ConfigError(f"sparse={sparse!r}: expected one of {list(FORMS)}.")
+        DatasetInspection.check_form(sparse)
         if cells is not None and _overrides(type(self), "build_index"):
             raise ConfigError(
                 f"{type(self).__name__} overrides build_index() and was given cells=: both "
@@ -297,10 +295,7 @@ class HDF5SessionDataset(Dataset):
         reader = self._reader
         self._key = inspection.key
         self._sparse, self._genes, self._join = sparse, genes, join
-        if self._anndata is not None:  # a matrix's served columns and form
-            self._anndata.configure(sparse, genes, join)
-        elif sparse != "csr" or genes is not None or join is not None:
-            raise matrix_arguments_refused(sparse, reader.files.key_names)
+        inspection.configure(reader, self._anndata, sparse, genes, join)
         reader.files.sources = sources
         if sources is not None:
             sources.use_keys(reader.files.specs)
@@ -314,12 +309,11 @@ class HDF5SessionDataset(Dataset):
         )
         self._budgets = DatasetBudgets(reader, self._memory_map, max_open_files, max_session_bytes)
         self._cached = CachedSessions(sources, reader)
-        self._cells: CellChoice | None = None
         try:
             if cells is not None:  # the chosen cells: the index, packed as they are chosen
                 if not reader.files.specs:
                     raise ConfigError("cells= needs key=: it chooses rows (cells) of that key.")
-                reader.index, self._cells = inspection.choose_cells(cells, reader)
+                reader.index, self._handles.cells = inspection.choose_cells(cells, reader)
             else:
                 try:
                     index = self.build_index()
@@ -606,16 +600,6 @@ class HDF5SessionDataset(Dataset):
     def join(self) -> str | None:
         """How files whose var indexes differ are aligned: ``"outer"``, ``"inner"``, ``None``."""
         return self._join
-
-    @property
-    def cells(self) -> CellChoice | None:
-        """How many cells each file gave to ``cells=`` (``None``: every cell; no function).
-
-        Example:
-            >>> ds.cells.chosen  # doctest: +SKIP
-            (120, 0, 88)
-        """
-        return self._cells
 
     # ------------------------------------------------------------------ sessions
 
@@ -912,8 +896,8 @@ class _SessionSupport(LoaderSupport):
         held = ds.budgets.fit_session_bytes(shape)
         if held is not None:
             entries.append(held)
-        if ds.cells is not None:
-            choice = ds.cells
+        choice = ds.handles.cells
+        if choice is not None:
             entries.append(PlanEntry("cells", "cells=", sum(choice.chosen), choice.summary()))
         rows = [*ds.handles.io_plan(), *cached.plan_rows(shape.processes, threads=shape.threads)]
         entries.extend(
@@ -940,7 +924,7 @@ class _SessionSupport(LoaderSupport):
         return self.dataset.handles.samples_key()
 
     def empty_reason(self) -> str | None:
-        chosen = self.dataset.cells
+        chosen = self.dataset.handles.cells
         return None if chosen is None else f"cells= chose no cell ({chosen.summary()})"
 
     def prefetch_watcher(self) -> Any | None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from loaderkit.errors import ConfigError, HDF5FileError, warn
 from loaderkit.hdf5.anndata import (
+    FORMS,
     AnnDataReader,
     CellChoice,
     CSRGroup,
@@ -32,6 +33,7 @@ from loaderkit.hdf5.anndata import (
     csr_sessions,
     gene_map,
     is_dense_matrix,
+    matrix_arguments_refused,
     var_names,
     var_path,
 )
@@ -151,6 +153,31 @@ class DatasetInspection:
                 f"session {sid!r}: cannot open {path} as HDF5: {hint or 'HDF5 refused it'} "
                 f"(HDF5: {exc}).{' ' + advice if advice else ''}",
             ) from (os_error or exc)
+
+    @staticmethod
+    def check_form(sparse: str) -> None:
+        """Refuse a ``sparse=`` that is none of the forms a matrix's rows are served in.
+
+        Raises:
+            ConfigError: ``sparse`` is not one of ``FORMS``.
+        """
+        if sparse not in FORMS:
+            raise ConfigError(f"sparse={sparse!r}: expected one of {list(FORMS)}.")
+
+    @staticmethod
+    def configure(
+        reader: Reader, anndata: AnnDataReader | None, sparse: str, genes: Any, join: str | None
+    ) -> None:
+        """Serve the AnnData part's matrix as ``sparse=``, ``genes=`` and ``join=`` say.
+
+        Raises:
+            ConfigError: Any of them given where no AnnData matrix maps columns, or refused by
+                the AnnData part (``AnnDataReader.configure``).
+        """
+        if anndata is not None:
+            anndata.configure(sparse, genes, join)
+        elif sparse != "csr" or genes is not None or join is not None:
+            raise matrix_arguments_refused(sparse, reader.files.key_names)
 
     def reader(
         self, max_open: int, memory_map: bool | None, max_session_bytes: int

@@ -198,12 +198,12 @@ class SessionReader:
         """Rows as stored are dense: ``False``."""
         return False
 
-    @property
+    @functools.cached_property
     def names(self) -> list[str]:
         """The names of this reader's keys (a dict sample's keys), in ``keys`` order."""
         return [self.files.specs[k].name for k in self.keys]
 
-    @property
+    @functools.cached_property
     def ragged_names(self) -> list[str | None]:
         """Per key of ``keys``, its name where its rows may differ in shape (else ``None``)."""
         return [self.files.ragged_names[k] for k in self.keys]
