@@ -123,6 +123,7 @@ class CSRMatrix:
         #: Per session, whether its chunk tables cannot be held (compressed chunks): its
         #: batches are read session by session, not tried again every batch.
         self._unplanned = np.zeros(self._canon.size, bool)
+        self._any_unplanned = False
         self._indptr_lock = threading.Lock()
         # uncompressed values and column ids are read raw (the first read of a session aside)
         self.fills_chunk_buffer = any(
@@ -337,7 +338,7 @@ class CSRMatrix:
             if leased is not None:
                 try:
                     buffers = self._buffers(lengths)  # after the lease: a worker's slot waits
-                    runs = _Runs(first, stop, length, slot[first], begin[first])
+                    runs = _Runs(first, stop, length, slot[first], begin[first], cpos[first])
                     self._runs(leased, runs, idx, pos, rows, buffers)
                 finally:
                     self.files.file_pool.release_all(leased)
@@ -357,6 +358,7 @@ class CSRMatrix:
                             length[mine],
                             np.zeros(int(mine.sum()), np.int64),
                             begin[first[mine]],
+                            cpos[first[mine]],
                         )
                         self._runs([handle], runs, idx, pos, rows, buffers)
                     except BaseException:
@@ -387,30 +389,31 @@ class CSRMatrix:
         """
         offsets, values, cols, (block, ids_at) = buffers
         catalog = self.catalog
-        cpos = self._canon[pos[runs.first]]
-        planned = (catalog.table_base[:, cpos] >= 0).all(axis=0) & ~self._unplanned[cpos]
+        cpos = runs.cpos
+        if self._any_unplanned or not catalog.known(cpos):  # some runs decoded
+            planned = (catalog.table_base[:, cpos] >= 0).all(axis=0) & ~self._unplanned[cpos]
+            take: Any = planned if not planned.all() else slice(None)
+        else:  # every run's session is read raw: the whole batch is one table
+            planned, take = np.ones(cpos.size, bool), slice(None)
         if planned.any():
             fds = np.array([[_fd_of(h, k) for h in leased] for k in self.keys], np.int64)
-            at = offsets[runs.first[planned]]
+            slot, cp, start, length = (
+                runs.slot[take],
+                cpos[take],
+                runs.start[take],
+                runs.length[take],
+            )
+            at = offsets[runs.first[take]]
             tables = []
             for k in self.keys:
                 item = self.files.types[k].read_dtype.itemsize
-                table, _ = piece_table(
-                    catalog,
-                    k,
-                    fds[k],
-                    runs.slot[planned],
-                    cpos[planned],
-                    runs.start[planned],
-                    runs.length[planned],
-                    at,
-                    item,
-                )
+                table, _ = piece_table(catalog, k, fds[k], slot, cp, start, length, at, item)
                 tables.append(table)
             tables[1][:, 2] += ids_at  # both keys' reads: one table into one buffer
             table = np.concatenate(tables)
             readable = not table.size or (
-                int(table[:, 1].min()) >= 0 and int(table[:, 0].min()) >= 0
+                int(table[:, 1].min()) >= 0  # no chunk never written
+                and (int(fds.min()) >= 0 or int(table[:, 0].min()) >= 0)  # every file read raw
             )
             if not (readable and self._read_table(block, table)):
                 planned[:] = False  # read again run by run: what fails is named
@@ -465,7 +468,7 @@ class CSRMatrix:
                 if (catalog.table_base[:, c] < 0).any() and not self._unplanned[c]:
                     self._hold_tables(handle, p)
                     if (catalog.table_base[:, c] < 0).any():
-                        self._unplanned[c] = True
+                        self._unplanned[c] = self._any_unplanned = True
             finally:
                 self.files.file_pool.release(handle)
 
@@ -631,3 +634,4 @@ class _Runs(NamedTuple):
     length: np.ndarray  # its elements
     slot: np.ndarray  # its file among the leased ones
     start: np.ndarray  # its first element in the session's datasets
+    cpos: np.ndarray  # its canonical session
