@@ -37,7 +37,9 @@ s``). Reported per loader:
   not the loader's. The JSON also has the private memory at the child's start and the sampled
   peak of the tree's summed RSS;
 * the batch mix, the mean number of distinct 1,000-cell runs (file, cell // 1000) a batch draws
-  from (~44 when 64 cells are drawn from 80 runs at random); the process's peak RSS (``VmHWM``:
+  from (~44 when 64 cells are drawn from 80 runs at random), and the file mix,
+  ``loaderkit.batch_mix`` of each cell's file (a batch's file entropy over the epoch's: ~1 for
+  a full shuffle, 0 for file order); the process's peak RSS (``VmHWM``:
   it counts torch's import, ~250 MiB, and file pages mapped by the loader) and the largest
   worker process's (``ru_maxrss`` of its children: a forked worker's counts the pages it shares
   with its parent).
@@ -46,6 +48,8 @@ Loaders (``--only`` takes names or prefixes, comma-separated; ``--list`` lists t
 ``HDF5SessionDataset(files, key="X")`` under ``create_dataloader(batch_size=64, shuffle=True,
 seed=0)`` with no workers, 2 worker processes and 2 worker threads, CSR batches (the default) and
 ``sparse="dense"``; with ``cells=`` choosing every other cell of each file (``lk-cells-half``);
+with ``BlockShuffleSampler(block_size=16)`` and its buffered block shuffle, ``fetch_factor=16``
+(``lk-block-16``, ``lk-block-16-fetch-16``);
 and over a corpus (``lk-corpus-*``): files of the same sizes whose var indexes share 80 % of
 their genes, each in an order of its own (``gene_names``; written once next to the others, in
 ``<cache>-corpus``), read with ``join="outer"`` (CSR and dense batches); scDataset (PyPI
@@ -122,6 +126,7 @@ __all__ = [
     "batches_for",
     "ceiling_cells_per_s",
     "cell_ids",
+    "file_mix",
     "main",
     "merge_ranges",
     "parse_smaps_rollup",
@@ -167,8 +172,8 @@ class Loader:
     workers: int = 0
     method: str | None = None  # loaderkit: process / thread
     form: str = "csr"  # loaderkit: csr / dense
-    block: int = 0  # scDataset
-    fetch: int = 0  # scDataset fetch_factor
+    block: int = 0  # scDataset's block_size; loaderkit: BlockShuffleSampler(block_size=)
+    fetch: int = 0  # scDataset's fetch_factor; loaderkit: BlockShuffleSampler(fetch_factor=)
     shuffle: bool = True  # annbatch: its RandomSampler, else its store order
     join: str | None = None  # loaderkit: the corpus files (``Sizes.shared``) under this join
     cells: int = 1  # loaderkit: every ``cells``-th cell of each file (``cells=``)
@@ -181,6 +186,14 @@ LOADERS: tuple[Loader, ...] = (
     Loader("lk-csr-2p", "loaderkit, CSR, 2 processes", "loaderkit", 2, "process"),
     Loader("lk-csr-2t", "loaderkit, CSR, 2 threads", "loaderkit", 2, "thread"),
     Loader("lk-cells-half", "loaderkit, CSR, every other cell (cells=)", "loaderkit", cells=2),
+    Loader("lk-block-16", "loaderkit, CSR, BlockShuffleSampler block 16", "loaderkit", block=16),
+    Loader(
+        "lk-block-16-fetch-16",
+        "loaderkit, CSR, BlockShuffleSampler block 16 / fetch 16",
+        "loaderkit",
+        block=16,
+        fetch=16,
+    ),
     Loader(
         "lk-corpus-outer",
         "loaderkit, CSR, a corpus (80 % shared genes, other orders), join='outer'",
@@ -259,6 +272,19 @@ def cell_ids(first_column: np.ndarray) -> np.ndarray:
     [0, 20000]
     """
     return np.rint(np.asarray(first_column, dtype=np.float64)).astype(np.int64) - 1
+
+
+def file_mix(cells: np.ndarray, cells_per_file: int, batch: int) -> float | None:
+    """``loaderkit.batch_mix`` of the cells' files: each batch's file entropy over the epoch's.
+
+    About 1 for a full shuffle, 0 for file order. ``None`` where the loaderkit this child
+    imports has no ``batch_mix`` (an older commit read side by side).
+    """
+    try:
+        from loaderkit import batch_mix as entropy_mix
+    except ImportError:
+        return None
+    return entropy_mix(np.asarray(cells) // cells_per_file, batch) if len(cells) else None
 
 
 def batch_mix(batches: Iterable[np.ndarray], cells_per_file: int, run: int = RUN) -> float:
@@ -723,9 +749,16 @@ def _loaderkit(lo: Loader, paths: list[str]) -> tuple[Iterable[Any], Callable[[]
     step = lo.cells
     chosen = {"cells": lambda obs: np.arange(0, len(obs["_index"]), step)} if step > 1 else {}
     dataset = HDF5SessionDataset(paths, key="X", sparse=lo.form, join=lo.join, **chosen)
-    extra = {"worker_method": lo.method} if lo.workers else {}
+    extra: dict[str, Any] = {"worker_method": lo.method} if lo.workers else {}
+    if lo.block:  # blocks of consecutive cells, and with a fetch, a buffered block shuffle
+        from loaderkit import BlockShuffleSampler
+
+        fetch = {"batch_size": lo.batch, "fetch_factor": lo.fetch} if lo.fetch else {}
+        extra["sampler"] = BlockShuffleSampler(dataset, block_size=lo.block, seed=0, **fetch)
+    else:
+        extra["shuffle"] = True
     loader = create_dataloader(
-        dataset, batch_size=lo.batch, shuffle=True, seed=0, num_workers=lo.workers, **extra
+        dataset, batch_size=lo.batch, seed=0, num_workers=lo.workers, **extra
     )
     return loader, loader.close
 
@@ -911,6 +944,7 @@ def _epoch(loader: Iterable[Any], batches: int, cells_per_file: int) -> dict[str
         "seconds": seconds,
         "cells_per_s": len(seen) / seconds,
         "batch_mix": batch_mix(ids, cells_per_file),
+        "file_mix": file_mix(seen, cells_per_file, len(ids[0]) if ids else 1),
     }
 
 
@@ -1095,6 +1129,11 @@ def _fmt(value: float | None, digits: int = 0) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
 
 
+def _median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def _summary(runs: list[dict]) -> dict[str, Any]:
     """A (loader, cache) cell's runs: median cells/s (first epoch; ``steady_cells_per_s``, the
     second, where every run read one), the largest memory peaks."""
@@ -1107,6 +1146,7 @@ def _summary(runs: list[dict]) -> dict[str, Any]:
         "cells_per_s": statistics.median(r["cells_per_s"] for r in runs),
         "steady_cells_per_s": statistics.median(steady) if len(steady) == len(runs) else None,
         "batch_mix": statistics.median(r["batch_mix"] for r in runs),
+        "file_mix": _median_or_none([r.get("file_mix") for r in runs]),
         "peak_rss_mib": max(r["peak_rss_mib"] for r in runs),
         "worker_peak_rss_mib": max(r["worker_peak_rss_mib"] for r in runs),
         "private_peak_mib": max(private) if private else None,
@@ -1299,10 +1339,10 @@ def table(
         "RSS: the main process's, with the file pages it maps",
         "",
         "| loader | batch | warm, 2nd epoch | warm, 1st epoch | cold | cold / ceiling "
-        "| private MiB | peak RSS MiB | worker peak RSS MiB | batch mix | setup s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| private MiB | peak RSS MiB | worker peak RSS MiB | batch mix | file mix | setup s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    blank = " | | | | | | | | |"
+    blank = " | | | | | | | | | |"
     for lo in LOADERS:
         label = f"{lo.label} {notes[lo.name]}" if lo.name in notes else lo.label
         if lo.name in skipped:
@@ -1323,7 +1363,8 @@ def table(
             f"{_fmt(cell.get('warm', {}).get('cells_per_s'))} | {_fmt(cold)} | "
             f"{_fmt(fraction, 2)} | {_fmt(_private(cell))} | {_fmt(first['peak_rss_mib'])} | "
             f"{_fmt(first['worker_peak_rss_mib'] if lo.workers else None)} | "
-            f"{_fmt(first['batch_mix'], 1)} | {_fmt(setup, 2)} |"
+            f"{_fmt(first['batch_mix'], 1)} | {_fmt(first.get('file_mix'), 2)} | "
+            f"{_fmt(setup, 2)} |"
         )
     resident = [
         r["resident_before"] for c in results.values() for r in c.get("cold", {}).get("runs", [])

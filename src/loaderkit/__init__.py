@@ -44,6 +44,7 @@ from loaderkit.loader import DataLoader
 from loaderkit.machine.platform import PlatformInfo, detect_platform
 from loaderkit.memory.leakcheck import LeakCheck
 from loaderkit.memory.sequence import SharedSequence
+from loaderkit.order.mixing import batch_mix, order_mix
 from loaderkit.order.seeding import (
     DeterminismReport,
     check_determinism,
@@ -94,10 +95,12 @@ __all__ = [
     "WeightedSampler",
     "__version__",
     "balanced_weights",
+    "batch_mix",
     "check_determinism",
     "create_dataloader",
     "detect_platform",
     "make_generator",
+    "order_mix",
     "pad_collate",
     "recommended_num_workers",
     "seed_everything",

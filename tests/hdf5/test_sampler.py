@@ -257,3 +257,111 @@ def test_elastic_needs_the_block_partition(ds: HDF5SessionDataset) -> None:
     with pytest.raises(ConfigError, match="batch_size"):
         BlockShuffleSampler(ds, seed=0, batch_size=0)
     assert BlockShuffleSampler(ds, seed=0).global_batch_size is None
+
+
+# ------------------------------------------------------------------ buffered block shuffle
+
+
+def _fetches(order: list[int], size: int) -> list[set[int]]:
+    return [set(order[k : k + size]) for k in range(0, len(order), size)]
+
+
+def test_a_fetch_holds_exactly_its_blocks_rows_permuted(ds: HDF5SessionDataset) -> None:
+    plain = BlockShuffleSampler(ds, seed=3, block_size=4, batch_size=8)
+    mixed = BlockShuffleSampler(ds, seed=3, block_size=4, batch_size=8, fetch_factor=5)
+    for epoch in range(2):
+        plain.set_epoch(epoch)
+        mixed.set_epoch(epoch)
+        before, after = plain.indices().tolist(), mixed.indices().tolist()
+        assert sorted(after) == list(range(len(ds)))  # every row once
+        assert _fetches(after, 40) == _fetches(before, 40)  # no row leaves its fetch
+        assert after != before
+        batches = [after[k : k + 8] for k in range(0, len(after), 8)]
+        assert np.mean([len(runs(ds, b)) for b in batches]) > 4  # a batch: many blocks
+    again = BlockShuffleSampler(ds, seed=3, block_size=4, batch_size=8, fetch_factor=5)
+    again.set_epoch(1)
+    assert again.indices().tolist() == after  # a pure function of (seed, epoch)
+    assert again.order_key()["fetch_factor"] == 5
+
+
+def test_a_buffered_order_splits_between_ranks_as_its_global_batches_say(
+    ds: HDF5SessionDataset,
+) -> None:
+    one = BlockShuffleSampler(ds, seed=1, block_size=4, batch_size=12, fetch_factor=3)
+    whole = one.indices().tolist()
+    for world in (2, 3):
+        parts = [
+            BlockShuffleSampler(
+                ds,
+                seed=1,
+                block_size=4,
+                batch_size=12 // world,
+                fetch_factor=3,
+                num_replicas=world,
+                rank=r,
+            )
+            .indices()
+            .tolist()
+            for r in range(world)
+        ]
+        step = 12 // world
+        rebuilt = [
+            i
+            for k in range(len(parts[0]) // step + 1)
+            for part in parts
+            for i in part[k * step : (k + 1) * step]
+        ]
+        assert rebuilt == whole, world  # the same global batches on any number of ranks
+
+
+def test_a_buffered_block_shuffle_mixes_like_a_full_shuffle(tmp_path: Path) -> None:
+    from loaderkit import order_mix
+
+    with HDF5SessionDataset(write_sessions(tmp_path, [2048] * 8), key="betas") as files:
+        full = order_mix(
+            files, torch.randperm(len(files), generator=torch.Generator().manual_seed(0)), 64
+        )
+        blocks = BlockShuffleSampler(files, seed=0, block_size=16)
+        buffered = BlockShuffleSampler(files, seed=0, block_size=16, batch_size=64, fetch_factor=16)
+        mix_blocks = order_mix(files, blocks.indices(), 64)
+        mix_buffered = order_mix(files, buffered.indices(), 64)
+    assert mix_blocks < 0.6 * full  # runs of 16-row blocks: a few files a batch
+    assert mix_buffered >= 0.95 * full
+
+
+def test_fetch_factor_needs_a_batch_size(ds: HDF5SessionDataset) -> None:
+    with pytest.raises(ConfigError, match="pass batch_size= too"):
+        BlockShuffleSampler(ds, seed=0, fetch_factor=4)
+    with pytest.raises(ConfigError, match="fetch_factor"):
+        BlockShuffleSampler(ds, seed=0, batch_size=4, fetch_factor=0)
+
+
+@pytest.mark.parametrize("workers", [(0, "process"), (2, "process"), (2, "thread")])
+def test_a_buffered_block_shuffle_resumes_mid_epoch_exactly(
+    ds: HDF5SessionDataset, workers: tuple[int, str]
+) -> None:
+    import pickle
+
+    from loaderkit import DataLoader as Loader
+
+    num_workers, method = workers
+
+    def make() -> Loader:
+        sampler = BlockShuffleSampler(ds, seed=7, block_size=4, batch_size=8, fetch_factor=4)
+        return Loader(
+            ds, batch_size=8, sampler=sampler, num_workers=num_workers, worker_method=method
+        )
+
+    def rows(batch: torch.Tensor) -> list[float]:
+        return batch[:, 0].tolist()
+
+    with make() as loader:
+        whole = [rows(b) for b in loader]
+    with make() as first:
+        it = iter(first)
+        seen = [rows(next(it)) for _ in range(11)]
+        state = pickle.loads(pickle.dumps(first.state_dict()))
+    with make() as second:
+        second.load_state_dict(state)
+        rest = [rows(b) for b in second]
+    assert seen + rest == whole

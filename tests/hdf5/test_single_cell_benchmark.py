@@ -147,7 +147,7 @@ def test_annbatch_rows_ratios_and_its_copy_in_the_table(sc: ModuleType) -> None:
     text = sc.table(sizes, "anndata", results, {}, ["warm", "cold"], notes, disk)
     assert "| loader | batch | warm, 2nd epoch | warm, 1st epoch | cold | cold / ceiling | " in text
     row = f"| annbatch defaults + shuffle, on its converted copy {note} | 64 | 20,000 | 18,000 | "
-    assert row + "40,000 | 0.16 | 600 | 900 | — | 44.0 | 1.50 |" in text
+    assert row + "40,000 | 0.16 | 600 | 900 | — | 44.0 | — | 1.50 |" in text  # no file mix given
     assert "| loaderkit, CSR batches | 4,096 | 160,000 | 100,000 | 50,000 | 0.20 | 200 | " in text
     assert "\nannbatch's copy: /x/annbatch-lz4.zarr\n" in text
     start = "\nprivate memory at a child's start (torch imported, no loader built): 80-80 MiB\n"
@@ -408,6 +408,8 @@ def test_quick_run_reads_every_cell_once_per_loader(tmp_path: Path) -> None:
                     assert epoch["batches"] == (2 if name == "lk-csr-b4096" else 94)
                     # 6 runs of 1,000 cells: a shuffled batch of 64 draws from nearly all
                     assert 5.0 < epoch["batch_mix"] <= 6.0, (name, cache)
+                    # and their files as a full shuffle mixes them (loaderkit.batch_mix)
+                    assert 0.8 < epoch["file_mix"] <= 1.0, (name, cache)
                 assert (run["steady"] is None) == (cache == "cold")  # a cold run: one epoch
                 assert run["cells_per_s"] > 0 and run["peak_rss_mib"] > 0
                 # torch alone is more than 20 MiB of private memory; it was sampled

@@ -43,7 +43,7 @@ from loaderkit.order.samplers import global_batch_count, global_batch_positions
 from loaderkit.order.seeding import validate_seed
 from loaderkit.support import answers, support_of
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "BlockShuffleSampler"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "BlockShuffleSampler", "fetch_permutation"]
 
 #: Rows per block when ``block_size`` is not given (rounded up to whole chunks for chunked
 #: data). Chosen with ``benchmarks/hdf5_read.py`` and ``benchmarks/hdf5_block_size.py``: with
@@ -107,6 +107,12 @@ class BlockShuffleSampler(DistributedSampler[int]):
             ``num_replicas``; ``drop_last`` then drops the last, partial global batch, and
             without it that batch is split evenly between the ranks). Needs
             ``partition="block"``. With one replica the order is the same with or without it.
+        fetch_factor: A buffered block shuffle (scDataset's ``fetch_factor``): the order's
+            blocks are cut into fetches of ``fetch_factor`` global batches (``fetch_factor *
+            num_replicas * batch_size`` rows), and the rows of each fetch are permuted
+            together, so a batch draws its rows from the many blocks of its fetch while each
+            block stays one contiguous run of the fetch. ``None`` (default): batches are runs
+            of blocks. Needs ``batch_size``; the mix it gives is ``loaderkit.order_mix``'s.
 
     Example:
         >>> sampler = BlockShuffleSampler(ds, seed=0)  # doctest: +SKIP
@@ -128,6 +134,7 @@ class BlockShuffleSampler(DistributedSampler[int]):
         drop_last: bool = False,
         partition: str = "block",
         batch_size: int | None = None,
+        fetch_factor: int | None = None,
     ) -> None:
         support = support_of(dataset)
         if not answers(support, "session_index"):
@@ -144,6 +151,14 @@ class BlockShuffleSampler(DistributedSampler[int]):
                 f"partition='block', got partition={partition!r}: whole sessions per rank "
                 "depend on the number of ranks."
             )
+        if fetch_factor is not None and batch_size is None:
+            raise ConfigError(
+                f"fetch_factor={fetch_factor!r} permutes the rows of fetch_factor batches "
+                "together: pass batch_size= too (the loader's batch size, per rank)."
+            )
+        self.fetch_factor = (
+            None if fetch_factor is None else check_int("fetch_factor", fetch_factor, minimum=1)
+        )
         if num_replicas is None or rank is None:
             info = dist_info()
             num_replicas = info.world_size if num_replicas is None else num_replicas
@@ -270,14 +285,18 @@ class BlockShuffleSampler(DistributedSampler[int]):
     def order_key(self) -> dict[str, Any]:
         """What, besides ``seed`` and the dataset, decides the elastic order (resume checks it).
 
-        The block layout (rows per block of every session, as a digest) and the ``window``.
+        The block layout (rows per block of every session, as a digest), the ``window``, and
+        the ``fetch_factor`` where one is given.
 
         Example:
             >>> sampler.order_key()  # doctest: +SKIP
             {'kind': 'block', 'block_rows': '5f0c...', 'window': 4}
         """
         digest = hashlib.sha256(np.ascontiguousarray(self._block_rows).tobytes()).hexdigest()
-        return {"kind": "block", "block_rows": digest[:16], "window": self.window}
+        key: dict[str, Any] = {"kind": "block", "block_rows": digest[:16], "window": self.window}
+        if self.fetch_factor is not None:
+            key["fetch_factor"] = self.fetch_factor
+        return key
 
     @property
     def global_batch_size(self) -> int | None:
@@ -385,7 +404,11 @@ class BlockShuffleSampler(DistributedSampler[int]):
         seq = self._rng(1, self.epoch).permutation(units)
         order = self._window_order(self._unit_sess[seq], self._rng(2, self.epoch, 0))
         picked = seq[order]
-        return self._order[_ranges(self._unit_start[picked], self._unit_len[picked])]
+        found = self._order[_ranges(self._unit_start[picked], self._unit_len[picked])]
+        if self.fetch_factor is None or self.global_batch_size is None:
+            return found
+        fetch = self.fetch_factor * self.global_batch_size
+        return found[fetch_permutation(found.size, fetch, self._rng(3, self.epoch))]
 
     def indices(self) -> np.ndarray:
         """Return this rank's indices for the current epoch as an array (what ``iter`` yields).
@@ -409,3 +432,25 @@ class BlockShuffleSampler(DistributedSampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         yield from self.indices().tolist()
+
+
+def fetch_permutation(n: int, fetch: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions ``0..n-1`` permuted within each run of ``fetch`` (the last may be shorter).
+
+    What a buffered block shuffle does to an order of blocks: each fetch's rows are mixed
+    together, no row leaves its fetch. ``O(n log fetch)``: one sort per fetch, all at once.
+
+    Example:
+        >>> import numpy as np
+        >>> got = fetch_permutation(10, 4, np.random.default_rng(0))
+        >>> [sorted(got[i : i + 4].tolist()) for i in (0, 4, 8)]
+        [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    """
+    full, tail = divmod(n, fetch)
+    out = np.empty(n, np.int64)
+    if full:
+        within = np.argsort(rng.random((full, fetch)), axis=1)
+        out[: full * fetch] = (within + np.arange(full)[:, None] * fetch).reshape(-1)
+    if tail:
+        out[full * fetch :] = full * fetch + rng.permutation(tail)
+    return out

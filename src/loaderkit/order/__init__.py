@@ -11,6 +11,8 @@ Modules:
   one by one *in the workers*.
 - ``samplers``: the samplers loaderkit builds for ``torch.distributed`` (``ElasticSampler``,
   ``ShardSampler``) and the global-batch arithmetic.
+- ``mixing``: ``batch_mix`` and ``order_mix``: how well an order mixes, the mean per-batch
+  entropy of a label (the file, an ``obs`` column) over its entropy in all, from the indices.
 - ``weighted``: ``WeightedSampler``: draws in proportion to per-sample weights, from
   ``(seed, epoch)``, one global sequence cut into the ranks' global batches, resumable.
 - ``resume``: a loader's state and the index-level fast-forward;
