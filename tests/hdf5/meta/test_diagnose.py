@@ -23,8 +23,10 @@ import h5py
 import pytest
 
 from loaderkit import HDF5FileError, HDF5SessionDataset, create_dataloader
+from loaderkit.hdf5.meta import diagnose
 from tests.hdf5 import corruption
 from tests.hdf5.corruption import BASES, COPIES, DAMAGE, KEY, named
+from tests.hdf5.helpers import write_sessions
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 #: The whole corpus must be read within this (a hang is a failure, not a stuck run).
@@ -201,3 +203,44 @@ def test_a_file_damaged_under_a_built_dataset_is_named_in_the_main_process(
         finally:
             loader.close()
             dataset.close()
+
+
+# ------------------------------------------------------------------ not HDF5 at all
+
+
+@pytest.mark.parametrize(
+    ("content", "called"),
+    [
+        (
+            b"cell_id,gene,count\n0,CD3E,4\n",
+            "text (the first lines: cell_id,gene,count / 0,CD3E,4)",
+        ),
+        (b"PK\x03\x04" + bytes(200), "a zip archive"),
+        (b"CDF\x01" + bytes(200), "a netCDF-3 (classic) file"),
+        (b"\x93NUMPY\x01\x00" + bytes(200), "a numpy .npy array"),
+        (b"\x1f\x8b\x08" + bytes(200), "a gzip stream"),
+    ],
+)
+def test_a_file_that_never_was_hdf5_gets_a_short_message_without_repair_advice(
+    tmp_path: Path, content: bytes, called: str
+) -> None:
+    path = tmp_path / "session1.h5"
+    path.write_bytes(content)
+    with pytest.raises(HDF5FileError) as info:
+        HDF5SessionDataset([path], key="X")
+    message = str(info.value)
+    assert f"it is not an HDF5 file: it is {called}" in message and str(path) in message
+    assert "h5check" not in message and "download" not in message.lower()
+    assert len(message) < 400, len(message)
+
+
+def test_a_damaged_hdf5_start_keeps_the_repair_advice(tmp_path: Path) -> None:
+    (path,) = write_sessions(tmp_path, [4])
+    with open(path, "r+b") as fh:  # the superblock's signature overwritten with binary noise
+        fh.write(bytes([0x00, 0xFF, 0x13, 0x07, 0x00, 0x00, 0x9C, 0x01]))
+    assert diagnose.other_format(str(path)) is None
+    with pytest.raises(HDF5FileError) as info:
+        HDF5SessionDataset([path], key="betas")
+    message = str(info.value)
+    assert "no HDF5 signature" in message and "not an HDF5 file: it is" not in message
+    assert "damaged or truncated" in message

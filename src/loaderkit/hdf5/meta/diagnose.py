@@ -37,6 +37,7 @@ __all__ = [
     "missing_sources",
     "open_diagnosis",
     "open_failure",
+    "other_format",
     "repair_advice",
     "signature_found",
     "type_damage",
@@ -118,6 +119,59 @@ def signature_found(path: str) -> bool | None:
     except OSError:
         return None
     return False
+
+
+#: Other formats' first bytes, and what a message calls them.
+_OTHER_FORMATS: tuple[tuple[bytes, str], ...] = (
+    (b"PK\x03\x04", "a zip archive (.zip, .npz, a zipped zarr store)"),
+    (b"\x1f\x8b", "a gzip stream (.gz): decompress it first"),
+    (b"CDF\x01", "a netCDF-3 (classic) file, which is not HDF5: netCDF-4 files are"),
+    (b"CDF\x02", "a netCDF-3 (64-bit offset) file, which is not HDF5: netCDF-4 files are"),
+    (b"\x93NUMPY", "a numpy .npy array"),
+    (b"PAR1", "a Parquet file"),
+    (b"\x80\x04", "a Python pickle"),
+    (b"\x80\x05", "a Python pickle"),
+    (b"%PDF", "a PDF document"),
+    (b"\x89PNG", "a PNG image"),
+)
+#: Bytes of a file's start looked at to tell another format (HDF5's first signature place
+#: and its first block).
+_FIRST_BLOCK = 4096
+
+
+def other_format(path: str) -> str | None:
+    """What a file without HDF5's signature is instead, where its first block says so.
+
+    Known formats by their first bytes, or text (the first block decodes as UTF-8 without NUL
+    or other control bytes). ``None``: nothing recognised (binary: possibly an HDF5 file whose
+    start is damaged) or unreadable.
+
+    Example:
+        >>> import tempfile
+        >>> with tempfile.NamedTemporaryFile(suffix=".h5") as tmp:
+        ...     _ = tmp.write(b"cell,gene,count" + bytes([10]) + b"1,2,3")
+        ...     tmp.flush()
+        ...     other_format(tmp.name)
+        'text (the first lines: cell,gene,count / 1,2,3)'
+    """
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(_FIRST_BLOCK)
+    except OSError:
+        return None
+    for magic, name in _OTHER_FORMATS:
+        if head.startswith(magic):
+            return name
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as exc:  # a block cut inside a character still counts as text
+        if exc.start < len(head) - 3:
+            return None
+        text = head[: exc.start].decode("utf-8")
+    if not text or any(ord(c) < 32 and c not in "\t\n\r\f" for c in text):
+        return None
+    lines = [line.strip()[:40] for line in text.splitlines() if line.strip()][:2]
+    return f"text (the first lines: {' / '.join(lines)})" if lines else "text (blank)"
 
 
 def _lock_problem(path: str) -> str | None:
@@ -213,6 +267,13 @@ def open_diagnosis(path: str, *, locking: bool = True) -> tuple[str, OSError | N
     if size == 0:
         return "the file is empty (0 bytes)", None, advice
     found = signature_found(path)
+    kind = other_format(path) if found is False else None
+    if kind is not None:  # nothing was HDF5 here: no repair can help
+        return (
+            f"it is not an HDF5 file: it is {kind}, with no HDF5 signature",
+            None,
+            "Pass the session's HDF5 file (.h5, .hdf5, .h5ad, a netCDF-4 .nc).",
+        )
     if found is False:
         return (
             (
