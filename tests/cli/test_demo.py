@@ -113,3 +113,17 @@ def test_bench_on_generated_files(tmp_path, capsys) -> None:
 def test_bench_errors_name_the_problem(args, message, capsys) -> None:
     assert main(["bench", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_bench_says_when_the_best_is_within_noise_of_another() -> None:
+    from loaderkit.cli.bench import NOISE, BenchReport, _result
+
+    close = BenchReport("d", 10, [_result(0, 6379.0), _result(2, 6383.0), _result(1, 5000.0)])
+    assert close.best is not None and close.best.num_workers == 2
+    assert [r.num_workers for r in close.within_noise()] == [0]
+    note = close.noise_note()
+    assert note is not None and "num_workers=0 at 6,379 samples/s vs 6,383" in note
+    assert "fewer workers" in note and close.as_dict()["within_noise"][0]["num_workers"] == 0
+    apart = BenchReport("d", 10, [_result(0, 1000.0), _result(2, 1000.0 / (1 - NOISE) + 1)])
+    assert apart.within_noise() == [] and apart.noise_note() is None
+    assert BenchReport("d", 0).noise_note() is None

@@ -281,6 +281,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             f"\nrecommended: create_dataloader(dataset, batch_size={best.batch_size}, "
             f"num_workers={best.num_workers}, persistent_workers={best.persistent_workers})"
         )
+        note = report.noise_note()
+        if note:
+            print(note)
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(report.as_dict(), handle, indent=2)

@@ -25,7 +25,12 @@ from loaderkit.memory.resources import worker_uss
 from loaderkit.order.hooks import call_hook
 from loaderkit.policy import recommended_num_workers
 
-__all__ = ["BenchReport", "BenchResult", "load_dataset_class", "run_bench"]
+__all__ = ["NOISE", "BenchReport", "BenchResult", "load_dataset_class", "run_bench"]
+
+
+#: Samples/s within this fraction of the best are within one run's noise on a shared machine
+#: (a busy 2-core machine's repeated runs of one configuration differ by a few per cent).
+NOISE = 0.05
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,47 @@ class BenchReport:
         """The configuration with the highest samples/s."""
         return max(self.results, key=lambda r: r.samples_per_s, default=None)
 
+    def within_noise(self) -> list[BenchResult]:
+        """The other configurations within ``NOISE`` of the best's samples/s, fastest first.
+
+        One timed run each cannot tell those apart from the best: another run may rank them
+        the other way.
+        """
+        best = self.best
+        if best is None:
+            return []
+        close = [
+            r
+            for r in self.results
+            if r is not best and r.samples_per_s >= (1 - NOISE) * best.samples_per_s
+        ]
+        return sorted(close, key=lambda r: -r.samples_per_s)
+
+    def noise_note(self) -> str | None:
+        """A line saying which configurations are within noise of the best, or ``None``.
+
+        Example:
+            >>> report = BenchReport("d", 10, [_result(0, 6379.0), _result(2, 6383.0)])
+            >>> report.noise_note().split(": ")[1]
+            'num_workers=0 at 6,379 samples/s vs 6,383 (0.1 % slower)'
+        """
+        close = self.within_noise()
+        best = self.best
+        if best is None or not close:
+            return None
+        named = ", ".join(
+            f"num_workers={r.num_workers} at {r.samples_per_s:,.0f} samples/s vs "
+            f"{best.samples_per_s:,.0f} ({(1 - r.samples_per_s / best.samples_per_s) * 100:.1f} "
+            "% slower)"
+            for r in close
+        )
+        fewer = any(r.num_workers < best.num_workers for r in close)
+        tail = "; the one with fewer workers costs less" if fewer else ""
+        return (
+            f"within noise ({NOISE * 100:.0f} %) of the best: {named}: one run each cannot rank "
+            f"them{tail}"
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         best = self.best
@@ -78,7 +124,13 @@ class BenchReport:
             "samples": self.samples,
             "results": [asdict(r) for r in self.results],
             "recommended": asdict(best) if best else None,
+            "within_noise": [asdict(r) for r in self.within_noise()],
         }
+
+
+def _result(num_workers: int, samples_per_s: float) -> BenchResult:
+    """A made-up result (examples and tests of the report's arithmetic)."""
+    return BenchResult(num_workers, 64, num_workers > 0, 0.1, 0.1, samples_per_s, 10)
 
 
 def load_dataset_class(spec: str) -> type:
