@@ -455,8 +455,9 @@ class CSRMatrix:
             return
         tables = (catalog.table_base[:, cpos] >= 0).all(axis=0) | self._unplanned[cpos]
         need = (catalog.ptr_base[cpos] < 0) | ~tables
-        for i in np.unique(cpos[need], return_index=True)[1].tolist():
-            i = int(np.flatnonzero(need)[i])
+        rows_needed = np.flatnonzero(need)
+        for first in np.unique(cpos[need], return_index=True)[1].tolist():
+            i = int(rows_needed[first])
             p, row, index, c = int(pos[i]), int(rows[i]), int(idx[i]), int(cpos[i])
             handle = self.files.leased(p, row, index)
             try:

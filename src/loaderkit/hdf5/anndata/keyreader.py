@@ -32,12 +32,12 @@ from loaderkit.hdf5.anndata.genemap import GeneMap, VarTable, gene_map
 from loaderkit.hdf5.anndata.labels import LabelKey, served_parts, served_values
 from loaderkit.hdf5.read.chunkio import ReadPath
 from loaderkit.hdf5.read.handles import Handle
-from loaderkit.hdf5.read.reader import SessionReader, row_batch
+from loaderkit.hdf5.read.reader import ReadFacts, SessionReader, row_batch
 
 __all__ = ["AnnDataReader", "MatrixPart", "matrix_arguments_refused"]
 
 
-class MatrixPart(Protocol):
+class MatrixPart(ReadFacts, Protocol):
     """What ``AnnDataReader`` asks of its matrix part (``CSRMatrix``, ``DenseColumns``).
 
     Example:
@@ -84,21 +84,6 @@ class MatrixPart(Protocol):
 
     def read_one(self, index: int, pos: int, row: int) -> Any:
         """The matrix's row ``row`` of session ``pos``."""
-        ...
-
-    @property
-    def fills_chunk_buffer(self) -> bool:
-        """Reads fill a chunk buffer per open file."""
-        ...
-
-    @property
-    def maps_whole_files(self) -> bool:
-        """Warm tables of reads may be copied out of whole-file maps."""
-        ...
-
-    @property
-    def matrix_nbytes(self) -> list[int] | None:
-        """Per session, bytes a chunk buffer holds of the matrix (``None``: the layouts say)."""
         ...
 
     @property
@@ -170,9 +155,6 @@ class AnnDataReader:
         #: What decides a sample's content besides the index (the matrix's column map).
         self.content_parts: list[bytes] = []
         self._labels = [self.served[k] for k in rows.keys]  # the row reader's keys' labels
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
 
     # ------------------------------------------------------------------ the AnnData facts
 

@@ -42,10 +42,34 @@ from loaderkit.hdf5.read.scratch import ScratchRows
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
 
-__all__ = ["KeySpec", "Reader", "SessionReader", "SessionRecord", "row_batch"]
+__all__ = ["KeySpec", "ReadFacts", "Reader", "SessionReader", "SessionRecord", "row_batch"]
 
 
-class Reader(Protocol):
+class ReadFacts(Protocol):
+    """How a reader's reads use memory and descriptors: what the budgets ask of any reader.
+
+    Example:
+        >>> "matrix_nbytes" in ReadFacts.__dict__
+        True
+    """
+
+    @property
+    def fills_chunk_buffer(self) -> bool:
+        """Reads fill a chunk buffer per open file (HDF5's, or decoded chunks)."""
+        ...
+
+    @property
+    def maps_whole_files(self) -> bool:
+        """Warm tables of reads may be copied out of whole-file maps (a second descriptor)."""
+        ...
+
+    @property
+    def matrix_nbytes(self) -> list[int] | None:
+        """Per session, bytes a chunk buffer holds of the reads (``None``: the layouts say)."""
+        ...
+
+
+class Reader(ReadFacts, Protocol):
     """What the dataset, its budgets and the loader ask of any reader: the declared contract.
 
     ``SessionReader`` answers it for keys read as stored; the AnnData package's reader
@@ -64,21 +88,6 @@ class Reader(Protocol):
     index: np.ndarray
     #: What decides a sample's content besides the index, as bytes a resumed state shares.
     content_parts: list[bytes]
-
-    @property
-    def fills_chunk_buffer(self) -> bool:
-        """Reads fill a chunk buffer per open file (HDF5's, or decoded chunks)."""
-        ...
-
-    @property
-    def maps_whole_files(self) -> bool:
-        """Warm tables of reads may be copied out of whole-file maps (a second descriptor)."""
-        ...
-
-    @property
-    def matrix_nbytes(self) -> list[int] | None:
-        """Per session, bytes a chunk buffer holds of the reads (``None``: the layouts say)."""
-        ...
 
     @property
     def sparse_samples(self) -> bool:
