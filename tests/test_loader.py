@@ -38,13 +38,18 @@ METHODS = ["process", "thread"]
 
 
 def _outcome(factory: Any, dataset: Any, kwargs: dict[str, Any], unordered: bool) -> Any:
-    """Two epochs of batches, or the exception type torch's argument checks raised."""
+    """Two epochs of batches, or the exception type torch's argument checks raised.
+
+    A ``ConfigError`` counts as the ``ValueError`` it also is.
+    """
     kwargs = dict(kwargs)
     for key in ("generator", "sampler", "batch_sampler"):
         if callable(kwargs.get(key)):
             kwargs[key] = kwargs[key]()  # fresh, identically seeded objects per loader
     try:
         loader = factory(dataset, **kwargs)
+    except ConfigError:  # loaderkit's own check of an argument torch refuses with ValueError
+        return ValueError
     except (ValueError, TypeError) as exc:
         return type(exc)
     try:
@@ -204,7 +209,10 @@ def test_torch_argument_errors_still_raise_value_error(kwargs: dict[str, Any]) -
         torch.utils.data.DataLoader(SquareDataset(), **kwargs)
     with pytest.raises(ValueError) as ours:
         create_dataloader(SquareDataset(), **kwargs)
-    assert str(ours.value) == str(torch_error.value)
+    if isinstance(ours.value, ConfigError):  # loaderkit's own check: torch's words, then more
+        assert str(ours.value).startswith(str(torch_error.value)), (ours.value, torch_error.value)
+    else:
+        assert str(ours.value) == str(torch_error.value)
 
 
 def test_iterable_dataset_errors_match_torch() -> None:

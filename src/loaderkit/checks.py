@@ -26,7 +26,7 @@ from loaderkit.errors import ConfigError
 from loaderkit.machine.main_module import find_unguarded_call
 from loaderkit.machine.platform import PlatformInfo
 from loaderkit.memory.preflight import check_pickle
-from loaderkit.plan import UNSET, PlanEntry
+from loaderkit.plan import UNSET, PlanEntry, counted
 from loaderkit.policy import LoaderRequest, Resolution, unpicklable_is_error
 from loaderkit.policy.start_method import fit_start_method
 
@@ -146,7 +146,7 @@ def check_picklable(checks: Mapping[str, Any], res: Resolution, found: Findings)
     if size > LARGE_PICKLE_BYTES:
         found.warnings.append(
             f"the dataset pickles to {size / 2**20:.0f} MiB and the '{res.start_method}' start "
-            f"method sends a copy to each of the {num_workers} workers "
+            f"method sends a copy to each of the {counted(num_workers, 'worker')} "
             f"({num_workers * size / 2**20:.0f} MiB in all, at every start). Keep large arrays "
             "as torch tensors (shared, not copied), memory-map them, or load them lazily in "
             "the worker."

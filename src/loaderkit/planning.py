@@ -43,7 +43,7 @@ from loaderkit.machine.versions import fit_torch_arguments, torch_decision, torc
 from loaderkit.memory.containers import survey_containers
 from loaderkit.order.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
 from loaderkit.order.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
-from loaderkit.plan import UNSET, Plan, PlanEntry, short_repr
+from loaderkit.plan import UNSET, Plan, PlanEntry, counted, short_repr
 from loaderkit.policy import (
     DatasetFacts,
     LoaderRequest,
@@ -52,6 +52,7 @@ from loaderkit.policy import (
     resolve,
     torch_arguments,
 )
+from loaderkit.policy.argcheck import check_dataset
 from loaderkit.policy.budgets import (
     check_open_file_budget,
     check_session_memory,
@@ -396,7 +397,8 @@ def _plan_header(platform: PlatformInfo, dist: DistInfo) -> str:
     return (
         f"loaderkit plan: {platform.os_name}, Python "
         f"{'.'.join(map(str, platform.python_version))}, torch {platform.torch_version}, "
-        f"{platform.usable_cpus} usable CPU(s), CUDA {'yes' if platform.cuda_available else 'no'}"
+        f"{counted(platform.usable_cpus, 'usable CPU')}, "
+        f"CUDA {'yes' if platform.cuda_available else 'no'}"
         + (f", rank {dist.rank}/{dist.world_size}" if dist.initialized else "")
     )
 
@@ -444,6 +446,7 @@ def plan_loader(
     elif not isinstance(platform, PlatformInfo):
         raise ConfigError(f"platform must be a loaderkit.PlatformInfo, got {type(platform)!r}")
     dist = dist_info()
+    check_dataset(dataset)
     support = support_of(dataset)
     facts = dataset_facts(dataset, support)
     res = resolve(request, facts, platform, dist)

@@ -22,6 +22,8 @@ def test_demo_runs_and_passes_its_checks(tmp_path, capsys) -> None:
     assert "training throughput" in out and "samples/s" in out
     assert "BlockShuffleSampler" in out  # the plan is shown
     assert "demo passed" in out
+    assert max(len(line) for line in out.splitlines()) <= 100  # a terminal split in two
+    assert "\nterms:\n" in out and "slot pool" in out.split("\nterms:\n")[1]
 
 
 def test_demo_in_a_temporary_directory_with_progress_bars(capsys) -> None:

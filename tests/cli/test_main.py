@@ -42,6 +42,8 @@ def test_info_prints_every_platform_field_and_the_worker_table(capsys) -> None:
         "'auto'",
     ):
         assert text in out
+    assert max(len(line) for line in out.splitlines()) <= 100  # was 285 (torch_loader_args)
+    assert "1 local rank," in out or "local ranks," in out  # counted in words, no "(s)"
 
 
 def test_module_and_console_script_entry_points() -> None:

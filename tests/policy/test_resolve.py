@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from torch.utils.data import DistributedSampler
 
 from loaderkit import ConfigError, LoaderkitWarning, create_dataloader
 from loaderkit.machine.distributed import DistInfo
-from loaderkit.plan import UNSET
+from loaderkit.plan import UNSET, Plan, PlanEntry
 from loaderkit.policy import (
     MAX_AUTO_WORKERS,
     DatasetFacts,
@@ -374,3 +375,54 @@ class _Holder:
 
 
 _Holder.lambda_fn = lambda x: x
+
+
+@pytest.mark.parametrize("method", ["process", "thread"])
+def test_describe_fits_100_columns_with_a_legend_and_counts_in_words(
+    tmp_path: Path, method: str
+) -> None:
+    """A 2-worker HDF5 loader (363 columns wide before) and a 1-worker one."""
+    import h5py
+    import numpy as np
+
+    from loaderkit import HDF5SessionDataset
+
+    paths = []
+    for s in range(3):
+        paths.append(str(tmp_path / f"s{s}.h5"))
+        with h5py.File(paths[-1], "w") as f:
+            f.create_dataset("betas", data=np.zeros((40, 16), "f4"))
+    ds = HDF5SessionDataset(paths, key="betas")
+    for workers in (1, 2):
+        with create_dataloader(
+            ds, batch_size=8, num_workers=workers, worker_method=method, training=True, seed=0
+        ) as loader:
+            text = loader.describe()
+        assert max(len(line) for line in text.splitlines()) <= 100, text
+        assert "\nterms:\n" in text
+        legend = text.split("\nterms:\n")[1]
+        assert "max_open_files" in legend and "read_path" in legend
+        if method == "process":
+            assert "slot pool" in legend and "gc_freeze" in legend
+        flat = " ".join(text.split())
+        assert "1 processes" not in flat and "1 workers" not in flat and "(s)" not in flat
+        # a wrapped reason is still the plan's reason, word for word
+        assert " ".join(loader.plan["max_open_files"].reason.split()) in flat
+    ds.close()
+
+
+def test_plan_describe_puts_a_long_value_s_reason_below_it() -> None:
+    plan = Plan(
+        [
+            PlanEntry("num_workers", 2, 2, "as given"),
+            PlanEntry("collate_fn", None, "x" * 50, "a reason " * 30),
+        ]
+    )
+    lines = plan.describe().splitlines()
+    assert max(map(len, lines)) <= 100
+    assert lines[1].split() == ["num_workers", "2", "2", "as", "given"]
+    assert lines[2].split()[-1] == repr("x" * 50) and lines[3].lstrip().startswith("a reason")
+    # a narrow terminal: every reason under its row
+    narrow = plan.describe(width=60).splitlines()
+    assert max(map(len, narrow)) <= 60 and narrow[3] == "    as given"
+    assert all(line.startswith(" ") for line in lines[3:])

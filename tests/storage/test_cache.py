@@ -46,7 +46,7 @@ def test_defaults_fitted_to_the_disk_with_reasons() -> None:
     [
         (100, [150, 10], 1, r"max_bytes=100 B\) is smaller than the largest session \(150 B"),
         (250, [100, 100, 100], 1, r"smaller than the prefetch window \(300 B, 300 bytes: 1 reader"),
-        (700, [100] * 8, 2, r"prefetch window \(600 B, 600 bytes: 2 reader\(s\) on this node"),
+        (700, [100] * 8, 2, r"prefetch window \(600 B, 600 bytes: 2 readers on this node"),
     ],
 )
 def test_impossible_limits_name_both_sizes(
@@ -99,14 +99,14 @@ def test_one_session_per_worker_process_is_fitted_or_refused() -> None:
     assert sessions.max_bytes.value == mib and sessions.prefetch.value == 0
     fitted = fit_to_workers(sessions, disk, ranks=2, workers=3, largest=mib)
     assert fitted.max_bytes.value == 6 * mib and fitted.min_free.value == 12 * GiB - 6 * mib
-    assert "2 rank(s) on this node x 3 worker process(es), up to 1.0 MiB each" in (
+    assert "2 ranks on this node x 3 worker processes, up to 1.0 MiB each" in (
         fitted.max_bytes.reason
     )
     assert fit_to_workers(fitted, disk, ranks=2, workers=3, largest=mib) is fitted
     full = DiskUsage(total=252 * GiB, free=GiB + 2 * mib, cached=0)
     with pytest.raises(ConfigError, match=r"room for 2.0 MiB .* each of the 4 processes"):
         fit_to_workers(check_limits(fit_cache_limits(full), full, [mib]), full, 1, 4, mib)
-    with pytest.raises(ConfigError, match=r"holds 2 session\(s\) .* at least 3145728 bytes"):
+    with pytest.raises(ConfigError, match=r"holds 2 sessions .* at least 3145728 bytes"):
         fit_to_workers(fit_cache_limits(disk, max_bytes=2 * mib), disk, 1, 3, mib)
 
 

@@ -41,6 +41,7 @@ from loaderkit.cli.doctor import (
     software_versions,
 )
 from loaderkit.machine.platform import detect_platform
+from loaderkit.plan import counted, wrap_column
 from loaderkit.policy import recommended_num_workers, resolve_num_workers
 
 __all__ = ["main"]
@@ -48,12 +49,20 @@ __all__ = ["main"]
 _REQUESTED_WORKERS: tuple[int | str, ...] = (0, 1, 2, 4, 8, 16, 32, "auto")
 
 
-def _table(rows: Sequence[Sequence[object]]) -> str:
+def _table(rows: Sequence[Sequence[object]], width: int = 100) -> str:
+    """``rows`` (the first: headings) aligned, the last column wrapped to fit ``width``."""
     cells = [[str(c) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
-    ]
+    start = sum(widths[:-1]) + 2 * (len(widths) - 1)
+    if width - start < 30:  # too wide to wrap usefully: the last column as it is
+        width = start + widths[-1]
+    widths[-1] = min(widths[-1], width - start)
+    lines = []
+    for row in cells:
+        head = "".join(c.ljust(w + 2) for c, w in zip(row[:-1], widths, strict=False))
+        last = wrap_column(row[-1], width, start)
+        lines.append((head + last[0]).rstrip())
+        lines.extend(" " * start + part for part in last[1:])
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -70,7 +79,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(f"usable CPUs: {platform.usable_cpus} of {platform.cpu_count} ({platform.cpus_source})")
     if platform.memory_bytes is not None:
         print(f"memory: {platform.memory_bytes / 2**30:.2f} GiB ({platform.memory_source})")
-    cuda = f"yes, {platform.cuda_device_count} device(s)" if platform.cuda_available else "no"
+    cuda = (
+        f"yes, {counted(platform.cuda_device_count, 'device')}" if platform.cuda_available else "no"
+    )
     print(f"CUDA: {cuda}")
     print(f"recommended num_workers: {recommended_num_workers(platform)}\n")
     rows: list[Sequence[object]] = [("requested", "safe", "why")]
@@ -128,7 +139,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         epochs=args.epochs,
         progress=_progress(not args.no_progress),
     )
-    print(f"loaderkit demo: {report.samples} trials in session files under {report.root}\n")
+    head = f"loaderkit demo: {report.samples} trials in session files under {report.root}"
+    print("\n    ".join(wrap_column(head, 100, 4)) + "\n")
     print(report.plan)
     print()
     rows: list[Sequence[object]] = [("measure", "value")]
@@ -141,7 +153,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     print(_table(rows))
     print()
     for name, (passed, detail) in report.checks.items():
-        print(f"[{'PASS' if passed else 'FAIL'}] {name}: {detail}")
+        check = f"[{'PASS' if passed else 'FAIL'}] {name}: {detail}"
+        print("\n       ".join(wrap_column(check, 100, 7)))
     print("\ndemo passed" if report.ok else "\ndemo FAILED")
     return 0 if report.ok else 1
 
@@ -220,7 +233,7 @@ def _cmd_rechunk(args: argparse.Namespace) -> int:
         )
     print(_table(rows))
     files = len({r.source for r in results})
-    print(f"\n{files} file(s) rewritten and verified under {args.out}")
+    print(f"\n{counted(files, 'file')} rewritten and verified under {args.out}")
     return 0
 
 

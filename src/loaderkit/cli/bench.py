@@ -23,6 +23,7 @@ from loaderkit.factory import create_dataloader
 from loaderkit.loader import DataLoader
 from loaderkit.memory.resources import worker_uss
 from loaderkit.order.hooks import call_hook
+from loaderkit.plan import counted
 from loaderkit.policy import recommended_num_workers
 
 __all__ = ["NOISE", "BenchReport", "BenchResult", "load_dataset_class", "run_bench"]
@@ -253,7 +254,7 @@ def run_bench(
                 return run_bench(None, kwargs, tmp, workers, batch_sizes, batches)
         paths = make_sessions(Path(root))
         data: Any = DemoSessions(paths, key="betas", **(kwargs or {}))
-        name = f"generated session files ({len(paths)} sessions) in {root}"
+        name = f"generated session files ({counted(len(paths), 'session')}) in {root}"
     else:
         cls = load_dataset_class(dataset)
         try:

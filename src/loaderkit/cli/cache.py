@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from loaderkit.errors import LoaderkitError
+from loaderkit.plan import counted
 
 __all__ = ["add_commands"]
 
@@ -144,7 +145,7 @@ def _print_groups(cache: Any) -> None:
         for group, label in names.items()
     ]
     if unknown:
-        parts.append(f"{len(unknown)} file(s) loaderkit does not know (left alone)")
+        parts.append(f"{counted(len(unknown), 'file')} loaderkit does not know (left alone)")
     print("also: " + ", ".join(parts))
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from loaderkit._torch import TESTED_FROM, TESTED_TO, parse_version
 from loaderkit.machine.platform import PlatformInfo
 from loaderkit.machine.versions import torch_decision
+from loaderkit.plan import counted
 from loaderkit.policy import recommended_num_workers as _recommended
 from loaderkit.policy.budgets import check_open_file_budget, loader_fds
 
@@ -115,7 +116,7 @@ def _start_method(p: PlatformInfo) -> Check:
 def _workers(p: PlatformInfo) -> Check:
     recommended = _recommended(p, force_zero_workers_on_windows=None)
     finding = (
-        f"{p.usable_cpus} usable of {p.cpu_count} CPUs ({p.cpus_source}); "
+        f"{p.usable_cpus} usable of {counted(p.cpu_count, 'CPU')} ({p.cpus_source}); "
         f"num_workers='auto' -> {recommended}"
         + (f" per rank ({p.local_world_size} local ranks)" if p.local_world_size else "")
     )
@@ -201,7 +202,7 @@ def _open_files(p: PlatformInfo, max_open_files: int) -> Check:
     fds = loader_fds(workers, main_fds=p.open_fds, start_method=p.start_method)
     finding = (
         f"ulimit -n {p.open_files_soft} per process (hard {p.open_files_hard}); planned with "
-        f"{workers} workers and max_open_files={max_open_files}: main process "
+        f"{counted(workers, 'worker')} and max_open_files={max_open_files}: main process "
         f"{fds.main + max_open_files}"
         + (f", each worker {fds.worker + max_open_files}" if workers else "")
         + " descriptors"

@@ -27,6 +27,7 @@ from loaderkit import _torch
 from loaderkit.machine.cgroups import cpu_quota, memory_limit, quota_cpus
 from loaderkit.machine.distributed import launcher_int
 from loaderkit.machine.intraop_threads import torch_threads
+from loaderkit.plan import counted
 
 __all__ = [
     "PlatformInfo",
@@ -152,21 +153,34 @@ class PlatformInfo:
         """
         return self.cuda_available and not self.cuda_bad_fork
 
-    def describe(self) -> str:
-        """Render every field as ``name: value`` lines.
+    def describe(self, width: int = 100) -> str:
+        """Render every field as ``name  value`` lines, a long value wrapped under itself.
+
+        Args:
+            width: The widest line.
 
         Examples:
             >>> "start_method" in detect_platform().describe()
             True
         """
+        import textwrap
         from dataclasses import fields
 
-        width = max(len(f.name) for f in fields(self))
+        names = max(len(f.name) for f in fields(self))
 
         def shown(value: Any) -> str:
             return repr(sorted(value)) if isinstance(value, frozenset) else repr(value)
 
-        return "\n".join(f"{f.name:<{width}}  {shown(getattr(self, f.name))}" for f in fields(self))
+        return "\n".join(
+            textwrap.fill(
+                shown(getattr(self, f.name)),
+                width,
+                initial_indent=f"{f.name:<{names}}  ",
+                subsequent_indent=" " * (names + 2),
+                break_on_hyphens=False,
+            )
+            for f in fields(self)
+        )
 
 
 def default_start_method(os_name: str, python_version: tuple[int, ...]) -> str:
@@ -373,19 +387,21 @@ def process_cpus() -> tuple[int, float | None, str]:
     total = max(1, os.cpu_count() or 1)
     quota = cpu_quota()
     if quota is None:
-        return affinity, None, f"CPU affinity: {affinity} of {total} CPUs"
+        return affinity, None, f"CPU affinity: {affinity} of {counted(total, 'CPU')}"
     cpus = quota_cpus(quota.value)
     if cpus < affinity:
         return (
             cpus,
             quota.value,
-            f"{quota.source}: a quota of {quota.value:g} CPU(s), rounded up "
+            f"{quota.source}: a quota of {quota.value:g} CPU{'' if quota.value == 1 else 's'}, "
+            "rounded up "
             f"(CPU affinity: {affinity} of {total})",
         )
     return (
         affinity,
         quota.value,
-        f"CPU affinity: {affinity} of {total} CPUs (a quota of {quota.value:g} at {quota.source})",
+        f"CPU affinity: {affinity} of {counted(total, 'CPU')} (a quota of {quota.value:g} at "
+        f"{quota.source})",
     )
 
 

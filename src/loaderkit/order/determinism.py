@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from loaderkit.order.hooks import call_hook
+from loaderkit.plan import counted
 from loaderkit.workers.threadworkers import watch_shared_rngs
 
 __all__ = ["DeterminismReport", "check_determinism"]
@@ -78,7 +79,8 @@ class DeterminismReport:
 
     def __str__(self) -> str:
         if self.deterministic:
-            return f"deterministic: {self.batches} batches over {self.epochs} epoch(s) identical"
+            epochs = counted(self.epochs, "epoch")
+            return f"deterministic: {self.batches} batches over {epochs} identical"
         return f"not deterministic: {self.first_difference}"
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loaderkit.errors import ConfigError
+from loaderkit.plan import counted
 
 __all__ = ["STATE_FORMAT", "STATE_VERSION", "ResumePoint", "check_state"]
 
@@ -159,7 +160,7 @@ def check_state(
 
 def _global_batch(fingerprint: Mapping[str, Any]) -> str:
     size, replicas = fingerprint.get("global_batch_size"), fingerprint.get("num_replicas") or 1
-    return f"{size} (batch_size {fingerprint.get('batch_size')} x {replicas} rank(s))"
+    return f"{size} (batch_size {fingerprint.get('batch_size')} x {counted(replicas, 'rank')})"
 
 
 def _elastic_position(

@@ -13,7 +13,8 @@ The one exception is the Windows policy: worker processes become threads of the 
 (``force_zero_workers_on_windows=True`` loads in the main process, ``=False`` or
 ``worker_method="process"`` keeps processes).
 
-Modules: ``request`` (the request, facts, decisions and the resolution), ``workers`` (worker
+Modules: ``request`` (the request, facts, decisions and the resolution), ``argcheck`` (torch's
+arguments and the dataset checked with loaderkit's own messages), ``workers`` (worker
 count, persistence, start method, torch's threads, the hand-off, what spawn pickles),
 ``methods`` (``worker_method``: processes or threads, the Windows policy, ``"auto"``'s rule),
 ``sampling`` (shuffling, samplers, sharding, seeds), ``resolve`` (all of them in order, pinning

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loaderkit.plan import counted
 from loaderkit.policy.held import memory_words, size_words
 
 __all__ = [
@@ -120,7 +121,9 @@ def loader_fds(
         own_text = f"{main_fds} open now + {FDS_MAIN_MARGIN} margin"
     main = own + workers * FDS_PER_WORKER
     main_text = own_text + (
-        f" + {workers} workers x {FDS_PER_WORKER} (queues, shared batches)" if workers else ""
+        f" + {counted(workers, 'worker')} x {FDS_PER_WORKER} (queues, shared batches)"
+        if workers
+        else ""
     )
     if workers == 0:
         return LoaderFds(main, 0, main_text, "no workers")
@@ -224,8 +227,8 @@ def fit_open_files(
         bounds.append(
             (
                 by_fds,
-                f"per process, {busiest} holds {other} other descriptors + {{files}} "
-                f"files{per_file} <= {room}",
+                f"per process, {busiest} holds {other} other descriptors + {{files}}"
+                f"{per_file} <= {room}",
             )
         )
     if memory_bytes is not None and file_bytes > 0:
@@ -234,18 +237,19 @@ def fit_open_files(
         bounds.append(
             (
                 by_memory,
-                f"{processes} processes x {{files}} files x {file_bytes / mib:.1f} MiB <= "
+                f"{counted(processes, 'process', 'processes')} x {{files}} x "
+                f"{file_bytes / mib:.1f} MiB <= "
                 f"{share / mib:.0f} MiB ({FILE_MEMORY_SHARE:.3g} of "
                 f"{memory_words(memory_bytes, memory_source)})",
             )
         )
     files = min([sessions, *(bound for bound, _ in bounds)])
     head = (
-        f"all {sessions} sessions per process"
+        f"all {counted(sessions, 'session')} per process"
         if files == sessions
-        else f"{files} of {sessions} sessions per process"
+        else f"{files} of {counted(sessions, 'session')} per process"
     )
-    checks = "; ".join(text.format(files=files) for _, text in bounds)
+    checks = "; ".join(text.format(files=counted(files, "file")) for _, text in bounds)
     return FileBudget(files, f"{head}: {checks}" if checks else head)
 
 
@@ -272,7 +276,8 @@ def check_session_memory(
     if memory_bytes is None or total == 0:
         return BudgetVerdict("ok", "nothing to check")
     message = (
-        f"{processes} processes x max_session_bytes={size_words(max_session_bytes)} = "
+        f"{counted(processes, 'process', 'processes')} x "
+        f"max_session_bytes={size_words(max_session_bytes)} = "
         f"{size_words(total)} of session rows may be held in memory, of "
         f"{memory_words(memory_bytes, memory_source)}"
     )

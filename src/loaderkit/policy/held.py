@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from loaderkit.plan import counted
+
 __all__ = [
     "SESSION_MEMORY_SHARE",
     "SessionBudget",
@@ -116,7 +118,8 @@ def fit_session_bytes(
     per_process = share // processes
     fit = min(max(1, sessions), per_process // session_bytes)
     arithmetic = (
-        f"{processes} processes x {{held}} <= {size_words(share)} ({SESSION_MEMORY_SHARE:.3g} of "
+        f"{counted(processes, 'process', 'processes')} x {{held}} <= {size_words(share)} "
+        f"({SESSION_MEMORY_SHARE:.3g} of "
         f"{memory_words(memory_bytes, memory_source)})"
     )
     if fit == 0:
@@ -129,9 +132,9 @@ def fit_session_bytes(
         )
     held = fit * session_bytes
     head = (
-        f"all {fit} sessions per process"
+        f"all {counted(fit, 'session')} per process"
         if fit >= sessions
-        else f"{fit} of {sessions} sessions per process"
+        else f"{fit} of {counted(sessions, 'session')} per process"
     )
     return SessionBudget(
         held,

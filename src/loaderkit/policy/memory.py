@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from loaderkit.memory.containers import ContainerSurvey, mib
+from loaderkit.plan import counted
 from loaderkit.policy.request import Decision
 
 __all__ = [
@@ -95,7 +96,7 @@ def advise_copy_on_read(
             reason += (
                 f"; its Python containers ({findings[0].describe()}"
                 + (f" and {len(findings) - 1} more" if len(findings) > 1 else "")
-                + f") are rebuilt object by object in each of {num_workers} workers: "
+                + f") are rebuilt object by object in each of {counted(num_workers, 'worker')}: "
                 "loaderkit.SharedSequence sends such a sequence as one buffer"
             )
         return CopyOnReadAdvice("not applicable", reason)
@@ -114,7 +115,7 @@ def advise_copy_on_read(
     more = f"; and {len(findings) - 3} more" if len(findings) > 3 else ""
     several = len(findings) > 1
     hint = (
-        f"{shown}{more}, copied into each of {num_workers} workers as they read "
+        f"{shown}{more}, copied into each of {counted(num_workers, 'worker')} as they read "
         f"{'them' if several else 'it'}"
         + (f" (~{mib(total)} in all per worker)" if several else "")
         + " (start method 'fork': reading a Python object writes its reference count, so "

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from loaderkit.errors import ConfigError
 from loaderkit.machine.platform import PlatformInfo
+from loaderkit.plan import counted
 from loaderkit.policy.request import DatasetFacts, Decision
 
 __all__ = ["WORKER_METHODS", "resolve_worker_method", "thread_workers_advice", "windows_threads"]
@@ -148,7 +149,8 @@ def resolve_worker_method(
     if windows_threads(platform, force_zero_workers_on_windows) and threads_ok:
         return Decision(
             "thread",
-            f"Windows: {num_workers} threads of this process instead of worker processes "
+            f"Windows: {counted(num_workers, 'thread')} of this process instead of worker "
+            "processes "
             "(they start slowly and need everything picklable); worker_method='process' keeps "
             "processes, force_zero_workers_on_windows=True loads in the main process",
         )

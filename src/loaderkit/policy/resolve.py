@@ -10,6 +10,7 @@ from loaderkit.errors import ConfigError
 from loaderkit.machine.distributed import DistInfo
 from loaderkit.machine.platform import PlatformInfo
 from loaderkit.plan import UNSET
+from loaderkit.policy.argcheck import check_arguments
 from loaderkit.policy.methods import resolve_worker_method
 from loaderkit.policy.request import (
     DatasetFacts,
@@ -86,6 +87,7 @@ def resolve(
 
     Raises:
         ConfigError: For values no policy can make work (``num_workers="many"``,
+            ``batch_size="64"``, ``prefetch_factor=0``: see ``loaderkit.policy.argcheck``,
             ``shuffle="block"`` on a plain dataset, ``distributed=True`` without a process
             group, ``sample_seeding`` on an iterable dataset).
 
@@ -97,6 +99,7 @@ def resolve(
     """
     if request.training not in (None, True, False):
         raise ConfigError(f"training={request.training!r}: expected True, False or None")
+    check_arguments(request, iterable=facts.iterable)
     dist = dist or DistInfo(initialized=False)
     passed_through = (
         "batch_size",

@@ -8,6 +8,7 @@ from __future__ import annotations
 from loaderkit.errors import ConfigError
 from loaderkit.machine.distributed import DistInfo
 from loaderkit.machine.platform import PlatformInfo, resolve_start_method
+from loaderkit.plan import counted
 from loaderkit.policy.request import Decision, Draft, LoaderRequest, asked
 
 __all__ = [
@@ -126,8 +127,8 @@ def resolve_num_workers(
         )
         return Decision(
             value,
-            f"'auto': {cpus} usable CPU{'s' if cpus != 1 else ''} ({platform.cpus_source}) / "
-            f"{ranks} local rank(s), one kept for the training loop: {outcome}",
+            f"'auto': {counted(cpus, 'usable CPU')} ({platform.cpus_source}) / "
+            f"{counted(ranks, 'local rank')}, one kept for the training loop: {outcome}",
         )
     if (
         isinstance(requested, int)
@@ -381,14 +382,17 @@ def resolve_main_threads(platform: PlatformInfo, num_workers: int) -> Decision[i
         return Decision(None, f"torch's {threads} intra-op threads were chosen by you: kept")
     if threads + num_workers <= cpus:
         return Decision(
-            None, f"torch's {threads} threads and {num_workers} workers fit in {cpus} CPUs: kept"
+            None,
+            f"torch's {counted(threads, 'thread')} and {counted(num_workers, 'worker')} fit in "
+            f"{counted(cpus, 'CPU')}: kept",
         )
     limit = max(1, cpus - num_workers)
     if limit >= threads:
         return Decision(None, f"torch's {threads} thread already leaves the CPUs to the workers")
     return Decision(
         limit,
-        f"torch's {threads} intra-op threads here plus {num_workers} workers exceed the {cpus} "
+        f"torch's {threads} intra-op threads here plus {counted(num_workers, 'worker')} exceed "
+        f"the {cpus} "
         f"usable CPUs: OpenMP threads spin after every parallel op of the loop and take the CPU "
         f"the workers read with; lowered to {limit} while a pass runs, restored after it (call "
         "torch.set_num_threads or set OMP_NUM_THREADS to keep your own)",

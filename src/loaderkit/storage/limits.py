@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from loaderkit.errors import ConfigError, check_int
-from loaderkit.plan import Decision
+from loaderkit.plan import Decision, counted
 
 __all__ = [
     "CacheLimit",
@@ -305,7 +305,8 @@ def fit_to_sessions(
     if max_bytes < one_each:
         raise ConfigError(
             f"SessionCache(max_bytes={format_bytes(max_bytes)}) is smaller than one session per "
-            f"reader ({format_bytes(one_each)}, {one_each} bytes: {readers} reader(s) on this "
+            f"reader ({format_bytes(one_each)}, {one_each} bytes: {counted(readers, 'reader')} on "
+            "this "
             f"node (ranks sharing the cache), sessions of up to {format_bytes(largest)}): raise "
             f"max_bytes to at least {one_each} bytes"
         )
@@ -315,7 +316,8 @@ def fit_to_sessions(
         if max_bytes < window:
             raise ConfigError(
                 f"SessionCache(max_bytes={format_bytes(max_bytes)}) is smaller than the prefetch "
-                f"window ({format_bytes(window)}, {window} bytes: {readers} reader(s) on this node "
+                f"window ({format_bytes(window)}, {window} bytes: {counted(readers, 'reader')} on "
+                "this node "
                 f"(ranks sharing the cache) x (1 open + prefetch={ahead}) sessions "
                 f"of up to {format_bytes(largest)}): raise max_bytes to at least {window} bytes "
                 "or lower prefetch"
@@ -329,7 +331,7 @@ def fit_to_sessions(
     wanted = window_bytes(sizes, readers * (1 + ahead))
     reason = (
         f"fitted to max_bytes {format_bytes(max_bytes)}: {ahead} ahead would need "
-        f"{format_bytes(wanted)} ({readers} reader(s) x {1 + ahead} sessions of up to "
+        f"{format_bytes(wanted)} ({counted(readers, 'reader')} x {1 + ahead} sessions of up to "
         f"{format_bytes(largest)}); {fitted} ahead "
         + ("fits" if fitted else "leaves room for the session read only")
     )
@@ -382,20 +384,23 @@ def fit_to_workers(
         >>> fit_to_workers(fit_cache_limits(disk, max_bytes=GiB), disk, 1, 2, GiB)
         Traceback (most recent call last):
         ...
-        loaderkit.errors.ConfigError: SessionCache(max_bytes=1.0 GiB) holds 1 session(s) of ...
+        loaderkit.errors.ConfigError: SessionCache(max_bytes=1.0 GiB) holds 1 session of ...
     """
     processes = max(ranks, 1) * max(workers, 1)
     need = processes * largest
     max_bytes = limits.max_bytes.value
     if largest <= 0 or max_bytes >= need:
         return limits
-    readers = f"{max(ranks, 1)} rank(s) on this node x " + (
-        f"{workers} worker process(es)" if workers > 0 else "the main process"
+    readers = f"{counted(max(ranks, 1), 'rank')} on this node x " + (
+        counted(workers, "worker process", "worker processes")
+        if workers > 0
+        else "the main process"
     )
     if "max_bytes" in limits.given:
         raise ConfigError(
-            f"SessionCache(max_bytes={format_bytes(max_bytes)}) holds {max_bytes // largest} "
-            f"session(s) of up to {format_bytes(largest)}, fewer than the processes that read "
+            f"SessionCache(max_bytes={format_bytes(max_bytes)}) holds "
+            f"{counted(max_bytes // largest, 'session')} of up to {format_bytes(largest)}, "
+            "fewer than the processes that read "
             f"at once, each holding the session it reads ({processes}: {readers}): raise "
             f"max_bytes to at least {need} bytes or use fewer workers"
         )
@@ -442,11 +447,13 @@ def fit_to_readers(
         fitted -= 1
     if fitted == ahead:
         return limits
-    held = f"{workers} worker(s) each holding a session open + " if workers > 0 else ""
+    held = f"{counted(workers, 'worker')} each holding a session open + " if workers > 0 else ""
     reason = (
-        f"fitted to max_bytes {format_bytes(limits.max_bytes.value)} ({capacity} sessions of up "
-        f"to {format_bytes(largest)}): {ahead} ahead would need {ranks} rank(s) x ({held}"
-        f"{window_sessions(ahead, workers)} in the prefetch window) = {need(ahead)} sessions; "
+        f"fitted to max_bytes {format_bytes(limits.max_bytes.value)} "
+        f"({counted(capacity, 'session')} of up "
+        f"to {format_bytes(largest)}): {ahead} ahead would need {counted(ranks, 'rank')} x ({held}"
+        f"{window_sessions(ahead, workers)} in the prefetch window) = "
+        f"{counted(need(ahead), 'session')}; "
         f"{fitted} ahead fits" + ("" if fitted else " (each session fetched when first opened)")
     )
     return replace(limits, prefetch=CacheLimit(fitted, reason))

@@ -346,7 +346,7 @@ def test_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "contiguous" in captured.out and "|" not in captured.out.splitlines()[0]
-    assert "2 file(s) rewritten and verified" in captured.out
+    assert "2 files rewritten and verified" in captured.out
     with h5py.File(out / paths[1].name) as f:
         np.testing.assert_array_equal(f["betas"][...], arrays[1])
 
@@ -739,7 +739,7 @@ def test_the_command_line_takes_several_keys(
     lines = captured.out.splitlines()
     assert sum("CSR values contiguous" in line for line in lines) == 2
     assert any("layers/counts" in line for line in lines)
-    assert "1 file(s) rewritten and verified" in captured.out
+    assert "1 file rewritten and verified" in captured.out
     _assert_same_anndata(anndata.read_h5ad(out / "a.h5ad"), anndata.read_h5ad(src))
     code = main(["rechunk", "--key", "X", "--key", "X", "--out", str(tmp_path / "o2"), str(src)])
     assert code == 1 and "given twice" in capsys.readouterr().err

@@ -371,9 +371,9 @@ def test_a_shuffled_loader_gives_a_compressed_matrix_room_for_all_its_decoded_ch
         built = ds.handles.reader.files.open_kwargs[0]["rdcc_nbytes"]
         assert built < size
         with create_dataloader(ds, batch_size=500, shuffle=True, seed=1) as loader:
-            plan = loader.describe()
+            plan = " ".join(loader.describe().split())  # reasons wrap
             rows = np.concatenate([dense(b) for b in loader])
-        assert f"chunk_buffer        unset      {size}" in plan
+        assert f"chunk_buffer unset {size}" in plan
         # no node cache here: "cache" names nothing else of loaderkit (the OS's page cache aside)
         assert "cache" not in plan.replace("page cache", "")
         assert "decodes each chunk of the compressed matrix once" in plan
@@ -391,7 +391,7 @@ def test_a_shuffled_loader_gives_a_compressed_matrix_room_for_all_its_decoded_ch
         )
     with HDF5SessionDataset([path], key="X", h5py_options={"rdcc_nbytes": 1 << 20}) as ds:
         with create_dataloader(ds, batch_size=500, shuffle=True, seed=1) as loader:
-            assert "rdcc_nbytes as given in h5py_options" in loader.describe()
+            assert "rdcc_nbytes as given in h5py_options" in " ".join(loader.describe().split())
         assert ds.handles.reader.files.open_kwargs[0]["rdcc_nbytes"] == 1 << 20
     with HDF5SessionDataset([plain], key="X") as ds:  # uncompressed: read raw, no buffer
         with create_dataloader(ds, batch_size=50, shuffle=True, seed=1) as loader:

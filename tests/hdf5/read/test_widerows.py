@@ -185,7 +185,7 @@ def test_the_hint_states_what_it_measured_and_the_remedies_in_order(tmp_path: Pa
     assert len(hints) == 1, hints  # once for the dataset, not once per session
     text = hints[0]
     assert "one row spans 2,000 chunks (chunk shape 750x1, 1,500 bytes each)" in text
-    assert "in 3 of 3 session(s)" in text
+    assert "in 3 of 3 sessions" in text
     assert "reads 3.0 MB of chunks to return 4.0 kB: 750x read amplification" in text
     block = text.index('shuffle="block"')
     assert block < text.index("loaderkit rechunk --key betas --out DIR FILE")

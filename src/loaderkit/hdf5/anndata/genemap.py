@@ -41,6 +41,7 @@ import numpy as np
 
 from loaderkit.errors import ConfigError
 from loaderkit.hdf5.anndata.encoding import var_difference
+from loaderkit.plan import counted
 
 __all__ = ["JOINS", "GeneMap", "VarTable", "VarTableBuilder", "gene_map"]
 
@@ -343,7 +344,7 @@ def _joined(
                 current = current[np.isin(current, these)]
         if not current.size:
             raise ConfigError(
-                f"join='inner': the {len(ids)} files share no gene of key {key!r} (each "
+                f"join='inner': the {counted(len(ids), 'file')} share no gene of key {key!r} (each "
                 "holds other names); use join='outer', or check that the files name genes "
                 "alike (symbols or Ensembl ids)."
             )

@@ -19,7 +19,7 @@ from loaderkit.hdf5.read.heldsessions import HeldInfo
 from loaderkit.hdf5.read.mapped import DUPLICATES_FD
 from loaderkit.hdf5.read.reader import Reader
 from loaderkit.machine.distributed import local_world_size
-from loaderkit.plan import UNSET, PlanEntry
+from loaderkit.plan import UNSET, PlanEntry, counted
 from loaderkit.policy.budgets import (
     CHUNK_INDEX_BYTES,
     FILE_MEMORY_SHARE,
@@ -159,12 +159,12 @@ class DatasetBudgets:
             return PlanEntry("max_open_files", requested, requested, reason)
         if cached is not None and cached < budget.files:
             readers = (
-                f"{shape.threads} thread(s) sharing {cached} file(s)"
+                f"{counted(shape.threads, 'thread')} sharing {counted(cached, 'file')}"
                 if shape.threads
-                else f"{max(1, shape.processes)} reader(s) x {cached} file(s)"
+                else f"{counted(max(1, shape.processes), 'reader')} x {counted(cached, 'file')}"
             )
             reason = (
-                f"fits the session cache: {local_world_size()} rank(s) x ({readers} + the "
+                f"fits the session cache: {counted(local_world_size(), 'rank')} x ({readers} + the "
                 f"prefetch window) fit its max_bytes (each open file leases its entry; "
                 f"otherwise: {budget.reason})"
             )
@@ -227,7 +227,8 @@ class DatasetBudgets:
                 entry = PlanEntry("chunk_buffer", UNSET, largest, reason)
             else:
                 reason = (
-                    f"{_mib(now)} a file: {shape.processes + 1} processes x {len(sizes)} files x "
+                    f"{_mib(now)} a file: {counted(shape.processes + 1, 'process', 'processes')} "
+                    f"x {counted(len(sizes), 'file')} x "
                     f"{_mib(largest + FILE_OVERHEAD_BYTES)} (each with its decoded matrix) "
                     f"exceed {FILE_MEMORY_SHARE:.3g} of memory or the descriptors; shuffled "
                     "cells of a compressed matrix decode whole chunks (shuffle='block' reads "

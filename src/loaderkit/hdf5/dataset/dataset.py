@@ -55,7 +55,7 @@ from loaderkit.hdf5.read.runs import plan_runs, read_runs
 from loaderkit.hdf5.remote.cachedsessions import CachedSessions
 from loaderkit.hdf5.remote.sources import SessionSources, session_names
 from loaderkit.machine.platform import open_file_limits, process_memory
-from loaderkit.plan import UNSET, PlanEntry
+from loaderkit.plan import UNSET, PlanEntry, counted
 from loaderkit.storage import SessionCache
 from loaderkit.support import DatasetResources, Fitted, LoaderShape, LoaderSupport, SessionIndex
 
@@ -321,7 +321,7 @@ class HDF5SessionDataset(Dataset):
                     add_note(
                         exc,
                         f"loaderkit: in {type(self).__name__}.build_index() (process "
-                        f"{os.getpid()}, {len(ids)} sessions)",
+                        f"{os.getpid()}, {counted(len(ids), 'session')})",
                     )
                     raise
                 reader.index = inspection.pack(index, reader)

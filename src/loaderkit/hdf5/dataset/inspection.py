@@ -66,6 +66,7 @@ from loaderkit.hdf5.remote.remotemeta import (
     tree_names,
 )
 from loaderkit.hdf5.remote.sources import SessionSources
+from loaderkit.plan import counted
 from loaderkit.storage import ObjectInfo
 
 __all__ = ["DatasetInspection"]
@@ -273,7 +274,7 @@ class DatasetInspection:
             memory_map=bool(memory_map),
             fast=self._item_fast,
             single=isinstance(self.key, str),
-            label=f"{self.label} over {len(self._ids)} session(s)",
+            label=f"{self.label} over {counted(len(self._ids), 'session')}",
             uneven=[k for k, odd in enumerate(uneven) if odd],
             max_session_bytes=max_session_bytes,
         )
@@ -362,7 +363,7 @@ class DatasetInspection:
             memory_map=bool(memory_map),
             fast=True,
             single=isinstance(self.key, str),  # a tuple or mapping key: dict samples
-            label=f"{self.label} over {len(self._ids)} session(s)",
+            label=f"{self.label} over {counted(len(self._ids), 'session')}",
             max_session_bytes=max_session_bytes,
         )
         # messages name the matrix and its labels, not its data and indices

@@ -18,6 +18,7 @@ import numpy as np
 from loaderkit.errors import ConfigError, MissingKeyError, PerformanceHint, warn
 from loaderkit.hdf5.meta.columnblocks import chunks_per_row
 from loaderkit.hdf5.meta.diagnose import metadata_errors
+from loaderkit.plan import counted
 
 __all__ = [
     "MANY_CHUNKS",
@@ -468,7 +469,7 @@ def advise(
         head = (
             f"rows of {key!r}: one row spans {amp.chunks_per_row:,} chunks (chunk shape "
             f"{chunk_text}, {amp.chunk_bytes:,} bytes each{filters}) in {len(wide)} of "
-            f"{len(layouts)} session(s) (e.g. session {ids[worst]!r}, {paths[worst]})."
+            f"{counted(len(layouts), 'session')} (e.g. session {ids[worst]!r}, {paths[worst]})."
         )
         rechunk = (
             "rewrite the files once with whole rows per chunk: loaderkit rechunk --key "

@@ -24,6 +24,7 @@ from loaderkit.hdf5.meta.index import ROW_BITS
 from loaderkit.hdf5.read.reader import Reader
 from loaderkit.hdf5.remote.sources import OrderWatcher, SessionSources
 from loaderkit.machine.distributed import local_world_size
+from loaderkit.plan import counted
 from loaderkit.storage import CacheStats, SessionCache
 from loaderkit.storage.limits import (
     fit_to_readers,
@@ -149,7 +150,8 @@ class CachedSessions:
         if not sizes or total <= cache.max_bytes:
             return None
         return (
-            f"shuffle=True reads the rows of {len(sizes)} sessions in random order through a "
+            f"shuffle=True reads the rows of {counted(len(sizes), 'session')} in random order "
+            "through a "
             f"SessionCache that holds {cache.max_bytes // max(sizes)} or more of them (max_bytes "
             f"{format_bytes(cache.max_bytes)} of {format_bytes(total)}): nearly every batch "
             "evicts a session whose rows are not all read yet, and it is fetched again, many "
@@ -202,7 +204,8 @@ class CachedSessions:
             else "in this process, in the loader's order"
         )
         ahead = (
-            f"{limits.prefetch.reason}: {cache.prefetch} session(s) ahead of the one read, "
+            f"{limits.prefetch.reason}: {counted(cache.prefetch, 'session')} ahead of the one "
+            "read, "
             f"fetched {where}"
             if cache.prefetch > 0
             else f"{limits.prefetch.reason}: each session is fetched when first opened"
