@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import loaderkit
 
@@ -129,7 +133,10 @@ def test_one_mechanism_serves_moved_attributes_and_module_names(monkeypatch) -> 
     messages = [str(w.message) for w in caught]
     assert messages[0].startswith("Owner.figures (loaderkit 0.1.0) is now Owner.part.figures")
     assert messages[1].startswith("loaderkit.fake.OldName (loaderkit 0.1.0) is now ")
-    assert "loaderkit.fake.NewName" in messages[1] and "next release" in messages[1]
+    assert (
+        "loaderkit.fake.NewName" in messages[1]
+        and "through loaderkit 0.2.0 and goes in 0.3.0" in messages[1]
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert Owner().part.figures() == 7 and module.NewName is int  # new names: silent
@@ -238,3 +245,16 @@ def test_import_loaderkit_adds_no_import_hook_and_modules_have_one_path() -> Non
     for name in ("loaderkit.transfer", "loaderkit.samplers", "loaderkit.cli_cache"):
         with pytest.raises(ModuleNotFoundError, match=name):
             importlib.import_module(name)
+
+
+def test_the_release_is_one_number_everywhere() -> None:
+    """pyproject, ``loaderkit.__version__``, ``loaderkit --version`` and the CHANGELOG agree."""
+    root = Path(__file__).resolve().parent.parent
+    declared = re.search(r'^version = "([^"]+)"', (root / "pyproject.toml").read_text(), re.M)
+    assert declared is not None and declared.group(1) == loaderkit.__version__
+    released = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", (root / "CHANGELOG.md").read_text(), re.M)
+    assert released[0] == loaderkit.__version__  # the newest release section is this one
+    shown = subprocess.run(
+        [sys.executable, "-m", "loaderkit", "--version"], capture_output=True, text=True, check=True
+    )
+    assert shown.stdout.strip() == f"loaderkit {loaderkit.__version__}"

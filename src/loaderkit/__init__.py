@@ -60,7 +60,7 @@ from loaderkit.storage import CacheStats, SessionCache
 from loaderkit.support import LoaderSupport, SessionIndex
 from loaderkit.workers.collate import pad_collate
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "ArgumentTypeError",

@@ -368,7 +368,7 @@ class Moved(NamedTuple):
     The one deprecation mechanism: ``MovedAttribute`` (a name on a class) and
     ``moved_module_getattr`` (a name of a module) both read a ``Moved``, answer with what the
     new name holds and warn once per use with ``LoaderkitDeprecationWarning``, naming the new
-    name; the old name goes in the release after ``since``.
+    name, through the release after ``since``; the old name goes in the one after that.
 
     Attributes:
         path: The new name, dotted from the owner (``"handles.file_pool_info"`` from a
@@ -384,11 +384,18 @@ class Moved(NamedTuple):
     since: str
 
 
+def _release_after(version: str) -> str:
+    """The minor release after ``version``: ``"0.1.0"`` -> ``"0.2.0"``."""
+    major, minor, *_ = version.split(".")
+    return f"{major}.{int(minor) + 1}.0"
+
+
 def _answer_moved(owner: str, old: str, moved: Moved, start: Any) -> Any:
     """Warn that ``owner.old`` moved, then return ``moved.path`` looked up from ``start``."""
     warn(
         f"{owner}.{old} (loaderkit {moved.since}) is now {owner}.{moved.path}, which answers "
-        "the same; the old name goes in the next release.",
+        f"the same; the old name answers through loaderkit {_release_after(moved.since)} and "
+        f"goes in {_release_after(_release_after(moved.since))}.",
         LoaderkitDeprecationWarning,
     )
     value = start
