@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -55,18 +56,34 @@ def _run_here(page: Path, index: int, block: str) -> None:
     exec(code, {"__name__": "__docs__"})
 
 
+#: Seconds a block may run alone before its threads' stacks are dumped and it fails (below the
+#: tier's per-test timeout, so a hang is reported with where it waits).
+BLOCK_SECONDS = 200
+
+
 def _run_alone(page: Path, index: int, block: str, where: Path) -> None:
     """``block`` in a fresh interpreter (read from stdin, as a pasted session) in ``where``."""
-    done = subprocess.run(
-        [sys.executable, "-"],
-        input=block,
+    child = subprocess.Popen(
+        [sys.executable, "-X", "faulthandler", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         cwd=where,
-        capture_output=True,
         text=True,
-        timeout=600,
-        check=False,
     )
-    assert done.returncode == 0, f"{_name(page)}[block {index}] failed:\n{done.stderr[-3000:]}"
+    try:
+        _, stderr = child.communicate(block, timeout=BLOCK_SECONDS)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGABRT)  # faulthandler writes every thread's stack
+        _, stderr = child.communicate(timeout=60)
+        raise AssertionError(
+            f"{_name(page)}[block {index}] still ran after {BLOCK_SECONDS} s:\n{stderr[-6000:]}"
+        ) from None
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 0, f"{_name(page)}[block {index}] failed:\n{stderr[-3000:]}"
 
 
 _SETUP_DIRS: dict[tuple[Path, bool], Path] = {}
@@ -151,3 +168,13 @@ def test_a_block_that_needs_an_earlier_one_fails_here(
     _run_here(page, 0, first)
     with pytest.raises(NameError, match="value"):
         _run_here(page, 1, second)
+
+
+def test_a_block_that_hangs_is_reported_with_where_it_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "BLOCK_SECONDS", 3)
+    page = tmp_path / "page.md"
+    block = "import time\n\n\ndef waits():\n    time.sleep(600)\n\n\nwaits()\n"
+    with pytest.raises(AssertionError, match=r"(?s)still ran after 3 s.*in waits"):
+        _run_alone(page, 0, block, tmp_path)
