@@ -27,7 +27,7 @@ from loaderkit import _torch
 from loaderkit.machine.cgroups import cpu_quota, memory_limit, quota_cpus
 from loaderkit.machine.distributed import launcher_int
 from loaderkit.machine.intraop_threads import torch_threads
-from loaderkit.plan import counted
+from loaderkit.plan import counted, wrap_column
 
 __all__ = [
     "PlatformInfo",
@@ -163,7 +163,6 @@ class PlatformInfo:
             >>> "start_method" in detect_platform().describe()
             True
         """
-        import textwrap
         from dataclasses import fields
 
         names = max(len(f.name) for f in fields(self))
@@ -171,16 +170,13 @@ class PlatformInfo:
         def shown(value: Any) -> str:
             return repr(sorted(value)) if isinstance(value, frozenset) else repr(value)
 
-        return "\n".join(
-            textwrap.fill(
-                shown(getattr(self, f.name)),
-                width,
-                initial_indent=f"{f.name:<{names}}  ",
-                subsequent_indent=" " * (names + 2),
-                break_on_hyphens=False,
+        def line(name: str, value: Any) -> str:
+            parts = wrap_column(shown(value), width, names + 2)
+            return "\n".join(
+                [f"{name:<{names}}  {parts[0]}", *(" " * (names + 2) + p for p in parts[1:])]
             )
-            for f in fields(self)
-        )
+
+        return "\n".join(line(f.name, getattr(self, f.name)) for f in fields(self))
 
 
 def default_start_method(os_name: str, python_version: tuple[int, ...]) -> str:
