@@ -117,6 +117,8 @@ try:
 except ImportError:  # imported as a module from elsewhere (tests)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _cli
+import _cgroups
+import _disk
 
 __all__ = [
     "LOADERS",
@@ -143,6 +145,8 @@ RUN = 1000
 VERSION = 1  # of the generated files' content; a cache with another is rewritten
 #: the corpus case: the share of genes its files have in common
 CORPUS_SHARED = 0.8
+#: how many times the limit a corpus must be for ``--memory-limit`` runs to be out of core
+OUT_OF_CORE = 2.5
 #: seconds between two looks at a child's process tree's memory (each look reads every
 #: process's ``smaps_rollup``: well under a millisecond for a loader's few processes)
 SAMPLE_S = 0.05
@@ -311,7 +315,7 @@ def selected(only: str | None) -> list[Loader]:
     >>> [lo.name for lo in selected("lk-csr,scd-64")]
     ['lk-csr', 'scd-64-64']
     >>> [lo.name for lo in selected("lk-csr-")]
-    ['lk-csr-2p', 'lk-csr-2t', 'lk-csr-b4096']
+    ['lk-csr-2p', 'lk-csr-2t', 'lk-csr-rechunked', 'lk-csr-b4096']
     """
     if not only:
         return list(LOADERS)
@@ -616,6 +620,25 @@ def stored_ranges(
                     ranges.append((info.byte_offset, info.size))
         out += [(str(path), offset, length) for offset, length in merge_ranges(ranges)]
     return out
+
+
+def cell_pages(paths: Sequence[Path], keys: Sequence[str] = ("X/data", "X/indices")) -> float:
+    """The mean 4 KiB pages a cell's extents of ``keys`` touch (``_disk.pages_per_extent``,
+    summed over the keys): what one cell costs a loader reading it where it lies.
+
+    Only for data stored uncompressed: a compressed chunk is read and decoded whole.
+    """
+    lengths: dict[str, list[np.ndarray]] = {key: [] for key in keys}
+    sizes: dict[str, int] = {}
+    for path in paths:
+        with h5py.File(path, "r") as f:
+            counts = np.diff(f["X/indptr"][:])
+            for key in keys:
+                sizes[key] = f[key].dtype.itemsize
+                lengths[key].append(counts * sizes[key])
+    return sum(
+        _disk.pages_per_extent(np.concatenate(lengths[key]), itemsize=sizes[key]) for key in keys
+    )
 
 
 def read_sequentially(ranges: Sequence[Sequence[Any]], block: int = 8 << 20) -> dict[str, Any]:
@@ -996,19 +1019,82 @@ def _missing(lo: Loader) -> str | None:
     return None
 
 
-def _in_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """``spec`` run by this script in a fresh process: its JSON answer, or ``{"error": ...}``."""
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=3600,
-    )
-    if done.returncode:
-        tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
+def _in_child(spec: dict[str, Any], limit: int | None = None) -> dict[str, Any]:
+    """``spec`` run by this script in a fresh process: its JSON answer, or ``{"error": ...}``.
+
+    With ``limit`` (bytes), the process runs in a child memory cgroup of this one's made for
+    it (``_cgroups.child_cgroup``): its private memory and the page cache it fills are bounded
+    together; the answer gains ``"cgroup"``, the limit, its peak (page cache included), the
+    peak of its anonymous memory and how often the limit was hit.
+    """
+    argv = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)]
+    cgroup: dict[str, Any] | None = None
+    if limit is None:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=3600)
+        returncode, stdout, stderr = done.returncode, done.stdout, done.stderr
+    else:
+        with _cgroups.child_cgroup(memory_bytes=limit) as group:
+            run = group.run(argv, timeout=3600)
+        returncode, stdout, stderr = run.returncode, run.stdout, run.stderr
+        cgroup = {
+            "limit_mib": limit / 2**20,
+            "peak_mib": run.peak_bytes / 2**20,
+            "anon_peak_mib": run.peak_anon / 2**20,
+            "failcnt": run.failcnt,
+        }
+    if returncode in (137, -9) and limit is not None:
+        return {"error": f"killed in its {limit_words(limit)} memory cgroup", "cgroup": cgroup}
+    if returncode:
+        tail = stderr.strip().splitlines()[-1:] or ["(no output)"]
         return {"error": tail[0][:300]}
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    result: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    return result if cgroup is None else {**result, "cgroup": cgroup}
+
+
+def bound_line(limit: int, stored: int) -> str:
+    """The line that says every run was out of core: the cgroup's limit against the corpus.
+
+    >>> bound_line(2 << 30, 5_100_000_000)  # doctest: +NORMALIZE_WHITESPACE
+    "out of core: every run in a memory cgroup of 2,048 MiB of its own (its private memory and
+    the page cache it fills), the files evicted first; the files' `data` + `indices`, 5,100 MB,
+    are 2.4x the limit (below 2.5x: not out of core enough)"
+    """
+    over = stored / limit
+    short = "" if over >= OUT_OF_CORE else f" (below {OUT_OF_CORE}x: not out of core enough)"
+    return (
+        f"out of core: every run in a memory cgroup of {limit_words(limit)} of its own (its "
+        f"private memory and the page cache it fills), the files evicted first; the files' "
+        f"`data` + `indices`, {stored / 1e6:,.0f} MB, are {over:.1f}x the limit{short}"
+    )
+
+
+def cgroup_line(groups: Sequence[dict[str, Any]]) -> str:
+    """What the runs' memory cgroups saw: their peaks (page cache included) against the limit.
+
+    >>> cgroup_line([{"limit_mib": 2048.0, "peak_mib": 2048.0, "anon_peak_mib": 300.0,
+    ...               "failcnt": 5}, {"limit_mib": 2048.0, "peak_mib": 900.0,
+    ...               "anon_peak_mib": 250.0, "failcnt": 0}])  # doctest: +NORMALIZE_WHITESPACE
+    'memory cgroups: peaks 900-2,048 MiB of 2,048 (page cache included), anonymous 250-300 MiB;
+    the limit reached in 1 of 2 runs (the kernel reclaimed page cache there)'
+    """
+    peaks = [g["peak_mib"] for g in groups]
+    anon = [g["anon_peak_mib"] for g in groups]
+    hit = sum(1 for g in groups if g["failcnt"])
+    return (
+        f"memory cgroups: peaks {min(peaks):,.0f}-{max(peaks):,.0f} MiB of "
+        f"{groups[0]['limit_mib']:,.0f} (page cache included), anonymous "
+        f"{min(anon):,.0f}-{max(anon):,.0f} MiB; the limit reached in {hit} of {len(groups)} runs "
+        "(the kernel reclaimed page cache there)"
+    )
+
+
+def limit_words(limit: int) -> str:
+    """A memory limit as the table says it.
+
+    >>> limit_words(2 << 30), limit_words(1536 << 20)
+    ('2,048 MiB', '1,536 MiB')
+    """
+    return f"{limit / 2**20:,.0f} MiB"
 
 
 def _run_child(
@@ -1018,6 +1104,7 @@ def _run_child(
     batches: int,
     cache: str,
     pages: list[Path] | None = None,
+    limit: int | None = None,
 ) -> dict:
     """One timed run of ``lo`` over ``paths``; ``pages`` (default: ``paths``) are the files
     evicted or warmed before it (a directory store's files).
@@ -1025,7 +1112,7 @@ def _run_child(
     ``batches`` counts batches of 64 (0: one epoch). A warm run reads two epochs (the first,
     then the steady state); a cold one its first only. The files are evicted by this process,
     which maps none of them, while no child runs: ``POSIX_FADV_DONTNEED`` leaves the pages a live
-    process maps.
+    process maps. ``limit``: the run's memory cgroup (``_in_child``).
     """
     pages = list(paths) if pages is None else pages
     if cache == "cold":
@@ -1042,15 +1129,24 @@ def _run_child(
     }
     # a whole epoch holds every cell chosen once: checked by the table (``epoch_problems``)
     chosen = sizes.files * -(-sizes.cells // lo.cells) if not batches else None
-    return {**_in_child(spec), "resident_before": resident, "epoch_cells": chosen}
+    return {**_in_child(spec, limit), "resident_before": resident, "epoch_cells": chosen}
 
 
-def _run_disk(ranges: list[tuple[str, int, int]], paths: list[Path]) -> dict:
-    """The disk's sequential rate: ``ranges`` read in order by a fresh process just after the
-    files were evicted."""
+def _run_disk(
+    ranges: list[tuple[str, int, int]],
+    paths: list[Path],
+    limit: int | None = None,
+    random_s: float = 5.0,
+) -> dict:
+    """The disk's ceilings: its sequential rate, ``ranges`` read in order by a fresh process
+    (in the memory cgroup ``limit`` makes, if any) just after the files were evicted; then its
+    random 4 KiB reads at depth 32 over the files for ``random_s`` seconds (fio, ``O_DIRECT``:
+    the page cache plays no part; ``"random"``, or its error where fio is missing)."""
     evict(paths)
     resident = resident_fraction(paths)
-    return {**_in_child({"disk": [list(r) for r in ranges]}), "resident_before": resident}
+    sequential = _in_child({"disk": [list(r) for r in ranges]}, limit)
+    random = _disk.random_iops(paths, seconds=random_s)
+    return {**sequential, "resident_before": resident, "random": random}
 
 
 def annbatch_store(root: Path, paths: list[Path]) -> tuple[Path, dict[str, Any]]:
@@ -1155,25 +1251,41 @@ def _summary(runs: list[dict]) -> dict[str, Any]:
     }
 
 
-def disk_summary(runs: list[dict], epoch_cells: int) -> dict[str, Any]:
+def disk_summary(
+    runs: list[dict], epoch_cells: int, pages_per_cell: float | None = None
+) -> dict[str, Any]:
     """The sequential reads' median rate and the cold ceiling it implies for ``epoch_cells``
-    cells stored in the bytes read.
+    cells stored in the bytes read; with ``pages_per_cell`` (uncompressed files), the random
+    reads' median IOPS and the random ceiling they imply (``_disk.random_ceiling``).
 
     >>> runs = [{"bytes": 512_000_000, "bytes_per_s": rate} for rate in (1e9, 2e9, 3e9)]
     >>> got = disk_summary(runs, 80_000)
-    >>> got["bytes_per_s"], got["ceiling_cells_per_s"]
-    (2000000000.0, 312500.0)
+    >>> got["bytes_per_s"], got["ceiling_cells_per_s"], got["random_ceiling_cells_per_s"]
+    (2000000000.0, 312500.0, None)
+    >>> runs = [{**r, "random": {"iops": 100_000.0}} for r in runs]
+    >>> disk_summary(runs, 80_000, 4.0)["random_ceiling_cells_per_s"]
+    25000.0
     """
     errors = [r["error"] for r in runs if "error" in r]
     if errors:
         return {"error": errors[0], "runs": runs}
     rate = float(statistics.median(r["bytes_per_s"] for r in runs))
     stored = int(runs[0]["bytes"])
+    measured = [r["random"] for r in runs if "iops" in r.get("random", {})]
+    iops = float(statistics.median(m["iops"] for m in measured)) if measured else None
+    random_errors = [r["random"]["error"] for r in runs if "error" in r.get("random", {})]
     return {
         "bytes_per_s": rate,
         "bytes": stored,
         "cells": epoch_cells,
         "ceiling_cells_per_s": ceiling_cells_per_s(rate, stored, epoch_cells),
+        "random_iops": iops,
+        "pages_per_cell": pages_per_cell,
+        "random_ceiling_cells_per_s": (
+            _disk.random_ceiling(iops, pages_per_cell) if iops and pages_per_cell else None
+        ),
+        "random_error": random_errors[0] if random_errors and not measured else None,
+        "random_tool": measured[0].get("tool") if measured else None,
         "runs": runs,
     }
 
@@ -1187,18 +1299,37 @@ def disk_line(disk: dict[str, Any]) -> str:
     "disk: 1.80 GB/s reading the files' `data` + `indices` in order (512 MB as stored; a fresh
     process, the files evicted; median of 3): the epoch's 80,000 cells in 0.28 s, the cold
     ceiling 281,250 cells/s"
+    >>> random = {"random_iops": 113e3, "pages_per_cell": 3.56, "random_tool": "fio-3.33"}
+    >>> disk_line({**disk, "ceiling_cells_per_s": 281_250.0, "runs": [{}], **random,
+    ...            "random_ceiling_cells_per_s": 31_742.0}).split("; random")[1]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ' 4 KiB reads at depth 32 (fio-3.33, O_DIRECT): 113,000 IOPS; a cell touches 3.56 pages
+    (values, column ids): the random ceiling 31,742 cells/s'
+    >>> disk_line({**disk, "ceiling_cells_per_s": 1.0, "runs": [{}],
+    ...            "random_error": "fio not found"}).split("; ")[-1]
+    'random reads not measured: fio not found'
     >>> disk_line({"error": "OSError: no"})
     'disk: its sequential read failed: OSError: no'
     """
     if "error" in disk:
         return f"disk: its sequential read failed: {disk['error']}"
     rate, stored = disk["bytes_per_s"], disk["bytes"]
-    return (
+    line = (
         f"disk: {rate / 1e9:.2f} GB/s reading the files' `data` + `indices` in order "
         f"({stored / 1e6:,.0f} MB as stored; a fresh process, the files evicted; median of "
         f"{len(disk['runs'])}): the epoch's {disk['cells']:,} cells in {stored / rate:.2f} s, "
         f"the cold ceiling {_fmt(disk['ceiling_cells_per_s'])} cells/s"
     )
+    if disk.get("random_ceiling_cells_per_s"):
+        line += (
+            f"; random 4 KiB reads at depth 32 ({disk['random_tool']}, O_DIRECT): "
+            f"{disk['random_iops']:,.0f} IOPS; a cell touches {disk['pages_per_cell']:.2f} pages "
+            f"(values, column ids): the random ceiling "
+            f"{_fmt(disk['random_ceiling_cells_per_s'])} cells/s"
+        )
+    elif disk.get("random_error"):
+        line += f"; random reads not measured: {disk['random_error']}"
+    return line
 
 
 def epoch_problems(results: dict[str, dict[str, dict]]) -> list[str]:
@@ -1245,11 +1376,15 @@ def _private(cell: dict[str, Any]) -> float | None:
 
 
 def ratios(
-    results: dict[str, dict[str, dict]], ceiling: float | None = None
+    results: dict[str, dict[str, dict]],
+    ceiling: float | None = None,
+    random: float | None = None,
 ) -> dict[str, float | None]:
     """loaderkit (no workers, CSR) against annbatch (shuffled, on its converted copy) and
     scDataset block 4 / fetch 1024, at batch 64 and 4,096; loaderkit's cold rate against the
-    disk's ``ceiling`` (cells/s); 2 workers against 0. Warm is each loader's steady state."""
+    disk's sequential ``ceiling`` and its full shuffles' against the ``random`` one (cells/s);
+    the buffered block shuffle against annbatch, scDataset and the sequential ceiling, its file
+    mix against the full shuffle's; 2 workers against 0. Warm is each loader's steady state."""
 
     def rate(name: str, cache: str) -> float | None:
         return _rate(results.get(name, {}), cache)
@@ -1260,6 +1395,10 @@ def ratios(
     def private(name: str) -> float | None:
         return _private(results.get(name, {}))
 
+    def mix(name: str) -> float | None:
+        cell = results.get(name, {})
+        return (cell.get("cold") or cell.get("warm") or {}).get("file_mix")
+
     out: dict[str, float | None] = {}
     for cache in ("warm", "cold"):
         for lk, ab in (("lk-csr", "annbatch"), ("lk-csr-b4096", "annbatch-b4096")):
@@ -1267,6 +1406,14 @@ def ratios(
             out[f"loaderkit/annbatch {cache} @{batch}"] = _ratio(rate(lk, cache), rate(ab, cache))
     out["loaderkit/annbatch warm 1st epoch @64"] = _ratio(first("lk-csr"), first("annbatch"))
     out["loaderkit cold/ceiling"] = _ratio(rate("lk-csr", "cold"), ceiling)
+    for name in ("lk-csr", "lk-csr-2t", "lk-csr-2p"):
+        out[f"{name} cold/random ceiling"] = _ratio(rate(name, "cold"), random)
+    block = "lk-block-16-fetch-16"
+    out[f"{block} cold/ceiling"] = _ratio(rate(block, "cold"), ceiling)
+    out[f"{block}/annbatch cold"] = _ratio(rate(block, "cold"), rate("annbatch", "cold"))
+    out[f"{block}/scDataset 4-1024 cold"] = _ratio(rate(block, "cold"), rate("scd-4-1024", "cold"))
+    out[f"{block}/lk-csr file mix"] = _ratio(mix(block), mix("lk-csr"))
+    out[f"{block}/annbatch private memory"] = _ratio(private(block), private("annbatch"))
     out["annbatch cold/ceiling"] = _ratio(rate("annbatch", "cold"), ceiling)
     out["loaderkit/annbatch private memory"] = _ratio(private("lk-csr"), private("annbatch"))
     out["loaderkit/scDataset 4-1024 private memory"] = _ratio(
@@ -1301,6 +1448,14 @@ TARGETS = {
     "loaderkit/annbatch warm @4096": ">= 4",
     "loaderkit/annbatch cold @64": ">= 1.5",
     "loaderkit cold/ceiling": ">= 0.5",
+    "lk-csr cold/random ceiling": ">= 0.9 (out of core)",
+    "lk-csr-2t cold/random ceiling": ">= 0.9 (out of core)",
+    "lk-csr-2p cold/random ceiling": ">= 0.9 (out of core)",
+    "lk-block-16-fetch-16 cold/ceiling": ">= 0.5 (out of core)",
+    "lk-block-16-fetch-16/annbatch cold": ">= 2.5 (out of core)",
+    "lk-block-16-fetch-16/scDataset 4-1024 cold": ">= 5 (out of core)",
+    "lk-block-16-fetch-16/lk-csr file mix": ">= 0.95",
+    "lk-block-16-fetch-16/annbatch private memory": "<= 1",
     "loaderkit/annbatch private memory": "<= 0.5",
     "loaderkit/scDataset 4-1024 private memory": "<= 0.5",
     "loaderkit/scDataset 4-1024 warm": ">= 8",
@@ -1323,12 +1478,14 @@ def table(
     caches: list[str],
     notes: dict[str, str] | None = None,
     disk: dict[str, Any] | None = None,
+    bound: str | None = None,
 ) -> str:
     """The markdown table and the ratios of one file set; ``notes`` follow loaders' labels, and a
     note on ``""`` is a line under the table; ``disk`` (:func:`disk_summary`) gives the cold
-    ceiling."""
+    ceilings; ``bound`` (:func:`bound_line`) says the memory cgroup every run had."""
     notes = notes or {}
     ceiling = (disk or {}).get("ceiling_cells_per_s")
+    random = (disk or {}).get("random_ceiling_cells_per_s")
     lines = [
         f"{sizes.files} files x {sizes.cells:,} cells x {sizes.genes:,} genes, {sizes.nnz} "
         f"nonzeros a cell, compression {sizes.compression}, written by {writer}; cells/s from "
@@ -1337,12 +1494,14 @@ def table(
         "first epoch, the files evicted. Private MiB: the peak of the process tree's anonymous + "
         f"shmem pages (PSS: a shared page once), sampled every {SAMPLE_S * 1000:.0f} ms; peak "
         "RSS: the main process's, with the file pages it maps",
+        *(["", bound] if bound else []),
         "",
         "| loader | batch | warm, 2nd epoch | warm, 1st epoch | cold | cold / ceiling "
-        "| private MiB | peak RSS MiB | worker peak RSS MiB | batch mix | file mix | setup s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| cold / random | private MiB | peak RSS MiB | worker peak RSS MiB | batch mix "
+        "| file mix | setup s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    blank = " | | | | | | | | | |"
+    blank = " | | | | | | | | | | |"
     for lo in LOADERS:
         label = f"{lo.label} {notes[lo.name]}" if lo.name in notes else lo.label
         if lo.name in skipped:
@@ -1361,7 +1520,8 @@ def table(
         lines.append(
             f"| {label} | {lo.batch:,} | {_fmt(_rate(cell, 'warm'))} | "
             f"{_fmt(cell.get('warm', {}).get('cells_per_s'))} | {_fmt(cold)} | "
-            f"{_fmt(fraction, 2)} | {_fmt(_private(cell))} | {_fmt(first['peak_rss_mib'])} | "
+            f"{_fmt(fraction, 2)} | {_fmt(_ratio(cold, random), 2)} | "
+            f"{_fmt(_private(cell))} | {_fmt(first['peak_rss_mib'])} | "
             f"{_fmt(first['worker_peak_rss_mib'] if lo.workers else None)} | "
             f"{_fmt(first['batch_mix'], 1)} | {_fmt(first.get('file_mix'), 2)} | "
             f"{_fmt(setup, 2)} |"
@@ -1388,13 +1548,22 @@ def table(
         ]
     if disk:
         lines += ["", disk_line(disk)]
+    groups = [
+        r["cgroup"]
+        for c in results.values()
+        for s in c.values()
+        for r in s.get("runs", [])
+        if r.get("cgroup")
+    ]
+    if groups:
+        lines += ["", cgroup_line(groups)]
     problems = epoch_problems(results)
     if problems:
         lines += ["", "epochs that did not read every cell once: " + "; ".join(problems)]
     if "" in notes:
         lines += ["", notes[""]]
     lines.append("")
-    for name, value in ratios(results, ceiling).items():
+    for name, value in ratios(results, ceiling, random).items():
         if value is not None:
             target = TARGETS.get(name)
             lines.append(f"- {name}: {value:.2f}x" + (f" (target {target})" if target else ""))
@@ -1415,6 +1584,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compression", default="none", help="none, gzip or both: none,gzip")
     p.add_argument("--cache", help="where the files are written and reused")
     p.add_argument("--no-cold", action="store_true", help="warm page cache only")
+    p.add_argument(
+        "--memory-limit",
+        type=int,
+        metavar="MIB",
+        help="out of core: every run (cold only) in a memory cgroup of MIB MiB of its own, "
+        "private memory and page cache together; make the corpus >= 2.5x that",
+    )
     p.add_argument("--files", type=int, default=4)
     p.add_argument("--cells", type=int)
     p.add_argument("--genes", type=int)
@@ -1437,6 +1613,22 @@ def main(argv: list[str] | None = None) -> int:
     quick = args.quick
     batches = args.batches if args.batches is not None else (40 if quick else 0)
     caches = ["warm"] if args.no_cold else ["warm", "cold"]
+    limit = None if args.memory_limit is None else args.memory_limit << 20
+    if limit is not None:
+        caches = ["cold"]  # out of core every epoch is read from the disk
+        try:
+            with _cgroups.child_cgroup(memory_bytes=limit):
+                pass
+        except _cgroups.CgroupUnavailable as exc:
+            print(
+                f"--memory-limit {args.memory_limit}: no memory cgroup can bound the runs here "
+                f"({exc}); it needs cgroup v1 and root (a child of this process's own memory "
+                "cgroup). Without one the page cache is the machine's: run without "
+                "--memory-limit and the figures are files in memory, or use a machine whose "
+                "memory is smaller than the files",
+                file=sys.stderr,
+            )
+            return 2
     skipped = {lo.name: f"`{m}` not importable" for lo in loaders if (m := _missing(lo))}
     for name, why in skipped.items():
         print(f"skipped {name}: {why}", file=sys.stderr)
@@ -1501,6 +1693,10 @@ def main(argv: list[str] | None = None) -> int:
         # the disk's sequential read takes its turn among the cold runs (None: the disk)
         cells: list[tuple[Loader | None, str]] = [(lo, cache) for lo in running for cache in caches]
         ranges = stored_ranges(paths) if "cold" in caches and running else []
+        stored = sum(length for _, _, length in ranges)
+        bound = None if limit is None or not ranges else bound_line(limit, stored)
+        if limit is not None and bound and stored < OUT_OF_CORE * limit:
+            print(f"warning: {bound}", file=sys.stderr)
         if ranges:
             cells.append((None, "cold"))
         runs: dict[tuple[str, str], list[dict]] = {}
@@ -1508,17 +1704,24 @@ def main(argv: list[str] | None = None) -> int:
             shift = r * len(cells) // max(args.rounds, 1)
             for who, cache in cells[shift:] + cells[:shift]:
                 if who is None:
-                    runs.setdefault(("", cache), []).append(_run_disk(ranges, paths))
+                    runs.setdefault(("", cache), []).append(
+                        _run_disk(ranges, paths, limit, 1.0 if quick else 5.0)
+                    )
                     continue
                 reads, pages = opens.get(who.name, (paths, paths))
                 runs.setdefault((who.name, cache), []).append(
-                    _run_child(who, reads, sizes, batches, cache, pages)
+                    _run_child(who, reads, sizes, batches, cache, pages, limit)
                 )
-        disk = disk_summary(runs.pop(("", "cold")), sizes.files * sizes.cells) if ranges else None
+        pages_per_cell = cell_pages(paths) if ranges and compression == "none" else None
+        disk = (
+            disk_summary(runs.pop(("", "cold")), sizes.files * sizes.cells, pages_per_cell)
+            if ranges
+            else None
+        )
         results: dict[str, dict[str, dict]] = {}
         for (name, cache), got in runs.items():
             results.setdefault(name, {})[cache] = _summary(got)
-        tables.append(table(sizes, writer, results, here, caches, notes, disk))
+        tables.append(table(sizes, writer, results, here, caches, notes, disk, bound))
         data["sets"].append(
             {
                 "sizes": asdict(sizes),
@@ -1527,7 +1730,13 @@ def main(argv: list[str] | None = None) -> int:
                 "results": results,
                 "skipped": here,
                 "disk": disk,
-                "ratios": ratios(results, (disk or {}).get("ceiling_cells_per_s")),
+                "ratios": ratios(
+                    results,
+                    (disk or {}).get("ceiling_cells_per_s"),
+                    (disk or {}).get("random_ceiling_cells_per_s"),
+                ),
+                "memory_limit_mib": args.memory_limit,
+                "stored_bytes": stored if ranges else None,
                 "annbatch_conversion": conversion,
             }
         )

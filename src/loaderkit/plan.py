@@ -43,6 +43,7 @@ TERMS: Mapping[str, str] = {
     "held_sessions": "whole sessions read once into memory and served from there",
     "copy_on_read": "Python objects forked workers copy page by page as they read them",
     "gc_freeze": "gc.freeze() in each worker: inherited objects stay shared, not copied",
+    "mix": "a batch's file entropy over the corpus's: 1 full shuffle, 0 file order (order_mix)",
     "sample_seeding": "each sample's randomness seeded from (seed, epoch, index)",
 }
 

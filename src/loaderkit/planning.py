@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DistributedSampler, IterableDataset, TensorDataset
 
@@ -41,6 +42,7 @@ from loaderkit.machine.distributed import DistInfo, dist_info
 from loaderkit.machine.platform import PlatformInfo, detect_platform
 from loaderkit.machine.versions import fit_torch_arguments, torch_decision, torch_fallback_warning
 from loaderkit.memory.containers import survey_containers
+from loaderkit.order.mixing import batch_mix, order_mix, shuffle_mix
 from loaderkit.order.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
 from loaderkit.order.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
 from loaderkit.plan import UNSET, Plan, PlanEntry, counted, short_repr
@@ -403,6 +405,50 @@ def _plan_header(platform: PlatformInfo, dist: DistInfo) -> str:
     )
 
 
+#: blocks up to which the plan computes a block order's mix from the order itself (its
+#: session window is a Python loop over the blocks: ~1 s a million)
+MIX_BLOCKS = 200_000
+
+
+def _note_mix(
+    dataset: Any, support: LoaderSupport, request: LoaderRequest, res: Resolution, sampler: Any
+) -> PlanEntry | None:
+    """The plan row ``mix``: how well the epoch's order mixes the dataset's files.
+
+    ``loaderkit.order_mix``'s figure (a batch's file entropy over the corpus's), for a dataset
+    of two sessions or more and a batch size: from the order itself for a block order
+    (``BlockShuffleSampler``, loaderkit's or the caller's; up to ``MIX_BLOCKS`` blocks), from
+    the files' sizes for a uniform shuffle (``shuffle_mix``, its expected value: nothing random
+    is drawn), exactly for file order. ``None`` (no row) for any other order.
+    """
+    batch = res.values.get("batch_size")
+    index = support.session_index() if answers(support, "session_index") else None
+    if not batch or index is None or index.sessions < 2:
+        return None
+    positions = np.asarray(index.positions, np.int64)
+    if isinstance(sampler, BlockShuffleSampler):
+        size = sampler.global_batch_size or batch
+        fetch = f", fetch {sampler.fetch_factor}" if sampler.fetch_factor else ""
+        what = f"block {sampler.block_size}{fetch}"
+        if sampler.num_blocks > MIX_BLOCKS:
+            why = (
+                f"not computed for {counted(sampler.num_blocks, 'block')} ({what}); "
+                "loaderkit.order_mix(dataset, sampler.global_indices(), batch_size) computes it"
+            )
+            return PlanEntry("mix", UNSET, "not computed", why)
+        value = order_mix(dataset, sampler.global_indices(), size)
+        why = f"epoch {sampler.epoch} of the block order ({what})"
+    elif _shuffles_uniformly(res):
+        value = shuffle_mix(np.bincount(positions, minlength=index.sessions), batch)
+        why = "a uniform shuffle, expected from the files' sizes"
+    elif res.sampler_choice == SamplerChoice.DEFAULT and request.sampler is None:
+        value = batch_mix(positions, batch)
+        why = "file order (shuffle=False)"
+    else:
+        return None
+    return PlanEntry("mix", UNSET, round(value, 2), why)
+
+
 def _shuffles_uniformly(res: Resolution) -> bool:
     """Whether loaderkit's sampler shuffles every index uniformly (torch's or a sharded one)."""
     if res.sampler_choice == SamplerChoice.DEFAULT:
@@ -488,6 +534,9 @@ def plan_loader(
     bound = _bind_sampler(dataset, request, res, seed)
     if bound is not None:
         found.entries.append(bound)
+    mix = _note_mix(dataset, support, request, res, built.get("sampler", request.sampler))
+    if mix is not None:
+        found.entries.append(mix)
     if res.make_generator:
         assert seed is not None
         built["generator"] = make_generator(seed)

@@ -3,12 +3,15 @@ is asserted, only what the run says about the cells it read)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -434,3 +437,124 @@ def test_quick_run_reads_every_cell_once_per_loader(tmp_path: Path) -> None:
         assert ratios["loaderkit/scDataset 4-1024 warm"] is None  # not run
         workers = files["results"]["lk-csr-2p"]["warm"]["worker_peak_rss_mib"]
         assert workers > 0  # the worker processes' own peak
+
+
+# ------------------------------------------------------------------ out of core
+
+
+def _disk_module() -> ModuleType:
+    """benchmarks/_disk.py, imported by path (as single_cell.py imports it, beside it)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module("_disk")
+
+
+def test_the_benchmarks_docstring_examples_pass(sc: ModuleType) -> None:
+    import doctest
+
+    for module in (sc, _disk_module()):
+        got = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert got.failed == 0 and got.attempted > 0, module.__name__
+
+
+def test_pages_a_cell_touches_are_those_of_its_extents_laid_end_to_end() -> None:
+    # a ragged array's rows lie one after another: count the pages each one really touches
+    disk = _disk_module()
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 1600, 20_000) * 4  # 0-6,396 bytes, items of 4 bytes
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]) + 4 * 777  # the array's own offset
+    real = np.where(lengths > 0, (starts + lengths - 1) // 4096 - starts // 4096 + 1, 0)
+    assert disk.pages_per_extent(lengths, itemsize=4) == pytest.approx(real.mean(), rel=0.02)
+    assert disk.pages_per_extent([], itemsize=4) == 0.0
+    assert disk.random_ceiling(113_000, 0.0) is None
+
+
+def test_cell_pages_reads_the_files_extents(sc: ModuleType, tmp_path: Path) -> None:
+    pytest.importorskip("anndata")
+    sizes = sc.Sizes(files=2, cells=300, genes=2000, nnz=900, compression="none")
+    paths, _ = sc.write_files(tmp_path, sizes)
+    # 900 values of 4 bytes and 900 column ids of 4 bytes a cell: 2 x (1 + 3,596 / 4,096)
+    assert sc.cell_pages(paths) == pytest.approx(2 * (1 + 3596 / 4096))
+
+
+def test_the_random_ceiling_without_fio_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    disk = _disk_module()
+    monkeypatch.setenv("PATH", str(tmp_path))  # a PATH with no fio on it
+    got = disk.random_iops([tmp_path], seconds=1)
+    assert got == {"error": "fio not found: the random ceiling needs it (Debian: apt install fio)"}
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed (apt install fio)")
+def test_fio_measures_random_reads_of_the_files(tmp_path: Path) -> None:
+    disk = _disk_module()
+    path = tmp_path / "data.bin"
+    path.write_bytes(os.urandom(8 << 20))
+    got = disk.random_iops([path], seconds=0.5)
+    assert "error" not in got, got
+    assert got["iops"] > 0 and got["bytes_per_s"] == pytest.approx(got["iops"] * 4096, rel=0.05)
+    assert (got["block"], got["depth"]) == (4096, 32) and got["tool"].startswith("fio")
+
+
+def test_a_memory_limit_where_no_cgroup_can_be_made_is_refused_with_why(
+    sc: ModuleType,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # what a machine without cgroup v1 and root answers (this one has both)
+    @contextlib.contextmanager
+    def unavailable(**_: object) -> Iterator[None]:
+        raise sc._cgroups.CgroupUnavailable("no cgroup v1 memory hierarchy for this process")
+        yield
+
+    monkeypatch.setattr(sc._cgroups, "child_cgroup", unavailable)
+    args = ["--only", "lk-csr", "--cells", "20", "--genes", "10", "--nnz", "2", "--files", "1"]
+    assert sc.main([*args, "--cache", str(tmp_path), "--memory-limit", "512"]) == 2
+    err = capsys.readouterr().err
+    assert "--memory-limit 512: no memory cgroup can bound the runs here (no cgroup v1" in err
+    assert "run without --memory-limit" in err
+
+
+@pytest.mark.slow  # 3 fresh processes that import torch, each in a real memory cgroup
+def test_a_memory_limited_run_reads_every_cell_inside_its_cgroup(tmp_path: Path) -> None:
+    from tests.cgroups import child_cgroup
+
+    with child_cgroup(memory_bytes=512 << 20):
+        pass  # skipped here where no child memory cgroup can be made
+    out = tmp_path / "result.json"
+    loaders = "lk-csr,lk-block-16-fetch-16"
+    args = ["--quick", "--only", loaders, "--files", "2", "--cells", "2000", "--genes", "300"]
+    args += ["--nnz", "20", "--batches", "0", "--memory-limit", "512"]
+    args += ["--cache", str(tmp_path), "--json", str(out)]
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "single_cell.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    # these files are far smaller than the limit: the run says it does not count as out of core
+    assert "(below 2.5x: not out of core enough)" in result.stderr
+    assert "out of core: every run in a memory cgroup of 512 MiB of its own" in result.stdout
+    assert "memory cgroups: peaks " in result.stdout
+    (files,) = json.loads(out.read_text())["sets"]
+    assert files["memory_limit_mib"] == 512 and files["stored_bytes"] == 4000 * 20 * 8
+    for name in loaders.split(","):
+        caches = files["results"][name]
+        assert set(caches) == {"cold"}  # out of core, every epoch is a cold one
+        (run,) = caches["cold"]["runs"]
+        assert (run["cells"], run["distinct_cells"]) == (4000, 4000)
+        group = run["cgroup"]
+        assert group["limit_mib"] == 512
+        # the cgroup held the child: torch's import alone is more than 20 MiB of it
+        assert 20 < group["anon_peak_mib"] <= group["peak_mib"] <= 512
+    disk = files["disk"]
+    assert disk["pages_per_cell"] == pytest.approx(2 * (1 + 76 / 4096))
+    if shutil.which("fio"):
+        assert disk["random_ceiling_cells_per_s"] > 0
+        assert files["ratios"]["lk-csr cold/random ceiling"] > 0
+    else:
+        assert disk["random_error"].startswith("fio not found")
+        assert "random reads not measured: fio not found" in result.stdout

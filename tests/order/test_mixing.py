@@ -16,6 +16,7 @@ import pytest
 from torch.utils.data import RandomSampler, SequentialSampler
 
 from loaderkit import BlockShuffleSampler, ConfigError, HDF5SessionDataset, batch_mix, order_mix
+from loaderkit.order.mixing import shuffle_mix
 from tests.hdf5.helpers import write_sessions
 
 
@@ -80,3 +81,71 @@ def _gen(seed: int) -> object:
     import torch
 
     return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("counts", [[1000] * 8, [5000, 200, 50], [3, 3000]])
+def test_a_full_shuffles_mix_from_the_counts_is_what_real_shuffles_give(
+    counts: list[int],
+) -> None:
+    def entropy(values: list[int]) -> float:
+        total = len(values)
+        return -sum(c / total * math.log(c / total) for c in Counter(values).values())
+
+    files = np.repeat(np.arange(len(counts)), counts)
+    rng = np.random.default_rng(1)
+    # real shuffles' whole batches, each batch's entropy by hand over the corpus's (the last,
+    # partial batch of a real order is the one thing the estimate leaves out)
+    whole = files.size // 64 * 64
+    corpus = entropy(files.tolist())
+    real = [
+        entropy(batch) / corpus
+        for _ in range(100)
+        for batch in files[rng.permutation(files.size)][:whole].reshape(-1, 64).tolist()
+    ]
+    assert shuffle_mix(counts, 64) == pytest.approx(float(np.mean(real)), abs=0.02)
+    assert shuffle_mix([0, 300, 0], 64) == 1.0 and shuffle_mix([], 64) == 1.0
+    assert shuffle_mix([10, 10], 1000) == 1.0  # a batch of everything holds the corpus
+
+
+def _mix_row(loader: object) -> tuple[object, str] | None:
+    entry = loader.plan.get("mix")  # type: ignore[attr-defined]
+    return None if entry is None else (entry.value, entry.reason)
+
+
+def test_the_plan_says_how_the_loaders_order_mixes_the_files(tmp_path: Path) -> None:
+    import torch
+
+    from loaderkit import create_dataloader
+
+    paths = write_sessions(tmp_path, [512] * 8)
+    with HDF5SessionDataset(paths, key="betas") as ds:
+        with create_dataloader(ds, batch_size=64, shuffle=True) as loader:
+            value, reason = _mix_row(loader)
+            assert 0.9 < value < 1.0, reason
+            assert reason.endswith("a uniform shuffle, expected from the files' sizes")
+            assert "mix" in loader.describe() and "terms:" in loader.describe()
+        with create_dataloader(ds, batch_size=64, shuffle=False) as loader:
+            assert _mix_row(loader) == (0.0, _mix_row(loader)[1])
+            assert _mix_row(loader)[1].endswith("file order (shuffle=False)")
+        sampler = BlockShuffleSampler(ds, block_size=16, seed=3, batch_size=64, fetch_factor=4)
+        with create_dataloader(ds, batch_size=64, sampler=sampler) as loader:
+            value, reason = _mix_row(loader)
+            assert value == round(order_mix(ds, sampler.global_indices(), 64), 2)
+            assert reason.endswith("epoch 0 of the block order (block 16, fetch 4)")
+        with create_dataloader(ds, batch_size=64, shuffle="block", seed=0) as loader:
+            value, reason = _mix_row(loader)
+            assert 0.0 <= value < 0.9 and "of the block order (block " in reason
+        with create_dataloader(ds, batch_size=None) as loader:
+            assert _mix_row(loader) is None  # no batches to mix
+        # the figure draws nothing from torch's generator: the shuffle is torch's own
+        torch.manual_seed(7)
+        with create_dataloader(ds, batch_size=64, shuffle=True) as loader:
+            ours = [b.clone() for b in loader]
+        torch.manual_seed(7)
+        theirs = list(torch.utils.data.DataLoader(ds, batch_size=64, shuffle=True))
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    with HDF5SessionDataset(paths[:1], key="betas") as one:
+        with create_dataloader(one, batch_size=64, shuffle=True) as loader:
+            assert _mix_row(loader) is None  # one file: nothing to mix
+    with create_dataloader(list(range(100)), batch_size=8, shuffle=True) as loader:
+        assert _mix_row(loader) is None  # no sessions to say it for

@@ -27,7 +27,7 @@ import numpy as np
 from loaderkit.errors import ConfigError, check_int
 from loaderkit.support import answers, support_of
 
-__all__ = ["batch_mix", "order_mix"]
+__all__ = ["batch_mix", "order_mix", "shuffle_mix"]
 
 
 def _entropy(counts: np.ndarray) -> np.ndarray:
@@ -119,3 +119,58 @@ def order_mix(
             "labels' range: pass the order of this dataset's indices."
         )
     return batch_mix(label_of[order], batch_size)
+
+
+def _log_binomials(n: np.ndarray, top: int) -> np.ndarray:
+    """``log C(n_j, k)`` for every ``n_j`` of ``n`` and ``k = 0..top`` (``-inf`` past ``n_j``)."""
+    k = np.arange(top, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = np.log(np.maximum(n[:, None] - k[None, :], 0.0)) - np.log1p(k)[None, :]
+    out = np.zeros((n.shape[0], top + 1))
+    np.cumsum(terms, axis=1, out=out[:, 1:])
+    return out
+
+
+def shuffle_mix(counts: Sequence[int] | np.ndarray, batch_size: int) -> float:
+    """The mix a full uniform shuffle gives labels held ``counts`` times, exactly.
+
+    A batch of a uniform permutation holds ``k`` samples of a label held ``K`` times with the
+    hypergeometric probability ``C(K, k) C(N - K, b - k) / C(N, b)``; the expected entropy of a
+    batch is the sum over labels and ``k`` of that probability times ``-(k / b) log(k / b)``,
+    here over the entropy of the counts. It is ``batch_mix`` of such an order averaged over
+    every permutation, its whole batches (a real order's last, partial batch moves its figure
+    by about one batch's share). Nothing random is drawn; the cost is labels x ``batch_size``.
+
+    Args:
+        counts: Samples of each label (a session's rows, an ``obs`` category's cells).
+        batch_size: Samples a batch (at least the samples: one batch of all of them).
+
+    Returns:
+        The expected ratio, in ``[0, 1]``; 1.0 where there is one label or none.
+
+    Example:
+        >>> round(shuffle_mix([100, 100, 100, 100], 50), 3)
+        0.981
+        >>> shuffle_mix([300], 50), shuffle_mix([10, 10], 1000)
+        (1.0, 1.0)
+    """
+    batch_size = check_int("batch_size", batch_size, minimum=1)
+    held = np.asarray(counts, np.int64).reshape(-1)
+    held = held[held > 0].astype(np.float64)
+    overall = float(_entropy(held[None, :])[0]) if held.size else 0.0
+    total = int(held.sum())
+    if overall == 0.0 or batch_size >= total:
+        return 1.0
+    b = batch_size
+    log_all = float(_log_binomials(np.array([float(total)]), b)[0, b])
+    p = np.arange(b + 1) / b
+    with np.errstate(divide="ignore", invalid="ignore"):
+        h = np.where(p > 0, -p * np.log(p), 0.0)
+    expected = 0.0
+    step = max(1, 2_000_000 // (b + 1))  # labels at a time: bounded memory
+    for at in range(0, held.size, step):
+        part = held[at : at + step]
+        mine = _log_binomials(part, b)  # log C(K, k)
+        rest = _log_binomials(total - part, b)[:, ::-1]  # log C(N - K, b - k)
+        expected += float((np.exp(mine + rest - log_all) * h[None, :]).sum())
+    return min(1.0, expected / overall)
