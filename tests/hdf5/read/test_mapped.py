@@ -190,3 +190,32 @@ def test_a_file_truncated_while_maps_serve_is_a_named_error_not_sigbus(tmp_path:
         os.truncate(path, start + 4096)  # rows 1500.. lie past the new end
         with pytest.raises(HDF5FileError, match=r"m\.h5ad"):
             ds.__getitems__(rows)
+
+
+def test_files_that_do_not_fit_memory_are_never_copied_out_of_maps(tmp_path: Path) -> None:
+    """Out of core a copy out of a map that meets a lost page waits for the disk one page at a
+    time: where the files are over a quarter of memory, every table is read page cache first."""
+    from tests.conftest import fake_platform
+
+    path, m = _csr_file(tmp_path / "m.h5ad")
+    size = path.stat().st_size
+    perm = np.random.default_rng(0).permutation(2000)
+    batches = [perm[i : i + 32].tolist() for i in range(0, 2000, 32)] * 2
+    with HDF5SessionDataset([path], key="X") as ds:
+        loader = DataLoader(ds, batch_sampler=batches, platform=fake_platform(memory_bytes=size))
+        assert not ds.memory_map  # unset, and the files do not fit: no maps
+        for rows, batch in zip(batches, loader, strict=True):
+            assert np.array_equal(batch.to_dense().numpy(), m[rows].toarray())
+        assert ds.handles.reader.matrix._maps is None
+        said = " ".join(loader.describe().split())
+        assert "page cache first: the files do not fit" in said
+        loader.close()
+        # the same dataset fitted again to a memory it fits: maps again
+        loader = DataLoader(
+            ds, batch_sampler=batches, platform=fake_platform(memory_bytes=size * 8)
+        )
+        assert ds.memory_map
+        for _batch in loader:
+            pass
+        assert ds.handles.reader.matrix._maps is not None
+        loader.close()

@@ -137,7 +137,10 @@ class CSRMatrix:
         #: ``fit_memory`` fits it).
         self.ahead_plan = self._ahead_plan(None)
         self._ahead: CSRAhead | None = None
-        #: Whether warm tables are copied out of whole-file maps (``_file_maps``).
+        #: Whether whole-file maps may be used at all (``memory_map=False``: never).
+        self._maps_allowed = file_maps
+        #: Whether warm tables are copied out of whole-file maps (``_file_maps``): where
+        #: allowed and the files fit memory as ``read_around`` judges it (``fit_memory``).
         self.maps_whole_files = file_maps
         self._maps: FileMaps | None = None
 
@@ -198,15 +201,28 @@ class CSRMatrix:
         ahead, self._ahead = self.__dict__.get("_ahead"), None
         if ahead is not None:
             ahead.close()
+        # Out of core (the files over a quarter of memory: nothing read around a miss) a copy
+        # out of a map that meets a page the page cache lost waits for the disk one page at a
+        # time, the batch's other misses behind it: every table is read page cache first,
+        # its misses asked for together.
+        self.maps_whole_files = self._maps_allowed and (memory is None or self.around[0] > 0)
+        maps = self.__dict__.get("_maps")
+        if maps is not None and not self.maps_whole_files:
+            self._maps = None
+            maps.close()
 
     def read_path(self, path: ReadPath) -> ReadPath:
         """How the matrix's rows are read: ``path``, with what is read around a miss and ahead."""
         ahead = f"read ahead in the sampler's order (no worker processes): {self.ahead_plan.reason}"
-        maps = (
-            "warm batches copied out of whole-file maps (memory_map=False: never)"
-            if self.maps_whole_files
-            else "every piece read with os.preadv (memory_map=False)"
-        )
+        if self.maps_whole_files:
+            maps = "warm batches copied out of whole-file maps (memory_map=False: never)"
+        elif self._maps_allowed:
+            maps = (
+                "every piece read with os.preadv, page cache first: the files do not fit "
+                "(a copy out of a map would wait for the disk a page at a time)"
+            )
+        else:
+            maps = "every piece read with os.preadv (memory_map=False)"
         return path._replace(reason=f"{path.reason}; {self.around[1]}; {ahead}; {maps}")
 
     def session_rows(self) -> list[int]:
