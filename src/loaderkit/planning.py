@@ -42,7 +42,7 @@ from loaderkit.machine.distributed import DistInfo, dist_info
 from loaderkit.machine.platform import PlatformInfo, detect_platform
 from loaderkit.machine.versions import fit_torch_arguments, torch_decision, torch_fallback_warning
 from loaderkit.memory.containers import survey_containers
-from loaderkit.order.mixing import batch_mix, order_mix, shuffle_mix
+from loaderkit.order.mixing import batch_mix, shuffle_mix
 from loaderkit.order.samplers import ElasticSampler, ShardedBatchSampler, ShardSampler
 from loaderkit.order.seeding import SampleSeeder, WorkerInit, make_generator, validate_seed
 from loaderkit.plan import UNSET, Plan, PlanEntry, counted, short_repr
@@ -436,7 +436,7 @@ def _note_mix(
                 "loaderkit.order_mix(dataset, sampler.global_indices(), batch_size) computes it"
             )
             return PlanEntry("mix", UNSET, "not computed", why)
-        value = order_mix(dataset, sampler.global_indices(), size)
+        value = batch_mix(positions[sampler.global_indices()], size)  # order_mix, index held
         why = f"epoch {sampler.epoch} of the block order ({what})"
     elif _shuffles_uniformly(res):
         value = shuffle_mix(np.bincount(positions, minlength=index.sessions), batch)

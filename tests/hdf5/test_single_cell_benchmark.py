@@ -382,6 +382,16 @@ def test_a_peer_that_is_not_importable_is_a_line_not_an_error(
     assert "disk:" not in captured.out  # no loader read the files: the disk was not timed
 
 
+def _script(args: list[str]) -> subprocess.CompletedProcess[str]:
+    """benchmarks/single_cell.py run with ``args`` in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, str(BENCHMARKS / "single_cell.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
 @pytest.mark.slow  # 20 fresh processes that import torch: ~70 s on 2 cores
 def test_quick_run_reads_every_cell_once_per_loader(tmp_path: Path) -> None:
     out = tmp_path / "result.json"
@@ -389,12 +399,7 @@ def test_quick_run_reads_every_cell_once_per_loader(tmp_path: Path) -> None:
     args = ["--quick", "--only", loaders, "--files", "3", "--cells", "2000", "--genes", "300"]
     args += ["--nnz", "20", "--batches", "0", "--compression", "none,gzip"]
     args += ["--cache", str(tmp_path), "--json", str(out)]
-    result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "single_cell.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = _script(args)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("\n|---|") == 2  # a table a file set
     data = json.loads(out.read_text())
@@ -530,12 +535,7 @@ def test_a_memory_limited_run_reads_every_cell_inside_its_cgroup(tmp_path: Path)
     args = ["--quick", "--only", loaders, "--files", "2", "--cells", "2000", "--genes", "300"]
     args += ["--nnz", "20", "--batches", "0", "--memory-limit", "512"]
     args += ["--cache", str(tmp_path), "--json", str(out)]
-    result = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "single_cell.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = _script(args)
     assert result.returncode == 0, result.stderr[-3000:]
     # these files are far smaller than the limit: the run says it does not count as out of core
     assert "(below 2.5x: not out of core enough)" in result.stderr
