@@ -21,7 +21,13 @@ from loaderkit.hdf5 import HDF5SessionDataset
 from loaderkit.hdf5.anndata.ahead import CSRAhead
 from loaderkit.hdf5.anndata.csrplan import AROUND
 from loaderkit.hdf5.read.mapped import FileMaps
-from loaderkit.hdf5.read.readahead import Advisor, SamplerReadAhead, Windows, ahead_plan
+from loaderkit.hdf5.read.readahead import (
+    Advisor,
+    SamplerReadAhead,
+    Windows,
+    ahead_plan,
+    merge_reads,
+)
 
 sp = pytest.importorskip("scipy.sparse")
 pytest.importorskip("anndata")
@@ -145,22 +151,57 @@ def test_watcher_asks_in_draw_order_and_retries_what_it_could_not_plan() -> None
     asked: list[list[int]] = []
     unplanned = {11}
 
-    def advise(keys: np.ndarray) -> int:
-        missing = sum(int(k) in unplanned for k in keys)
+    def advise(keys: np.ndarray) -> np.ndarray:
         asked.append(keys.tolist())
-        return missing
+        return np.array([int(k) in unplanned for k in keys], bool)
 
-    watcher = SamplerReadAhead(advise, lambda: False, np.array([10, 11, 12, 13]), 4)
+    watcher = SamplerReadAhead(advise, lambda: False, np.array([10, 11, 12, 13]), 4, group=1)
     watcher.drawn([[0], [1]])
-    assert asked == [[10], [11]]
+    assert asked == [[10, 11]]  # what was drawn at once is asked at once
     unplanned.clear()  # its file was opened meanwhile
     watcher.reading()  # batch 0 handed on: its file is open now, batch 1 is asked again
-    assert asked[2:] == [[11]]
+    assert asked[1:] == [[11]]
     watcher.drawn([[2]])
-    assert asked[3:] == [[12]]
+    assert asked[2:] == [[12]]
     watcher.reading()
     watcher.drawn([[3, -9]])  # a bad index is left to the reader
-    assert asked[4:] == [[13]]
+    assert asked[3:] == [[13]]
+
+
+def test_watcher_gathers_a_group_while_the_reads_asked_cover_as_many() -> None:
+    asked: list[list[int]] = []
+
+    def advise(keys: np.ndarray) -> np.ndarray:
+        asked.append(keys.tolist())
+        return np.zeros(keys.size, bool)
+
+    watcher = SamplerReadAhead(advise, lambda: False, np.arange(100), 16, group=4)
+    watcher.drawn([[0, 1], [2, 3], [4, 5], [6, 7]])  # the pass's first horizon: asked at once
+    assert asked == [[0, 1, 2, 3, 4, 5, 6, 7]]
+    watcher.reading()
+    watcher.drawn([[8, 9]])  # 6 samples asked still to come: this batch waits for company
+    assert len(asked) == 1
+    watcher.reading()
+    watcher.drawn([[10, 11]])  # a group of 4: asked together, the reads that touch as one
+    assert asked[1:] == [[8, 9, 10, 11]]
+    watcher.reading()
+    watcher.drawn([[12]])  # the pass's last batch
+    watcher.reading()
+    assert len(asked) == 2  # 4 samples asked still to come
+    watcher.reading()  # 2 left: the lone batch is asked before its turn comes
+    assert asked[2:] == [[12]]
+
+
+def test_reads_that_touch_in_a_file_are_asked_as_one() -> None:
+    fds = np.array([5, 5, 6, 5, 5, 6])
+    at = np.array([8192, 0, 0, 4096, 65536, 4096])
+    size = np.array([4096, 4096, 4096, 4096, 100, 10])
+    got = merge_reads(fds, at, size)
+    assert [g.tolist() for g in got] == [[5, 6, 5], [0, 0, 65536], [12288, 4106, 100]]
+    lone = merge_reads(np.array([3]), np.array([7]), np.array([1]))
+    assert [g.tolist() for g in lone] == [[3], [7], [1]]
+    far = merge_reads(np.array([1, 2]), np.array([1 << 61, 0]), np.array([10, 1 << 61]))
+    assert [g.tolist() for g in far] == [[1, 2], [1 << 61, 0], [10, 1 << 61]]  # no shifting
 
 
 @needs_nowait
@@ -221,9 +262,9 @@ def test_nothing_is_asked_while_the_reads_come_from_the_page_cache(
         asked: list[object] = []
         monkeypatch.setattr(ahead.advisor, "ask", lambda *args: asked.append(args) or 0)
         keys = np.asarray(ds.handles.reader.index[:64], np.int64)
-        assert ahead.advise(keys) == 0 and not asked  # warm: nothing to ask
+        assert not ahead.advise(keys).any() and not asked  # warm: nothing to ask
         reader._maps.missed(1, 1)  # a read missed the page cache: asked again
-        assert ahead.advise(keys) == 0 and asked
+        assert not ahead.advise(keys).any() and asked
         ahead.close()
 
 
@@ -244,7 +285,10 @@ def test_rows_too_big_for_memory_ask_their_own_pages(big: tuple[Path, sp.csr_mat
 def test_a_watcher_whose_files_are_read_elsewhere_goes_quiet() -> None:
     calls: list[int] = []
     watcher = SamplerReadAhead(
-        lambda keys: calls.append(keys.size) or keys.size, lambda: False, np.arange(100), 40
+        lambda keys: calls.append(keys.size) or np.ones(keys.size, bool),
+        lambda: False,
+        np.arange(100),
+        40,
     )
     watcher.drawn([[i, i + 1] for i in range(0, 20, 2)])
     for _ in range(30):

@@ -73,34 +73,38 @@ class CSRAhead:
         if windows is not None and windows.done:
             return None
         return SamplerReadAhead(
-            self.advise, lambda: windows is not None and windows.done, index, self.plan.samples
+            self.advise,
+            lambda: windows is not None and windows.done,
+            index,
+            self.plan.samples,
+            self.plan.group,
         )
 
-    def advise(self, keys: np.ndarray) -> int:
+    def advise(self, keys: np.ndarray) -> np.ndarray:
         """Ask the kernel, in the background, for the ``data``/``indices`` bytes of rows ``keys``.
 
         Nothing is asked while the reader's reads come from the page cache alone (its
         whole-file maps are warm): the files are in, and a read that misses later ends that.
 
         Returns:
-            How many of ``keys`` were not asked for (their spans not held, or their file not
-            open in this process); 0: all were, or need not be.
+            Per key, whether it was not asked for (its spans not held, or its file not open
+            in this process); none: all were, or need not be.
         """
         reader, windows = self.reader, self.windows
+        left = np.zeros(keys.size, bool)
         if reader.reads_warm():  # the files are in the page cache: the rows are asked for
-            return 0
+            return left
         catalog, canon = reader.catalog, reader.canonical_positions
         cpos = canon[keys >> ROW_BITS]
         held = (catalog.ptr_base[cpos] >= 0) & (catalog.table_base[:, cpos] >= 0).all(axis=0)
-        left = keys.size
         if not held.all():
-            keys, cpos = keys[held], cpos[held]
+            left, keys, cpos = ~held, keys[held], cpos[held]
         if not keys.size:
             return left
         sessions, slot = batch_sessions(cpos, canon.size)
         leased = reader.files.file_pool.lease_open(sessions.tolist())
         if leased is None:
-            return left
+            return np.ones(left.size, bool)
         try:
             begin, end = catalog.spans(cpos, keys & ROW_MASK)
             keep = end > begin
@@ -129,7 +133,7 @@ class CSRAhead:
                 self.advisor.ask(fd, first, last - first)
         finally:
             reader.files.file_pool.release_all(leased)
-        return left - keys.size
+        return left
 
     def _know_file(self, fd: int, pos: int) -> None:
         """Tell the windows where canonical session ``pos``'s ``data`` and ``indices`` lie."""

@@ -38,7 +38,15 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-__all__ = ["AHEAD_BYTES", "Advisor", "AheadPlan", "SamplerReadAhead", "Windows", "ahead_plan"]
+__all__ = [
+    "AHEAD_BYTES",
+    "Advisor",
+    "AheadPlan",
+    "SamplerReadAhead",
+    "Windows",
+    "ahead_plan",
+    "merge_reads",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -55,17 +63,26 @@ MIN_SAMPLES, MAX_SAMPLES = 256, 16384
 
 
 class AheadPlan(NamedTuple):
-    """How far ahead the reads go: samples drawn ahead, the bytes that may ask, and why."""
+    """How far ahead the reads go: samples drawn ahead, the bytes that may ask, and why.
+
+    ``group``: the samples asked for at once at least (``SamplerReadAhead``'s ``group``), so
+    that reads which touch in a file (a block order's consecutive rows, spread over batches)
+    are asked as one.
+    """
 
     samples: int
     max_bytes: int
     reason: str
+    group: int = 1
 
 
 def ahead_plan(
     file_bytes: int, around: int, row_bytes: float, memory: int | None = None
 ) -> AheadPlan:
     """How many samples to draw ahead, and the page cache that may take at once.
+
+    The reads are asked a quarter of the depth at a time: enough samples together that a
+    block order's reads of one block, drawn into many batches, are asked as one read.
 
     Where the files fit in memory (``around`` > 0), every window of the files is asked for
     at most once per process: at most the files themselves are asked, whatever the depth;
@@ -82,27 +99,29 @@ def ahead_plan(
             unknown).
 
     Example:
-        >>> ahead_plan(512 << 30, 0, 6400).samples
-        8192
+        >>> ahead_plan(512 << 30, 0, 6400)[:2], ahead_plan(512 << 30, 0, 6400).group
+        ((8192, 67108864), 2048)
         >>> ahead_plan(512 << 30, 0, 6400, memory=256 << 20).samples  # 16 MiB: a sixteenth
         2048
     """
     if around:
         samples = 4096
-        bound = file_bytes
+        group = samples // 4
         why = (
-            f"{samples:,} samples drawn ahead; each {around >> 10} KiB window of the files "
-            f"asked once: at most the files' {file_bytes / 2**20:,.0f} MiB of page cache"
+            f"{samples:,} samples drawn ahead, asked {group:,} at a time; each "
+            f"{around >> 10} KiB window of the files asked once: at most the files' "
+            f"{file_bytes / 2**20:,.0f} MiB of page cache"
         )
-        return AheadPlan(samples, bound, why)
+        return AheadPlan(samples, file_bytes, why, group)
     per = -(-max(int(row_bytes), 1) // 4096) * 4096
     room = AHEAD_BYTES if memory is None else min(AHEAD_BYTES, memory // 16)
     samples = int(min(max(room // per, MIN_SAMPLES), MAX_SAMPLES))
+    group = samples // 4
     why = (
-        f"{samples:,} samples drawn ahead, their rows' pages asked: at most "
-        f"{samples * per / 2**20:,.0f} MiB of page cache at once"
+        f"{samples:,} samples drawn ahead, asked {group:,} at a time (the reads that touch "
+        f"in a file as one): at most {samples * per / 2**20:,.0f} MiB of page cache at once"
     )
-    return AheadPlan(samples, samples * per, why)
+    return AheadPlan(samples, samples * per, why, group)
 
 
 class Windows:
@@ -210,6 +229,8 @@ class Advisor:
     def ask(self, fds: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray) -> int:
         """Queue reads ``(fd, offset, nbytes)``; returns the bytes queued (0: none).
 
+        Reads of one file that touch or overlap are asked as one (``merge_reads``).
+
         Args:
             fds: Per read, the open file's descriptor.
             offsets: Per read, its file offset.
@@ -217,6 +238,7 @@ class Advisor:
         """
         if _WILLNEED is None or not fds.size or self._closed:
             return 0
+        fds, offsets, nbytes = merge_reads(fds, offsets, nbytes)
         total = int(nbytes.sum())
         with self._ready:
             if self._pid != os.getpid():  # a forked child: the parent's thread is not here
@@ -261,6 +283,57 @@ class Advisor:
             thread.join(timeout=5)
 
 
+def merge_reads(
+    fds: np.ndarray, offsets: np.ndarray, nbytes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Reads ``(fd, offset, nbytes)`` with those of one file that touch or overlap made one.
+
+    The merged reads come in the order their first read was asked: what is needed soonest
+    is asked first. ``O(n log n)``.
+
+    Args:
+        fds: Per read, the file's descriptor.
+        offsets: Per read, its offset.
+        nbytes: Per read, its length (at least 0).
+
+    Returns:
+        ``(fds, offsets, nbytes)`` of the merged reads.
+
+    Example:
+        >>> fds, at, size = merge_reads(np.array([3, 4, 3, 3]),
+        ...     np.array([8192, 0, 4096, 0]), np.array([4096, 10, 4096, 100]))
+        >>> fds.tolist(), at.tolist(), size.tolist()
+        ([3, 4, 3], [4096, 0, 0], [8192, 10, 100])
+    """
+    if fds.size < 2:
+        return fds, offsets, nbytes
+    order = np.lexsort((offsets, fds))
+    f, first = fds[order], offsets[order]
+    end = first + nbytes[order]
+    _, rank = np.unique(f, return_inverse=True)
+    shift = int(end.max()) + 1
+    if int(rank[-1]) < (1 << 62) // shift:  # each file's ends above every earlier file's
+        shifted = rank.astype(np.int64) * shift
+        reach = np.maximum.accumulate(end + shifted)[:-1] - shifted[1:]
+        fresh = np.concatenate(([True], (f[1:] != f[:-1]) | (first[1:] > reach)))
+    else:  # offsets too large to stack the files: one pass in Python
+        fresh = np.ones(f.size, bool)
+        top = int(end[0])
+        for i in range(1, f.size):
+            if f[i] == f[i - 1] and first[i] <= top:
+                fresh[i] = False
+                top = max(top, int(end[i]))
+            else:
+                top = int(end[i])
+    starts = np.flatnonzero(fresh)
+    if starts.size == f.size:
+        return fds, offsets, nbytes
+    stop = np.maximum.reduceat(end, starts)
+    soonest = np.argsort(np.minimum.reduceat(order, starts), kind="stable")
+    at = starts[soonest]
+    return f[at], first[at], (stop[soonest] - first[at])
+
+
 def _advise(fds: Sequence[int], offsets: Sequence[int], nbytes: Sequence[int]) -> None:
     """``posix_fadvise(WILLNEED)`` each read; errors ignored (only advice: a closed file)."""
     assert _WILLNEED is not None
@@ -272,38 +345,48 @@ def _advise(fds: Sequence[int], offsets: Sequence[int], nbytes: Sequence[int]) -
 class SamplerReadAhead:
     """The loader's watcher of coming indices (``order.lookahead``) that reads them ahead.
 
-    Batches are asked for in the order they were drawn. One whose rows the reader cannot
-    plan yet (their files not opened or their spans not read: the first batches of a
-    process) is asked again with the next draws, until it is handed on. Where nothing could
-    be planned by the ``QUIET_AFTER``-th batch, the files are read by worker processes and
-    the watcher stays quiet for the pass (each worker reads its own batch's misses together).
+    Batches are asked for in the order they were drawn, in groups: the batches drawn and
+    not yet asked wait until they hold ``group`` samples, as long as those asked before them
+    still cover ``group`` samples of the reads to come; then they are asked for at once (the
+    reads that touch in a file as one: ``Advisor.ask``). A group whose rows the reader
+    cannot all plan yet (their files not opened or their spans not read: the first batches
+    of a process) is asked again with the next draws, until it is handed on. Where nothing
+    could be planned by the ``QUIET_AFTER``-th try, the files are read by worker processes
+    and the watcher stays quiet for the pass (each worker reads its own batch's misses
+    together).
 
     Args:
-        advise: Asks for the reads of packed row keys (``ahead.CSRAhead.advise``); returns how
-            many of them it could not plan yet (0: all asked for).
+        advise: Asks for the reads of packed row keys (``ahead.CSRAhead.advise``); returns,
+            per key, whether it could not be planned yet (none: all asked for).
         done: Whether nothing is left to ask (every window of the files was).
         index: The dataset's packed index (dataset index -> row key).
         samples: Samples drawn ahead (``AheadPlan.samples``).
+        group: Samples asked for at once at least, while the reads asked before cover as
+            many (``None``: a quarter of ``samples``; 1: every batch as it is drawn).
 
     Example:
         >>> asked = []
-        >>> watcher = SamplerReadAhead(lambda keys: asked.append(keys.tolist()) or 0,
-        ...                            lambda: False, np.array([10, 11, 12]), 8)
+        >>> def advise(keys):
+        ...     asked.append(keys.tolist())
+        ...     return np.zeros(keys.size, bool)  # every key planned
+        >>> watcher = SamplerReadAhead(advise, lambda: False, np.array([10, 11, 12]), 8)
         >>> watcher.drawn([[0, 2], [1]]); watcher.reading(); asked
-        [[10, 12], [11]]
+        [[10, 12, 11]]
     """
 
     def __init__(
         self,
-        advise: Callable[[np.ndarray], int],
+        advise: Callable[[np.ndarray], np.ndarray],
         done: Callable[[], bool],
         index: np.ndarray,
         samples: int,
+        group: int | None = None,
     ) -> None:
         self._advise = advise
         self._done = done
         self._index = index
         self.horizon = samples
+        self.group = max(1, samples // 4 if group is None else group)
         #: Drawn, not handed on yet: ``[keys, asked]`` in order.
         self._pending: collections.deque[list[Any]] = collections.deque()
         self._asked = False
@@ -331,11 +414,27 @@ class SamplerReadAhead:
         if self._done() or self._idle > QUIET_AFTER:
             self._pending.clear()  # nothing left to ask, or nothing read in this process
             return
+        covered, fresh = 0, []
         for entry in self._pending:
-            if entry[1]:
-                continue
-            left = self._advise(entry[0])
-            if left == entry[0].size and entry[0].size:
-                self._idle += not self._asked
-                return  # none of its files open here yet: the later batches' neither
-            entry[1], self._asked = left == 0, True
+            if not entry[1]:
+                fresh.append(entry)
+            elif not fresh:
+                covered += entry[0].size
+        count = sum(entry[0].size for entry in fresh)
+        if not count or (count < self.group and covered >= self.group):
+            return  # nothing new, or the reads asked still cover the next ones: gather more
+        keys = fresh[0][0] if len(fresh) == 1 else np.concatenate([e[0] for e in fresh])
+        left = np.asarray(self._advise(keys), bool)
+        if left.all():
+            self._idle += not self._asked
+            return  # none of their files open here yet
+        self._asked = True
+        at = 0
+        for entry in fresh:  # what was asked is not asked again
+            size = entry[0].size
+            mine = left[at : at + size]
+            at += size
+            if mine.any():
+                entry[0] = entry[0][mine]
+            else:
+                entry[1] = True
