@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -37,7 +38,7 @@ def _dense(batch: torch.Tensor) -> np.ndarray:
     ids=["0 workers", "threads", "fork", "spawn"],
 )
 def test_a_file_cut_mid_epoch_is_named_and_no_batch_is_wrong(
-    tmp_path: Path, how: dict[str, object]
+    tmp_path: Path, how: dict[str, Any]
 ) -> None:
     mats = [matrix(s) for s in range(3)]
     paths = [write_csr(tmp_path / f"c{s}.h5ad", m) for s, m in enumerate(mats)]
@@ -47,7 +48,7 @@ def test_a_file_cut_mid_epoch_is_named_and_no_batch_is_wrong(
     ds = HDF5SessionDataset(paths, key="X")
     sampler = BlockShuffleSampler(ds, block_size=4, seed=3, batch_size=BATCH, fetch_factor=4)
     order = np.array(list(sampler))
-    loader = create_dataloader(ds, batch_size=BATCH, sampler=sampler, **how)  # type: ignore[arg-type]
+    loader = create_dataloader(ds, batch_size=BATCH, sampler=sampler, **how)
     served = 0
     try:
         with pytest.raises(HDF5FileError) as caught:

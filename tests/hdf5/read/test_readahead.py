@@ -314,3 +314,23 @@ def test_batches_larger_than_the_horizon_all_come(big: tuple[Path, sp.csr_matrix
         loader = DataLoader(ds, batch_size=300, shuffle=True, num_workers=0)
         sizes = [batch.shape[0] for batch in loader]
         assert sum(sizes) == m.shape[0] and len(sizes) == len(loader)
+
+
+def test_merged_reads_cover_exactly_the_bytes_asked() -> None:
+    """Against a byte map per file: the same bytes, no two merged reads touching."""
+    rng = np.random.default_rng(5)
+    for _ in range(50):
+        n = int(rng.integers(1, 40))
+        fds = rng.integers(0, 3, n)
+        at, size = rng.integers(0, 200, n), rng.integers(0, 30, n)
+        got_fds, got_at, got_size = merge_reads(fds, at, size)
+        for fd in range(3):
+            want, have = np.zeros(260, bool), np.zeros(260, bool)
+            for a, b in zip(at[fds == fd], size[fds == fd], strict=True):
+                want[a : a + b] = True
+            mine = sorted(zip(got_at[got_fds == fd], got_size[got_fds == fd], strict=True))
+            for a, b in mine:
+                have[a : a + b] = True
+            assert np.array_equal(want, have)
+            ends = [a + b for a, b in mine]
+            assert all(a > e for (a, _), e in zip(mine[1:], ends[:-1], strict=True))

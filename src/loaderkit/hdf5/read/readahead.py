@@ -73,7 +73,7 @@ class AheadPlan(NamedTuple):
     samples: int
     max_bytes: int
     reason: str
-    group: int = 1
+    group: int
 
 
 def ahead_plan(
@@ -289,7 +289,7 @@ def merge_reads(
     """Reads ``(fd, offset, nbytes)`` with those of one file that touch or overlap made one.
 
     The merged reads come in the order their first read was asked: what is needed soonest
-    is asked first. ``O(n log n)``.
+    is asked first. ``O(n log n)``, one pass of numpy per file.
 
     Args:
         fds: Per read, the file's descriptor.
@@ -310,21 +310,13 @@ def merge_reads(
     order = np.lexsort((offsets, fds))
     f, first = fds[order], offsets[order]
     end = first + nbytes[order]
-    _, rank = np.unique(f, return_inverse=True)
-    shift = int(end.max()) + 1
-    if int(rank[-1]) < (1 << 62) // shift:  # each file's ends above every earlier file's
-        shifted = rank.astype(np.int64) * shift
-        reach = np.maximum.accumulate(end + shifted)[:-1] - shifted[1:]
-        fresh = np.concatenate(([True], (f[1:] != f[:-1]) | (first[1:] > reach)))
-    else:  # offsets too large to stack the files: one pass in Python
-        fresh = np.ones(f.size, bool)
-        top = int(end[0])
-        for i in range(1, f.size):
-            if f[i] == f[i - 1] and first[i] <= top:
-                fresh[i] = False
-                top = max(top, int(end[i]))
-            else:
-                top = int(end[i])
+    cuts = np.flatnonzero(f[1:] != f[:-1]) + 1  # where the next file's reads begin
+    reach = np.empty_like(end)  # per read, the furthest end of its file's reads so far
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), f.size], strict=True):
+        reach[a:b] = np.maximum.accumulate(end[a:b])
+    fresh = np.ones(f.size, bool)
+    fresh[1:] = first[1:] > reach[:-1]
+    fresh[cuts] = True
     starts = np.flatnonzero(fresh)
     if starts.size == f.size:
         return fds, offsets, nbytes
@@ -362,7 +354,7 @@ class SamplerReadAhead:
         index: The dataset's packed index (dataset index -> row key).
         samples: Samples drawn ahead (``AheadPlan.samples``).
         group: Samples asked for at once at least, while the reads asked before cover as
-            many (``None``: a quarter of ``samples``; 1: every batch as it is drawn).
+            many (``AheadPlan.group``; 1: every batch as it is drawn).
 
     Example:
         >>> asked = []
@@ -380,13 +372,13 @@ class SamplerReadAhead:
         done: Callable[[], bool],
         index: np.ndarray,
         samples: int,
-        group: int | None = None,
+        group: int = 1,
     ) -> None:
         self._advise = advise
         self._done = done
         self._index = index
         self.horizon = samples
-        self.group = max(1, samples // 4 if group is None else group)
+        self.group = max(1, group)
         #: Drawn, not handed on yet: ``[keys, asked]`` in order.
         self._pending: collections.deque[list[Any]] = collections.deque()
         self._asked = False
