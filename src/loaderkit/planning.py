@@ -517,6 +517,7 @@ def plan_loader(
                 open_fds=platform.open_fds,
                 uniform_shuffle=_shuffles_uniformly(res),
                 memory_source=platform.memory_source,
+                block_order=res.sampler_choice == SamplerChoice.BLOCK,
             )
         )
         found.entries.extend(fitted.entries)

@@ -113,6 +113,8 @@ class LoaderShape:
         memory_source: Where ``memory_bytes`` came from (``PlatformInfo.memory_source``).
         open_fds: Descriptors the main process holds now (``None``: unknown).
         uniform_shuffle: The order draws every batch from anywhere in the dataset.
+        block_order: The order is loaderkit's block sampler (``shuffle="block"``), built
+            after the fit: it reads one session at a time when only one is held.
 
     Example:
         >>> LoaderShape(processes=2).threads
@@ -127,6 +129,7 @@ class LoaderShape:
     open_fds: int | None = None
     uniform_shuffle: bool = False
     memory_source: str | None = None
+    block_order: bool = False
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from loaderkit.plan import counted
 
 __all__ = [
+    "BLOCK_SESSION_SHARE",
+    "PROCESS_ROOM",
     "SESSION_MEMORY_SHARE",
     "SessionBudget",
     "fit_session_bytes",
@@ -25,6 +27,13 @@ __all__ = [
 #: Share of memory the sessions held in memory by one loader may take, all its processes
 #: together (rows that span many chunks: ``max_session_bytes``).
 SESSION_MEMORY_SHARE = 1 / 4
+#: Share of memory one session per process may take, all processes together, when the order
+#: reads the sessions one at a time (``shuffle="block"``) and a quarter holds none: held, each
+#: session is read once per pass; not held, every batch reads its session's chunks again.
+BLOCK_SESSION_SHARE = 1 / 3
+#: Memory left to each process beside the session it holds under ``BLOCK_SESSION_SHARE``:
+#: Python, torch and numpy (about 340 MiB measured with torch 2.13) and the batches in flight.
+PROCESS_ROOM = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,8 @@ def fit_session_bytes(
     num_workers: int,
     memory_bytes: int | None,
     memory_source: str | None = None,
+    *,
+    block_order: bool = False,
 ) -> SessionBudget:
     """Bytes of whole sessions each process may hold: as many sessions as fit a share of memory.
 
@@ -83,8 +94,13 @@ def fit_session_bytes(
     chunk of it, so a process that holds the session's rows in memory reads it once while
     its rows are served. Every process of the loader (the main one and each worker) may hold
     ``bytes``; all of them together stay within ``SESSION_MEMORY_SHARE`` of memory. The
-    budget is a whole number of the largest sessions, at most all of them; none fits, 0:
-    rows are then read batch by batch, each batch reading every chunk of its sessions once.
+    budget is a whole number of the largest sessions, at most all of them. When none fits and
+    the order reads the sessions one at a time (``block_order``: loaderkit's block sampler,
+    whose window then is one session), one session per process may take up to
+    ``BLOCK_SESSION_SHARE`` of memory, all processes together, where that leaves each
+    process ``PROCESS_ROOM``: the order then reads each session once per pass instead of
+    once per batch. Else 0: rows are read batch by batch,
+    each batch reading every chunk of its sessions once.
 
     Args:
         session_bytes: Bytes of the largest session's rows held in memory (0: nothing to
@@ -94,6 +110,8 @@ def fit_session_bytes(
         memory_bytes: Memory this process may use (``PlatformInfo.memory_bytes``; ``None``:
             unknown, nothing held).
         memory_source: Where ``memory_bytes`` came from, for the reason.
+        block_order: The loader's order reads its sessions one at a time when one is held
+            (``shuffle="block"``).
 
     Returns:
         The ``SessionBudget``.
@@ -105,6 +123,15 @@ def fit_session_bytes(
         >>> fit_session_bytes(1 << 30, 37, 2, 24 << 30).sessions  # 6 GiB / 3 processes
         2
         >>> fit_session_bytes(1 << 30, 37, 8, 16 << 30).bytes  # 4 GiB / 9 processes < 1 GiB
+        0
+        >>> job = 1536 << 20  # NSD's 429 MiB sessions in a 1.5 GiB job
+        >>> fit_session_bytes(450_000_000, 6, 0, job).sessions  # a quarter: 384 MiB
+        0
+        >>> fit_session_bytes(450_000_000, 6, 0, job, block_order=True).sessions  # a third
+        1
+        >>> fit_session_bytes(450_000_000, 6, 2, job, block_order=True).sessions  # 3 x 429 MiB
+        0
+        >>> fit_session_bytes(150 << 20, 6, 0, 512 << 20, block_order=True).sessions  # no room
         0
     """
     processes = max(0, num_workers) + 1
@@ -122,6 +149,10 @@ def fit_session_bytes(
         f"({SESSION_MEMORY_SHARE:.3g} of "
         f"{memory_words(memory_bytes, memory_source)})"
     )
+    if fit == 0 and block_order:
+        block = _block_budget(session_bytes, processes, memory_bytes, memory_source)
+        if block is not None:
+            return block
     if fit == 0:
         return SessionBudget(
             0,
@@ -141,4 +172,23 @@ def fit_session_bytes(
         fit,
         f"{head} ({fit} x {size_words(session_bytes)}): "
         + arithmetic.format(held=size_words(held)),
+    )
+
+
+def _block_budget(
+    session_bytes: int, processes: int, memory_bytes: int, memory_source: str | None
+) -> SessionBudget | None:
+    """One session per process within ``BLOCK_SESSION_SHARE`` of memory, or ``None``."""
+    share = int(memory_bytes * BLOCK_SESSION_SHARE)
+    held = processes * session_bytes
+    if held > share or memory_bytes - held < processes * PROCESS_ROOM:
+        return None
+    return SessionBudget(
+        session_bytes,
+        1,
+        f"block order: 1 session per process ({size_words(session_bytes)}), so that each is "
+        f"read once per pass: {counted(processes, 'process', 'processes')} x "
+        f"{size_words(session_bytes)} <= {size_words(share)} ({BLOCK_SESSION_SHARE:.3g} of "
+        f"{memory_words(memory_bytes, memory_source)}; a quarter holds none), leaving "
+        f"{size_words(PROCESS_ROOM)} or more a process",
     )

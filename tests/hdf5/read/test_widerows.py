@@ -31,7 +31,8 @@ from loaderkit import (
     PerformanceHint,
 )
 from loaderkit.hdf5.meta.columnblocks import chunks_per_row, column_blocks
-from loaderkit.hdf5.read.widerows import BLOCK_BYTES
+from loaderkit.hdf5.read.rawio import chunk_map
+from loaderkit.hdf5.read.widerows import BLOCK_BYTES, read_rows_raw
 from loaderkit.policy.budgets import check_session_memory
 from loaderkit.policy.held import fit_session_bytes
 from tests.conftest import fake_platform
@@ -211,6 +212,40 @@ def test_session_budget_fits_whole_sessions_in_a_share_of_memory() -> None:
     assert check_session_memory(2, 4 << 30, 24 << 30).level == "ok"
     assert check_session_memory(5, 4 << 30, 24 << 30).level == "warn"  # 24 GiB of 24
 
+    # the block order's rule: one session a process within a third, leaving room for each
+    job = 1536 * MIB
+    quarter = fit_session_bytes(450_000_000, 6, 0, job, block_order=True)
+    assert (quarter.bytes, quarter.sessions) == (450_000_000, 1)
+    assert quarter.reason.startswith("block order: 1 session per process (429.2 MiB)")
+    assert "<= 512.0 MiB (0.333 of 1.50 GiB; a quarter holds none)" in quarter.reason
+    assert fit_session_bytes(300 * MIB, 6, 0, job, block_order=True).sessions == 1  # a quarter
+    assert fit_session_bytes(300 * MIB, 6, 0, job).reason.startswith("1 of 6 sessions")
+    assert fit_session_bytes(450_000_000, 6, 2, job, block_order=True).bytes == 0
+    assert fit_session_bytes(600 * MIB, 6, 0, job, block_order=True).bytes == 0  # over a third
+    no_room = fit_session_bytes(170 * MIB, 6, 0, 512 * MIB, block_order=True)
+    assert no_room.bytes == 0 and "do not fit" in no_room.reason
+
+
+def test_raw_reads_join_runs_split_in_the_file_but_adjacent_in_columns(tmp_path: Path) -> None:
+    # written in slabs, HDF5 places its chunk index between stretches of chunks: runs of
+    # adjacent columns split by a gap in the file, staged back to back and copied as one
+    data = np.arange(40 * 3000, dtype="<i2").reshape(40, 3000)
+    path = tmp_path / "slabs.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("x", shape=data.shape, dtype="<i2", chunks=(40, 1))
+        for c in range(0, 3000, 500):
+            d[:, c : c + 500] = data[:, c : c + 500]
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "r") as f:
+        cmap = chunk_map(f, f["x"])
+        assert cmap is not None and len(cmap.lengths) > 6  # split runs
+        assert np.all(np.diff(cmap.columns) == cmap.lengths[:-1])  # adjacent columns
+        for rows in (np.arange(40), np.sort(rng.choice(40, 9, replace=False))):
+            for stage in (BLOCK_BYTES, 80 * 700, 80 * 7):  # one piece; pieces cutting runs
+                out = np.zeros((rows.shape[0], 3000), "<i2")
+                assert read_rows_raw(cmap, rows, out, stage_bytes=stage) == 3000 * 80
+                np.testing.assert_array_equal(out, data[rows])
+
 
 def test_column_blocks_cover_every_element_once_within_the_bounds() -> None:
     for shape, chunks, max_bytes, max_chunks in [
@@ -274,6 +309,65 @@ def test_the_plan_states_the_budget_and_its_reason(tmp_path: Path) -> None:
     entry = loader.plan["max_session_bytes"]
     assert entry.value == 0 and "do not fit" in entry.reason
     loader.close()
+
+
+def _big_sessions(root: Path, sessions: int, voxels: int) -> list[Path]:
+    """NSD's layout at 750 trials: betas[t, v] = (7 t + v + s) % 32000, chunks (750, 1)."""
+    paths = []
+    trial = np.arange(750, dtype=np.int32)[:, None]
+    for s in range(sessions):
+        data = ((trial * 7 + np.arange(voxels, dtype=np.int32) + s) % 32000).astype(np.int16)
+        path = root / f"betas_session{s + 1:02d}.hdf5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("betas", data=data, chunks=(750, 1))
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.slow
+def test_block_order_holds_one_session_where_a_quarter_holds_none(tmp_path: Path) -> None:
+    # sessions of 200 MiB with 720 MiB of memory: a quarter (180 MiB) holds none; the block
+    # order holds one (a third: 240 MiB, leaving 520 MiB), so each session is read once
+    voxels = 140_000
+    paths = _big_sessions(tmp_path, 2, voxels)
+    session = 750 * voxels * 2
+    job = fake_platform(memory_bytes=720 * MIB, memory_source="cgroup v1 /job memory.limit")
+    loader = DataLoader(
+        HDF5SessionDataset(paths, key="betas"),
+        batch_size=100,
+        shuffle="block",
+        seed=0,
+        platform=job,
+    )
+    with loader:
+        entry = loader.plan["max_session_bytes"]
+        assert entry.value == loader.dataset.max_session_bytes == session
+        assert entry.reason.startswith("fits: block order: 1 session per process (200.3 MiB)")
+        assert "0.333 of 720.0 MiB (cgroup v1 /job memory.limit)" in entry.reason
+        assert loader.sampler.window == 1
+        seen = []
+        for batch in loader:
+            first = batch[:, 0].numpy().astype(np.int64)  # 7 t + s, below 32000
+            trials, session_of = first // 7, first % 7
+            seen.extend(zip(session_of.tolist(), trials.tolist(), strict=True))
+            want = (7 * trials + session_of)[:, None] + np.arange(voxels)
+            np.testing.assert_array_equal(batch.numpy(), want % 32000)  # every voxel
+        assert sorted(seen) == [(s, t) for s in range(2) for t in range(750)]
+        assert loader.dataset._reader.files.held.info().loads == 2  # each session once
+
+    # the same job with a uniform shuffle, or with worker processes: nothing held
+    for shuffle, workers in ((True, 0), ("block", 2)):
+        loader = DataLoader(
+            HDF5SessionDataset(paths, key="betas"),
+            batch_size=8,
+            shuffle=shuffle,
+            num_workers=workers,
+            seed=0,
+            platform=job,
+        )
+        entry = loader.plan["max_session_bytes"]
+        assert entry.value == 0 and "do not fit" in entry.reason, (shuffle, workers)
+        loader.close()
 
 
 def test_an_explicit_budget_wins_and_is_checked_against_memory(tmp_path: Path) -> None:

@@ -294,7 +294,9 @@ class DatasetBudgets:
     def session_budget(self, shape: LoaderShape) -> SessionBudget:
         """The ``max_session_bytes`` that fits a loader of ``shape`` (``fit_session_bytes``).
 
-        As many whole sessions as fit a quarter of memory shared by the loader's processes.
+        As many whole sessions as fit a quarter of memory shared by the loader's processes;
+        for loaderkit's block order, one session per process within a third when a quarter
+        holds none (``loaderkit.policy.held.fit_session_bytes``).
 
         Example:
             >>> from loaderkit.support import LoaderShape
@@ -309,6 +311,7 @@ class DatasetBudgets:
             shape.processes,
             shape.memory_bytes,
             shape.memory_source,
+            block_order=shape.block_order,
         )
 
     def fit_session_bytes(self, shape: LoaderShape) -> PlanEntry | None:

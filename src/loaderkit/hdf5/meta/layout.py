@@ -484,8 +484,9 @@ def advise(
                 "pass over its chunks, so a shuffled batch still costs about a whole session "
                 'for every session it draws from. Remedies, in order: (1) shuffle="block" '
                 "(or BlockShuffleSampler): each process reads a session once per pass and "
-                f"serves its rows from memory ({_bytes_text(held)} per session, within "
-                f"max_session_bytes, fitted to the machine); (2) {rechunk}."
+                f"serves its rows from memory ({_bytes_text(held)} per session) where "
+                "max_session_bytes holds one (fitted to the memory the process may use: the "
+                f"loader's plan says); (2) {rechunk}."
             )
         else:
             text = (

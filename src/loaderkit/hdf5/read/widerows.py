@@ -41,6 +41,9 @@ BLOCK_CHUNKS = 4096
 #: Runs shorter than this (in chunks) on average are copied out with one fancy-indexed
 #: assignment per staged piece rather than one slice assignment per run.
 _SHORT_RUNS = 8
+#: Staged columns transposed at a time: 256 chunks of 750 int16 rows (375 KiB) stay in the
+#: cache while their rows are written out, twice as fast as one transpose of 16 MiB.
+_TILE_COLUMNS = 256
 
 
 def _bands(rows: np.ndarray, chunk_rows: int) -> Iterator[tuple[int, int, int]]:
@@ -183,9 +186,29 @@ def _scatter(target: np.ndarray, picked: np.ndarray, piece: list[tuple[int, int,
         target[:, columns] = picked.T
         return
     at = 0
-    for _, column, length in piece:
-        target[:, column : column + length] = picked[at : at + length].T
+    for column, length in _adjacent(piece):
+        for a in range(0, length, _TILE_COLUMNS):
+            b = min(length, a + _TILE_COLUMNS)
+            target[:, column + a : column + b] = picked[at + a : at + b].T
         at += length
+
+
+def _adjacent(piece: list[tuple[int, int, int]]) -> Iterator[tuple[int, int]]:
+    """``(column, length)`` of a piece's runs, runs of adjacent columns joined.
+
+    Runs split where the file's chunks are not back to back (HDF5 allocates them in
+    stretches: 57 chunks in the seeds' files) are staged back to back all the same.
+    """
+    start, span = -1, 0
+    for _, column, length in piece:
+        if start >= 0 and column == start + span:
+            span += length
+            continue
+        if start >= 0:
+            yield start, span
+        start, span = column, length
+    if start >= 0:
+        yield start, span
 
 
 def read_rows_hdf5(
