@@ -8,6 +8,8 @@ other stage imports it.
 - ``layout``: per-session layout of a key (``SessionLayout``), chunk buffer, hints,
   ``dataset_names``;
 - ``columnblocks``: blocks of whole chunks along the columns of rows that span many chunks;
+- ``btree1``: a chunked dataset's chunk index read from its version-1 B-tree in numpy
+  (``ChunkRecords``), the reads performed by the caller's ``ReadTable``;
 - ``filters``: whether every compression filter a dataset needs is available;
 - ``index``: the packed sample index (``SampleIndex``, ``ROW_BITS``/``ROW_MASK``);
 - ``diagnose``: why a file failed, established by checks;

@@ -9,9 +9,10 @@ system call); ``pread`` reads them on HDF5's own file descriptor (a table of one
 
 Unfiltered *column chunks* (chunks one element wide on every row axis, such as NSD's
 ``(750, 1)``: each chunk one voxel's trials) are stored as the C-order array of each chunk:
-``chunk_map`` records where every chunk lies (one pass of ``H5Dchunk_iter``), so rows can be
-read with a few large reads and transposed in numpy, instead of HDF5's
-bookkeeping of some microseconds per chunk (``loaderkit.hdf5.read.widerows``).
+``chunk_map`` records where every chunk lies (the file's own chunk index read in numpy where
+``hdf5.meta.btree1`` can, else one pass of ``H5Dchunk_iter``), so rows can be read with a few
+large reads and transposed in numpy, instead of HDF5's bookkeeping of some microseconds per
+chunk (``loaderkit.hdf5.read.widerows``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import h5py
 import numpy as np
 from h5py import h5d, h5s, h5t
 
+from loaderkit.hdf5.meta.btree1 import chunk_records
 from loaderkit.hdf5.read.readtable import read_table
 
 __all__ = [
@@ -168,7 +170,11 @@ def chunk_map(f: h5py.File, dset: h5py.Dataset) -> ChunkMap | None:
     That is the case for chunks one element wide on every row axis (``(c, 1, ..., 1)``)
     without filters, every chunk written (unwritten chunks read as the fill value), numbers
     whose file type is exactly a numpy dtype (either byte order), in a plain file opened with
-    the default ``sec2`` driver, with ``H5Dchunk_iter`` available (h5py >= 3.8).
+    the default ``sec2`` driver, with ``H5Dchunk_iter`` available (h5py >= 3.8). Where the
+    file keeps the index in a version-1 B-tree (HDF5's earliest format, h5py's default) it
+    is read from the file in numpy (``btree1``: 0.1 s for NSD's 300,000 chunks, against 0.6 s
+    of callbacks) and checked: every chunk once, and 16 chunks spread over it holding the
+    bytes HDF5 reads for them; else, or where any check fails, HDF5 iterates over the chunks.
 
     Args:
         f: The open file.
@@ -206,25 +212,18 @@ def chunk_map(f: h5py.File, dset: h5py.Dataset) -> ChunkMap | None:
         bands = -(-int(shape[0]) // rows)
         width = int(np.prod(shape[1:], dtype=np.int64))
         count = bands * width
-        if count == 0 or dset.id.get_num_chunks() != count:
-            return None  # unwritten chunks: HDF5 fills them
+        if count == 0:
+            return None
         chunk_bytes = rows * dtype.itemsize
-        # machine integers appended (~2 us a chunk, 32 bytes), converted once afterwards
-        offsets, corners, sizes = array("q"), array("q"), array("q")
-
-        def visit(info: Any) -> None:
-            offsets.append(info.byte_offset)
-            corners.extend(info.chunk_offset)
-            sizes.append(info.size | (info.filter_mask << 40))
-
-        iterate(visit)
+        found = _indexed(f, dset, count, chunk_bytes)
+        if found is None:
+            found = _iterated(iterate, len(shape))
     except Exception:  # any doubt: let HDF5 read it
         logger.debug("no chunk map for %s", f.filename, exc_info=True)
         return None
-    if len(offsets) != count or set(sizes) != {chunk_bytes}:
-        return None  # a chunk of another size, or one a filter was skipped on
-    where = np.frombuffer(offsets, np.int64)
-    origins = np.frombuffer(corners, np.int64).reshape(count, len(shape))
+    where, origins, sizes = found
+    if where.shape[0] != count or bool(np.any(sizes != chunk_bytes)):
+        return None  # unwritten chunks (HDF5 fills them), or one of another size or filtered
     strides = np.array([*np.cumprod(shape[:0:-1])[::-1][1:], 1], np.int64)
     band = origins[:, 0] // rows
     column = origins[:, 1:] @ strides
@@ -246,6 +245,68 @@ def chunk_map(f: h5py.File, dset: h5py.Dataset) -> ChunkMap | None:
         columns=column[starts].copy(),
         lengths=lengths.astype(np.int64),
     )
+
+
+#: Chunks of a chunk index read from the file checked against HDF5's own lookup.
+_CHECKED_CHUNKS = 16
+
+
+def _indexed(
+    f: h5py.File, dset: h5py.Dataset, count: int, chunk_bytes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(addresses, corners, sizes)`` from the file's own B-tree (``btree1``), checked.
+
+    ``None`` where ``btree1`` cannot read the index, finds another number of chunks, a
+    chunk twice, a chunk of another size or with filters skipped, or where any of
+    ``_CHECKED_CHUNKS`` chunks spread over the index (the first and the last among them)
+    holds other bytes at its address than HDF5 reads for it (``H5Dread_chunk``, which looks
+    the chunk up in the tree: ``H5Dget_chunk_info_by_coord`` walks the index to it, 0.15 s
+    to the last of 300,000).
+    """
+    records = chunk_records(f, dset, _read_index)
+    if records is None or records.addresses.shape[0] != count:
+        return None
+    if bool(np.any(records.filter_masks)) or bool(np.any(records.sizes != chunk_bytes)):
+        return None
+    chunks = np.array(dset.chunks, np.int64)
+    grid = tuple(-(-int(n) // int(c)) for n, c in zip(dset.shape, chunks, strict=True))
+    cells = records.corners // chunks
+    if bool(np.any(records.corners % chunks)) or not bool(np.all((cells >= 0) & (cells < grid))):
+        return None
+    seen = np.zeros(count, bool)  # count is every chunk of the grid
+    seen[np.ravel_multi_index(tuple(cells.T), grid)] = True
+    if not bool(seen.all()):
+        return None  # a chunk twice (and so one missing): not an index HDF5 wrote
+    fd = f.id.get_vfd_handle()
+    for i in np.unique(np.linspace(0, count - 1, _CHECKED_CHUNKS).astype(np.int64)).tolist():
+        mask, stored = dset.id.read_direct_chunk(tuple(int(x) for x in records.corners[i]))
+        at = np.empty(chunk_bytes, np.uint8)
+        _read_index(at, [(fd, int(records.addresses[i]), 0, chunk_bytes)])
+        if mask or bytes(stored) != at.tobytes():
+            logger.debug("chunk index of %s read from the file disagrees at %d", f.filename, i)
+            return None
+    return records.addresses, records.corners, records.sizes
+
+
+def _read_index(out: np.ndarray, table: Any) -> None:
+    """``read_table`` for the chunk index and the chunks that check it."""
+    read_table(out, table, what="the chunk index")
+
+
+def _iterated(iterate: Any, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(addresses, corners, sizes)`` from HDF5's ``H5Dchunk_iter`` (filtered: size < 0)."""
+    # machine integers appended (~2 us a chunk, 32 bytes), converted once afterwards
+    offsets, corners, sizes = array("q"), array("q"), array("q")
+
+    def visit(info: Any) -> None:
+        offsets.append(info.byte_offset)
+        corners.extend(info.chunk_offset)
+        sizes.append(-1 if info.filter_mask else info.size)
+
+    iterate(visit)
+    where = np.frombuffer(offsets, np.int64)
+    origins = np.frombuffer(corners, np.int64).reshape(where.shape[0], rank)
+    return where, origins, np.frombuffer(sizes, np.int64)
 
 
 def pread(raw: tuple[int, int], offset: int, out: np.ndarray, nbytes: int) -> None:
