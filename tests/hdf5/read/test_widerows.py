@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from loaderkit import (
     PerformanceHint,
 )
 from loaderkit.hdf5.meta.columnblocks import chunks_per_row, column_blocks
+from loaderkit.hdf5.read import widerows
 from loaderkit.hdf5.read.rawio import chunk_map
 from loaderkit.hdf5.read.widerows import BLOCK_BYTES, read_rows_raw
 from loaderkit.policy.budgets import check_session_memory
@@ -245,6 +247,54 @@ def test_raw_reads_join_runs_split_in_the_file_but_adjacent_in_columns(tmp_path:
                 out = np.zeros((rows.shape[0], 3000), "<i2")
                 assert read_rows_raw(cmap, rows, out, stage_bytes=stage) == 3000 * 80
                 np.testing.assert_array_equal(out, data[rows])
+
+
+def _reading_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "loaderkit-widerows"]
+
+
+def test_pieces_are_read_a_stage_ahead_and_a_failed_read_stops_both(tmp_path: Path) -> None:
+    # many staged pieces: each read by the reading thread while the one before is copied
+    data = np.arange(30 * 2000, dtype="<i2").reshape(30, 2000)
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(30, 1))
+    rows = np.array([0, 3, 3, 17, 29])
+    with h5py.File(path, "r") as f:
+        cmap = chunk_map(f, f["x"])
+        assert cmap is not None
+        out = np.zeros((rows.size, 2000), "<i2")
+        assert read_rows_raw(cmap, rows, out, stage_bytes=60 * 37) == data.nbytes  # 55 pieces
+        np.testing.assert_array_equal(out, data[rows])
+        assert not _reading_threads()
+        # the file cut after the 20th piece's chunks: the error is raised here, the thread ends
+        with open(path, "r+b") as raw:
+            raw.truncate(int(np.sort(cmap.offsets)[0]) + 20 * 37 * 60)
+        with pytest.raises(OSError) as failed:
+            read_rows_raw(cmap, rows, np.zeros_like(out), stage_bytes=60 * 37)
+        assert "the row data" in str(failed.value)
+        assert not _reading_threads()
+
+
+def test_a_failed_copy_stops_the_reading_thread(tmp_path: Path, monkeypatch: Any) -> None:
+    data = np.arange(30 * 2000, dtype="<i2").reshape(30, 2000)
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(30, 1))
+    copied: list[int] = []
+
+    def scatter(target: Any, picked: Any, piece: Any) -> None:
+        copied.append(len(piece))
+        if len(copied) == 3:
+            raise MemoryError("a copy failed")
+
+    monkeypatch.setattr(widerows, "_scatter", scatter)
+    with h5py.File(path, "r") as f:
+        cmap = chunk_map(f, f["x"])
+        assert cmap is not None
+        with pytest.raises(MemoryError, match="a copy failed"):
+            read_rows_raw(cmap, np.arange(30), np.zeros((30, 2000), "<i2"), stage_bytes=60 * 37)
+    assert len(copied) == 3 and not _reading_threads()
 
 
 def test_column_blocks_cover_every_element_once_within_the_bounds() -> None:

@@ -49,7 +49,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Most bytes raw reads of unfiltered column chunks stage beside a block.
+#: Most bytes of one piece raw reads of unfiltered column chunks stage beside a block (two
+#: pieces are staged at once: one read while the other is copied out).
 STAGE_BYTES = 2 << 20
 
 
@@ -168,7 +169,7 @@ def _box_reader(src_file: h5py.File, src: h5py.Dataset) -> RawReader | None:
     """Reads a box of ``_source_blocks`` from ``src``'s raw chunk bytes, where it can.
 
     Unfiltered column chunks (NSD's ``(750, 1)``) are read with ``os.preadv`` in file order
-    (``loaderkit.hdf5.read.widerows.read_rows_raw``, staging at most ``STAGE_BYTES``),
+    (``loaderkit.hdf5.read.widerows.read_rows_raw``, staging two pieces of ``STAGE_BYTES``),
     several times faster than HDF5's per-chunk bookkeeping; the boxes of ``column_blocks``
     over such chunks are flat ranges of columns. ``None``: HDF5 reads the boxes.
     """

@@ -142,6 +142,20 @@ def _levels(read: ReadTable, fd: int, root: int, key_bytes: int) -> list[np.ndar
     return None
 
 
+def _header_address(dset: h5py.Dataset) -> int:
+    """The file address of ``dset``'s object header.
+
+    ``H5Gget_objinfo`` reads the header's address alone. ``H5Oget_info`` (``h5o.get_info``)
+    also sums the chunk index's size, walking every node of the B-tree: 0.28 s of scattered
+    reads for a cold 300,000-chunk session, before this module reads the same nodes again.
+    The decoder checks what it finds at the address, so a wrong one only means ``None``.
+    """
+    try:
+        return int(h5py.h5g.get_objinfo(dset.id).objno[0])
+    except (AttributeError, TypeError, ValueError, RuntimeError):  # no deprecated symbols
+        return int(h5py.h5o.get_info(dset.id).addr)
+
+
 def chunk_records(f: h5py.File, dset: h5py.Dataset, read: ReadTable) -> ChunkRecords | None:
     """Every chunk of ``dset`` from its version-1 B-tree, or ``None`` (ask HDF5 instead).
 
@@ -173,7 +187,7 @@ def chunk_records(f: h5py.File, dset: h5py.Dataset, read: ReadTable) -> ChunkRec
         if not isinstance(fd, int) or fd < 0 or dset.chunks is None:
             return None
         rank = len(dset.shape)
-        found = _layout_tree(read, fd, int(h5py.h5o.get_info(dset.id).addr), rank)
+        found = _layout_tree(read, fd, _header_address(dset), rank)
         if found is None:
             return None
         root, dims = found

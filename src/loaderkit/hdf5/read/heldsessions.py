@@ -16,15 +16,21 @@ threads: one copy per process, never one per thread. Its mutex guards the dict o
 sessions, the spare buffers and the statistics (dictionary work only); a per-session
 ``building`` lock is held while one thread reads a session whole, so the others wanting it wait
 for that copy instead of reading their own; rows are served from a held session without any
-lock (``acquire`` counts its readers, ``release`` gives it back, and a session dropped while
-read is never reused as a buffer until its readers are done). A forked child starts empty
-(``get`` notices the new process), and nothing held is ever pickled.
+lock (``acquire`` counts its readers, ``release`` gives it back). A session dropped while
+read is never reused as a buffer until its readers are done: the thread reading the next
+session waits for them (copies of one batch) and reuses its buffer, so threads at a session
+boundary never hold two copies where the budget holds one. A session is read whole only
+when its bytes fit beside what is held and being read (``reserve``): a thread that still
+wants a session another thread is replacing reads its batch's rows without holding them.
+A forked child starts empty (``get`` notices the new process), and nothing held is ever
+pickled.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,7 +38,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["HeldInfo", "HeldSession", "HeldSessions"]
+__all__ = ["DRAIN_WAIT", "HeldInfo", "HeldSession", "HeldSessions"]
+
+#: Seconds a thread about to read a session waits for the readers of the one it replaces
+#: (each copies one batch out) before it allocates a second buffer instead.
+DRAIN_WAIT = 30.0
 
 
 @dataclass
@@ -95,25 +105,31 @@ class HeldSessions:
         >>> held = HeldSessions(1 << 20)
         >>> held.fits(1 << 21), held.get(0) is None
         (False, True)
+        >>> held.reserve(1 << 19), held.reserve(1 << 19), held.reserve(1)  # a third: no room
+        (True, True, False)
     """
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max(0, int(max_bytes))
         self._pid = os.getpid()
-        self._mutex = threading.Lock()
+        self._mutex = threading.Condition(threading.Lock())
         self._builders: dict[int, threading.Lock] = {}
         self._entries: OrderedDict[int, HeldSession] = OrderedDict()
         self._spare: list[np.ndarray] = []
+        self._draining: list[HeldSession] = []  # dropped while read: buffers once unread
+        self._reserved = 0  # bytes of sessions being read whole now
         self.loads = self.hits = self.evictions = 0
 
     def _own(self) -> None:
         """Drop what a parent process held (this object was inherited by fork)."""
         if self._pid != os.getpid():
             self._pid = os.getpid()
-            self._mutex = threading.Lock()
+            self._mutex = threading.Condition(threading.Lock())
             self._builders = {}
             self._entries = OrderedDict()
             self._spare = []
+            self._draining = []
+            self._reserved = 0
             self.loads = self.hits = self.evictions = 0
 
     def fits(self, nbytes: int) -> bool:
@@ -148,6 +164,10 @@ class HeldSessions:
         """Give back what ``acquire`` (or a session read for this call) counted."""
         with self._mutex:
             entry.readers -= 1
+            if not entry.readers and any(e is entry for e in self._draining):
+                self._draining = [e for e in self._draining if e is not entry]
+                self._spare += [a for a in entry.arrays if a is not None]
+                self._mutex.notify_all()  # its buffer may be reused now
 
     def building(self, pos: int) -> threading.Lock:
         """The lock held while session ``pos`` is read whole (one thread reads it)."""
@@ -162,36 +182,79 @@ class HeldSessions:
             lock = self._builders.get(pos)
         return lock is not None and lock.locked()
 
+    def reserve(self, nbytes: int) -> bool:
+        """Make room for a session of ``nbytes`` to be read whole, or say there is none.
+
+        Least recently used sessions are dropped until ``nbytes`` fit within ``max_bytes``
+        beside what is held and what other threads are reading whole now. ``False``: the
+        sessions being read leave no room (read the rows without holding them). After
+        ``True``, ``put`` the session or ``unreserve`` it.
+        """
+        self._own()
+        with self._mutex:
+            if self._reserved + nbytes > self.max_bytes:
+                return False
+            self._drop_until(self._reserved + nbytes)
+            self._reserved += nbytes
+            return True
+
+    def unreserve(self, nbytes: int) -> None:
+        """Give back a ``reserve`` whose session is not held (its read failed)."""
+        with self._mutex:
+            self._reserved = max(0, self._reserved - nbytes)
+
     def make_room(self, nbytes: int) -> None:
         """Drop least recently used sessions until ``nbytes`` more fit within ``max_bytes``."""
         self._own()
         with self._mutex:
-            held = sum(e.nbytes for e in self._entries.values())
-            while self._entries and held + nbytes > self.max_bytes:
-                _, old = self._entries.popitem(last=False)
-                held -= old.nbytes
-                self.evictions += 1
-                if not old.readers:  # one being read is never overwritten
-                    self._spare = [a for a in old.arrays if a is not None][:4]
+            self._drop_until(nbytes)
 
-    def buffer(self, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
-        """An array to read a session into: a dropped session's buffer when one fits exactly."""
+    def _drop_until(self, nbytes: int) -> None:
+        """Drop sessions until ``nbytes`` more fit (the mutex held)."""
+        held = sum(e.nbytes for e in self._entries.values())
+        while self._entries and held + nbytes > self.max_bytes:
+            _, old = self._entries.popitem(last=False)
+            held -= old.nbytes
+            self.evictions += 1
+            if old.readers:  # one being read is never overwritten: its buffer once unread
+                self._draining.append(old)
+            else:
+                self._spare = [a for a in old.arrays if a is not None][:4]
+
+    def buffer(
+        self, shape: Sequence[int], dtype: np.dtype, *, wait: float = DRAIN_WAIT
+    ) -> np.ndarray:
+        """An array to read a session into: a dropped session's buffer when one fits exactly.
+
+        A dropped session still being read is waited for (at most ``wait`` seconds: its
+        readers copy one batch each) and its buffer reused, rather than a second allocated.
+        """
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        deadline = time.monotonic() + wait
         with self._mutex:
-            for k, spare in enumerate(self._spare):
-                if spare.nbytes == nbytes:
-                    del self._spare[k]
-                    return spare.reshape(-1).view(np.uint8).view(dtype).reshape(tuple(shape))
+            while True:
+                for k, spare in enumerate(self._spare):
+                    if spare.nbytes == nbytes:
+                        del self._spare[k]
+                        return spare.reshape(-1).view(np.uint8).view(dtype).reshape(tuple(shape))
+                draining = any(
+                    a is not None and a.nbytes == nbytes for e in self._draining for a in e.arrays
+                )
+                left = deadline - time.monotonic()
+                if not draining or left <= 0:
+                    break
+                self._mutex.wait(left)
         return np.empty(tuple(shape), dtype)
 
-    def put(self, pos: int, entry: HeldSession) -> None:
-        """Hold ``entry`` as session ``pos`` (after ``make_room``)."""
+    def put(self, pos: int, entry: HeldSession, reserved: int = 0) -> None:
+        """Hold ``entry`` as session ``pos``, its ``reserve`` of ``reserved`` bytes now held."""
         self._own()
         with self._mutex:
             self._entries[pos] = entry
             self._entries.move_to_end(pos)
             self._spare = []
+            self._reserved = max(0, self._reserved - reserved)
             self.loads += 1
 
     def discard(self, pos: int) -> None:
@@ -210,6 +273,7 @@ class HeldSessions:
         with self._mutex:
             self._entries = OrderedDict()
             self._spare = []
+            self._draining = []
 
     def info(self) -> HeldInfo:
         """The statistics of this process."""

@@ -111,35 +111,45 @@ def _check_held(files: SessionFiles, held: HeldSession, pos: int, index: int) ->
 
 def _read_session(
     files: SessionFiles, handle: Handle, pos: int, index: int, nbytes: int
-) -> HeldSession:
-    """Read session ``pos``'s wide keys whole and hold them (one reader counted)."""
-    files.held.make_room(nbytes)
-    arrays: list[np.ndarray | None] = []
-    rows = files.records[pos].layouts
-    for k, wide in enumerate(files.wide[pos]):
-        if not wide:
-            arrays.append(None)
-            continue
-        rt = files.types[k]
-        out = files.held.buffer((rows[k].rows, *rt.row_shape), rt.mem_dtype)
-        try:
-            _wide_rows(files, handle, k, np.arange(rows[k].rows), out)
-        except MemoryError:
-            raise
-        except Exception as exc:
-            raise files.read_error(exc, pos, range(rows[k].rows), index, k) from exc
-        arrays.append(out)
-    files.verify(handle, pos, "rows", index)  # what was read is the file as it is
-    ident = handle.identity
-    held = HeldSession(
-        arrays,
-        size=ident.size if ident is not None else -1,
-        mtime_ns=ident.mtime_ns if ident is not None else -1,
-        readers=1,
-    )
-    if ident is not None:
-        files.held.put(pos, held)
-    return held
+) -> HeldSession | None:
+    """Read session ``pos``'s wide keys whole and hold them (one reader counted).
+
+    ``None``: the sessions other threads are reading whole leave no room for it now.
+    """
+    if not files.held.reserve(nbytes):
+        return None
+    put = False
+    try:
+        arrays: list[np.ndarray | None] = []
+        rows = files.records[pos].layouts
+        for k, wide in enumerate(files.wide[pos]):
+            if not wide:
+                arrays.append(None)
+                continue
+            rt = files.types[k]
+            out = files.held.buffer((rows[k].rows, *rt.row_shape), rt.mem_dtype)
+            try:
+                _wide_rows(files, handle, k, np.arange(rows[k].rows), out)
+            except MemoryError:
+                raise
+            except Exception as exc:
+                raise files.read_error(exc, pos, range(rows[k].rows), index, k) from exc
+            arrays.append(out)
+        files.verify(handle, pos, "rows", index)  # what was read is the file as it is
+        ident = handle.identity
+        held = HeldSession(
+            arrays,
+            size=ident.size if ident is not None else -1,
+            mtime_ns=ident.mtime_ns if ident is not None else -1,
+            readers=1,
+        )
+        if ident is not None:
+            files.held.put(pos, held, reserved=nbytes)
+            put = True
+        return held
+    finally:
+        if not put:
+            files.held.unreserve(nbytes)
 
 
 def read_wide(
