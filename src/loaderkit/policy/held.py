@@ -129,8 +129,9 @@ def fit_session_bytes(
         0
         >>> fit_session_bytes(450_000_000, 6, 0, job, block_order=True).sessions  # a third
         1
-        >>> fit_session_bytes(450_000_000, 6, 2, job, block_order=True).sessions  # 3 x 429 MiB
-        0
+        >>> procs = fit_session_bytes(450_000_000, 6, 2, job, block_order=True)  # 3 x 429 MiB
+        >>> procs.sessions, "worker_method='thread'" in procs.reason
+        (0, True)
         >>> fit_session_bytes(150 << 20, 6, 0, 512 << 20, block_order=True).sessions  # no room
         0
     """
@@ -154,12 +155,19 @@ def fit_session_bytes(
         if block is not None:
             return block
     if fit == 0:
+        threads = ""
+        if block_order and processes > 1 and _block_budget(session_bytes, 1, memory_bytes, None):
+            threads = (
+                "; worker threads share one process, which holds one session "
+                "(worker_method='thread': each session read once per pass)"
+            )
         return SessionBudget(
             0,
             0,
             f"one session's rows ({size_words(session_bytes)}) do not fit: "
             + arithmetic.format(held=size_words(session_bytes))
-            + " fails; nothing held: each batch reads its sessions' chunks once",
+            + " fails; nothing held: each batch reads its sessions' chunks once"
+            + threads,
         )
     held = fit * session_bytes
     head = (

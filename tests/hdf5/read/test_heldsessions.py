@@ -9,14 +9,18 @@ holding them. Real threads, real files.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import h5py
 import numpy as np
 import pytest
 
 from loaderkit import DataLoader, HDF5SessionDataset
+from loaderkit.hdf5.read import widekeys
 from loaderkit.hdf5.read.heldsessions import HeldSession, HeldSessions
 from tests.hdf5.helpers import write_wide
 
@@ -97,3 +101,92 @@ def test_worker_threads_share_one_session_buffer_in_block_order(tmp_path: Path) 
     assert info.held_bytes <= session and info.loads >= 4
     assert len(seen) == 1  # every session read into the one buffer
     loader.close()
+
+
+def _watchers(monkeypatch: pytest.MonkeyPatch) -> list[widekeys.WideAhead]:
+    made: list[widekeys.WideAhead] = []
+    real = widekeys.WideAhead.__init__
+
+    def init(self: widekeys.WideAhead, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(widekeys.WideAhead, "__init__", init)
+    return made
+
+
+def test_block_order_readies_the_next_session_while_one_is_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths, arrays = write_wide(tmp_path, 4, 40, (3000,))
+    made = _watchers(monkeypatch)
+    asked: list[tuple[str, int, int]] = []
+    real_advise = os.posix_fadvise
+
+    def advise(fd: int, offset: int, length: int, advice: int) -> None:
+        if threading.current_thread().name == "loaderkit-wide-ahead":
+            asked.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length))
+        real_advise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", advise)
+    ds = HDF5SessionDataset(paths, key="betas", max_session_bytes=arrays[0].nbytes)
+
+    def collate(samples: list[Any]) -> np.ndarray:
+        time.sleep(0.02)  # a training step: the next session is readied meanwhile
+        return np.stack(samples)
+
+    loader = DataLoader(
+        ds, batch_size=8, shuffle="block", num_workers=0, seed=0, collate_fn=collate
+    )
+    order = loader.sampler.indices()
+    rows = np.concatenate([np.asarray(b) for b in loader])
+    for k, i in enumerate(order):
+        s, row = ds.locate(int(i))
+        np.testing.assert_array_equal(rows[k], arrays[int(s)][row])
+    (watcher,) = made
+    sessions = list(dict.fromkeys(int(ds.locate(int(i))[0]) for i in order))
+    assert not watcher.quiet and watcher.readied == sessions[1:]  # all but the first
+    assert watcher.asked == sessions[1:]
+    for (path, offset, length), pos in zip(asked, sessions[1:], strict=True):
+        assert Path(path).resolve() == Path(paths[pos]).resolve()
+        with h5py.File(paths[pos], "r") as f:
+            first = min(f["betas"].id.get_chunk_info(c).byte_offset for c in range(3000))
+        assert offset == first and 0 < length <= Path(paths[pos]).stat().st_size
+    loader.close()
+
+
+def test_readying_ahead_is_quiet_where_it_cannot_help(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths, arrays = write_wide(tmp_path, 4, 40, (3000,))
+    made = _watchers(monkeypatch)
+    ds = HDF5SessionDataset(paths, key="betas", max_session_bytes=arrays[0].nbytes)
+    with DataLoader(ds, batch_size=8, shuffle=True, num_workers=0, seed=0) as loader:
+        assert sum(len(b) for b in loader) == 160  # batches mix sessions: not block order
+    assert made[-1].quiet and not made[-1].readied
+    with DataLoader(
+        ds, batch_size=4, shuffle="block", num_workers=1, multiprocessing_context="fork", seed=0
+    ) as loader:
+        assert sum(len(b) for b in loader) == 160  # a worker process reads the files
+    assert made[-1].quiet and made[-1].readied == []
+
+
+@pytest.mark.timeout(60)
+def test_readying_ahead_with_one_file_open_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the watcher's thread holds no lease while it waits: the reads' leases never wait on it
+    paths, arrays = write_wide(tmp_path, 4, 40, (3000,))
+    made = _watchers(monkeypatch)
+    ds = HDF5SessionDataset(
+        paths, key="betas", max_session_bytes=arrays[0].nbytes, max_open_files=1
+    )
+    with DataLoader(ds, batch_size=8, shuffle="block", num_workers=0, seed=0) as loader:
+        order = loader.sampler.indices()  # the first pass's
+        for epoch in range(2):
+            rows = np.concatenate([np.asarray(b) for b in loader])
+            assert rows.shape == (160, 3000)
+            for k, i in enumerate(order if epoch == 0 else []):
+                s, row = ds.locate(int(i))
+                np.testing.assert_array_equal(rows[k], arrays[int(s)][row])
+    assert len(made) == 2 and all(not w.quiet for w in made)

@@ -226,6 +226,10 @@ def test_session_budget_fits_whole_sessions_in_a_share_of_memory() -> None:
     assert fit_session_bytes(600 * MIB, 6, 0, job, block_order=True).bytes == 0  # over a third
     no_room = fit_session_bytes(170 * MIB, 6, 0, 512 * MIB, block_order=True)
     assert no_room.bytes == 0 and "do not fit" in no_room.reason
+    assert "worker_method" not in no_room.reason  # one process holds none either
+    processes = fit_session_bytes(429 * MIB, 6, 2, 1536 * MIB, block_order=True)
+    assert processes.bytes == 0 and "worker_method='thread'" in processes.reason
+    assert "worker_method" not in fit_session_bytes(429 * MIB, 6, 2, 1536 * MIB).reason
 
 
 def test_raw_reads_join_runs_split_in_the_file_but_adjacent_in_columns(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from loaderkit.hdf5.read.readtable import RING_MIN_READS, ShortRead, Table, read
 from loaderkit.hdf5.read.runs import plan_runs
 from loaderkit.hdf5.read.scratch import ScratchRows
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
-from loaderkit.hdf5.read.widekeys import fill_wide, read_wide
+from loaderkit.hdf5.read.widekeys import ASK_BYTES, WideAhead, fill_wide, read_wide
 
 __all__ = ["KeySpec", "ReadFacts", "Reader", "SessionReader", "SessionRecord", "row_batch"]
 
@@ -186,6 +186,8 @@ class SessionReader:
         self.reading: list[None] = []
         #: Rows as stored: the layouts say what a chunk buffer holds.
         self.matrix_nbytes: list[int] | None = None
+        #: Memory the process may use (``fit_memory``; ``None``: unknown): bounds read-ahead.
+        self.memory_bytes: int | None = None
         #: Where batches are written in this process (``use_memory``; plain memory until
         #: the loader hands over a worker's batch slot). Never pickled.
         self.memory: BatchMemory = PLAIN
@@ -228,19 +230,28 @@ class SessionReader:
     def fit_memory(self, memory: int | None, source: str | None = None) -> None:
         """Fit what is read around a miss and ahead to the memory the process may use.
 
-        Nothing here: rows are read as asked (a CSR matrix reads around and ahead).
+        Kept: it bounds what is read ahead (``read_ahead_watcher``); rows are read as asked (a
+        CSR matrix reads around and ahead).
 
         Args:
             memory: ``PlatformInfo.memory_bytes`` (``None``: unknown).
             source: Where that figure came from, for the plan.
         """
+        self.memory_bytes = memory
 
     def read_ahead_watcher(self) -> Any | None:
         """A watcher of the loader's coming indices that asks for their reads ahead.
 
-        ``None`` here: rows are read when their batch comes (a CSR matrix reads ahead).
+        Where sessions are held whole (rows that span every chunk, ``max_session_bytes``
+        holding one), ``widekeys.WideAhead`` readies the next session; else ``None``: rows
+        are read when their batch comes (a CSR matrix reads ahead).
         """
-        return None
+        files = self.files
+        if not any(files.any_wide) or files.held.max_bytes <= 0 or not self.index.size:
+            return None
+        memory = self.memory_bytes
+        ask = ASK_BYTES if memory is None else min(ASK_BYTES, memory // 16)
+        return WideAhead(files, self.index, ask)
 
     def read_paths(self, handle: Handle) -> dict[str, ReadPath]:
         """Per key name, how its rows are read from ``handle``'s file (``ReadPath``)."""

@@ -5,14 +5,22 @@ Functions over a reader's ``SessionFiles`` state (its handles, records and held 
 ``(750, V)`` betas with chunks ``(750, 1)``: one row touches every chunk. A batch's rows of
 one session are read in one pass over that session's chunks (``widerows``), and whole
 sessions are held in memory within ``max_session_bytes`` (``heldsessions``), so that block
-order reads each session once per pass.
+order reads each session once per pass. ``WideAhead`` is the loader's watcher for such a
+reader: in block order it builds the next session's chunk index on a thread of its own, and
+asks the kernel for the session's first bytes once the one before is held.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
+import logging
 import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +35,18 @@ from loaderkit.hdf5.read.rawio import (
 from loaderkit.hdf5.read.sessionfiles import SessionFiles
 from loaderkit.hdf5.read.widerows import read_rows_hdf5, read_rows_raw
 
-__all__ = ["fill_wide", "read_wide"]
+__all__ = ["ASK_BYTES", "WideAhead", "fill_wide", "read_wide"]
+
+logger = logging.getLogger(__name__)
+
+#: Bytes of the next session asked for ahead at most (``WideAhead``; a sixteenth of memory
+#: where that is less): what the disk reads while the current session's batches are served.
+ASK_BYTES = 256 << 20
+#: Seconds ``WideAhead`` waits for the session before the next to be held.
+HELD_WAIT = 120.0
+#: Batches handed on in a process that holds no session before ``WideAhead`` goes quiet
+#: (worker processes read the files).
+QUIET_AFTER = 8
 
 
 def _chunk_map(files: SessionFiles, handle: Handle, k: int) -> ChunkMap | None:
@@ -238,3 +257,159 @@ def fill_wide(
             files.file_pool.release(handle)
     if not ordered:
         out[order] = buf
+
+
+class WideAhead:
+    """The loader's watcher (``order.lookahead``) that readies the next session held whole.
+
+    Block order over rows that span every chunk (NSD's betas) reads a session whole, then
+    serves its batches from memory. While it does, the disk is idle, and the next session's
+    read starts with its chunk index (0.1 s of B-tree for 300,000 chunks). This watcher sees
+    the sessions coming in the sampler's order: for the next one, on a thread of its own, it
+    opens the file and builds the chunk index (kept with the open file), waits until the
+    session before is held, then asks the kernel (``posix_fadvise(WILLNEED)``) for the first
+    ``ask_bytes`` of its chunks, which the disk reads while the batches are served. One
+    session at a time; only advice (a failed call is ignored, the read reads as any).
+
+    It begins once this process has read a session whole in the pass, and stays quiet for
+    the pass where batches mix many sessions (not block order: nothing is held whole for
+    long) or where this process has read none after ``QUIET_AFTER`` batches (worker
+    processes read the files).
+
+    Args:
+        files: The reader's files.
+        index: The dataset's packed index (dataset index -> row key).
+        ask_bytes: Bytes of a session asked for ahead at most.
+
+    Example:
+        >>> WideAhead.drawn.__name__, WideAhead.reading.__name__
+        ('drawn', 'reading')
+    """
+
+    def __init__(self, files: SessionFiles, index: np.ndarray, ask_bytes: int) -> None:
+        self.files = files
+        self._index = index
+        self.ask_bytes = ask_bytes
+        wide = [pos for pos, w in enumerate(files.wide) if any(w)]
+        rows = [files.records[pos].layouts[0].rows for pos in wide] or [1]
+        #: Samples drawn ahead: the next session is seen while the current one is read.
+        self.horizon = 2 * max(rows)
+        self._order: list[int] = []  # sessions in the order they come, each once
+        self._seen: set[int] = set()
+        self._next = 0  # ``_order[_next]`` is the next to ready
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._handed = 0
+        self._loads = files.held.info().loads  # sessions read whole here before this pass
+        self.quiet = False
+        #: Sessions readied (chunk index built) and asked for ahead.
+        self.readied: list[int] = []
+        self.asked: list[int] = []
+
+    def drawn(self, items: Sequence[Any]) -> None:
+        """Note the sessions of the batches just drawn; ready the next one."""
+        if self.quiet:
+            return
+        n = len(self._index)
+        for item in items:
+            idx = np.asarray(item, np.int64).reshape(-1)
+            idx = idx[(idx >= -n) & (idx < n)]
+            positions = np.asarray(self._index[idx], np.int64) >> ROW_BITS
+            distinct = np.unique(positions)
+            if distinct.size > 2:  # batches mix sessions: not block order
+                self.close()
+                return
+            _, first = np.unique(positions, return_index=True)
+            for pos in positions[np.sort(first)].tolist():
+                if pos not in self._seen:
+                    self._seen.add(pos)
+                    self._order.append(pos)
+        self._start()
+
+    def reading(self) -> None:
+        """The oldest batch drawn is handed on; go quiet where this process holds nothing."""
+        self._handed += 1
+        if not self.quiet and self._handed > QUIET_AFTER and not self._reads_here():
+            self.close()
+            return
+        self._start()
+
+    def _reads_here(self) -> bool:
+        """Whether this process read a session whole in this pass (no worker processes)."""
+        return self.files.held.info().loads > self._loads
+
+    def close(self) -> None:
+        """Stop readying sessions for this pass."""
+        self.quiet = True
+        self._stop.set()
+
+    def _start(self) -> None:
+        """Ready the next session not held, on the watcher's thread, one at a time."""
+        if self.quiet or (self._thread is not None and self._thread.is_alive()):
+            return
+        if not self._reads_here():
+            return  # the first session is not read yet, or worker processes read the files
+        held = self.files.held
+        while self._next < len(self._order):
+            pos = self._order[self._next]
+            before = self._order[self._next - 1] if self._next else None
+            self._next += 1
+            nbytes = self.files.session_nbytes[pos]
+            if not any(self.files.wide[pos]) or not held.fits(nbytes):
+                continue
+            if before is None or held.get(pos, touch=False) is not None or held.reading(pos):
+                continue  # the pass's first session is read at once: nothing to ready ahead
+            self._thread = threading.Thread(
+                target=self._ready, args=(pos, before), name="loaderkit-wide-ahead", daemon=True
+            )
+            self._thread.start()
+            return
+
+    def _ready(self, pos: int, before: int | None) -> None:
+        try:
+            self._ready_session(pos, before)
+        except Exception:
+            logger.debug("session %d not readied ahead", pos, exc_info=True)
+
+    def _ready_session(self, pos: int, before: int | None) -> None:
+        files, held = self.files, self.files.held
+        handle = files.leased(pos, 0, -1)
+        try:  # built once per open file, kept with it
+            for k, wide in enumerate(files.wide[pos]):
+                if wide:
+                    _chunk_map(files, handle, k)
+        finally:
+            files.file_pool.release(handle)  # no lease held while waiting: leases may wait
+        self.readied.append(pos)
+        deadline = time.monotonic() + HELD_WAIT
+        while before is not None and held.get(before, touch=False) is None:
+            if held.get(pos, touch=False) is not None or held.reading(pos):
+                return  # its own read began: nothing to ask ahead
+            if self._stop.wait(0.01) or time.monotonic() > deadline:
+                return
+        leased = files.file_pool.lease_open([files.canonical[pos]])  # never opens or waits
+        if leased is None:
+            return  # closed meanwhile: its read opens it again
+        try:
+            left = self.ask_bytes
+            for cmap in leased[0].chunk_maps or []:
+                if isinstance(cmap, ChunkMap) and left > 0:
+                    left -= _ask_first(cmap, left)
+        finally:
+            files.file_pool.release_all(leased)
+        self.asked.append(pos)
+
+
+def _ask_first(cmap: ChunkMap, nbytes: int) -> int:
+    """Ask the kernel for the first ``nbytes`` of ``cmap``'s chunks in the file; bytes asked."""
+    if not cmap.offsets.size:
+        return 0
+    order = np.argsort(cmap.offsets, kind="stable")
+    starts = cmap.offsets[order]
+    ends = starts + cmap.lengths[order] * cmap.chunk_bytes
+    first = int(starts[0])
+    upto = int(np.searchsorted(ends - first, nbytes, side="right"))
+    last = int(ends[max(0, min(upto, ends.size) - 1)])
+    with contextlib.suppress(OSError, AttributeError):  # only advice
+        os.posix_fadvise(cmap.fd, first, last - first, os.POSIX_FADV_WILLNEED)
+    return last - first
