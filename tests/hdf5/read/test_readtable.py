@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import errno
+import gc
 import os
 import pickle
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ import pytest
 
 from loaderkit.errors import ShortRead
 from loaderkit.hdf5.read import readtable, uring
+from loaderkit.hdf5.read.mapped import FileMaps
 from loaderkit.hdf5.read.readtable import TURN_MAX_BYTES, read_table
 
 NOWAIT = pytest.mark.skipif(
@@ -409,3 +411,44 @@ def test_a_csr_batch_cut_short_is_an_error_naming_the_file(tmp_path: Path) -> No
         os.truncate(paths[1], end)
         with pytest.raises(HDF5FileError, match=str(paths[1])):
             ds.__getitems__(list(range(len(ds) // 2, len(ds))))
+
+
+def _collections(run: Any) -> int:
+    """Cyclic garbage collections that start while ``run()`` runs."""
+    started: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        run()
+    finally:
+        gc.callbacks.remove(count)
+    return len(started)
+
+
+def test_a_large_table_is_read_without_setting_off_the_garbage_collector(
+    blob: tuple[int, np.ndarray], tmp_path: Path
+) -> None:
+    # a list a read (table.tolist()) counts 10,000 allocations against the collector's
+    # thresholds: passes over every object of the process (torch's), 10x the read's cost
+    fd, values = blob
+    table, want = _plan(fd, values, 10_000)
+    table[:, 3] = np.minimum(table[:, 3], 64)
+    want = np.concatenate(
+        [values[w : w + n] for w, n in zip(table[:, 1], table[:, 3], strict=True)]
+    )
+    table[:, 2] = np.concatenate(([0], np.cumsum(table[:, 3])[:-1]))
+    out = np.zeros(int(table[:, 3].sum()), np.uint8)
+    assert _collections(lambda: read_table(out, table)) <= 1
+    np.testing.assert_array_equal(out, want)
+    maps = FileMaps(2)
+    try:
+        out[:] = 0
+        assert _collections(lambda: maps.copy(out, table)) <= 1
+        np.testing.assert_array_equal(out, want)
+    finally:
+        maps.close()

@@ -149,10 +149,13 @@ class FileMaps:
         """
         if not len(table):
             return True
-        rows = table.tolist()
+        # a list per column, not one per read: thousands of small lists a batch would set off
+        # the cyclic garbage collector's full passes over every object of the process
+        # (torch's: 10 ms a 10,000-read table under Python 3.11, not 1)
+        fds, where, into, nbytes = (table[:, c].tolist() for c in range(4))
         views: dict[int, memoryview] = {}
         sizes: dict[int, int] = {}
-        for fd in {row[0] for row in rows}:
+        for fd in set(fds):
             got = self._view(fd)
             if got is None:
                 return False
@@ -163,12 +166,12 @@ class FileMaps:
             if len(views) == 1:
                 (src,) = views.values()
                 (size,) = sizes.values()
-                for _, w, o, b in rows:
+                for w, o, b in zip(where, into, nbytes, strict=True):
                     if w < 0 or w + b > size:
                         return False
                     flat[o : o + b] = src[w : w + b]
             else:
-                for fd, w, o, b in rows:
+                for fd, w, o, b in zip(fds, where, into, nbytes, strict=True):
                     if w < 0 or w + b > sizes[fd]:
                         return False
                     flat[o : o + b] = views[fd][w : w + b]

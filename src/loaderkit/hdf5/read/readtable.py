@@ -56,7 +56,8 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 
@@ -68,6 +69,7 @@ __all__ = [
     "NOWAIT",
     "RING_MIN_READS",
     "TURN_MAX_BYTES",
+    "Columns",
     "ShortRead",
     "Table",
     "read_table",
@@ -92,6 +94,43 @@ _COPY_TURN = threading.Lock()
 #: A table of reads: an ``int64`` array of shape ``(n, 4)``, or a list of 4-tuples, each
 #: ``(fd, file offset, byte offset in the destination, bytes)``.
 Table = np.ndarray | Sequence[Sequence[int]]
+
+
+class Columns(Sequence[tuple[int, int, int, int]]):
+    """A table of reads as rows of Python ints, held as one list per column.
+
+    ``table.tolist()`` makes a list a read: thousands of small lists a batch, each counted
+    by the cyclic garbage collector, whose passes then walk every object of the process
+    (torch's, numpy's: some 10 ms a 10,000-read table under Python 3.11 instead of 1, and a
+    warm epoch at batch 4,096 at half its rate). Four lists of ints are four objects; rows
+    are made as they are read (``zip`` reuses its tuple while nothing keeps it).
+
+    Example:
+        >>> rows = Columns(np.array([[3, 0, 0, 2], [3, 6, 2, 2]]))
+        >>> len(rows), rows[1], [row[1] for row in rows]
+        (2, (3, 6, 2, 2), [0, 6])
+    """
+
+    def __init__(self, table: np.ndarray) -> None:
+        self._columns = tuple(table[:, c].tolist() for c in range(4))
+
+    def __len__(self) -> int:
+        return len(self._columns[0])
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[int, int, int, int]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[tuple[int, int, int, int]]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        fds, offsets, into, nbytes = self._columns
+        if isinstance(i, slice):
+            return list(zip(fds[i], offsets[i], into[i], nbytes[i], strict=True))
+        return fds[i], offsets[i], into[i], nbytes[i]
+
+    def __iter__(self) -> Iterator[tuple[int, int, int, int]]:
+        return zip(*self._columns, strict=True)
 
 
 def _after_fork_in_child() -> None:
@@ -206,7 +245,7 @@ def read_table(
             if got is not None:
                 left = np.flatnonzero(got < array[:, 3]).tolist()
                 done = got.tolist()
-    rows: Sequence[Sequence[int]] = table.tolist() if isinstance(table, np.ndarray) else table
+    rows: Sequence[Sequence[int]] = Columns(table) if isinstance(table, np.ndarray) else table
     size = flat.size
     with flat.data as view:
         nowait = NOWAIT
