@@ -81,6 +81,24 @@ def test_unwritten_chunks_and_header_continuations(tmp_path: Path) -> None:
         assert rawio.chunk_map(f, f["x"]) is None  # unwritten chunks: HDF5 fills them
 
 
+def test_unwritten_chunks_are_no_map_without_iterating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "x.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("x", shape=(10, 500), dtype="<i2", chunks=(10, 1))
+        d[:, 7:300] = 1
+        f.create_dataset("y", data=np.ones((10, 500), "<i2"), chunks=(10, 1))
+
+    def iterated(*args: Any) -> Any:
+        raise AssertionError("HDF5 iterated an index already read")
+
+    monkeypatch.setattr(rawio, "_iterated", iterated)
+    with h5py.File(path, "r") as f:
+        assert rawio.chunk_map(f, f["x"]) is None
+        assert rawio.chunk_map(f, f["y"]) is not None  # every chunk written: a map
+
+
 @pytest.mark.parametrize("how", ["latest format", "user block", "nothing written", "contiguous"])
 def test_other_formats_are_left_to_hdf5(tmp_path: Path, how: str) -> None:
     path = tmp_path / "x.h5"
