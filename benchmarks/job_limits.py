@@ -3,7 +3,7 @@
 Usage: python benchmarks/job_limits.py [--quick] [--json PATH] [--root DIR] [--limit-mib N]
 
 The seeds' own layout (issue 62): 6 session files of 750 trials x 300,000 int16 voxels in
-``(750, 1)`` chunks (442 MiB each, 2.65 GiB in all; ``--quick``: 750 x 20,000, 29 MiB each),
+``(750, 1)`` chunks (442 MiB each, 2.65 GiB in all; ``--quick``: 750 x 24,000, 34 MiB each),
 read in a child memory cgroup of this process's own (cgroup v1, as root; 1.5 GiB, ``--quick``
 384 MiB), as a Slurm job or a systemd scope limits a process below the root of the cgroup
 tree. Every row is a fresh interpreter in a fresh child cgroup, the files evicted from the
@@ -46,7 +46,7 @@ from single_cell import evict
 __all__ = ["format_table", "main", "run", "write_sessions"]
 
 TRIALS, SESSIONS, BATCH = 750, 6, 64
-VOXELS, QUICK_VOXELS = 300_000, 20_000
+VOXELS, QUICK_VOXELS = 300_000, 24_000
 LIMIT_MIB, QUICK_LIMIT_MIB = 1536, 384
 ORDERS: tuple[tuple[Any, int], ...] = ((True, 0), ("block", 0), (True, 2), ("block", 2))
 VIEWS = ("seen as the machine", "seen as the job")
